@@ -1,0 +1,37 @@
+# olmosft: the two entry points are `make demo` and `make test`; both install what they need first.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DOLMOSFT_WERROR=ON
+
+.PHONY: all deps build test demo bench reference format clean
+
+all: build
+
+deps:
+	scripts/install-deps.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+demo: build
+	$(BUILD)/olmosft demo --out demo-out
+
+bench: build
+	scripts/bench.sh $(BUILD)
+
+# Regenerate golden fixtures with the independent references (PyTorch, Jinja2); not part of make test.
+reference:
+	scripts/install-deps.sh --reference
+	scripts/make-fixtures.sh
+
+format:
+	git ls-files '*.cpp' '*.h' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD)
