@@ -26,8 +26,8 @@ int run_app(CLI::App& app, int argc, char** argv, const std::function<int()>& bo
       std::cout << app.help();
       return 0;
     }
-    std::cerr << "olmosft " << app.get_name() << ": error: " << e.what() << "\n(run 'olmosft " << app.get_name()
-              << " --help' for usage)\n";
+    std::cerr << "olmosft " << app.get_name() << ": error: " << e.what() << "\n(run 'olmosft "
+              << app.get_name() << " --help' for usage)\n";
     return 2;
   }
   try {
@@ -48,7 +48,8 @@ static void print_help(std::ostream& os) {
   os << "olmosft: supervised fine-tuning of Olmo-family models (CPU), from chat data to an HF export.\n\n"
      << "usage: olmosft VERB [options]      olmosft VERB --help\n\nverbs:\n";
   for (const auto& x : v) {
-    os << "  " << x.name << std::string(x.name.size() < 18 ? 18 - x.name.size() : 1, ' ') << x.summary << "\n";
+    os << "  " << x.name << std::string(x.name.size() < 18 ? 18 - x.name.size() : 1, ' ') << x.summary
+       << "\n";
   }
 }
 
@@ -56,7 +57,8 @@ static void print_help(std::ostream& os) {
 
 int main(int argc, char** argv) {
   using namespace olmosft::cli;
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
     print_help(argc < 2 ? std::cerr : std::cout);
     return argc < 2 ? 2 : 0;
   }

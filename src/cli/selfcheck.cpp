@@ -1,10 +1,11 @@
 // `olmosft selfcheck` and `olmosft demo`: the kernel self-check (each kernel's gradient against float64
 // finite differences on small shapes), printed as a table. `demo` becomes the tiny end-to-end training
 // run once the trainer exists.
+#include "kernels/selfcheck.h"
+
 #include <iostream>
 
 #include "cli/verb.h"
-#include "kernels/selfcheck.h"
 
 namespace {
 int selfcheck_main(int argc, char** argv) {
@@ -13,7 +14,8 @@ int selfcheck_main(int argc, char** argv) {
 }
 }  // namespace
 
-OLMOSFT_VERB("selfcheck", "check every CPU kernel's gradient against float64 finite differences", selfcheck_main);
+OLMOSFT_VERB("selfcheck", "check every CPU kernel's gradient against float64 finite differences",
+             selfcheck_main);
 
 namespace {
 int demo_main(int argc, char** argv) {

@@ -15,8 +15,8 @@ Arena::~Arena() { std::free(base_); }
 
 void* Arena::alloc_bytes(size_t bytes) {
   size_t need = ((bytes + 63) / 64) * 64;
-  OLMO_CHECK(used_ + need <= capacity_, "arena: out of space: ", used_, " of ", capacity_, " bytes used, ", bytes,
-             " more requested (raise the arena size)");
+  OLMO_CHECK(used_ + need <= capacity_, "arena: out of space: ", used_, " of ", capacity_, " bytes used, ",
+             bytes, " more requested (raise the arena size)");
   void* p = base_ + used_;
   used_ += need;
   high_water_ = std::max(high_water_, used_);

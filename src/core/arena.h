@@ -15,7 +15,7 @@ class Arena {
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
-  void* alloc_bytes(size_t bytes);                       // 64-byte aligned; throws when full
+  void* alloc_bytes(size_t bytes);                             // 64-byte aligned; throws when full
   Tensor alloc(const Shape& shape, DType dtype = DType::F32);  // uninitialised view into the arena
   Tensor zeros(const Shape& shape, DType dtype = DType::F32);
   void reset() { used_ = 0; }

@@ -32,7 +32,7 @@ template <typename... A>
 }  // namespace olmosft
 
 // Checks an invariant or an input; on failure throws olmosft::Error with the given message parts.
-#define OLMO_CHECK(cond, ...)                   \
-  do {                                          \
-    if (!(cond)) ::olmosft::fail(__VA_ARGS__);  \
+#define OLMO_CHECK(cond, ...)                  \
+  do {                                         \
+    if (!(cond)) ::olmosft::fail(__VA_ARGS__); \
   } while (0)

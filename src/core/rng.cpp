@@ -19,8 +19,8 @@ std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<uint32_
 }
 
 static std::array<uint32_t, 4> block(const Rng& r, uint64_t i) {
-  return philox4x32({static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), static_cast<uint32_t>(r.stream),
-                     static_cast<uint32_t>(r.stream >> 32)},
+  return philox4x32({static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32),
+                     static_cast<uint32_t>(r.stream), static_cast<uint32_t>(r.stream >> 32)},
                     {static_cast<uint32_t>(r.seed), static_cast<uint32_t>(r.seed >> 32)});
 }
 

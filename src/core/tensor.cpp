@@ -12,26 +12,40 @@ namespace olmosft {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-    case DType::F16: return 2;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
-    case DType::U8: return 1;
-    case DType::F64: return 8;
+    case DType::F32:
+      return 4;
+    case DType::BF16:
+      return 2;
+    case DType::F16:
+      return 2;
+    case DType::I32:
+      return 4;
+    case DType::I64:
+      return 8;
+    case DType::U8:
+      return 1;
+    case DType::F64:
+      return 8;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
-    case DType::U8: return "U8";
-    case DType::F64: return "F64";
+    case DType::F32:
+      return "F32";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::I32:
+      return "I32";
+    case DType::I64:
+      return "I64";
+    case DType::U8:
+      return "U8";
+    case DType::F64:
+      return "F64";
   }
   return "?";
 }
@@ -129,8 +143,8 @@ Tensor Tensor::view(const Shape& shape) const {
                shape_str(shape_));
     s[infer] = numel() / known;
   }
-  OLMO_CHECK(shape_numel(s) == numel(), "view: ", shape_str(shape_), " has ", numel(),
-             " elements, not the ", shape_numel(s), " of ", shape_str(s));
+  OLMO_CHECK(shape_numel(s) == numel(), "view: ", shape_str(shape_), " has ", numel(), " elements, not the ",
+             shape_numel(s), " of ", shape_str(s));
   Tensor t = *this;
   t.shape_ = s;
   t.strides_ = row_major_strides(s);
@@ -140,8 +154,8 @@ Tensor Tensor::view(const Shape& shape) const {
 Tensor Tensor::slice(int dim, int64_t start, int64_t end) const {
   int d = dim < 0 ? dim + ndim() : dim;
   OLMO_CHECK(d >= 0 && d < ndim(), "slice: dimension ", dim, " out of range for ", shape_str(shape_));
-  OLMO_CHECK(0 <= start && start <= end && end <= shape_[d], "slice [", start, ", ", end, ") out of range for dim ",
-             d, " of ", shape_str(shape_));
+  OLMO_CHECK(0 <= start && start <= end && end <= shape_[d], "slice [", start, ", ", end,
+             ") out of range for dim ", d, " of ", shape_str(shape_));
   Tensor t = *this;
   t.offset_ += static_cast<size_t>(start * strides_[d]) * dtype_size(dtype_);
   t.shape_[d] = end - start;
@@ -190,32 +204,91 @@ void for_each_offset(const Shape& shape, const Shape& strides, size_t esize, F&&
 
 float load_as_f32(const std::byte* p, DType t) {
   switch (t) {
-    case DType::F32: { float v; std::memcpy(&v, p, 4); return v; }
-    case DType::BF16: { uint16_t v; std::memcpy(&v, p, 2); return bf16_to_f32(v); }
-    case DType::F16: { uint16_t v; std::memcpy(&v, p, 2); return f16_to_f32(v); }
-    case DType::F64: { double v; std::memcpy(&v, p, 8); return static_cast<float>(v); }
-    case DType::I32: { int32_t v; std::memcpy(&v, p, 4); return static_cast<float>(v); }
-    case DType::I64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<float>(v); }
-    case DType::U8: return static_cast<float>(static_cast<uint8_t>(*p));
+    case DType::F32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DType::BF16: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return bf16_to_f32(v);
+    }
+    case DType::F16: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return f16_to_f32(v);
+    }
+    case DType::F64: {
+      double v;
+      std::memcpy(&v, p, 8);
+      return static_cast<float>(v);
+    }
+    case DType::I32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return static_cast<float>(v);
+    }
+    case DType::I64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return static_cast<float>(v);
+    }
+    case DType::U8:
+      return static_cast<float>(static_cast<uint8_t>(*p));
   }
   return 0;
 }
 
 double load_as_f64(const std::byte* p, DType t) {
-  if (t == DType::F64) { double v; std::memcpy(&v, p, 8); return v; }
-  if (t == DType::I64) { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
+  if (t == DType::F64) {
+    double v;
+    std::memcpy(&v, p, 8);
+    return v;
+  }
+  if (t == DType::I64) {
+    int64_t v;
+    std::memcpy(&v, p, 8);
+    return static_cast<double>(v);
+  }
   return load_as_f32(p, t);
 }
 
 void store_from_f64(std::byte* p, DType t, double x) {
   switch (t) {
-    case DType::F32: { float v = static_cast<float>(x); std::memcpy(p, &v, 4); return; }
-    case DType::BF16: { uint16_t v = f32_to_bf16(static_cast<float>(x)); std::memcpy(p, &v, 2); return; }
-    case DType::F16: { uint16_t v = f32_to_f16(static_cast<float>(x)); std::memcpy(p, &v, 2); return; }
-    case DType::F64: { std::memcpy(p, &x, 8); return; }
-    case DType::I32: { int32_t v = static_cast<int32_t>(x); std::memcpy(p, &v, 4); return; }
-    case DType::I64: { int64_t v = static_cast<int64_t>(x); std::memcpy(p, &v, 8); return; }
-    case DType::U8: { *p = static_cast<std::byte>(static_cast<uint8_t>(x)); return; }
+    case DType::F32: {
+      float v = static_cast<float>(x);
+      std::memcpy(p, &v, 4);
+      return;
+    }
+    case DType::BF16: {
+      uint16_t v = f32_to_bf16(static_cast<float>(x));
+      std::memcpy(p, &v, 2);
+      return;
+    }
+    case DType::F16: {
+      uint16_t v = f32_to_f16(static_cast<float>(x));
+      std::memcpy(p, &v, 2);
+      return;
+    }
+    case DType::F64: {
+      std::memcpy(p, &x, 8);
+      return;
+    }
+    case DType::I32: {
+      int32_t v = static_cast<int32_t>(x);
+      std::memcpy(p, &v, 4);
+      return;
+    }
+    case DType::I64: {
+      int64_t v = static_cast<int64_t>(x);
+      std::memcpy(p, &v, 8);
+      return;
+    }
+    case DType::U8: {
+      *p = static_cast<std::byte>(static_cast<uint8_t>(x));
+      return;
+    }
   }
 }
 }  // namespace
@@ -231,8 +304,10 @@ void Tensor::copy_from(const Tensor& src) {
   if (src.dtype_ == dtype_) {  // same dtype, strided: copy element bytes (exact for every dtype)
     size_t es = dtype_size(dtype_);
     std::vector<std::byte> tmpb(nbytes());
-    for_each_offset(src.shape_, src.strides_, es, [&](int64_t i, size_t off) { std::memcpy(&tmpb[i * es], s + off, es); });
-    for_each_offset(shape_, strides_, es, [&](int64_t i, size_t off) { std::memcpy(d + off, &tmpb[i * es], es); });
+    for_each_offset(src.shape_, src.strides_, es,
+                    [&](int64_t i, size_t off) { std::memcpy(&tmpb[i * es], s + off, es); });
+    for_each_offset(shape_, strides_, es,
+                    [&](int64_t i, size_t off) { std::memcpy(d + off, &tmpb[i * es], es); });
     return;
   }
   // Converting path: gather the source in contiguous order as f64, then scatter into our strides.
@@ -277,7 +352,8 @@ void Tensor::zero() {
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
-  OLMO_CHECK(a.shape() == b.shape(), "max_abs_diff: shapes ", shape_str(a.shape()), " vs ", shape_str(b.shape()));
+  OLMO_CHECK(a.shape() == b.shape(), "max_abs_diff: shapes ", shape_str(a.shape()), " vs ",
+             shape_str(b.shape()));
   Tensor x = a.to(DType::F64), y = b.to(DType::F64);
   const double *p = x.data<double>(), *q = y.data<double>();
   double m = 0;
@@ -290,7 +366,8 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 }
 
 double max_rel_diff(const Tensor& a, const Tensor& b, double atol) {
-  OLMO_CHECK(a.shape() == b.shape(), "max_rel_diff: shapes ", shape_str(a.shape()), " vs ", shape_str(b.shape()));
+  OLMO_CHECK(a.shape() == b.shape(), "max_rel_diff: shapes ", shape_str(a.shape()), " vs ",
+             shape_str(b.shape()));
   Tensor x = a.to(DType::F64), y = b.to(DType::F64);
   const double *p = x.data<double>(), *q = y.data<double>();
   double m = 0;

@@ -22,12 +22,18 @@ DType parse_dtype(const std::string& name, const std::string& context);
 
 template <typename T>
 constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::F32;
-  else if constexpr (std::is_same_v<T, double>) return DType::F64;
-  else if constexpr (std::is_same_v<T, int32_t>) return DType::I32;
-  else if constexpr (std::is_same_v<T, int64_t>) return DType::I64;
-  else if constexpr (std::is_same_v<T, uint8_t>) return DType::U8;
-  else static_assert(sizeof(T) == 0, "no dtype for this C++ type (use uint16_t with raw_data for bf16/f16)");
+  if constexpr (std::is_same_v<T, float>)
+    return DType::F32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::F64;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return DType::I32;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return DType::I64;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return DType::U8;
+  else
+    static_assert(sizeof(T) == 0, "no dtype for this C++ type (use uint16_t with raw_data for bf16/f16)");
 }
 
 using Shape = std::vector<int64_t>;
@@ -78,15 +84,15 @@ class Tensor {
   }
 
   // Views (share storage).
-  Tensor view(const Shape& shape) const;                       // contiguous only; one dim may be -1
-  Tensor slice(int dim, int64_t start, int64_t end) const;     // [start, end) along dim
+  Tensor view(const Shape& shape) const;                    // contiguous only; one dim may be -1
+  Tensor slice(int dim, int64_t start, int64_t end) const;  // [start, end) along dim
   Tensor transpose(int d0, int d1) const;
-  Tensor select(int dim, int64_t index) const;                 // drops the dim
+  Tensor select(int dim, int64_t index) const;  // drops the dim
 
   // Copies.
-  Tensor contiguous() const;  // returns *this when already contiguous
-  Tensor clone() const;       // always a fresh contiguous copy
-  Tensor to(DType dtype) const;  // conversion (bf16/f16 rounding to nearest even)
+  Tensor contiguous() const;          // returns *this when already contiguous
+  Tensor clone() const;               // always a fresh contiguous copy
+  Tensor to(DType dtype) const;       // conversion (bf16/f16 rounding to nearest even)
   void copy_from(const Tensor& src);  // same shape; converts dtype
   void fill(float value);             // F32 only
   void zero();

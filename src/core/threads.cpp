@@ -18,12 +18,13 @@ int num_threads() { return omp_get_max_threads(); }
 
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_per_thread) {
   if (n <= 0) return;
-  int64_t nt = std::min<int64_t>(num_threads(), std::max<int64_t>(1, n / std::max<int64_t>(1, min_per_thread)));
+  int64_t nt =
+      std::min<int64_t>(num_threads(), std::max<int64_t>(1, n / std::max<int64_t>(1, min_per_thread)));
   if (nt <= 1) {
     fn(0, n);
     return;
   }
-#pragma omp parallel num_threads(static_cast<int>(nt))
+#pragma omp parallel num_threads(static_cast <int>(nt))
   {
     int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
     int64_t b = n * t / T, e = n * (t + 1) / T;

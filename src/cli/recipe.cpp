@@ -1,0 +1,38 @@
+// `olmosft recipe show RECIPE [key=value ...]`: the fully resolved recipe and its derived values, checked.
+// `olmosft recipe keys`: every key with its default and meaning.
+#include "train/recipe.h"
+
+#include <iostream>
+
+#include "cli/verb.h"
+
+namespace {
+int recipe_show(int argc, char** argv) {
+  CLI::App app{"Print a recipe with every default filled in, and its derived batch/schedule values",
+               "recipe show"};
+  std::string path;
+  std::vector<std::string> overrides;
+  app.add_option("recipe", path, "recipe YAML")->required();
+  app.add_option("overrides", overrides, "key=value overrides (win over the file)");
+  return olmosft::cli::run_app(app, argc, argv, [&] {
+    olmosft::Recipe r = olmosft::Recipe::load(path, overrides);
+    r.write_yaml(std::cout);
+    olmosft::print_derived(std::cout, olmosft::derive(r));
+    return 0;
+  });
+}
+
+int recipe_keys(int argc, char** argv) {
+  CLI::App app{"List every recipe key with its default and meaning", "recipe keys"};
+  return olmosft::cli::run_app(app, argc, argv, [&] {
+    for (const auto& k : olmosft::recipe_keys()) {
+      std::cout << k.name << " = " << (k.default_value.empty() ? "\"\"" : k.default_value) << "  # " << k.doc
+                << "\n";
+    }
+    return 0;
+  });
+}
+}  // namespace
+
+OLMOSFT_VERB("recipe show", "print a resolved recipe and its derived batch/schedule values", recipe_show);
+OLMOSFT_VERB("recipe keys", "list every recipe key with its default", recipe_keys);

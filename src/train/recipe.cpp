@@ -1,0 +1,306 @@
+#include "train/recipe.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace olmosft {
+
+const std::vector<RecipeKey>& recipe_keys() {
+  static const std::vector<RecipeKey> keys = {
+      {"run_name", KeyType::String, "run", "name of the run; checkpoints go to output_dir/run_name"},
+      {"output_dir", KeyType::String, "runs", "directory holding one folder per run"},
+      {"seed", KeyType::Int, "0",
+       "seed for initialisation and any sampling (data order is fixed by the dataset)"},
+      {"model.init", KeyType::String, "", "HF model directory to fine-tune (config.json + safetensors)"},
+      {"model.config", KeyType::String, "",
+       "config.json for a randomly initialised model (when model.init is empty)"},
+      {"tokenizer", KeyType::String, "",
+       "HF tokenizer directory; must match the one the dataset was built with"},
+      {"data.path", KeyType::String, "", "packed dataset directory written by `olmosft data build`"},
+      {"data.epochs", KeyType::Int, "1",
+       "passes over the dataset the run may use; more steps than that is an error"},
+      {"seq_len", KeyType::Int, "4096", "tokens per packed row; must equal the dataset's"},
+      {"global_batch", KeyType::Int, "16",
+       "rows per optimizer step, over all devices and accumulation steps"},
+      {"per_device_batch", KeyType::Float, "1",
+       "rows per device per micro-step (fractional: a row spans devices)"},
+      {"devices", KeyType::Int, "1", "devices taking part (CPU: processes; TPU: chips)"},
+      {"steps", KeyType::Int, "0",
+       "optimizer steps to train (required); the run fails if it completes fewer"},
+      {"lr_schedule_steps", KeyType::Int, "0", "LR schedule horizon; 0 means `steps`"},
+      {"optimizer.lr", KeyType::Float, "5e-5", "peak learning rate"},
+      {"optimizer.schedule", KeyType::String, "linear", "linear (warmup then linear to final) or constant"},
+      {"optimizer.warmup_frac", KeyType::Float, "0.03", "warmup as a fraction of the schedule horizon"},
+      {"optimizer.final_lr_frac", KeyType::Float, "0.0", "LR at the horizon, as a fraction of the peak"},
+      {"optimizer.beta1", KeyType::Float, "0.9", "AdamW beta1"},
+      {"optimizer.beta2", KeyType::Float, "0.95", "AdamW beta2"},
+      {"optimizer.eps", KeyType::Float, "1e-8", "AdamW epsilon"},
+      {"optimizer.weight_decay", KeyType::Float, "0.0", "AdamW decoupled weight decay"},
+      {"optimizer.clip_grad_norm", KeyType::Float, "1.0",
+       "global-norm clipping threshold, applied before Adam"},
+      {"loss.lm_z", KeyType::Float, "1e-5",
+       "LM-head z-loss coefficient (x mean logsumexp^2 over trained tokens)"},
+      {"loss.moe_lb", KeyType::Float, "0.01", "MoE load-balance loss coefficient, per MoE layer, summed"},
+      {"loss.router_z", KeyType::Float, "1e-5", "MoE router z-loss coefficient, per MoE layer, summed"},
+      {"moe.buffer_factor", KeyType::Float, "-1",
+       "expert capacity as a multiple of the balanced load; -1 = dropless"},
+      {"compute.vocab_tile", KeyType::Int, "8192",
+       "vocabulary chunk for the tiled cross-entropy (0 = untiled)"},
+      {"compute.threads", KeyType::Int, "0", "CPU threads (0 = all cores)"},
+      {"checkpoint.every", KeyType::Int, "0", "save every N steps (0 = only the final and preemption saves)"},
+      {"checkpoint.keep_last", KeyType::Int, "3",
+       "checkpoints to keep (older ones are deleted after a save)"},
+      {"checkpoint.grace_seconds", KeyType::Int, "120",
+       "budget to write a checkpoint after SIGTERM (preemption)"},
+      {"checkpoint.resume", KeyType::Bool, "true",
+       "resume from the latest valid checkpoint in the run directory"},
+      {"log.every", KeyType::Int, "1", "log a LOSS-PARTS line every N steps"},
+      {"log.tensorboard", KeyType::Bool, "true", "write TensorBoard event files next to metrics.jsonl"},
+      {"eval.heldout", KeyType::Int, "32", "held-out conversations for the end-of-run P(EOS) check"},
+  };
+  return keys;
+}
+
+namespace {
+
+const RecipeKey* find_key(const std::string& name) {
+  for (const auto& k : recipe_keys()) {
+    if (k.name == name) return &k;
+  }
+  return nullptr;
+}
+
+bool passthrough(const std::string& name) { return name.rfind("cluster.", 0) == 0; }
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string closest_key(const std::string& name) {
+  std::string best;
+  size_t bd = SIZE_MAX;
+  for (const auto& k : recipe_keys()) {
+    // compare against the full name and its last component, so "lr" suggests "optimizer.lr"
+    std::string last = k.name.substr(k.name.rfind('.') + 1);
+    size_t d = std::min(edit_distance(name, k.name), edit_distance(name, last));
+    if (d < bd) {
+      bd = d;
+      best = k.name;
+    }
+  }
+  return best;
+}
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+void check_value(const RecipeKey& k, const std::string& v, const std::string& origin) {
+  auto bad = [&](const char* what) {
+    fail(origin, ": key '", k.name, "' expects ", what, ", got '", v, "' (", k.doc, ")");
+  };
+  switch (k.type) {
+    case KeyType::String:
+      return;
+    case KeyType::Int: {
+      size_t pos = 0;
+      try {
+        (void)std::stoll(v, &pos);
+      } catch (...) {
+        bad("an integer");
+      }
+      if (pos != v.size()) bad("an integer");
+      return;
+    }
+    case KeyType::Float: {
+      size_t pos = 0;
+      double d = 0;
+      try {
+        d = std::stod(v, &pos);
+      } catch (...) {
+        bad("a number");
+      }
+      if (pos != v.size() || !std::isfinite(d)) bad("a finite number");
+      return;
+    }
+    case KeyType::Bool:
+      if (v != "true" && v != "false") bad("true or false");
+      return;
+  }
+}
+
+void flatten(const YAML::Node& node, const std::string& prefix, const std::string& source,
+             std::vector<std::pair<std::string, std::string>>& out) {
+  if (node.IsMap()) {
+    for (const auto& kv : node) {
+      std::string key = kv.first.as<std::string>();
+      flatten(kv.second, prefix.empty() ? key : prefix + "." + key, source, out);
+    }
+  } else if (node.IsScalar()) {
+    out.emplace_back(prefix, node.as<std::string>());
+  } else if (node.IsNull()) {
+    out.emplace_back(prefix, "");
+  } else if (node.IsSequence() && passthrough(prefix)) {
+    out.emplace_back(prefix, YAML::Dump(node));
+  } else {
+    fail(source, ": key '", prefix, "' must be a single value, not a list");
+  }
+}
+
+}  // namespace
+
+void Recipe::set(const std::string& key, const std::string& value, const std::string& origin) {
+  if (passthrough(key)) {
+    values_[key] = value;
+    return;
+  }
+  const RecipeKey* k = find_key(key);
+  if (!k) fail(origin, ": unknown recipe key '", key, "' (did you mean '", closest_key(key), "'?)");
+  check_value(*k, value, origin);
+  values_[key] = value;
+}
+
+Recipe Recipe::parse(const std::string& text, const std::string& source,
+                     const std::vector<std::string>& overrides) {
+  Recipe r;
+  r.source_ = source;
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    fail(source, ": not valid YAML: ", e.what());
+  }
+  if (!root.IsNull()) {
+    if (!root.IsMap()) fail(source, ": a recipe must be a YAML mapping of keys to values");
+    std::vector<std::pair<std::string, std::string>> flat;
+    flatten(root, "", source, flat);
+    for (const auto& [k, v] : flat) r.set(k, v, source);
+  }
+  for (const auto& o : overrides) {
+    size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) fail("override '", o, "': expected key=value");
+    r.set(trim(o.substr(0, eq)), trim(o.substr(eq + 1)), "override '" + o + "'");
+  }
+  return r;
+}
+
+Recipe Recipe::load(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream f(path);
+  if (!f) fail("recipe ", path, ": cannot open");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse(ss.str(), path, overrides);
+}
+
+bool Recipe::is_set(const std::string& key) const { return values_.count(key) > 0; }
+
+std::string Recipe::str(const std::string& key) const {
+  auto it = values_.find(key);
+  if (it != values_.end()) return it->second;
+  const RecipeKey* k = find_key(key);
+  OLMO_CHECK(k != nullptr, "internal: recipe key '", key, "' is not declared");
+  return k->default_value;
+}
+
+int64_t Recipe::i64(const std::string& key) const { return std::stoll(str(key)); }
+double Recipe::f64(const std::string& key) const { return std::stod(str(key)); }
+bool Recipe::flag(const std::string& key) const { return str(key) == "true"; }
+
+std::map<std::string, std::string> Recipe::section(const std::string& prefix) const {
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : values_) {
+    if (k.rfind(prefix, 0) == 0) out[k.substr(prefix.size())] = v;
+  }
+  return out;
+}
+
+void Recipe::write_yaml(std::ostream& os) const {
+  for (const auto& k : recipe_keys()) {
+    std::string v = str(k.name);
+    os << k.name << ": " << (v.empty() ? "\"\"" : v) << "  # " << (is_set(k.name) ? "" : "default; ") << k.doc
+       << "\n";
+  }
+  for (const auto& [k, v] : values_) {
+    if (passthrough(k)) os << k << ": " << v << "\n";
+  }
+}
+
+Derived derive(const Recipe& r) {
+  Derived d;
+  const std::string& src = r.source();
+  d.global_batch = r.i64("global_batch");
+  d.devices = r.i64("devices");
+  d.per_device_batch = r.f64("per_device_batch");
+  d.seq_len = r.i64("seq_len");
+  d.steps = r.i64("steps");
+  OLMO_CHECK(d.global_batch >= 1, src, ": global_batch must be >= 1, got ", d.global_batch);
+  OLMO_CHECK(d.devices >= 1, src, ": devices must be >= 1, got ", d.devices);
+  OLMO_CHECK(d.per_device_batch > 0, src, ": per_device_batch must be > 0, got ", d.per_device_batch);
+  OLMO_CHECK(d.seq_len >= 2, src, ": seq_len must be >= 2, got ", d.seq_len);
+  OLMO_CHECK(d.steps >= 1, src, ": steps must be >= 1 (a run that trains zero steps is an error), got ",
+             d.steps);
+  double slots = static_cast<double>(d.devices) * d.per_device_batch;
+  double rounded = std::round(slots);
+  OLMO_CHECK(rounded >= 1 && std::fabs(slots - rounded) < 1e-9, src,
+             ": devices x per_device_batch = ", d.devices, " x ", d.per_device_batch, " = ", slots,
+             " rows per micro-step, which is not a whole number >= 1");
+  d.slots = static_cast<int64_t>(rounded);
+  OLMO_CHECK(d.global_batch % d.slots == 0, src, ": global_batch=", d.global_batch,
+             " is not divisible by devices x per_device_batch = ", d.slots,
+             " (gradient accumulation must be a whole number of micro-steps)");
+  d.grad_accum = d.global_batch / d.slots;
+  d.tokens_per_step = d.global_batch * d.seq_len;
+  d.schedule_steps = r.i64("lr_schedule_steps");
+  if (d.schedule_steps == 0) d.schedule_steps = d.steps;
+  OLMO_CHECK(d.schedule_steps >= 1, src, ": lr_schedule_steps must be >= 1 or 0 (= steps), got ",
+             d.schedule_steps);
+  double wf = r.f64("optimizer.warmup_frac");
+  OLMO_CHECK(wf >= 0 && wf < 1, src, ": optimizer.warmup_frac must be in [0, 1), got ", wf);
+  d.warmup_steps = static_cast<int64_t>(std::floor(static_cast<double>(d.schedule_steps) * wf));
+  std::string sched = r.str("optimizer.schedule");
+  OLMO_CHECK(sched == "linear" || sched == "constant", src,
+             ": optimizer.schedule must be linear or constant, got '", sched, "'");
+  double ff = r.f64("optimizer.final_lr_frac");
+  OLMO_CHECK(ff >= 0 && ff <= 1, src, ": optimizer.final_lr_frac must be in [0, 1], got ", ff);
+  OLMO_CHECK(r.f64("optimizer.lr") > 0, src, ": optimizer.lr must be > 0");
+  double b1 = r.f64("optimizer.beta1"), b2 = r.f64("optimizer.beta2");
+  OLMO_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, src, ": optimizer.beta1/beta2 must be in [0, 1)");
+  OLMO_CHECK(r.f64("optimizer.eps") > 0, src, ": optimizer.eps must be > 0");
+  OLMO_CHECK(r.f64("optimizer.clip_grad_norm") >= 0, src,
+             ": optimizer.clip_grad_norm must be >= 0 (0 = off)");
+  double bf = r.f64("moe.buffer_factor");
+  OLMO_CHECK(bf == -1 || bf >= 1, src, ": moe.buffer_factor must be -1 (dropless) or >= 1, got ", bf);
+  OLMO_CHECK(r.i64("checkpoint.keep_last") >= 1, src, ": checkpoint.keep_last must be >= 1");
+  OLMO_CHECK(r.i64("checkpoint.every") >= 0, src, ": checkpoint.every must be >= 0");
+  OLMO_CHECK(r.i64("data.epochs") >= 1, src, ": data.epochs must be >= 1");
+  OLMO_CHECK(r.i64("log.every") >= 1, src, ": log.every must be >= 1");
+  OLMO_CHECK(r.i64("compute.vocab_tile") >= 0, src, ": compute.vocab_tile must be >= 0");
+  return d;
+}
+
+void print_derived(std::ostream& os, const Derived& d) {
+  os << "PREFLIGHT global_batch=" << d.global_batch << " devices=" << d.devices
+     << " per_device_batch=" << d.per_device_batch << " rows_per_microstep=" << d.slots
+     << " grad_accum=" << d.grad_accum << " seq_len=" << d.seq_len << " tokens_per_step=" << d.tokens_per_step
+     << " steps=" << d.steps << " lr_schedule_steps=" << d.schedule_steps
+     << " warmup_steps=" << d.warmup_steps << "\n";
+}
+
+}  // namespace olmosft
