@@ -383,10 +383,10 @@ def make_batch(cfg):
     return batch, docs
 
 
-def run(P, cfg, batch, dtype, ssmax_positions="document"):
+def run(P, cfg, batch, dtype, ssmax_positions="document", lb_coef=LB_COEF, rz_coef=ROUTER_Z_COEF):
     Pd = {k: v.detach().to(dtype).requires_grad_(True) for k, v in P.items()}
     logits, hidden, moe = forward(Pd, cfg, batch, ssmax_positions)
-    total, lm, lb, rz = total_loss(logits, moe, batch)
+    total, lm, lb, rz = total_loss(logits, moe, batch, lb_coef=lb_coef, rz_coef=rz_coef)
     total.backward()
     return dict(logits=logits.detach(), hidden=[x.detach() for x in hidden], moe=moe, total=total.item(),
                 lm=lm, lb=lb.item(), rz=rz.item(), grads={k: v.grad for k, v in Pd.items()})
@@ -418,6 +418,8 @@ def generate(out_dir):
     r32 = run(P, cfg, batch, torch.float32, "document")
     row64 = run(P, cfg, batch, torch.float64, "row")
     row32 = run(P, cfg, batch, torch.float32, "row")
+    # router gradients with unit aux coefficients (lb 1, router-z 1): makes the aux-loss backward visible
+    unit64 = run(P, cfg, batch, torch.float64, "document", lb_coef=1.0, rz_coef=1.0)
     with torch.no_grad():
         P64 = {k: v.double() for k, v in P.items()}
         per_doc = torch.zeros_like(r64["logits"])
@@ -451,6 +453,8 @@ def generate(out_dir):
     }
     for name in attn_layer_names:  # gradients of the softmax-attention layer under the row-position variant
         outs["grads_ssmax_row_positions." + name] = mc.f32(row64["grads"][name])
+    for name in sorted(k for k in P if k.endswith(".mlp.router.gate.weight")):
+        outs["grads_unit_aux_coefs." + name] = mc.f32(unit64["grads"][name])
     mc.save_st(os.path.join(out_dir, "outputs.safetensors"), outs)
     mc.save_st(os.path.join(out_dir, "grads.safetensors"), {k: mc.f32(v) for k, v in r64["grads"].items()})
 
@@ -480,6 +484,7 @@ def generate(out_dir):
                          "aux_reduction": "sum over MoE layers"},
         "loss": loss_block(r64),
         "loss_ssmax_row_positions": loss_block(row64),
+        "loss_unit_aux_coefs": dict(loss_block(unit64), coefficients={"moe_lb": 1.0, "router_z": 1.0, "lm_z": LM_Z_COEF}),
         "routing": {
             "balanced_load": balanced,
             "per_layer": {str(i): {
