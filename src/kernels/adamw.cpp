@@ -12,8 +12,8 @@ void AdamWConfig::validate() const {
   OLMO_CHECK(beta1 >= 0 && beta1 < 1, "adamw: beta1 must be in [0, 1), got ", beta1);
   OLMO_CHECK(beta2 >= 0 && beta2 < 1, "adamw: beta2 must be in [0, 1), got ", beta2);
   OLMO_CHECK(std::isfinite(eps) && eps >= 0, "adamw: eps must be finite and >= 0, got ", eps);
-  OLMO_CHECK(std::isfinite(weight_decay) && weight_decay >= 0, "adamw: weight_decay must be finite and >= 0, got ",
-             weight_decay);
+  OLMO_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
+             "adamw: weight_decay must be finite and >= 0, got ", weight_decay);
 }
 
 template <typename T>

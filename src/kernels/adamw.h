@@ -14,12 +14,12 @@ namespace olmosft {
 
 template <typename T>
 struct AdamWParam {
-  T* p = nullptr;        // parameter
-  T* g = nullptr;        // gradient (read; scaled in place by the clip)
-  T* m = nullptr;        // first moment (zero-initialised by the caller)
-  T* v = nullptr;        // second moment (zero-initialised by the caller)
-  int64_t n = 0;         // elements
-  bool decay = true;     // apply weight decay to this tensor
+  T* p = nullptr;     // parameter
+  T* g = nullptr;     // gradient (read; scaled in place by the clip)
+  T* m = nullptr;     // first moment (zero-initialised by the caller)
+  T* v = nullptr;     // second moment (zero-initialised by the caller)
+  int64_t n = 0;      // elements
+  bool decay = true;  // apply weight decay to this tensor
 };
 
 struct AdamWConfig {

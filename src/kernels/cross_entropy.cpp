@@ -28,12 +28,14 @@ Plan make_plan(const int32_t* targets, const uint8_t* mask, int64_t N, int64_t d
     if (mask && mask[i] == 0) continue;
     if (targets[i] == cfg.ignore_index) continue;
     OLMO_CHECK(targets[i] >= 0 && targets[i] < cfg.valid_vocab, who, ": target ", targets[i], " at token ", i,
-               " is outside the vocabulary [0, ", cfg.valid_vocab, ") (ignore_index is ", cfg.ignore_index, ")");
+               " is outside the vocabulary [0, ", cfg.valid_vocab, ") (ignore_index is ", cfg.ignore_index,
+               ")");
     p.rows.push_back(i);
   }
   p.chunk = cfg.vocab_chunk == 0 ? cfg.valid_vocab : std::min(cfg.vocab_chunk, cfg.valid_vocab);
-  p.block = cfg.row_block == 0 ? std::max<int64_t>(1, int64_t(p.rows.size()))
-                               : std::min<int64_t>(cfg.row_block, std::max<int64_t>(1, int64_t(p.rows.size())));
+  p.block = cfg.row_block == 0
+                ? std::max<int64_t>(1, int64_t(p.rows.size()))
+                : std::min<int64_t>(cfg.row_block, std::max<int64_t>(1, int64_t(p.rows.size())));
   return p;
 }
 
@@ -49,8 +51,8 @@ void gather_rows(const T* h, int64_t d, const int64_t* rows, int64_t nr, T* out)
 }  // namespace
 
 template <typename T>
-XentStats xent_forward(const T* h, const T* W, const int32_t* targets, const uint8_t* mask, int64_t N, int64_t d,
-                       int64_t V_rows, const XentConfig& cfg, T* lse) {
+XentStats xent_forward(const T* h, const T* W, const int32_t* targets, const uint8_t* mask, int64_t N,
+                       int64_t d, int64_t V_rows, const XentConfig& cfg, T* lse) {
   Plan p = make_plan(targets, mask, N, d, V_rows, cfg, "xent_forward");
   const int64_t V = cfg.valid_vocab, nt = int64_t(p.rows.size());
   for (int64_t i = 0; i < N; ++i) lse[i] = T(0);
@@ -97,8 +99,8 @@ XentStats xent_forward(const T* h, const T* W, const int32_t* targets, const uin
 }
 
 template <typename T>
-void xent_backward(const T* h, const T* W, const int32_t* targets, const uint8_t* mask, const T* lse, int64_t N,
-                   int64_t d, int64_t V_rows, const XentConfig& cfg, double scale, T* dh, T* dW) {
+void xent_backward(const T* h, const T* W, const int32_t* targets, const uint8_t* mask, const T* lse,
+                   int64_t N, int64_t d, int64_t V_rows, const XentConfig& cfg, double scale, T* dh, T* dW) {
   Plan p = make_plan(targets, mask, N, d, V_rows, cfg, "xent_backward");
   OLMO_CHECK(std::isfinite(scale), "xent_backward: scale must be finite, got ", scale);
   const int64_t V = cfg.valid_vocab, nt = int64_t(p.rows.size());
@@ -127,30 +129,32 @@ void xent_backward(const T* h, const T* W, const int32_t* targets, const uint8_t
           },
           4);
       if (dh)
-        gemm<T>(Trans::N, Trans::N, nr, d, nc, T(1), g.data(), nc, W + c0 * d, d, c0 == 0 ? T(0) : T(1), dhb.data(),
-                d);
+        gemm<T>(Trans::N, Trans::N, nr, d, nc, T(1), g.data(), nc, W + c0 * d, d, c0 == 0 ? T(0) : T(1),
+                dhb.data(), d);
       if (dW) gemm<T>(Trans::T, Trans::N, nc, d, nr, T(1), g.data(), nc, hb.data(), d, T(1), dW + c0 * d, d);
     }
     if (dh)
-      for (int64_t r = 0; r < nr; ++r) std::copy(dhb.data() + r * d, dhb.data() + r * d + d, dh + rows[r] * d);
+      for (int64_t r = 0; r < nr; ++r)
+        std::copy(dhb.data() + r * d, dhb.data() + r * d + d, dh + rows[r] * d);
   }
 }
 
-template XentStats xent_forward<float>(const float*, const float*, const int32_t*, const uint8_t*, int64_t, int64_t,
-                                       int64_t, const XentConfig&, float*);
+template XentStats xent_forward<float>(const float*, const float*, const int32_t*, const uint8_t*, int64_t,
+                                       int64_t, int64_t, const XentConfig&, float*);
 template XentStats xent_forward<double>(const double*, const double*, const int32_t*, const uint8_t*, int64_t,
                                         int64_t, int64_t, const XentConfig&, double*);
-template void xent_backward<float>(const float*, const float*, const int32_t*, const uint8_t*, const float*, int64_t,
-                                   int64_t, int64_t, const XentConfig&, double, float*, float*);
-template void xent_backward<double>(const double*, const double*, const int32_t*, const uint8_t*, const double*,
-                                    int64_t, int64_t, int64_t, const XentConfig&, double, double*, double*);
+template void xent_backward<float>(const float*, const float*, const int32_t*, const uint8_t*, const float*,
+                                   int64_t, int64_t, int64_t, const XentConfig&, double, float*, float*);
+template void xent_backward<double>(const double*, const double*, const int32_t*, const uint8_t*,
+                                    const double*, int64_t, int64_t, int64_t, const XentConfig&, double,
+                                    double*, double*);
 
 namespace {
 struct XDims {
   int64_t N, d, V;
 };
-XDims xent_check(const Tensor& h, const Tensor& W, const Tensor& targets, const Tensor& mask, const Tensor& lse,
-                 const char* who) {
+XDims xent_check(const Tensor& h, const Tensor& W, const Tensor& targets, const Tensor& mask,
+                 const Tensor& lse, const char* who) {
   OLMO_CHECK(h.defined() && W.defined() && targets.defined() && lse.defined(), who,
              ": h, W, targets and lse are required");
   const DType dt = h.dtype();
@@ -166,9 +170,10 @@ XDims xent_check(const Tensor& h, const Tensor& W, const Tensor& targets, const 
              dtype_name(targets.dtype()));
   if (mask.defined())
     OLMO_CHECK(mask.dtype() == DType::U8 && mask.is_contiguous() && mask.shape() == Shape{N}, who,
-               ": mask must be contiguous U8 [", N, "], got ", shape_str(mask.shape()), " ", dtype_name(mask.dtype()));
-  OLMO_CHECK(lse.dtype() == dt && lse.is_contiguous() && lse.shape() == Shape{N}, who, ": lse must be contiguous ",
-             dtype_name(dt), " [", N, "], got ", shape_str(lse.shape()));
+               ": mask must be contiguous U8 [", N, "], got ", shape_str(mask.shape()), " ",
+               dtype_name(mask.dtype()));
+  OLMO_CHECK(lse.dtype() == dt && lse.is_contiguous() && lse.shape() == Shape{N}, who,
+             ": lse must be contiguous ", dtype_name(dt), " [", N, "], got ", shape_str(lse.shape()));
   return {N, h.size(1), W.size(0)};
 }
 }  // namespace
@@ -178,14 +183,14 @@ XentStats xent_forward(const Tensor& h, const Tensor& W, const Tensor& targets, 
   auto D = xent_check(h, W, targets, mask, lse, "xent_forward");
   const uint8_t* m = mask.defined() ? mask.data<uint8_t>() : nullptr;
   if (h.dtype() == DType::F32)
-    return xent_forward<float>(h.data<float>(), W.data<float>(), targets.data<int32_t>(), m, D.N, D.d, D.V, cfg,
-                               lse.data<float>());
-  return xent_forward<double>(h.data<double>(), W.data<double>(), targets.data<int32_t>(), m, D.N, D.d, D.V, cfg,
-                              lse.data<double>());
+    return xent_forward<float>(h.data<float>(), W.data<float>(), targets.data<int32_t>(), m, D.N, D.d, D.V,
+                               cfg, lse.data<float>());
+  return xent_forward<double>(h.data<double>(), W.data<double>(), targets.data<int32_t>(), m, D.N, D.d, D.V,
+                              cfg, lse.data<double>());
 }
 
-void xent_backward(const Tensor& h, const Tensor& W, const Tensor& targets, const Tensor& mask, const Tensor& lse,
-                   const XentConfig& cfg, double scale, Tensor& dh, Tensor& dW) {
+void xent_backward(const Tensor& h, const Tensor& W, const Tensor& targets, const Tensor& mask,
+                   const Tensor& lse, const XentConfig& cfg, double scale, Tensor& dh, Tensor& dW) {
   auto D = xent_check(h, W, targets, mask, lse, "xent_backward");
   if (dh.defined())
     OLMO_CHECK(dh.dtype() == h.dtype() && dh.is_contiguous() && dh.shape() == h.shape(),
@@ -195,12 +200,12 @@ void xent_backward(const Tensor& h, const Tensor& W, const Tensor& targets, cons
                "xent_backward: dW must match W ", shape_str(W.shape()), ", got ", shape_str(dW.shape()));
   const uint8_t* m = mask.defined() ? mask.data<uint8_t>() : nullptr;
   if (h.dtype() == DType::F32)
-    xent_backward<float>(h.data<float>(), W.data<float>(), targets.data<int32_t>(), m, lse.data<float>(), D.N, D.d,
-                         D.V, cfg, scale, dh.defined() ? dh.data<float>() : nullptr,
+    xent_backward<float>(h.data<float>(), W.data<float>(), targets.data<int32_t>(), m, lse.data<float>(), D.N,
+                         D.d, D.V, cfg, scale, dh.defined() ? dh.data<float>() : nullptr,
                          dW.defined() ? dW.data<float>() : nullptr);
   else
-    xent_backward<double>(h.data<double>(), W.data<double>(), targets.data<int32_t>(), m, lse.data<double>(), D.N,
-                          D.d, D.V, cfg, scale, dh.defined() ? dh.data<double>() : nullptr,
+    xent_backward<double>(h.data<double>(), W.data<double>(), targets.data<int32_t>(), m, lse.data<double>(),
+                          D.N, D.d, D.V, cfg, scale, dh.defined() ? dh.data<double>() : nullptr,
                           dW.defined() ? dW.data<double>() : nullptr);
 }
 

@@ -41,18 +41,19 @@ struct XentStats {
 
 // lse: [N] output, the per-token logsumexp (0 for untrained tokens), needed by the backward.
 template <typename T>
-XentStats xent_forward(const T* h, const T* W, const int32_t* targets, const uint8_t* mask, int64_t N, int64_t d,
-                       int64_t V_rows, const XentConfig& cfg, T* lse);
+XentStats xent_forward(const T* h, const T* W, const int32_t* targets, const uint8_t* mask, int64_t N,
+                       int64_t d, int64_t V_rows, const XentConfig& cfg, T* lse);
 
-// dh [N, d] is overwritten; dW [V_rows, d] is accumulated (rows >= valid_vocab untouched). Either may be null.
+// dh [N, d] is overwritten; dW [V_rows, d] is accumulated (rows >= valid_vocab untouched). Either may be
+// null.
 template <typename T>
-void xent_backward(const T* h, const T* W, const int32_t* targets, const uint8_t* mask, const T* lse, int64_t N,
-                   int64_t d, int64_t V_rows, const XentConfig& cfg, double scale, T* dh, T* dW);
+void xent_backward(const T* h, const T* W, const int32_t* targets, const uint8_t* mask, const T* lse,
+                   int64_t N, int64_t d, int64_t V_rows, const XentConfig& cfg, double scale, T* dh, T* dW);
 
 // Tensor overloads: h [N, d], W [V_rows, d] (F32/F64), targets I32 [N], mask U8 [N] or undefined, lse [N].
 XentStats xent_forward(const Tensor& h, const Tensor& W, const Tensor& targets, const Tensor& mask,
                        const XentConfig& cfg, Tensor& lse);
-void xent_backward(const Tensor& h, const Tensor& W, const Tensor& targets, const Tensor& mask, const Tensor& lse,
-                   const XentConfig& cfg, double scale, Tensor& dh, Tensor& dW);
+void xent_backward(const Tensor& h, const Tensor& W, const Tensor& targets, const Tensor& mask,
+                   const Tensor& lse, const XentConfig& cfg, double scale, Tensor& dh, Tensor& dW);
 
 }  // namespace olmosft

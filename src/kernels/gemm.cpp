@@ -11,12 +11,13 @@ namespace olmosft {
 namespace {
 const char* tname(Trans t) { return t == Trans::N ? "N" : "T"; }
 
-void check_gemm_args(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
-                     int64_t ldb, const void* C, int64_t ldc) {
+void check_gemm_args(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
+                     const void* B, int64_t ldb, const void* C, int64_t ldc) {
   OLMO_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
-  OLMO_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX,
-             "gemm: size or leading dimension exceeds the 32-bit BLAS interface (M=", M, " N=", N, " K=", K,
-             " lda=", lda, " ldb=", ldb, " ldc=", ldc, ")");
+  OLMO_CHECK(
+      M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX,
+      "gemm: size or leading dimension exceeds the 32-bit BLAS interface (M=", M, " N=", N, " K=", K,
+      " lda=", lda, " ldb=", ldb, " ldc=", ldc, ")");
   // Stored shapes (row-major): A is [M,K] (N) or [K,M] (T); B is [K,N] (N) or [N,K] (T); C is [M,N].
   const int64_t a_cols = ta == Trans::N ? K : M, b_cols = tb == Trans::N ? N : K;
   OLMO_CHECK(lda >= std::max<int64_t>(1, a_cols), "gemm(", tname(ta), tname(tb), "): lda=", lda,
@@ -43,9 +44,11 @@ void gemm_unchecked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha
   const CBLAS_TRANSPOSE cta = ta == Trans::N ? CblasNoTrans : CblasTrans;
   const CBLAS_TRANSPOSE ctb = tb == Trans::N ? CblasNoTrans : CblasTrans;
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, cta, ctb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+    cblas_sgemm(CblasRowMajor, cta, ctb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C,
+                int(ldc));
   } else {
-    cblas_dgemm(CblasRowMajor, cta, ctb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+    cblas_dgemm(CblasRowMajor, cta, ctb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C,
+                int(ldc));
   }
 }
 }  // namespace
@@ -58,30 +61,31 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T*
 }
 
 template <typename T>
-void gemm_strided_batched(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-                          int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta, T* C, int64_t ldc,
-                          int64_t stride_c, int64_t batch) {
+void gemm_strided_batched(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                          int64_t lda, int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta,
+                          T* C, int64_t ldc, int64_t stride_c, int64_t batch) {
   OLMO_CHECK(batch >= 0, "gemm_strided_batched: negative batch ", batch);
   check_gemm_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
-  OLMO_CHECK(stride_a >= 0 && stride_b >= 0, "gemm_strided_batched: negative stride (a=", stride_a, " b=", stride_b,
-             ")");
+  OLMO_CHECK(stride_a >= 0 && stride_b >= 0, "gemm_strided_batched: negative stride (a=", stride_a,
+             " b=", stride_b, ")");
   if (batch > 1 && M > 0 && N > 0)
     OLMO_CHECK(stride_c >= (M - 1) * ldc + N, "gemm_strided_batched: stride_c=", stride_c,
                " makes output batches overlap (needs >= ", (M - 1) * ldc + N, ")");
   for (int64_t b = 0; b < batch; ++b)
-    gemm_unchecked(ta, tb, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb, beta, C + b * stride_c, ldc);
+    gemm_unchecked(ta, tb, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb, beta,
+                   C + b * stride_c, ldc);
 }
 
 template void gemm<float>(Trans, Trans, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
                           int64_t, float, float*, int64_t);
-template void gemm<double>(Trans, Trans, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
-                           int64_t, double, double*, int64_t);
-template void gemm_strided_batched<float>(Trans, Trans, int64_t, int64_t, int64_t, float, const float*, int64_t,
-                                          int64_t, const float*, int64_t, int64_t, float, float*, int64_t, int64_t,
-                                          int64_t);
-template void gemm_strided_batched<double>(Trans, Trans, int64_t, int64_t, int64_t, double, const double*, int64_t,
-                                           int64_t, const double*, int64_t, int64_t, double, double*, int64_t,
-                                           int64_t, int64_t);
+template void gemm<double>(Trans, Trans, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                           const double*, int64_t, double, double*, int64_t);
+template void gemm_strided_batched<float>(Trans, Trans, int64_t, int64_t, int64_t, float, const float*,
+                                          int64_t, int64_t, const float*, int64_t, int64_t, float, float*,
+                                          int64_t, int64_t, int64_t);
+template void gemm_strided_batched<double>(Trans, Trans, int64_t, int64_t, int64_t, double, const double*,
+                                           int64_t, int64_t, const double*, int64_t, int64_t, double, double*,
+                                           int64_t, int64_t, int64_t);
 
 namespace {
 void check_matrix(const Tensor& t, const char* name, DType dt) {
@@ -102,12 +106,13 @@ void gemm(Trans ta, Trans tb, float alpha, const Tensor& A, const Tensor& B, flo
   check_matrix(C, "C", dt);
   const int64_t M = ta == Trans::N ? A.size(0) : A.size(1), K = ta == Trans::N ? A.size(1) : A.size(0);
   const int64_t Kb = tb == Trans::N ? B.size(0) : B.size(1), N = tb == Trans::N ? B.size(1) : B.size(0);
-  OLMO_CHECK(K == Kb, "gemm: inner dimensions differ: op(A) is [", M, ",", K, "], op(B) is [", Kb, ",", N, "]");
-  OLMO_CHECK(C.size(0) == M && C.size(1) == N, "gemm: C has shape ", shape_str(C.shape()), ", expected [", M, ", ",
-             N, "]");
+  OLMO_CHECK(K == Kb, "gemm: inner dimensions differ: op(A) is [", M, ",", K, "], op(B) is [", Kb, ",", N,
+             "]");
+  OLMO_CHECK(C.size(0) == M && C.size(1) == N, "gemm: C has shape ", shape_str(C.shape()), ", expected [", M,
+             ", ", N, "]");
   if (dt == DType::F32)
-    gemm<float>(ta, tb, M, N, K, alpha, A.data<float>(), ld_of(A), B.data<float>(), ld_of(B), beta, C.data<float>(),
-                ld_of(C));
+    gemm<float>(ta, tb, M, N, K, alpha, A.data<float>(), ld_of(A), B.data<float>(), ld_of(B), beta,
+                C.data<float>(), ld_of(C));
   else
     gemm<double>(ta, tb, M, N, K, alpha, A.data<double>(), ld_of(A), B.data<double>(), ld_of(B), beta,
                  C.data<double>(), ld_of(C));
@@ -127,8 +132,8 @@ void linear_backward(const T* dy, const T* x, const T* W, T* dx, T* dW, int64_t 
 
 template void linear_forward<float>(const float*, const float*, float*, int64_t, int64_t, int64_t);
 template void linear_forward<double>(const double*, const double*, double*, int64_t, int64_t, int64_t);
-template void linear_backward<float>(const float*, const float*, const float*, float*, float*, int64_t, int64_t,
-                                     int64_t, bool);
+template void linear_backward<float>(const float*, const float*, const float*, float*, float*, int64_t,
+                                     int64_t, int64_t, bool);
 template void linear_backward<double>(const double*, const double*, const double*, double*, double*, int64_t,
                                       int64_t, int64_t, bool);
 
@@ -140,7 +145,8 @@ LinearDims linear_dims(const Tensor& x, const Tensor& W, const char* who) {
   OLMO_CHECK(x.defined() && W.defined(), who, ": x or W is undefined");
   OLMO_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::F64, who, ": x must be F32/F64, got ",
              dtype_name(x.dtype()));
-  OLMO_CHECK(W.dtype() == x.dtype(), who, ": W is ", dtype_name(W.dtype()), " but x is ", dtype_name(x.dtype()));
+  OLMO_CHECK(W.dtype() == x.dtype(), who, ": W is ", dtype_name(W.dtype()), " but x is ",
+             dtype_name(x.dtype()));
   OLMO_CHECK(x.ndim() >= 1 && x.is_contiguous(), who, ": x must be contiguous with >= 1 dim, got ",
              shape_str(x.shape()));
   OLMO_CHECK(W.ndim() == 2 && W.is_contiguous(), who, ": W must be a contiguous [out, in] matrix, got ",
@@ -172,19 +178,20 @@ void linear_forward(const Tensor& x, const Tensor& W, Tensor& y) {
     linear_forward<double>(x.data<double>(), W.data<double>(), y.data<double>(), d.N, d.in, d.out);
 }
 
-void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, Tensor& dx, Tensor& dW, bool accumulate_dx) {
+void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, Tensor& dx, Tensor& dW,
+                     bool accumulate_dx) {
   auto d = linear_dims(x, W, "linear_backward");
   check_like(dy, with_last(x.shape(), d.out), x.dtype(), "linear_backward", "dy");
   if (dx.defined()) check_like(dx, x.shape(), x.dtype(), "linear_backward", "dx");
   if (dW.defined()) check_like(dW, W.shape(), x.dtype(), "linear_backward", "dW");
   if (x.dtype() == DType::F32)
     linear_backward<float>(dy.data<float>(), x.data<float>(), W.data<float>(),
-                           dx.defined() ? dx.data<float>() : nullptr, dW.defined() ? dW.data<float>() : nullptr, d.N,
-                           d.in, d.out, accumulate_dx);
+                           dx.defined() ? dx.data<float>() : nullptr,
+                           dW.defined() ? dW.data<float>() : nullptr, d.N, d.in, d.out, accumulate_dx);
   else
     linear_backward<double>(dy.data<double>(), x.data<double>(), W.data<double>(),
-                            dx.defined() ? dx.data<double>() : nullptr, dW.defined() ? dW.data<double>() : nullptr,
-                            d.N, d.in, d.out, accumulate_dx);
+                            dx.defined() ? dx.data<double>() : nullptr,
+                            dW.defined() ? dW.data<double>() : nullptr, d.N, d.in, d.out, accumulate_dx);
 }
 
 }  // namespace olmosft

@@ -23,9 +23,9 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T*
 // Strided batched GEMM: for b in [0, batch): C_b = alpha op(A_b) op(B_b) + beta C_b with
 // X_b = X + b * stride_x. A stride of 0 broadcasts that operand. C batches must not overlap.
 template <typename T>
-void gemm_strided_batched(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-                          int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta, T* C, int64_t ldc,
-                          int64_t stride_c, int64_t batch);
+void gemm_strided_batched(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                          int64_t lda, int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta,
+                          T* C, int64_t ldc, int64_t stride_c, int64_t batch);
 
 // Tensor overload: 2-D F32 or F64 tensors whose last dim has stride 1 (row views and slices are fine).
 // op(A) is A or A^T by `ta`; shapes are checked against C.

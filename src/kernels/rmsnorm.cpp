@@ -80,7 +80,8 @@ void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx,
 }
 
 template void rmsnorm_forward<float>(const float*, const float*, float*, float*, int64_t, int64_t, double);
-template void rmsnorm_forward<double>(const double*, const double*, double*, double*, int64_t, int64_t, double);
+template void rmsnorm_forward<double>(const double*, const double*, double*, double*, int64_t, int64_t,
+                                      double);
 template void rmsnorm_backward<float>(const float*, const float*, const float*, const float*, float*, float*,
                                       int64_t, int64_t, double);
 template void rmsnorm_backward<double>(const double*, const double*, const double*, const double*, double*,
@@ -88,8 +89,8 @@ template void rmsnorm_backward<double>(const double*, const double*, const doubl
 
 namespace {
 void check_t(const Tensor& t, const Shape& shape, DType dt, const char* who, const char* name) {
-  OLMO_CHECK(t.dtype() == dt && t.is_contiguous(), who, ": ", name, " must be contiguous ", dtype_name(dt), ", got ",
-             dtype_name(t.dtype()));
+  OLMO_CHECK(t.dtype() == dt && t.is_contiguous(), who, ": ", name, " must be contiguous ", dtype_name(dt),
+             ", got ", dtype_name(t.dtype()));
   OLMO_CHECK(t.shape() == shape, who, ": ", name, " has shape ", shape_str(t.shape()), ", expected ",
              shape_str(shape));
 }
@@ -102,7 +103,8 @@ T* opt(const Tensor& t) {
 void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, double eps) {
   OLMO_CHECK(x.defined() && x.ndim() >= 1, "rmsnorm_forward: x must have >= 1 dim");
   const DType dt = x.dtype();
-  OLMO_CHECK(dt == DType::F32 || dt == DType::F64, "rmsnorm_forward: x must be F32/F64, got ", dtype_name(dt));
+  OLMO_CHECK(dt == DType::F32 || dt == DType::F64, "rmsnorm_forward: x must be F32/F64, got ",
+             dtype_name(dt));
   const int64_t D = x.size(-1), N = x.numel() / std::max<int64_t>(1, D);
   check_t(x, x.shape(), dt, "rmsnorm_forward", "x");
   check_t(y, x.shape(), dt, "rmsnorm_forward", "y");
@@ -114,11 +116,12 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, 
     rmsnorm_forward<double>(x.data<double>(), opt<double>(w), y.data<double>(), opt<double>(rstd), N, D, eps);
 }
 
-void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx, Tensor& dw,
-                      double eps) {
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
+                      Tensor& dw, double eps) {
   OLMO_CHECK(x.defined() && x.ndim() >= 1, "rmsnorm_backward: x must have >= 1 dim");
   const DType dt = x.dtype();
-  OLMO_CHECK(dt == DType::F32 || dt == DType::F64, "rmsnorm_backward: x must be F32/F64, got ", dtype_name(dt));
+  OLMO_CHECK(dt == DType::F32 || dt == DType::F64, "rmsnorm_backward: x must be F32/F64, got ",
+             dtype_name(dt));
   const int64_t D = x.size(-1), N = x.numel() / std::max<int64_t>(1, D);
   check_t(x, x.shape(), dt, "rmsnorm_backward", "x");
   check_t(dy, x.shape(), dt, "rmsnorm_backward", "dy");
@@ -127,8 +130,8 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   if (dw.defined()) check_t(dw, {D}, dt, "rmsnorm_backward", "dw");
   if (rstd.defined()) check_t(rstd, {N}, dt, "rmsnorm_backward", "rstd");
   if (dt == DType::F32)
-    rmsnorm_backward<float>(dy.data<float>(), x.data<float>(), opt<float>(w), opt<float>(rstd), dx.data<float>(),
-                            opt<float>(dw), N, D, eps);
+    rmsnorm_backward<float>(dy.data<float>(), x.data<float>(), opt<float>(w), opt<float>(rstd),
+                            dx.data<float>(), opt<float>(dw), N, D, eps);
   else
     rmsnorm_backward<double>(dy.data<double>(), x.data<double>(), opt<double>(w), opt<double>(rstd),
                              dx.data<double>(), opt<double>(dw), N, D, eps);

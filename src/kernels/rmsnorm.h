@@ -11,7 +11,8 @@
 
 namespace olmosft {
 
-// x, y: [N, D] contiguous; w: [D] or nullptr; rstd: [N] output (the r per row, saved for backward) or nullptr.
+// x, y: [N, D] contiguous; w: [D] or nullptr; rstd: [N] output (the r per row, saved for backward) or
+// nullptr.
 template <typename T>
 void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t N, int64_t D, double eps);
 
@@ -23,7 +24,7 @@ void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx,
 
 // Tensor overloads (F32/F64, contiguous, x [..., D]); w, rstd, dw may be undefined Tensors.
 void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, double eps);
-void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx, Tensor& dw,
-                      double eps);
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
+                      Tensor& dw, double eps);
 
 }  // namespace olmosft

@@ -11,7 +11,8 @@ namespace olmosft {
 void RopeConfig::validate(const std::string& context) const {
   OLMO_CHECK(rope_type == "default" || rope_type == "yarn", context, ": rope_type '", rope_type,
              "' is not supported (expected 'default' or 'yarn')");
-  OLMO_CHECK(head_dim > 0 && head_dim % 2 == 0, context, ": head_dim must be a positive even number, got ", head_dim);
+  OLMO_CHECK(head_dim > 0 && head_dim % 2 == 0, context, ": head_dim must be a positive even number, got ",
+             head_dim);
   OLMO_CHECK(std::isfinite(theta) && theta > 1.0, context, ": rope_theta must be > 1, got ", theta);
   if (rope_type == "yarn") {
     OLMO_CHECK(std::isfinite(factor) && factor > 0, context, ": yarn factor must be > 0, got ", factor);
@@ -23,8 +24,8 @@ void RopeConfig::validate(const std::string& context) const {
     } else {
       OLMO_CHECK(max_position_embeddings > 0, context, ": max_position_embeddings must be > 0 for yarn");
     }
-    OLMO_CHECK(std::isfinite(beta_fast) && beta_fast > 0 && std::isfinite(beta_slow) && beta_slow > 0, context,
-               ": beta_fast/beta_slow must be > 0, got ", beta_fast, "/", beta_slow);
+    OLMO_CHECK(std::isfinite(beta_fast) && beta_fast > 0 && std::isfinite(beta_slow) && beta_slow > 0,
+               context, ": beta_fast/beta_slow must be > 0, got ", beta_fast, "/", beta_slow);
     if (attention_factor)
       OLMO_CHECK(std::isfinite(*attention_factor) && *attention_factor > 0, context,
                  ": attention_factor must be > 0, got ", *attention_factor);
@@ -62,7 +63,8 @@ RopeConfig rope_config_from_hf(const nlohmann::json& rs, double rope_theta, int6
     OLMO_CHECK(f.has_value(), context, ".factor: required for yarn");
     c.factor = *f;
     if (auto o = num("original_max_position_embeddings")) {
-      OLMO_CHECK(*o == std::floor(*o), context, ".original_max_position_embeddings: expected an integer, got ", *o);
+      OLMO_CHECK(*o == std::floor(*o), context,
+                 ".original_max_position_embeddings: expected an integer, got ", *o);
       c.original_max_position_embeddings = int64_t(*o);
     }
     // HF: `get("beta_fast") or 32` (a missing or zero value falls back to the default).
@@ -110,7 +112,9 @@ RopeFreqs rope_frequencies(const RopeConfig& cfg) {
     att = yarn_mscale(factor, *cfg.mscale) / yarn_mscale(factor, *cfg.mscale_all_dim);
   else
     att = yarn_mscale(factor, 1.0);
-  auto fcd = [&](double rot) { return double(dim) * std::log(L0 / (rot * 2 * M_PI)) / (2 * std::log(cfg.theta)); };
+  auto fcd = [&](double rot) {
+    return double(dim) * std::log(L0 / (rot * 2 * M_PI)) / (2 * std::log(cfg.theta));
+  };
   double low = fcd(cfg.beta_fast), high = fcd(cfg.beta_slow);
   if (cfg.truncate) {
     low = std::floor(low);
@@ -209,6 +213,7 @@ template void rope_tables<double>(const RopeFreqs&, const int32_t*, int64_t, dou
 template void rope_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t);
 template void rope_forward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t, int64_t);
 template void rope_backward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t);
-template void rope_backward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t, int64_t);
+template void rope_backward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t,
+                                    int64_t);
 
 }  // namespace olmosft

@@ -13,11 +13,10 @@
 //   backward: dx = dy * cos - rotate_half(dy * sin)  (the transpose: inverse rotation times the scale)
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace olmosft {
 
@@ -44,7 +43,7 @@ RopeConfig rope_config_from_hf(const nlohmann::json& rope_scaling, double rope_t
                                int64_t max_position_embeddings, const std::string& context);
 
 struct RopeFreqs {
-  std::vector<float> inv_freq;    // [head_dim / 2], bit-exact fp32 HF values (up to powf rounding)
+  std::vector<float> inv_freq;     // [head_dim / 2], bit-exact fp32 HF values (up to powf rounding)
   double attention_scaling = 1.0;  // multiplies cos and sin
   // YaRN diagnostics (low/high of the ramp after truncation, and the effective factor).
   double yarn_low = 0, yarn_high = 0, yarn_factor = 1;

@@ -3,12 +3,14 @@
 #include <cmath>
 #include <functional>
 #include <iomanip>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "kernels/gradcheck.h"
 
 namespace olmosft {
 
@@ -22,8 +24,10 @@ std::vector<Check> core_checks() {
   std::vector<Check> c;
   c.push_back({"bf16 round-to-nearest-even", [](bool& ok) {
                  // 1 + 2^-8 is a tie between 1 and 1 + 2^-7: rounds to even (1.0); 1 + 3*2^-8 rounds up.
-                 ok = f32_to_bf16(1.0f + 0x1.0p-8f) == 0x3f80 && f32_to_bf16(1.0f + 3 * 0x1.0p-8f) == 0x3f82 &&
-                      std::isnan(bf16_to_f32(f32_to_bf16(NAN))) && bf16_to_f32(f32_to_bf16(INFINITY)) == INFINITY;
+                 ok = f32_to_bf16(1.0f + 0x1.0p-8f) == 0x3f80 &&
+                      f32_to_bf16(1.0f + 3 * 0x1.0p-8f) == 0x3f82 &&
+                      std::isnan(bf16_to_f32(f32_to_bf16(NAN))) &&
+                      bf16_to_f32(f32_to_bf16(INFINITY)) == INFINITY;
                  return std::string("ties, NaN, inf");
                }});
   c.push_back({"rng independent of threads", [](bool& ok) {
@@ -46,8 +50,19 @@ bool kernel_selfcheck(std::ostream& out) {
   for (auto& c : core_checks()) {
     bool ok = false;
     std::string detail = c.run(ok);
-    out << "SELFCHECK " << (ok ? "PASS " : "FAIL ") << std::left << std::setw(36) << c.name << " " << detail << "\n";
+    out << "SELFCHECK " << (ok ? "PASS " : "FAIL ") << std::left << std::setw(36) << c.name << " " << detail
+        << "\n";
     all = all && ok;
+  }
+  // One line per kernel: the measured max relative error of the float64 analytic gradient against
+  // central finite differences (see kernels/gradcheck.cpp for shapes and tolerances).
+  for (const KernelCheck& k : kernel_gradchecks()) {
+    std::ostringstream err;
+    err << std::scientific << std::setprecision(2) << k.max_rel_err;
+    out << "SELFCHECK " << (k.ok() ? "PASS " : "FAIL ") << std::left << std::setw(36) << k.name
+        << " max_rel_err=" << err.str() << " (tol " << std::setprecision(0) << std::scientific << k.tolerance
+        << std::defaultfloat << ") " << k.detail << "\n";
+    all = all && k.ok();
   }
   out << "SELFCHECK " << (all ? "all passed" : "FAILED") << "\n";
   return all;

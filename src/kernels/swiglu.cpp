@@ -14,7 +14,8 @@ void check_ld(int64_t N, int64_t F, std::initializer_list<int64_t> lds, const ch
 }  // namespace
 
 template <typename T>
-void swiglu_forward(const T* a, int64_t lda, const T* b, int64_t ldb, T* h, int64_t ldh, int64_t N, int64_t F) {
+void swiglu_forward(const T* a, int64_t lda, const T* b, int64_t ldb, T* h, int64_t ldh, int64_t N,
+                    int64_t F) {
   check_ld(N, F, {lda, ldb, ldh}, "swiglu_forward");
   // Split the flattened N*F index space so a single long row is parallel too.
   parallel_for(
@@ -58,10 +59,10 @@ void swiglu_backward(const T* dh, int64_t lddh, const T* a, int64_t lda, const T
 
 template void swiglu_forward<float>(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
                                     int64_t);
-template void swiglu_forward<double>(const double*, int64_t, const double*, int64_t, double*, int64_t, int64_t,
-                                     int64_t);
-template void swiglu_backward<float>(const float*, int64_t, const float*, int64_t, const float*, int64_t, float*,
-                                     int64_t, float*, int64_t, int64_t, int64_t);
+template void swiglu_forward<double>(const double*, int64_t, const double*, int64_t, double*, int64_t,
+                                     int64_t, int64_t);
+template void swiglu_backward<float>(const float*, int64_t, const float*, int64_t, const float*, int64_t,
+                                     float*, int64_t, float*, int64_t, int64_t, int64_t);
 template void swiglu_backward<double>(const double*, int64_t, const double*, int64_t, const double*, int64_t,
                                       double*, int64_t, double*, int64_t, int64_t, int64_t);
 
@@ -93,8 +94,8 @@ void swiglu_backward(const Tensor& dh, const Tensor& a, const Tensor& b, Tensor&
   for (auto [t, n] : {std::pair{&a, "a"}, {&b, "b"}, {&dh, "dh"}, {&da, "da"}, {&db, "db"}})
     check_same(a, *t, "swiglu_backward", n);
   if (a.dtype() == DType::F32)
-    swiglu_backward<float>(dh.data<float>(), a.data<float>(), b.data<float>(), da.data<float>(), db.data<float>(),
-                           a.numel());
+    swiglu_backward<float>(dh.data<float>(), a.data<float>(), b.data<float>(), da.data<float>(),
+                           db.data<float>(), a.numel());
   else
     swiglu_backward<double>(dh.data<double>(), a.data<double>(), b.data<double>(), da.data<double>(),
                             db.data<double>(), a.numel());

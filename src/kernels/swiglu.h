@@ -10,7 +10,8 @@ namespace olmosft {
 // Row-strided form: N rows of F elements; a, b, h, da, db rows start at multiples of their leading
 // dimensions (so a fused gate|up projection [N, 2F] can be passed as a = p, b = p + F, ld = 2F).
 template <typename T>
-void swiglu_forward(const T* a, int64_t lda, const T* b, int64_t ldb, T* h, int64_t ldh, int64_t N, int64_t F);
+void swiglu_forward(const T* a, int64_t lda, const T* b, int64_t ldb, T* h, int64_t ldh, int64_t N,
+                    int64_t F);
 // da and db are overwritten (either may be nullptr to skip it).
 template <typename T>
 void swiglu_backward(const T* dh, int64_t lddh, const T* a, int64_t lda, const T* b, int64_t ldb, T* da,
