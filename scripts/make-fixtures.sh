@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Regenerate every golden fixture under tests/golden/ from the reference scripts in tests/reference/.
-# Needs the reference packages (scripts/install-deps.sh --reference): Debian's python3-torch / numpy.
-# The generators are seeded and single-threaded, so a rerun reproduces the committed files byte for byte
-# (check with `git status` afterwards).  `make test` never runs this.
+# Regenerate every golden fixture under tests/golden/ from the independent references in tests/reference/
+# (Debian's python3-torch / numpy / jinja2, installed by `scripts/install-deps.sh --reference`; node for
+# the npm-based ones). The generators are seeded, so a rerun reproduces the committed files byte for byte
+# (check with `git status` afterwards). `make test` never runs this.
 # Usage: scripts/make-fixtures.sh [--check]   (--check also runs each reference's slow self-checks)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=/usr/bin/python3
+PY=/usr/bin/python3  # Debian's interpreter (has torch/numpy/jinja2); a pyenv python3 on PATH does not
 check=0
 [[ "${1:-}" == "--check" ]] && check=1
+
+# --- kernels: linear/RMSNorm/SwiGLU, RoPE+YaRN, softmax CE + z-loss, clip + AdamW
+(cd tests/reference && for s in kernels_dense.py kernels_rope.py kernels_xent.py kernels_adamw.py; do "$PY" "$s"; done)
+
+# --- attention: explicit-mask torch attention with autograd
+"$PY" tests/reference/attn_reference.py
+
+# --- io: TensorBoard records through the protobuf runtime
+"$PY" tests/reference/io_tfevents.py
 
 # --- model (tests/golden/model/): Olmo 3 dense and Olmo 3.5 hybrid references
 "$PY" tests/reference/model_olmo3.py

@@ -3,12 +3,14 @@
 #include <cmath>
 #include <functional>
 #include <iomanip>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "kernels/gradcheck.h"
 
 namespace olmosft {
 
@@ -51,6 +53,16 @@ bool kernel_selfcheck(std::ostream& out) {
     out << "SELFCHECK " << (ok ? "PASS " : "FAIL ") << std::left << std::setw(36) << c.name << " " << detail
         << "\n";
     all = all && ok;
+  }
+  // One line per kernel: the measured max relative error of the float64 analytic gradient against
+  // central finite differences (see kernels/gradcheck.cpp for shapes and tolerances).
+  for (const KernelCheck& k : kernel_gradchecks()) {
+    std::ostringstream err;
+    err << std::scientific << std::setprecision(2) << k.max_rel_err;
+    out << "SELFCHECK " << (k.ok() ? "PASS " : "FAIL ") << std::left << std::setw(36) << k.name
+        << " max_rel_err=" << err.str() << " (tol " << std::setprecision(0) << std::scientific << k.tolerance
+        << std::defaultfloat << ") " << k.detail << "\n";
+    all = all && k.ok();
   }
   out << "SELFCHECK " << (all ? "all passed" : "FAILED") << "\n";
   return all;

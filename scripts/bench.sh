@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every benchmark executable (build/bench_*; bench/*.cpp are compiled to bench_<name>) and collects
+# their markdown output in bench/out/<name>.md (git-ignored), plus bench/out/summary.md with the machine.
+# Usage: scripts/bench.sh [build-dir]   (default: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+out=bench/out
+mkdir -p "$out"
+shopt -s nullglob
+benches=("$build"/bench_*)
+if ((${#benches[@]} == 0)); then
+  echo "bench.sh: no $build/bench_* executables (run make build first)" >&2
+  exit 1
+fi
+summary="$out/summary.md"
+{
+  echo "# olmosft benchmarks ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
+  echo
+  echo "- CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) logical CPUs"
+  echo "- host: $(uname -srm); load average before the run: $(cut -d" " -f1-3 /proc/loadavg)"
+  echo "- git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+} >"$summary"
+status=0
+for exe in "${benches[@]}"; do
+  [[ -x "$exe" && -f "$exe" ]] || continue
+  name="${exe##*/bench_}"
+  echo "== bench_$name"
+  if "$exe" | tee "$out/$name.md.tmp"; then
+    mv "$out/$name.md.tmp" "$out/$name.md"
+    { echo; echo "## $name"; echo; cat "$out/$name.md"; } >>"$summary"
+  else
+    echo "bench.sh: bench_$name failed" >&2
+    status=1
+  fi
+done
+echo "bench.sh: results in $out/"
+exit $status

@@ -1,0 +1,100 @@
+#include "kernels/adamw.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/threads.h"
+
+namespace olmosft {
+
+void AdamWConfig::validate() const {
+  OLMO_CHECK(std::isfinite(lr) && lr >= 0, "adamw: lr must be finite and >= 0, got ", lr);
+  OLMO_CHECK(beta1 >= 0 && beta1 < 1, "adamw: beta1 must be in [0, 1), got ", beta1);
+  OLMO_CHECK(beta2 >= 0 && beta2 < 1, "adamw: beta2 must be in [0, 1), got ", beta2);
+  OLMO_CHECK(std::isfinite(eps) && eps >= 0, "adamw: eps must be finite and >= 0, got ", eps);
+  OLMO_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
+             "adamw: weight_decay must be finite and >= 0, got ", weight_decay);
+}
+
+template <typename T>
+double global_grad_norm(const std::vector<AdamWParam<T>>& params) {
+  double total = 0;
+  for (const auto& P : params) {
+    OLMO_CHECK(P.n >= 0 && (P.n == 0 || P.g), "global_grad_norm: tensor with n=", P.n, " has no gradient");
+    // Fixed blocking (64 blocks max) so the sum does not depend on the thread count.
+    const int64_t B = std::max<int64_t>(1, std::min<int64_t>(64, P.n / 4096));
+    std::vector<double> part(size_t(B), 0.0);
+    parallel_for(B, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        double s = 0;
+        for (int64_t i = P.n * b / B; i < P.n * (b + 1) / B; ++i) s += double(P.g[i]) * double(P.g[i]);
+        part[size_t(b)] = s;
+      }
+    });
+    for (double s : part) total += s;
+  }
+  return std::sqrt(total);
+}
+
+template <typename T>
+double clip_grad_norm(std::vector<AdamWParam<T>>& params, double max_norm) {
+  const double norm = global_grad_norm(params);
+  OLMO_CHECK(std::isfinite(norm), "clip_grad_norm: the global gradient norm is not finite (", norm,
+             "); a gradient contains NaN or inf");
+  if (max_norm > 0) {
+    const double coef = std::min(1.0, max_norm / (norm + 1e-6));
+    if (coef < 1.0) {
+      const T c = T(coef);
+      for (auto& P : params)
+        parallel_for(
+            P.n,
+            [&](int64_t b, int64_t e) {
+              for (int64_t i = b; i < e; ++i) P.g[i] *= c;
+            },
+            1 << 14);
+    }
+  }
+  return norm;
+}
+
+template <typename T>
+void adamw_step(std::vector<AdamWParam<T>>& params, const AdamWConfig& cfg, int64_t step) {
+  cfg.validate();
+  OLMO_CHECK(step >= 1, "adamw_step: step must be >= 1 (1-based), got ", step);
+  const double bc1 = 1.0 - std::pow(cfg.beta1, double(step));
+  const double bc2 = 1.0 - std::pow(cfg.beta2, double(step));
+  const T step_size = T(cfg.lr / bc1), bc2_sqrt = T(std::sqrt(bc2)), eps = T(cfg.eps);
+  const T b1 = T(cfg.beta1), b2 = T(cfg.beta2), omb1 = T(1.0 - cfg.beta1), omb2 = T(1.0 - cfg.beta2);
+  for (auto& P : params) {
+    OLMO_CHECK(P.n >= 0 && (P.n == 0 || (P.p && P.g && P.m && P.v)), "adamw_step: tensor with n=", P.n,
+               " is missing p, g, m or v");
+    const T keep = T(1.0 - cfg.lr * (P.decay ? cfg.weight_decay : 0.0));
+    parallel_for(
+        P.n,
+        [&](int64_t b, int64_t e) {
+          T *p = P.p, *m = P.m, *v = P.v;
+          const T* g = P.g;
+          for (int64_t i = b; i < e; ++i) {
+            const T gi = g[i];
+            T pi = p[i] * keep;
+            const T mi = m[i] * b1 + gi * omb1;
+            const T vi = v[i] * b2 + (gi * gi) * omb2;
+            const T denom = std::sqrt(vi) / bc2_sqrt + eps;
+            pi = pi + (-step_size) * (mi / denom);
+            p[i] = pi;
+            m[i] = mi;
+            v[i] = vi;
+          }
+        },
+        1 << 14);
+  }
+}
+
+template double global_grad_norm<float>(const std::vector<AdamWParam<float>>&);
+template double global_grad_norm<double>(const std::vector<AdamWParam<double>>&);
+template double clip_grad_norm<float>(std::vector<AdamWParam<float>>&, double);
+template double clip_grad_norm<double>(std::vector<AdamWParam<double>>&, double);
+template void adamw_step<float>(std::vector<AdamWParam<float>>&, const AdamWConfig&, int64_t);
+template void adamw_step<double>(std::vector<AdamWParam<double>>&, const AdamWConfig&, int64_t);
+
+}  // namespace olmosft

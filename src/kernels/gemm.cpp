@@ -1,0 +1,197 @@
+#include "kernels/gemm.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <type_traits>
+
+namespace olmosft {
+
+namespace {
+const char* tname(Trans t) { return t == Trans::N ? "N" : "T"; }
+
+void check_gemm_args(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
+                     const void* B, int64_t ldb, const void* C, int64_t ldc) {
+  OLMO_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
+  OLMO_CHECK(
+      M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX,
+      "gemm: size or leading dimension exceeds the 32-bit BLAS interface (M=", M, " N=", N, " K=", K,
+      " lda=", lda, " ldb=", ldb, " ldc=", ldc, ")");
+  // Stored shapes (row-major): A is [M,K] (N) or [K,M] (T); B is [K,N] (N) or [N,K] (T); C is [M,N].
+  const int64_t a_cols = ta == Trans::N ? K : M, b_cols = tb == Trans::N ? N : K;
+  OLMO_CHECK(lda >= std::max<int64_t>(1, a_cols), "gemm(", tname(ta), tname(tb), "): lda=", lda,
+             " is smaller than A's row length ", a_cols, " (M=", M, " N=", N, " K=", K, ")");
+  OLMO_CHECK(ldb >= std::max<int64_t>(1, b_cols), "gemm(", tname(ta), tname(tb), "): ldb=", ldb,
+             " is smaller than B's row length ", b_cols, " (M=", M, " N=", N, " K=", K, ")");
+  OLMO_CHECK(ldc >= std::max<int64_t>(1, N), "gemm(", tname(ta), tname(tb), "): ldc=", ldc,
+             " is smaller than C's row length ", N);
+  if (M > 0 && N > 0) {
+    OLMO_CHECK(C != nullptr, "gemm: C is null");
+    if (K > 0) OLMO_CHECK(A != nullptr && B != nullptr, "gemm: A or B is null");
+  }
+}
+
+template <typename T>
+void gemm_unchecked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                    const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0 || alpha == T(0)) {  // C = beta*C; BLAS would reject lda=0 for K=0
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+    return;
+  }
+  const CBLAS_TRANSPOSE cta = ta == Trans::N ? CblasNoTrans : CblasTrans;
+  const CBLAS_TRANSPOSE ctb = tb == Trans::N ? CblasNoTrans : CblasTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, cta, ctb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C,
+                int(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, cta, ctb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C,
+                int(ldc));
+  }
+}
+}  // namespace
+
+template <typename T>
+void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc) {
+  check_gemm_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+  gemm_unchecked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <typename T>
+void gemm_strided_batched(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                          int64_t lda, int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta,
+                          T* C, int64_t ldc, int64_t stride_c, int64_t batch) {
+  OLMO_CHECK(batch >= 0, "gemm_strided_batched: negative batch ", batch);
+  check_gemm_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+  OLMO_CHECK(stride_a >= 0 && stride_b >= 0, "gemm_strided_batched: negative stride (a=", stride_a,
+             " b=", stride_b, ")");
+  if (batch > 1 && M > 0 && N > 0)
+    OLMO_CHECK(stride_c >= (M - 1) * ldc + N, "gemm_strided_batched: stride_c=", stride_c,
+               " makes output batches overlap (needs >= ", (M - 1) * ldc + N, ")");
+  for (int64_t b = 0; b < batch; ++b)
+    gemm_unchecked(ta, tb, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb, beta,
+                   C + b * stride_c, ldc);
+}
+
+template void gemm<float>(Trans, Trans, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                          int64_t, float, float*, int64_t);
+template void gemm<double>(Trans, Trans, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                           const double*, int64_t, double, double*, int64_t);
+template void gemm_strided_batched<float>(Trans, Trans, int64_t, int64_t, int64_t, float, const float*,
+                                          int64_t, int64_t, const float*, int64_t, int64_t, float, float*,
+                                          int64_t, int64_t, int64_t);
+template void gemm_strided_batched<double>(Trans, Trans, int64_t, int64_t, int64_t, double, const double*,
+                                           int64_t, int64_t, const double*, int64_t, int64_t, double, double*,
+                                           int64_t, int64_t, int64_t);
+
+namespace {
+void check_matrix(const Tensor& t, const char* name, DType dt) {
+  OLMO_CHECK(t.defined(), "gemm: ", name, " is undefined");
+  OLMO_CHECK(t.ndim() == 2, "gemm: ", name, " must be 2-D, got shape ", shape_str(t.shape()));
+  OLMO_CHECK(t.dtype() == dt, "gemm: ", name, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(dt));
+  OLMO_CHECK(t.strides()[1] == 1 || t.size(1) <= 1, "gemm: ", name, " must have unit stride in its last dim");
+}
+int64_t ld_of(const Tensor& t) { return std::max<int64_t>({t.strides()[0], t.size(1), 1}); }
+}  // namespace
+
+void gemm(Trans ta, Trans tb, float alpha, const Tensor& A, const Tensor& B, float beta, Tensor& C) {
+  OLMO_CHECK(C.defined(), "gemm: C is undefined");
+  const DType dt = C.dtype();
+  OLMO_CHECK(dt == DType::F32 || dt == DType::F64, "gemm: only F32/F64 tensors, got ", dtype_name(dt));
+  check_matrix(A, "A", dt);
+  check_matrix(B, "B", dt);
+  check_matrix(C, "C", dt);
+  const int64_t M = ta == Trans::N ? A.size(0) : A.size(1), K = ta == Trans::N ? A.size(1) : A.size(0);
+  const int64_t Kb = tb == Trans::N ? B.size(0) : B.size(1), N = tb == Trans::N ? B.size(1) : B.size(0);
+  OLMO_CHECK(K == Kb, "gemm: inner dimensions differ: op(A) is [", M, ",", K, "], op(B) is [", Kb, ",", N,
+             "]");
+  OLMO_CHECK(C.size(0) == M && C.size(1) == N, "gemm: C has shape ", shape_str(C.shape()), ", expected [", M,
+             ", ", N, "]");
+  if (dt == DType::F32)
+    gemm<float>(ta, tb, M, N, K, alpha, A.data<float>(), ld_of(A), B.data<float>(), ld_of(B), beta,
+                C.data<float>(), ld_of(C));
+  else
+    gemm<double>(ta, tb, M, N, K, alpha, A.data<double>(), ld_of(A), B.data<double>(), ld_of(B), beta,
+                 C.data<double>(), ld_of(C));
+}
+
+template <typename T>
+void linear_forward(const T* x, const T* W, T* y, int64_t N, int64_t in, int64_t out) {
+  gemm<T>(Trans::N, Trans::T, N, out, in, T(1), x, in, W, in, T(0), y, out);
+}
+
+template <typename T>
+void linear_backward(const T* dy, const T* x, const T* W, T* dx, T* dW, int64_t N, int64_t in, int64_t out,
+                     bool accumulate_dx) {
+  if (dx) gemm<T>(Trans::N, Trans::N, N, in, out, T(1), dy, out, W, in, accumulate_dx ? T(1) : T(0), dx, in);
+  if (dW) gemm<T>(Trans::T, Trans::N, out, in, N, T(1), dy, out, x, in, T(1), dW, in);
+}
+
+template void linear_forward<float>(const float*, const float*, float*, int64_t, int64_t, int64_t);
+template void linear_forward<double>(const double*, const double*, double*, int64_t, int64_t, int64_t);
+template void linear_backward<float>(const float*, const float*, const float*, float*, float*, int64_t,
+                                     int64_t, int64_t, bool);
+template void linear_backward<double>(const double*, const double*, const double*, double*, double*, int64_t,
+                                      int64_t, int64_t, bool);
+
+namespace {
+struct LinearDims {
+  int64_t N, in, out;
+};
+LinearDims linear_dims(const Tensor& x, const Tensor& W, const char* who) {
+  OLMO_CHECK(x.defined() && W.defined(), who, ": x or W is undefined");
+  OLMO_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::F64, who, ": x must be F32/F64, got ",
+             dtype_name(x.dtype()));
+  OLMO_CHECK(W.dtype() == x.dtype(), who, ": W is ", dtype_name(W.dtype()), " but x is ",
+             dtype_name(x.dtype()));
+  OLMO_CHECK(x.ndim() >= 1 && x.is_contiguous(), who, ": x must be contiguous with >= 1 dim, got ",
+             shape_str(x.shape()));
+  OLMO_CHECK(W.ndim() == 2 && W.is_contiguous(), who, ": W must be a contiguous [out, in] matrix, got ",
+             shape_str(W.shape()));
+  const int64_t in = W.size(1), out = W.size(0);
+  OLMO_CHECK(x.size(-1) == in, who, ": x's last dim ", x.size(-1), " != W's in-features ", in, " (W is ",
+             shape_str(W.shape()), ")");
+  return {x.numel() / std::max<int64_t>(1, in), in, out};
+}
+Shape with_last(const Shape& s, int64_t last) {
+  Shape r = s;
+  r.back() = last;
+  return r;
+}
+void check_like(const Tensor& t, const Shape& shape, DType dt, const char* who, const char* name) {
+  OLMO_CHECK(t.defined(), who, ": ", name, " is undefined");
+  OLMO_CHECK(t.dtype() == dt && t.is_contiguous(), who, ": ", name, " must be contiguous ", dtype_name(dt));
+  OLMO_CHECK(t.shape() == shape, who, ": ", name, " has shape ", shape_str(t.shape()), ", expected ",
+             shape_str(shape));
+}
+}  // namespace
+
+void linear_forward(const Tensor& x, const Tensor& W, Tensor& y) {
+  auto d = linear_dims(x, W, "linear_forward");
+  check_like(y, with_last(x.shape(), d.out), x.dtype(), "linear_forward", "y");
+  if (x.dtype() == DType::F32)
+    linear_forward<float>(x.data<float>(), W.data<float>(), y.data<float>(), d.N, d.in, d.out);
+  else
+    linear_forward<double>(x.data<double>(), W.data<double>(), y.data<double>(), d.N, d.in, d.out);
+}
+
+void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, Tensor& dx, Tensor& dW,
+                     bool accumulate_dx) {
+  auto d = linear_dims(x, W, "linear_backward");
+  check_like(dy, with_last(x.shape(), d.out), x.dtype(), "linear_backward", "dy");
+  if (dx.defined()) check_like(dx, x.shape(), x.dtype(), "linear_backward", "dx");
+  if (dW.defined()) check_like(dW, W.shape(), x.dtype(), "linear_backward", "dW");
+  if (x.dtype() == DType::F32)
+    linear_backward<float>(dy.data<float>(), x.data<float>(), W.data<float>(),
+                           dx.defined() ? dx.data<float>() : nullptr,
+                           dW.defined() ? dW.data<float>() : nullptr, d.N, d.in, d.out, accumulate_dx);
+  else
+    linear_backward<double>(dy.data<double>(), x.data<double>(), W.data<double>(),
+                            dx.defined() ? dx.data<double>() : nullptr,
+                            dW.defined() ? dW.data<double>() : nullptr, d.N, d.in, d.out, accumulate_dx);
+}
+
+}  // namespace olmosft

@@ -1,0 +1,51 @@
+// GEMM: thin, validated wrappers over OpenBLAS cblas_sgemm / cblas_dgemm (row-major), a strided batched
+// GEMM, and the nn.Linear forward/backward (y = x W^T with W stored [out, in]).
+//
+// Every entry point checks its sizes and leading dimensions before calling BLAS (a wrong ld is the
+// classic silent-corruption bug) and throws olmosft::Error naming the argument. Templates are
+// instantiated for float and double so that gradient checks run in float64 through the same code.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace olmosft {
+
+enum class Trans { N, T };
+
+// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, all row-major.
+// op(A) = A (A stored [M,K], lda >= K) or A^T (A stored [K,M], lda >= M); likewise for B.
+// With beta == 0, C is overwritten (NaNs in C do not propagate, as in BLAS).
+template <typename T>
+void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc);
+
+// Strided batched GEMM: for b in [0, batch): C_b = alpha op(A_b) op(B_b) + beta C_b with
+// X_b = X + b * stride_x. A stride of 0 broadcasts that operand. C batches must not overlap.
+template <typename T>
+void gemm_strided_batched(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                          int64_t lda, int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta,
+                          T* C, int64_t ldc, int64_t stride_c, int64_t batch);
+
+// Tensor overload: 2-D F32 or F64 tensors whose last dim has stride 1 (row views and slices are fine).
+// op(A) is A or A^T by `ta`; shapes are checked against C.
+void gemm(Trans ta, Trans tb, float alpha, const Tensor& A, const Tensor& B, float beta, Tensor& C);
+
+// nn.Linear without bias. x [N, in], W [out, in], y [N, out]: y = x W^T (overwrites y).
+template <typename T>
+void linear_forward(const T* x, const T* W, T* y, int64_t N, int64_t in, int64_t out);
+
+// Backward of linear_forward given dy [N, out]:
+//   dx = dy W        (overwritten; or accumulated when accumulate_dx; skipped when dx == nullptr)
+//   dW += dy^T x     (always accumulated, as gradients over micro-batches are; skipped when dW == nullptr)
+template <typename T>
+void linear_backward(const T* dy, const T* x, const T* W, T* dx, T* dW, int64_t N, int64_t in, int64_t out,
+                     bool accumulate_dx = false);
+
+// Tensor overloads (F32 or F64, contiguous): x [N, in] (or [..., in], flattened), W [out, in], y [..., out].
+void linear_forward(const Tensor& x, const Tensor& W, Tensor& y);
+// dx may be an undefined Tensor to skip it; dW is accumulated.
+void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, Tensor& dx, Tensor& dW,
+                     bool accumulate_dx = false);
+
+}  // namespace olmosft
