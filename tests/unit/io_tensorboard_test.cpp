@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "io/atomic_file.h"
 #include "io/tensorboard.h"
@@ -203,4 +204,25 @@ TEST(TensorBoard, WriterFileDecodesBack) {
   io::TensorBoardWriter a(dir + "/run2"), b(dir + "/run2");
   EXPECT_NE(a.path(), b.path());
   fs::remove_all(dir);
+}
+
+// Records serialised by Google's protobuf runtime (tests/reference/io_tfevents.py).
+TEST(TensorBoard, MatchesProtobufReferenceFixture) {
+  auto j = nlohmann::json::parse(io::read_file(std::string(OLMOSFT_GOLDEN_DIR) + "/io/tb_records.json"));
+  ASSERT_GE(j.size(), 6u);
+  for (const auto& c : j) {
+    double wall = c["wall_time"].get<double>();
+    std::string got;
+    if (c["values"].is_null()) {
+      got = io::tfrecord_frame(io::tb_encode_file_version_event(wall));
+    } else {
+      std::vector<std::pair<std::string, float>> vals;
+      for (const auto& v : c["values"])
+        vals.push_back({v[0].get<std::string>(), static_cast<float>(v[1].get<double>())});
+      got = io::tfrecord_frame(io::tb_encode_scalars_event(wall, c["step"].get<int64_t>(), vals));
+    }
+    EXPECT_EQ(hex(got), c["record_hex"].get<std::string>()) << c.dump();
+    auto e = decode_event(got.substr(12, got.size() - 16));
+    EXPECT_EQ(e.wall_time, wall);
+  }
 }
