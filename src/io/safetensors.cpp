@@ -227,7 +227,7 @@ Layout make_layout(const std::vector<NamedTensor>& tensors,
     L.order.push_back(&t);
   }
   std::sort(L.order.begin(), L.order.end(), [](const NamedTensor* a, const NamedTensor* b) {
-    size_t sa = dtype_size(a->tensor.dtype()), sb = dtype_size(b->tensor.dtype());
+    size_t sa = dtype_size(a->stored_dtype()), sb = dtype_size(b->stored_dtype());
     return sa != sb ? sa > sb : a->name < b->name;
   });
   ordered_json j = ordered_json::object();
@@ -239,9 +239,9 @@ Layout make_layout(const std::vector<NamedTensor>& tensors,
   uint64_t off = 0;
   for (const NamedTensor* t : L.order) {
     ordered_json e = ordered_json::object();
-    e["dtype"] = dtype_name(t->tensor.dtype());
+    e["dtype"] = dtype_name(t->stored_dtype());
     e["shape"] = t->tensor.shape();
-    uint64_t nb = t->tensor.nbytes();
+    uint64_t nb = t->stored_nbytes();
     e["data_offsets"] = {off, off + nb};
     off += nb;
     j[t->name] = e;
@@ -258,7 +258,8 @@ void emit(const Layout& L, Sink&& sink) {
   sink(L.header.data(), L.header.size());
   for (const NamedTensor* t : L.order) {
     if (t->tensor.numel() == 0) continue;
-    Tensor c = t->tensor.contiguous();
+    Tensor c =
+        t->stored_dtype() == t->tensor.dtype() ? t->tensor.contiguous() : t->tensor.to(t->stored_dtype());
     sink(c.raw_data(), c.nbytes());
   }
 }
@@ -356,7 +357,7 @@ ShardedWriteResult write_sharded(const std::string& dir, const std::vector<Named
   std::vector<std::vector<NamedTensor>> shards(1);
   uint64_t cur = 0, total = 0;
   for (const auto& t : tensors) {
-    uint64_t nb = t.tensor.nbytes();
+    uint64_t nb = t.stored_nbytes();
     if (!shards.back().empty() && cur + nb > max_shard_bytes) {
       shards.emplace_back();
       cur = 0;

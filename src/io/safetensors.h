@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,13 @@ class Reader {
 struct NamedTensor {
   std::string name;
   Tensor tensor;  // any supported dtype; made contiguous when written
+  // When set, the tensor is converted to this dtype as it is written (one tensor at a time, so a whole
+  // model is never held twice in memory).
+  std::optional<DType> store_as = std::nullopt;
+  DType stored_dtype() const { return store_as.value_or(tensor.dtype()); }
+  uint64_t stored_nbytes() const {
+    return static_cast<uint64_t>(tensor.numel()) * dtype_size(stored_dtype());
+  }
 };
 
 // Serialises to bytes in memory (tests, fuzz seeds). Layout as `write`.

@@ -186,7 +186,7 @@ ExportResult export_hf_dir(const std::string& out_dir, const ModelConfig& config
   for (const auto& p : reg) {
     const Tensor& src = *by_name.at(p.name);
     DType target = opts.dtype ? (p.fp32_master_only ? DType::F32 : *opts.dtype) : src.dtype();
-    out.push_back({p.name, src.dtype() == target ? src : src.to(target)});
+    out.push_back({p.name, src, target});  // converted lazily while writing
   }
   io::AtomicDir publish(out_dir);
   ExportResult res;

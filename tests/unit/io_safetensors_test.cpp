@@ -414,3 +414,13 @@ TEST(Sharding, IndexValidation) {
   auto idx = st::read_index(d / "ok.json");
   EXPECT_EQ(idx.total_size, 12u);
 }
+
+TEST(Safetensors, StoreAsConvertsWhileWriting) {
+  Tensor a = Tensor::empty({4, 3});
+  fill_normal(a, Rng{1, 2}, 0, 1);
+  Tensor i = Tensor::from<float>({1.5f}, {1});
+  auto lazy = st::serialize({{"a", a, DType::BF16}, {"i", i, DType::F16}});
+  auto eager = st::serialize({{"a", a.to(DType::BF16)}, {"i", i.to(DType::F16)}});
+  EXPECT_EQ(lazy, eager);
+  EXPECT_EQ((st::NamedTensor{"a", a, DType::BF16}.stored_nbytes()), 24u);
+}
