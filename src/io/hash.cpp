@@ -4,11 +4,15 @@
 #include <openssl/evp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <sstream>
 #include <vector>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 namespace olmosft::io {
 
@@ -73,6 +77,55 @@ std::string sha256_file(const std::string& path) {
   }
   ::close(fd);
   return h.hex();
+}
+
+size_t write_sha256_manifest(const std::string& dir, const std::string& manifest_name) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  OLMO_CHECK(fs::is_directory(dir, ec), "cannot write a checksum manifest: ", dir, " is not a directory");
+  std::vector<std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::string rel = fs::relative(e.path(), dir).generic_string();
+    if (rel == manifest_name || rel.find(".tmp-") != std::string::npos) continue;
+    OLMO_CHECK(rel.find('\n') == std::string::npos, dir,
+               ": file name with a newline cannot be listed: ", rel);
+    files.push_back(rel);
+  }
+  std::sort(files.begin(), files.end());
+  std::string out;
+  for (const auto& f : files) out += sha256_file(dir + "/" + f) + "  " + f + "\n";
+  write_file_atomic(dir + "/" + manifest_name, out);
+  return files.size();
+}
+
+size_t verify_sha256_manifest(const std::string& dir, const std::string& manifest_name) {
+  std::string path = dir + "/" + manifest_name;
+  std::istringstream in(read_file(path));
+  std::string line, problems;
+  size_t n = 0, lineno = 0, bad = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.empty()) continue;
+    bool hex = line.size() > 66 && line[64] == ' ' && line[65] == ' ' &&
+               std::all_of(line.begin(), line.begin() + 64,
+                           [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+    OLMO_CHECK(hex, path, ":", lineno, ": expected '<64 hex digits>  <file>'");
+    std::string want = line.substr(0, 64), file = line.substr(66);
+    std::transform(want.begin(), want.end(), want.begin(),
+                   [](char c) { return static_cast<char>(std::tolower(c)); });
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(dir + "/" + file, ec)) {
+      problems += "\n  missing: " + file;
+      ++bad;
+    } else if (sha256_file(dir + "/" + file) != want) {
+      problems += "\n  checksum mismatch: " + file;
+      ++bad;
+    }
+    ++n;
+  }
+  OLMO_CHECK(bad == 0, path, ": ", bad, " of ", n, " files failed verification:", problems);
+  return n;
 }
 
 }  // namespace olmosft::io

@@ -424,3 +424,31 @@ TEST(Safetensors, StoreAsConvertsWhileWriting) {
   EXPECT_EQ(lazy, eager);
   EXPECT_EQ((st::NamedTensor{"a", a, DType::BF16}.stored_nbytes()), 24u);
 }
+
+TEST(Hash, Sha256Manifest) {
+  TempDir d;
+  fs::create_directories(d / "ck/sub");
+  io::write_file_atomic(d / "ck/a.bin", "alpha");
+  io::write_file_atomic(d / "ck/sub/b.json", "{}");
+  EXPECT_EQ(io::write_sha256_manifest(d / "ck"), 2u);
+  EXPECT_EQ(io::read_file(d / "ck/SHA256SUMS"),
+            "8ed3f6ad685b959ead7022518e1af76cd816f8e8ec7ccdda1ed4018e8f2223f8  a.bin\n"
+            "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a  sub/b.json\n");
+  EXPECT_EQ(io::verify_sha256_manifest(d / "ck"), 2u);
+  // Independent check with coreutils.
+  std::string cmd = "cd '" + (d / "ck") + "' && sha256sum --quiet -c SHA256SUMS";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  io::write_file_atomic(d / "ck/a.bin", "alphA");
+  fs::remove(d / "ck/sub/b.json");
+  try {
+    io::verify_sha256_manifest(d / "ck");
+    FAIL();
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("2 of 2 files failed"), std::string::npos) << m;
+    EXPECT_NE(m.find("checksum mismatch: a.bin"), std::string::npos) << m;
+    EXPECT_NE(m.find("missing: sub/b.json"), std::string::npos) << m;
+  }
+  io::write_file_atomic(d / "ck/SHA256SUMS", "xyz  a.bin\n");
+  EXPECT_THROW(io::verify_sha256_manifest(d / "ck"), Error);
+}
