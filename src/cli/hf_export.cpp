@@ -1,0 +1,51 @@
+// `olmosft export hf` (re-export an HF directory: dtype conversion, resharding) and `olmosft model info`.
+#include <iostream>
+
+#include "cli/verb.h"
+#include "model/hf_dir.h"
+
+namespace {
+
+int export_hf_main(int argc, char** argv) {
+  CLI::App app{"Export an HF model directory (config.json, safetensors, tokenizer files)", "export hf"};
+  std::string from, out, dtype = "keep", shard = "5GB";
+  app.add_option("--from", from, "source HF model directory")->required();
+  app.add_option("--out", out, "output directory (must not exist or be empty)")->required();
+  app.add_option("--dtype", dtype, "tensor dtype: bf16, fp32, fp16 or keep")
+      ->check(CLI::IsMember({"bf16", "fp32", "fp16", "keep"}));
+  app.add_option("--shard-size", shard, "maximum shard size, e.g. 5GB, 500MB, 2GiB");
+  return olmosft::cli::run_app(app, argc, argv, [&] {
+    using namespace olmosft;
+    model::ExportOptions opts;
+    opts.max_shard_bytes = safetensors::parse_size(shard);
+    if (dtype == "bf16") opts.dtype = DType::BF16;
+    if (dtype == "fp32") opts.dtype = DType::F32;
+    if (dtype == "fp16") opts.dtype = DType::F16;
+    opts.copy_side_files_from = from;
+    auto m = model::load_hf_dir(from);
+    auto res = model::export_hf_dir(out, m.config, m.named(), opts);
+    std::cout << "exported " << m.registry.size() << " tensors (" << res.tensor_bytes << " bytes) to " << out
+              << ":";
+    for (const auto& f : res.files) std::cout << " " << f;
+    std::cout << "\n";
+    return 0;
+  });
+}
+
+int model_info_main(int argc, char** argv) {
+  CLI::App app{"Validate an HF model directory and print its configuration and parameter counts",
+               "model info"};
+  std::string dir;
+  app.add_option("dir", dir, "HF model directory")->required();
+  return olmosft::cli::run_app(app, argc, argv, [&] {
+    std::cout << olmosft::model::model_info(olmosft::model::load_hf_dir(dir));
+    return 0;
+  });
+}
+
+}  // namespace
+
+OLMOSFT_VERB("export hf", "export an HF model directory (dtype conversion, sharding, tokenizer files)",
+             export_hf_main);
+OLMOSFT_VERB("model info", "validate an HF model directory and print config, parameter and tensor counts",
+             model_info_main);

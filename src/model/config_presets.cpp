@@ -1,0 +1,142 @@
+// config.json objects for the reference configurations of architecture.md (A.1, B.1, D.1, D.2).
+#include <cmath>
+
+#include "model/config.h"
+
+namespace olmosft::model {
+
+using json = nlohmann::json;
+
+namespace {
+
+json olmo3_layer_types(int layers) {
+  json a = json::array();
+  for (int i = 0; i < layers; ++i) a.push_back((i + 1) % 4 != 0 ? "sliding_attention" : "full_attention");
+  return a;
+}
+
+json olmo3(int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t kv, int64_t inter,
+           int64_t window, int64_t max_pos, int64_t orig) {
+  return json{{"architectures", {"Olmo3ForCausalLM"}},
+              {"model_type", "olmo3"},
+              {"vocab_size", vocab},
+              {"hidden_size", hidden},
+              {"intermediate_size", inter},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", heads},
+              {"num_key_value_heads", kv},
+              {"hidden_act", "silu"},
+              {"rms_norm_eps", 1e-6},
+              {"attention_bias", false},
+              {"attention_dropout", 0.0},
+              {"max_position_embeddings", max_pos},
+              {"rope_theta", 500000},
+              {"rope_scaling",
+               {{"rope_type", "yarn"},
+                {"factor", 8.0},
+                {"original_max_position_embeddings", orig},
+                {"beta_fast", 32.0},
+                {"beta_slow", 1.0},
+                {"attention_factor", 1.2079441541679836}}},
+              {"sliding_window", window},
+              {"layer_types", olmo3_layer_types(static_cast<int>(layers))},
+              {"tie_word_embeddings", false},
+              {"eos_token_id", 100257},
+              {"pad_token_id", 100277},
+              {"bos_token_id", nullptr},
+              {"initializer_range", 0.02},
+              {"torch_dtype", "bfloat16"}};
+}
+
+struct MoeDims {
+  int64_t vocab, hidden, layers_per_group, groups, heads, kv, head_dim, kda_heads, dk, dv, experts, topk,
+      expert_h, latent, shared, dense, max_pos;
+};
+
+json olmo3moe(const MoeDims& d) {
+  json lt = json::array();
+  for (int64_t g = 0; g < d.groups; ++g) {
+    for (int64_t i = 0; i + 1 < d.layers_per_group; ++i) lt.push_back("linear_attention");
+    lt.push_back("full_attention");
+  }
+  int64_t layers = d.groups * d.layers_per_group;
+  return json{{"architectures", {"Olmo3MoeForCausalLM"}},
+              {"model_type", "olmo3moe"},
+              {"vocab_size", d.vocab},
+              {"hidden_size", d.hidden},
+              {"num_hidden_layers", layers},
+              {"layer_types", lt},
+              {"dense_layers_indices", {0}},
+              {"num_attention_heads", d.heads},
+              {"num_key_value_heads", d.kv},
+              {"head_dim", d.head_dim},
+              {"attention_hidden_size", d.heads * d.head_dim},
+              {"attention_bias", false},
+              {"attention_dropout", 0.0},
+              {"use_rope", false},
+              {"use_head_qk_norm", true},
+              {"qk_norm_per_head_gains", true},
+              {"scalable_softmax", true},
+              {"attention_gate_type", "elementwise"},
+              {"attention_gate_full_precision", true},
+              {"linear_num_key_heads", d.kda_heads},
+              {"linear_num_value_heads", d.kda_heads},
+              {"linear_key_head_dim", d.dk},
+              {"linear_value_head_dim", d.dv},
+              {"linear_conv_kernel_dim", 4},
+              {"linear_allow_neg_eigval", true},
+              {"linear_norm_eps", 1e-5},
+              {"n_routed_experts", d.experts},
+              {"num_experts_per_tok", d.topk},
+              {"moe_intermediate_size", d.expert_h},
+              {"latent_moe_dim", d.latent},
+              {"latent_moe_bias", false},
+              {"latent_moe_up_proj_input_norm", false},
+              {"shared_expert_intermediate_size", d.shared},
+              {"dense_mlp_intermediate_size", d.dense},
+              {"dense_layers_use_shared_expert", true},
+              {"gating_function", "softmax"},
+              {"normalize_expert_weights", 1.0},
+              {"restore_weight_scale", true},
+              {"original_num_experts_per_tok", nullptr},
+              {"rms_norm_eps", 1e-6},
+              {"use_peri_ln", true},
+              {"embed_scale", std::sqrt(static_cast<double>(d.hidden))},
+              {"embed_norm", true},
+              {"tie_word_embeddings", false},
+              {"hidden_act", "silu"},
+              {"max_position_embeddings", d.max_pos},
+              {"sliding_window", d.max_pos},
+              {"rope_theta", 10000},
+              {"initializer_range", 0.02},
+              {"eos_token_id", 100257},
+              {"pad_token_id", 100277},
+              {"bos_token_id", nullptr},
+              {"torch_dtype", "bfloat16"}};
+}
+
+}  // namespace
+
+std::vector<std::string> preset_names() {
+  return {"olmo3-7b", "olmo3-tiny", "olmo3-small", "olmo3moe-small", "olmo3moe-tiny", "olmo3moe-d2small"};
+}
+
+json preset_config_json(const std::string& name) {
+  if (name == "olmo3-7b") return olmo3(100278, 4096, 32, 32, 32, 11008, 4096, 65536, 8192);
+  if (name == "olmo3-tiny") return olmo3(512, 64, 8, 4, 2, 128, 16, 512, 64);
+  if (name == "olmo3-small") return olmo3(4096, 256, 8, 8, 4, 704, 64, 2048, 256);
+  if (name == "olmo3moe-small")
+    return olmo3moe({100278, 1024, 8, 2, 8, 4, 128, 8, 128, 256, 512, 16, 1024, 512, 1024, 8192, 65536});
+  if (name == "olmo3moe-tiny") {
+    json j = olmo3moe({512, 64, 8, 1, 2, 1, 32, 2, 16, 32, 16, 4, 64, 32, 64, 512, 512});
+    j["embed_scale"] = 8.0;
+    return j;
+  }
+  if (name == "olmo3moe-d2small")
+    return olmo3moe({4096, 256, 8, 2, 4, 2, 64, 4, 64, 128, 64, 8, 256, 128, 256, 2048, 2048});
+  std::string all;
+  for (const auto& n : preset_names()) all += (all.empty() ? "" : ", ") + n;
+  fail("unknown model preset '", name, "' (expected one of ", all, ")");
+}
+
+}  // namespace olmosft::model

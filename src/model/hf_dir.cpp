@@ -1,0 +1,226 @@
+#include "model/hf_dir.h"
+
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+#include "io/atomic_file.h"
+
+namespace fs = std::filesystem;
+
+namespace olmosft::model {
+
+const std::vector<std::string>& hf_side_files() {
+  static const std::vector<std::string> f = {
+      "tokenizer.json",      "tokenizer_config.json",  "special_tokens_map.json",
+      "chat_template.jinja", "generation_config.json", "vocab.json",
+      "merges.txt",          "added_tokens.json"};
+  return f;
+}
+
+const Tensor& HfModel::at(const std::string& name) const {
+  auto it = tensors.find(name);
+  OLMO_CHECK(it != tensors.end(), dir, ": model has no tensor '", name, "'");
+  return it->second;
+}
+
+std::vector<safetensors::NamedTensor> HfModel::named() const {
+  std::vector<safetensors::NamedTensor> out;
+  out.reserve(registry.size());
+  for (const auto& p : registry) out.push_back({p.name, at(p.name)});
+  return out;
+}
+
+std::vector<safetensors::NamedTensor> HfModel::fp32_masters() const {
+  std::vector<safetensors::NamedTensor> out;
+  out.reserve(registry.size());
+  for (const auto& p : registry) {
+    const Tensor& t = at(p.name);
+    out.push_back({p.name, t.dtype() == DType::F32 ? t.clone() : t.to(DType::F32)});
+  }
+  return out;
+}
+
+std::map<DType, size_t> HfModel::dtype_counts() const {
+  std::map<DType, size_t> m;
+  for (const auto& [n, t] : tensors) m[t.dtype()]++;
+  return m;
+}
+
+uint64_t HfModel::total_bytes() const {
+  uint64_t b = 0;
+  for (const auto& [n, t] : tensors) b += t.nbytes();
+  return b;
+}
+
+void check_against_registry(const ModelConfig& config, const std::map<std::string, Shape>& shapes,
+                            const std::map<std::string, DType>& dtypes, const std::string& context) {
+  auto reg = param_registry(config);
+  std::vector<std::string> missing, unexpected, wrong_shape, wrong_dtype;
+  std::set<std::string> expected;
+  for (const auto& p : reg) {
+    expected.insert(p.name);
+    auto it = shapes.find(p.name);
+    if (it == shapes.end()) {
+      missing.push_back(p.name + " " + shape_str(p.shape));
+      continue;
+    }
+    if (it->second != p.shape) {
+      wrong_shape.push_back(p.name + " is " + shape_str(it->second) + ", expected " + shape_str(p.shape));
+    }
+    auto dt = dtypes.find(p.name);
+    if (dt != dtypes.end() && dt->second != DType::F32 && dt->second != DType::BF16 &&
+        dt->second != DType::F16) {
+      wrong_dtype.push_back(p.name + " is " + dtype_name(dt->second) + ", expected F32, BF16 or F16");
+    }
+  }
+  for (const auto& [name, s] : shapes) {
+    if (!expected.count(name)) unexpected.push_back(name + " " + shape_str(s));
+  }
+  if (missing.empty() && unexpected.empty() && wrong_shape.empty() && wrong_dtype.empty()) return;
+  std::ostringstream os;
+  os << context << ": tensors do not match the " << config.model_type_name << " parameter registry ("
+     << reg.size() << " tensors expected)";
+  auto list = [&](const char* what, const std::vector<std::string>& v) {
+    if (v.empty()) return;
+    os << "\n  " << v.size() << " " << what << ":";
+    for (size_t i = 0; i < v.size() && i < 20; ++i) os << "\n    " << v[i];
+    if (v.size() > 20) os << "\n    ... and " << v.size() - 20 << " more";
+  };
+  list("missing", missing);
+  list("unexpected", unexpected);
+  list("with the wrong shape", wrong_shape);
+  list("with an unsupported dtype", wrong_dtype);
+  throw Error(os.str());
+}
+
+HfModel load_hf_dir(const std::string& dir) {
+  std::error_code ec;
+  OLMO_CHECK(fs::is_directory(dir, ec), "model directory ", dir, " does not exist or is not a directory");
+  HfModel m;
+  m.dir = dir;
+  m.config = load_config(dir + "/config.json");
+  m.registry = param_registry(m.config);
+  bool has_index = fs::exists(dir + "/" + safetensors::kIndexFile, ec);
+  bool has_single = fs::exists(dir + "/" + safetensors::kSingleFile, ec);
+  OLMO_CHECK(!(has_index && has_single), dir, ": both ", safetensors::kSingleFile, " and ",
+             safetensors::kIndexFile, " are present; remove the stale one");
+  if (!has_index && !has_single) {
+    bool bin =
+        fs::exists(dir + "/pytorch_model.bin", ec) || fs::exists(dir + "/pytorch_model.bin.index.json", ec);
+    fail(dir, ": no ", safetensors::kSingleFile, " or ", safetensors::kIndexFile,
+         bin ? " (pytorch_model.bin checkpoints are not supported; convert them to safetensors)" : "");
+  }
+  std::map<std::string, Shape> shapes;
+  std::map<std::string, DType> dtypes;
+  std::map<std::string, std::string> where;  // tensor -> file
+  auto add_file = [&](const std::string& fname) {
+    auto r = safetensors::Reader::open(dir + "/" + fname);
+    for (const auto& t : r->tensors()) {
+      auto [it, fresh] = where.emplace(t.name, fname);
+      OLMO_CHECK(fresh, dir, ": tensor '", t.name, "' appears in both ", it->second, " and ", fname);
+      shapes[t.name] = t.shape;
+      dtypes[t.name] = t.dtype;
+    }
+    m.readers_.push_back(r);
+    m.files.push_back(fname);
+  };
+  if (has_single) {
+    add_file(safetensors::kSingleFile);
+  } else {
+    m.sharded = true;
+    std::string ipath = dir + "/" + safetensors::kIndexFile;
+    auto idx = safetensors::read_index(ipath);
+    std::set<std::string> shard_files;
+    for (const auto& [n, f] : idx.weight_map) shard_files.insert(f);
+    for (const auto& f : shard_files) {
+      OLMO_CHECK(fs::exists(dir + "/" + f, ec), ipath, ": shard ", f, " listed in weight_map does not exist");
+      add_file(f);
+    }
+    for (const auto& [n, f] : idx.weight_map) {
+      auto it = where.find(n);
+      OLMO_CHECK(it != where.end(), ipath, ": weight_map lists '", n, "' in ", f,
+                 " but that shard has no such tensor");
+      OLMO_CHECK(it->second == f, ipath, ": weight_map puts '", n, "' in ", f, " but it is stored in ",
+                 it->second);
+    }
+    for (const auto& [n, f] : where) {
+      OLMO_CHECK(idx.weight_map.count(n), ipath, ": tensor '", n, "' in ", f, " is not listed in weight_map");
+    }
+    if (idx.has_total_size) {
+      uint64_t sum = 0;
+      for (const auto& r : m.readers_) {
+        for (const auto& t : r->tensors()) sum += t.nbytes();
+      }
+      OLMO_CHECK(sum == idx.total_size, ipath, ": metadata.total_size is ", idx.total_size,
+                 " but the shards hold ", sum, " bytes of tensors");
+    }
+  }
+  check_against_registry(m.config, shapes, dtypes, dir);
+  for (const auto& r : m.readers_) {
+    for (const auto& t : r->tensors()) m.tensors.emplace(t.name, r->view(t.name));
+  }
+  return m;
+}
+
+ExportResult export_hf_dir(const std::string& out_dir, const ModelConfig& config,
+                           const std::vector<safetensors::NamedTensor>& tensors, const ExportOptions& opts) {
+  if (opts.dtype) {
+    DType d = *opts.dtype;
+    OLMO_CHECK(d == DType::BF16 || d == DType::F32 || d == DType::F16,
+               "export dtype must be bf16, fp32 or fp16, got ", dtype_name(d));
+  }
+  std::map<std::string, Shape> shapes;
+  std::map<std::string, DType> dtypes;
+  for (const auto& t : tensors) {
+    OLMO_CHECK(shapes.emplace(t.name, t.tensor.shape()).second, "export: tensor '", t.name, "' given twice");
+    dtypes[t.name] = t.tensor.dtype();
+  }
+  check_against_registry(config, shapes, dtypes, "export to " + out_dir);
+  // Registry order (= HF state-dict order) decides the sharding.
+  auto reg = param_registry(config);
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& t : tensors) by_name[t.name] = &t.tensor;
+  std::vector<safetensors::NamedTensor> out;
+  out.reserve(reg.size());
+  for (const auto& p : reg) {
+    const Tensor& src = *by_name.at(p.name);
+    DType target = opts.dtype ? (p.fp32_master_only ? DType::F32 : *opts.dtype) : src.dtype();
+    out.push_back({p.name, src, target});  // converted lazily while writing
+  }
+  io::AtomicDir publish(out_dir);
+  ExportResult res;
+  auto w = safetensors::write_sharded(publish.staging(), out, opts.max_shard_bytes);
+  res.files = w.files;
+  if (w.indexed) res.files.push_back(safetensors::kIndexFile);
+  res.tensor_bytes = w.total_size;
+  save_config(config, publish.file("config.json"), opts.dtype);
+  res.files.push_back("config.json");
+  if (!opts.copy_side_files_from.empty()) {
+    for (const auto& f : hf_side_files()) {
+      std::string src = opts.copy_side_files_from + "/" + f;
+      std::error_code ec;
+      if (!fs::is_regular_file(src, ec)) continue;
+      io::write_file_atomic(publish.file(f), io::read_file(src));
+      res.files.push_back(f);
+    }
+  }
+  publish.commit();
+  return res;
+}
+
+std::string model_info(const HfModel& m) {
+  std::ostringstream os;
+  auto pc = count_params(m.config, m.registry);
+  os << "directory           " << m.dir << "\n" << config_summary(m.config);
+  os << "parameters          " << pc.total;
+  if (m.config.is_moe()) os << " (active per token " << pc.active << ")";
+  os << "\ntensors             " << pc.tensors << "\n"
+     << "stored dtypes       ";
+  for (const auto& [d, n] : m.dtype_counts()) os << dtype_name(d) << " x" << n << "  ";
+  os << "\nweights             " << m.files.size() << " file(s)" << (m.sharded ? " (sharded)" : "") << ", "
+     << m.total_bytes() << " bytes of tensor data\n";
+  return os.str();
+}
+
+}  // namespace olmosft::model

@@ -1,0 +1,298 @@
+// model: config.json parsing/validation/round trip and the parameter registry (counts from
+// architecture.md A.5, B.8, D.1, D.2).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+
+#include "io/atomic_file.h"
+#include "model/config.h"
+#include "model/params.h"
+
+using namespace olmosft;
+using namespace olmosft::model;
+using json = nlohmann::json;
+
+namespace {
+
+ModelConfig cfg(const json& j) { return parse_config(j, "config.json"); }
+
+void expect_error(const json& j, std::vector<std::string> fragments) {
+  try {
+    cfg(j);
+    FAIL() << "expected an error for " << j.dump().substr(0, 200);
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("config.json"), std::string::npos) << m;
+    for (const auto& f : fragments)
+      EXPECT_NE(m.find(f), std::string::npos) << "missing '" << f << "' in: " << m;
+  }
+}
+
+const ParamSpec& find(const std::vector<ParamSpec>& reg, const std::string& name) {
+  for (const auto& p : reg) {
+    if (p.name == name) return p;
+  }
+  throw std::runtime_error("no param " + name);
+}
+
+}  // namespace
+
+TEST(ParamRegistry, DocumentedCounts) {
+  struct Case {
+    std::string preset;
+    int64_t total, active;
+    size_t tensors;
+  };
+  // architecture.md: A.5 (7B), D.1 tiny, B.8 (Olmo 3.5 small at vocab 100278), D.2 tiny and small.
+  std::vector<Case> cases = {{"olmo3-7b", 7298011136, 7298011136, 355},
+                             {"olmo3-tiny", 362304, 362304, 91},
+                             {"olmo3moe-small", 12496190080, 794081920, 23441},
+                             {"olmo3moe-tiny", 1134064, 617968, 537},
+                             {"olmo3moe-d2small", 110644800, 28069440, 3281}};
+  for (const auto& k : cases) {
+    auto c = cfg(preset_config_json(k.preset));
+    auto pc = count_params(c);
+    EXPECT_EQ(pc.total, k.total) << k.preset;
+    EXPECT_EQ(pc.active, k.active) << k.preset;
+    EXPECT_EQ(pc.tensors, k.tensors) << k.preset;
+  }
+  // B.8 at the native vocabulary 100352: 12,496,341,632 total, 794,233,472 active.
+  json j = preset_config_json("olmo3moe-small");
+  j["vocab_size"] = 100352;
+  auto pc = count_params(cfg(j));
+  EXPECT_EQ(pc.total, 12496341632);
+  EXPECT_EQ(pc.active, 794233472);
+  // A.5: Olmo 3 32B = 32,233,522,176 (GQA, k/v [1024, 5120]).
+  json b = preset_config_json("olmo3-7b");
+  b["hidden_size"] = 5120;
+  b["num_hidden_layers"] = 64;
+  b["num_attention_heads"] = 40;
+  b["num_key_value_heads"] = 8;
+  b["intermediate_size"] = 27648;
+  b.erase("layer_types");  // HF default pattern (every 4th layer full)
+  auto c32 = cfg(b);
+  EXPECT_EQ(count_params(c32).total, 32233522176);
+  auto reg32 = param_registry(c32);
+  EXPECT_EQ(find(reg32, "model.layers.5.self_attn.k_proj.weight").shape, (Shape{1024, 5120}));
+  EXPECT_EQ(find(reg32, "model.layers.5.self_attn.k_norm.weight").shape, (Shape{1024}));
+  // Per-layer figure of A.5: 202,391,552 per 7B layer.
+  auto c7 = cfg(preset_config_json("olmo3-7b"));
+  int64_t layer3 = 0;
+  for (const auto& p : param_registry(c7)) {
+    if (p.layer == 3) layer3 += shape_numel(p.shape);
+  }
+  EXPECT_EQ(layer3, 202391552);
+}
+
+TEST(ParamRegistry, NamesAndShapes) {
+  auto c = cfg(preset_config_json("olmo3moe-small"));
+  auto reg = param_registry(c);
+  std::set<std::string> names;
+  for (const auto& p : reg) EXPECT_TRUE(names.insert(p.name).second) << p.name;
+  EXPECT_EQ(reg.front().name, "model.embed_tokens.weight");
+  EXPECT_EQ(reg[1].name, "model.embed_norm.weight");
+  EXPECT_EQ(reg.back().name, "lm_head.weight");
+  EXPECT_EQ(find(reg, "model.layers.0.self_attn.v_conv1d.weight").shape, (Shape{2048, 1, 4}));
+  EXPECT_EQ(find(reg, "model.layers.0.self_attn.f_proj_2.weight").shape, (Shape{1024, 256}));
+  EXPECT_EQ(find(reg, "model.layers.0.self_attn.g_proj_2.weight").shape, (Shape{2048, 256}));
+  EXPECT_EQ(find(reg, "model.layers.0.self_attn.dt_bias").shape, (Shape{1024}));
+  EXPECT_TRUE(find(reg, "model.layers.0.self_attn.A_log").fp32_master_only);
+  EXPECT_EQ(find(reg, "model.layers.0.mlp.gate_proj.weight").shape, (Shape{8192, 1024}));
+  EXPECT_EQ(find(reg, "model.layers.7.self_attn.q_norm.weight").shape, (Shape{8, 128}));
+  EXPECT_EQ(find(reg, "model.layers.7.self_attn.k_proj.weight").shape, (Shape{512, 1024}));
+  EXPECT_EQ(find(reg, "model.layers.7.self_attn.ssmax_scale").shape, (Shape{8}));
+  EXPECT_EQ(find(reg, "model.layers.15.self_attn.g_proj.weight").shape, (Shape{1024, 1024}));
+  EXPECT_EQ(find(reg, "model.layers.1.mlp.experts.511.down_proj.weight").shape, (Shape{512, 1024}));
+  EXPECT_TRUE(find(reg, "model.layers.1.mlp.experts.511.down_proj.weight").routed_expert);
+  EXPECT_EQ(find(reg, "model.layers.1.mlp.latent_up_proj.weight").shape, (Shape{1024, 512}));
+  EXPECT_EQ(find(reg, "model.layers.1.mlp.shared_expert.down_proj.weight").shape, (Shape{1024, 1024}));
+  EXPECT_EQ(find(reg, "model.layers.1.mlp.router.gate.weight").shape, (Shape{512, 1024}));
+  EXPECT_THROW(find(reg, "model.layers.7.self_attn.A_log"), std::runtime_error);
+
+  auto t = cfg(preset_config_json("olmo3-tiny"));
+  auto rt = param_registry(t);
+  EXPECT_EQ(rt[1].name, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(find(rt, "model.layers.0.self_attn.k_proj.weight").shape, (Shape{32, 64}));
+  // Tied embeddings drop lm_head.
+  json j = preset_config_json("olmo3-tiny");
+  j["tie_word_embeddings"] = true;
+  EXPECT_EQ(count_params(cfg(j)).tensors, 90u);
+}
+
+TEST(ModelConfig, Olmo3Fields) {
+  auto c = cfg(preset_config_json("olmo3-7b"));
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rms_norm_eps, 1e-6);
+  ASSERT_EQ(c.layer_types.size(), 32u);
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_EQ(c.layer_types[i], (i + 1) % 4 == 0 ? LayerType::FullAttention : LayerType::SlidingAttention)
+        << i;
+  }
+  EXPECT_EQ(c.rope_full.rope_type, "yarn");
+  EXPECT_EQ(c.rope_full.factor, 8.0);
+  EXPECT_EQ(c.rope_full.original_max_position_embeddings, 8192);
+  EXPECT_DOUBLE_EQ(c.rope_full.attention_factor, 1.2079441541679836);
+  EXPECT_EQ(c.rope_sliding.rope_type, "default");
+  EXPECT_EQ(c.rope_sliding.rope_theta, 500000.0);
+  EXPECT_EQ(&c.rope_for(3), &c.rope_full);
+  EXPECT_EQ(&c.rope_for(2), &c.rope_sliding);
+  // attention_factor default = 0.1 ln(factor) + 1 (HF get_mscale) — the published value is exactly that.
+  json j = preset_config_json("olmo3-7b");
+  j["rope_scaling"].erase("attention_factor");
+  EXPECT_NEAR(cfg(j).rope_full.attention_factor, 1.2079441541679836, 1e-15);
+}
+
+TEST(ModelConfig, HfDefaults) {
+  json j = {{"model_type", "olmo3"},   {"vocab_size", 100},      {"hidden_size", 32},
+            {"intermediate_size", 64}, {"num_hidden_layers", 4}, {"num_attention_heads", 4}};
+  auto c = cfg(j);
+  EXPECT_EQ(c.num_key_value_heads, 4);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.max_position_embeddings, 2048);
+  EXPECT_EQ(c.rope_full.rope_type, "default");
+  EXPECT_EQ(c.rope_full.rope_theta, 10000.0);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.layer_types[3], LayerType::FullAttention);
+  EXPECT_EQ(c.layer_types[2], LayerType::SlidingAttention);
+  j["num_key_value_heads"] = nullptr;  // null = default, as HF
+  EXPECT_EQ(cfg(j).num_key_value_heads, 4);
+}
+
+TEST(ModelConfig, RopeParametersForm) {
+  json legacy = preset_config_json("olmo3-tiny");
+  json modern = legacy;
+  modern.erase("rope_scaling");
+  modern.erase("rope_theta");
+  modern["rope_parameters"] = {{"full_attention",
+                                {{"rope_type", "yarn"},
+                                 {"rope_theta", 500000},
+                                 {"factor", 8.0},
+                                 {"original_max_position_embeddings", 64},
+                                 {"beta_fast", 32.0},
+                                 {"beta_slow", 1.0},
+                                 {"attention_factor", 1.2079441541679836}}},
+                               {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 500000}}}};
+  auto a = cfg(legacy), b = cfg(modern);
+  EXPECT_EQ(a.rope_full, b.rope_full);
+  EXPECT_EQ(a.rope_sliding, b.rope_sliding);
+  // Flat form applies to every layer type.
+  json flat = legacy;
+  flat.erase("rope_scaling");
+  flat["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1234.0}};
+  auto f = cfg(flat);
+  EXPECT_EQ(f.rope_full.rope_theta, 1234.0);
+  EXPECT_EQ(f.rope_sliding.rope_theta, 1234.0);
+  // Both forms given and disagreeing.
+  json both = modern;
+  both["rope_scaling"] = legacy["rope_scaling"];
+  both["rope_scaling"]["beta_fast"] = 16.0;
+  expect_error(both, {"rope_scaling", "rope_parameters", "disagree"});
+  json bad = modern;
+  bad["rope_parameters"]["chunked_attention"] = json::object();
+  expect_error(bad, {"rope_parameters", "chunked_attention"});
+}
+
+TEST(ModelConfig, ClearErrors) {
+  json base = preset_config_json("olmo3-tiny");
+  auto with = [&](const std::string& k, json v) {
+    json j = base;
+    j[k] = v;
+    return j;
+  };
+  auto without = [&](const std::string& k) {
+    json j = base;
+    j.erase(k);
+    return j;
+  };
+  expect_error(with("model_type", "llama"), {"unsupported model_type 'llama'"});
+  expect_error(without("model_type"), {"'model_type'"});
+  expect_error(without("hidden_size"), {"missing required key 'hidden_size'"});
+  expect_error(without("intermediate_size"), {"'intermediate_size'"});
+  expect_error(with("hidden_size", "64"), {"'hidden_size'", "integer"});
+  expect_error(with("hidden_size", 0), {"'hidden_size'", "positive"});
+  json h6 = with("num_attention_heads", 6);
+  expect_error(h6, {"num_attention_heads (6) must divide hidden_size (64)"});
+  expect_error(with("num_key_value_heads", 3),
+               {"num_key_value_heads (3) must divide num_attention_heads (4)"});
+  expect_error(with("layer_types", json::array({"full_attention"})), {"'layer_types' has 1 entries", "8"});
+  json lt = base["layer_types"];
+  lt[2] = "linear_attention";
+  expect_error(with("layer_types", lt), {"layer_types[2]", "linear_attention"});
+  expect_error(with("hidden_act", "gelu"), {"'hidden_act'", "gelu"});
+  expect_error(with("attention_bias", true), {"'attention_bias'"});
+  expect_error(with("tie_word_embeddings", 1), {"'tie_word_embeddings'", "true or false"});
+  expect_error(with("rms_norm_eps", -1.0), {"'rms_norm_eps'"});
+  json rs = base["rope_scaling"];
+  rs["rope_type"] = "longrope";
+  expect_error(with("rope_scaling", rs), {"rope_scaling", "rope_type 'longrope'"});
+  rs = base["rope_scaling"];
+  rs["factor"] = 4.0;
+  expect_error(with("rope_scaling", rs), {"rope_scaling", "'factor' 4", "inconsistent", "512 / 64"});
+  rs = base["rope_scaling"];
+  rs.erase("factor");
+  expect_error(with("rope_scaling", rs), {"rope_scaling", "missing required key 'factor'"});
+  rs = base["rope_scaling"];
+  rs["beta_slow"] = 64.0;
+  expect_error(with("rope_scaling", rs), {"'beta_fast'", "'beta_slow'"});
+  rs = base["rope_scaling"];
+  rs["foo"] = 1;
+  expect_error(with("rope_scaling", rs), {"rope_scaling", "unknown key 'foo'"});
+
+  json m = preset_config_json("olmo3moe-tiny");
+  auto mwith = [&](const std::string& k, json v) {
+    json j = m;
+    j[k] = v;
+    return j;
+  };
+  json mno = m;
+  mno.erase("linear_num_key_heads");
+  expect_error(mno, {"missing required key 'linear_num_key_heads'"});
+  expect_error(mwith("num_experts_per_tok", 32), {"num_experts_per_tok (32) exceeds n_routed_experts (16)"});
+  expect_error(mwith("dense_layers_indices", json::array({9})), {"dense_layers_indices[0] = 9"});
+  expect_error(mwith("attention_gate_type", "headwise"), {"'attention_gate_type'", "headwise"});
+  expect_error(mwith("linear_num_value_heads", 4), {"linear_num_value_heads (4)"});
+  expect_error(mwith("use_peri_ln", false), {"'use_peri_ln'"});
+  expect_error(mwith("gating_function", "relu"), {"'gating_function'"});
+  expect_error(mwith("emo_min_document_expert_pool", 2), {"emo_min_document_expert_pool"});
+  json lt2 = m["layer_types"];
+  lt2[0] = "mamba";
+  expect_error(mwith("layer_types", lt2), {"layer_types[0]", "mamba"});
+}
+
+TEST(ModelConfig, WriteBackPreservesTheOriginal) {
+  for (const auto& name : preset_names()) {
+    json j = preset_config_json(name);
+    j["some_future_key"] = {{"nested", {1, 2, 3}}};  // unknown keys survive
+    auto c = cfg(j);
+    EXPECT_EQ(config_to_json(c), j) << name;
+    json changed = config_to_json(c, DType::F32);
+    EXPECT_EQ(changed["torch_dtype"], "float32");
+    changed["torch_dtype"] = j["torch_dtype"];
+    EXPECT_EQ(changed, j) << name;  // nothing else changed
+  }
+  auto dir = std::filesystem::temp_directory_path() / ("olmosft-cfg-" + io::random_suffix());
+  std::filesystem::create_directories(dir);
+  auto c = cfg(preset_config_json("olmo3moe-tiny"));
+  save_config(c, (dir / "config.json").string());
+  auto back = load_config((dir / "config.json").string());
+  EXPECT_EQ(back.original, c.original);
+  EXPECT_EQ(count_params(back).total, 1134064);
+  io::write_file_atomic((dir / "bad.json").string(), "{\"model_type\": ");
+  try {
+    load_config((dir / "bad.json").string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.json: invalid JSON"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ModelConfig, SummaryMentionsTheShape) {
+  auto s = config_summary(cfg(preset_config_json("olmo3moe-small")));
+  EXPECT_NE(s.find("olmo3moe"), std::string::npos);
+  EXPECT_NE(s.find("512 experts, top-16"), std::string::npos);
+  EXPECT_NE(s.find("14 linear_attention"), std::string::npos);
+}
