@@ -1,0 +1,80 @@
+// The model interface the trainer, `olmosft forward` and the checks use. Two implementations:
+// Olmo 3 dense (src/model/olmo3*) and Olmo 3.5 hybrid KDA + latent MoE (src/model/olmo3moe*).
+// Parameters are fp32 masters keyed by HF tensor name in registry order (model/params.h), so loading,
+// checkpoints and export share one naming.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace olmosft::model {
+
+// One micro-batch of B packed rows of T tokens (row-major [B, T] arrays).
+struct Batch {
+  int64_t B = 0, T = 0;
+  const int32_t* tokens = nullptr;     // input ids
+  const int32_t* segments = nullptr;   // document id per token within its row; < 0 = padding
+  const int32_t* positions = nullptr;  // position within its document (restarts at 0 per document)
+  const int32_t* targets = nullptr;    // next-token target per position (-100 or any value when untrained)
+  const uint8_t* trained = nullptr;    // 1 = position t's target is a training target
+};
+
+struct MoeLayerStats {
+  int64_t layer = 0;
+  double lb_loss = 0;                 // unweighted load-balance loss of this layer
+  double router_z = 0;                // unweighted router z-loss of this layer
+  double required_buffer_factor = 0;  // max expert load / balanced load
+  int64_t dropped_tokens = 0;         // (token, slot) assignments dropped by the capacity limit
+};
+
+// Sums over the micro-batch, so the trainer can form one token-mean over the global batch.
+struct LossParts {
+  double ce_sum = 0;      // sum over trained targets of -log p(target)
+  double z_sum = 0;       // sum over trained targets of logsumexp^2 (not multiplied by the coefficient)
+  int64_t tokens = 0;     // trained targets
+  double moe_lb = 0;      // weighted, summed over MoE layers (already multiplied by its coefficient)
+  double router_z = 0;    // weighted, summed over MoE layers
+  std::vector<MoeLayerStats> moe_layers;
+};
+
+struct LossConfig {
+  double lm_z = 0.0;      // LM-head z-loss coefficient
+  double moe_lb = 0.0;    // per MoE layer, summed
+  double router_z = 0.0;  // per MoE layer, summed
+  double moe_buffer_factor = -1;  // -1 = dropless
+  int64_t vocab_tile = 8192;      // 0 = untiled cross-entropy
+};
+
+struct Param {
+  std::string name;  // HF tensor name
+  Tensor value;      // fp32 master
+  Tensor grad;       // fp32, same shape; accumulated by backward()
+  bool decay = true;  // weight decay applies (norm gains and biases: false)
+};
+
+class CausalLM {
+ public:
+  virtual ~CausalLM() = default;
+  virtual const ModelConfig& config() const = 0;
+  // Every parameter, in registry (HF state-dict) order.
+  virtual std::vector<Param>& params() = 0;
+  // Forward and backward of  loss = grad_scale * (ce_sum + lm_z * z_sum) + moe_lb + router_z  on one
+  // micro-batch; gradients are ACCUMULATED into params()[i].grad. grad_scale is 1 / (global trained
+  // tokens) for a global token-mean; the MoE terms are scaled by aux_scale (the micro-batch's share).
+  virtual LossParts forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,
+                                     double aux_scale) = 0;
+  // Forward only. When logits != nullptr it receives [B, T, vocab_size] fp32 logits (small inputs only);
+  // when logprobs != nullptr it receives log p(targets[t]) per position (0 where untrained).
+  virtual LossParts forward(const Batch& batch, const LossConfig& loss, float* logits, float* logprobs) = 0;
+};
+
+// Builds the model for a config with fp32 parameters initialised from N(0, initializer_range) (norm
+// gains 1, biases 0; seeded Philox, the same whatever the thread count), or loaded from an HF dir.
+std::unique_ptr<CausalLM> make_model(const ModelConfig& config, uint64_t seed);
+std::unique_ptr<CausalLM> load_model(const std::string& hf_dir);
+
+}  // namespace olmosft::model
