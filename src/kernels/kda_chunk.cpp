@@ -9,7 +9,10 @@
 //   W = M^-1 Diag(beta) (K . e^Gam),  U = M^-1 Diag(beta) V,  Vn = U - W S
 //   O = (Q~ . e^Gam) S + Aqk Vn,      S <- Diag(e^Gam_last) S + (K . e^(Gam_last - Gam))^T Vn
 // The pairwise exponentials are evaluated directly (every exponent is <= 0, so nothing overflows whatever
-// the decay). GEMMs and the unit-lower-triangular solves go to OpenBLAS (cblas ?gemm / ?trsm).
+// the decay). The cumulative decay Gam is accumulated in double even for float inputs: after one very strong
+// step (g ~ -1e3) a float cumsum has lost the small later steps (ulp(1e3) ~ 6e-5), so Gam_i - Gam_j of
+// nearby tokens would be wrong; in double the difference is exact to float precision. GEMMs and the
+// unit-lower-triangular solves go to OpenBLAS (cblas ?gemm / ?trsm).
 #include <cblas.h>
 
 #include <algorithm>
@@ -79,12 +82,14 @@ std::vector<Chunk> row_chunks(const std::vector<int64_t>& start, int64_t b, int6
 template <typename T>
 struct Work {
   int64_t C, K, V;
-  std::vector<T> Qs, Kc, Vc, Gm, eG, eL, Kg, Kl, Qg, bt, P, Akk, Aqk, W, U, Vn, O;
+  std::vector<double> Gm;  // cumulative log-decay, kept in double (see below)
+  std::vector<T> Qs, Kc, Vc, eG, eL, Kg, Kl, Qg, bt, P, Akk, Aqk, W, U, Vn, O;
   // backward
   std::vector<T> dO, dVn, dA, dQg, dW, dKl, dZu, dM, dq, dk, dv, dGm, db, Sd;
   Work(int64_t C_, int64_t K_, int64_t V_, bool bwd) : C(C_), K(K_), V(V_) {
     auto z = [](std::vector<T>& x, int64_t n) { x.assign(static_cast<size_t>(n), T(0)); };
-    for (auto* x : {&Qs, &Kc, &Gm, &eG, &eL, &Kg, &Kl, &Qg, &W}) z(*x, C * K);
+    Gm.assign(static_cast<size_t>(C * K), 0.0);
+    for (auto* x : {&Qs, &Kc, &eG, &eL, &Kg, &Kl, &Qg, &W}) z(*x, C * K);
     for (auto* x : {&Vc, &U, &Vn, &O}) z(*x, C * V);
     for (auto* x : {&P, &Akk, &Aqk}) z(*x, C * C);
     z(bt, C);
@@ -109,31 +114,31 @@ void prepare(Work<T>& w, const Chunk& ch, int64_t b, int64_t h, const KdaDims& d
     for (int64_t c = 0; c < K; ++c) {
       w.Qs[i * K + c] = scale * q[idx * K + c];
       w.Kc[i * K + c] = k[idx * K + c];
-      w.Gm[i * K + c] = g[idx * K + c] + (i > 0 ? w.Gm[(i - 1) * K + c] : T(0));
+      w.Gm[i * K + c] = double(g[idx * K + c]) + (i > 0 ? w.Gm[(i - 1) * K + c] : 0.0);
     }
     std::copy(v + idx * V, v + (idx + 1) * V, w.Vc.begin() + i * V);
     w.bt[i] = beta[idx];
   }
-  const T* Gl = w.Gm.data() + (n - 1) * K;
+  const double* Gl = w.Gm.data() + (n - 1) * K;
   for (int64_t i = 0; i < n; ++i)
     for (int64_t c = 0; c < K; ++c) {
       const int64_t x = i * K + c;
-      w.eG[x] = std::exp(w.Gm[x]);
-      w.eL[x] = std::exp(Gl[c] - w.Gm[x]);
+      w.eG[x] = std::exp(T(w.Gm[x]));
+      w.eL[x] = std::exp(T(Gl[c] - w.Gm[x]));
       w.Kg[x] = w.Kc[x] * w.eG[x];
       w.Kl[x] = w.Kc[x] * w.eL[x];
       w.Qg[x] = w.Qs[x] * w.eG[x];
     }
   for (int64_t i = 0; i < n; ++i) {
-    const T* Gi = w.Gm.data() + i * K;
+    const double* Gi = w.Gm.data() + i * K;
     const T* ki = w.Kc.data() + i * K;
     const T* qi = w.Qs.data() + i * K;
     for (int64_t j = 0; j <= i; ++j) {
-      const T* Gj = w.Gm.data() + j * K;
+      const double* Gj = w.Gm.data() + j * K;
       const T* kj = w.Kc.data() + j * K;
       T p = 0, a = 0;
       for (int64_t c = 0; c < K; ++c) {
-        const T kje = kj[c] * std::exp(Gi[c] - Gj[c]);
+        const T kje = kj[c] * std::exp(T(Gi[c] - Gj[c]));
         p += ki[c] * kje;
         a += qi[c] * kje;
       }
@@ -290,8 +295,11 @@ void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T*
             dbi += dzw * w.Kg[x];
             w.dk[x] = w.bt[i] * dzw * w.eG[x] + w.dKl[x] * w.eL[x];
             w.dq[x] = w.dQg[x] * w.eG[x];
-            w.dGm[x] = w.dQg[x] * w.Qg[x] + w.bt[i] * dzw * w.Kg[x] - w.dKl[x] * w.Kl[x];
-            dGlast[c] += w.dKl[x] * w.Kl[x];
+            w.dGm[x] = w.dQg[x] * w.Qg[x] + w.bt[i] * dzw * w.Kg[x];
+            if (i + 1 < n) {  // Kl of the last token does not depend on Gam (zero exponent)
+              w.dGm[x] -= w.dKl[x] * w.Kl[x];
+              dGlast[c] += w.dKl[x] * w.Kl[x];
+            }
           }
           for (int64_t j = 0; j < V; ++j) {
             dbi += w.dZu[i * V + j] * w.Vc[i * V + j];
@@ -303,7 +311,7 @@ void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T*
         for (int64_t c = 0; c < K; ++c) dGl[c] += dGlast[c];
         // Pairwise terms through P (Akk = Diag(beta) P) and Aqk.
         for (int64_t i = 0; i < n; ++i) {
-          const T* Gi = w.Gm.data() + i * K;
+          const double* Gi = w.Gm.data() + i * K;
           const T* ki = w.Kc.data() + i * K;
           const T* qi = w.Qs.data() + i * K;
           T* dki = w.dk.data() + i * K;
@@ -313,26 +321,31 @@ void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T*
             const T dp = j < i ? w.bt[i] * w.dM[i * C + j] : T(0);
             const T da = w.dA[i * C + j];
             if (dp == T(0) && da == T(0)) continue;
-            const T* Gj = w.Gm.data() + j * K;
+            const double* Gj = w.Gm.data() + j * K;
             const T* kj = w.Kc.data() + j * K;
             T* dkj = w.dk.data() + j * K;
             T* dGj = w.dGm.data() + j * K;
             for (int64_t c = 0; c < K; ++c) {
-              const T e = std::exp(Gi[c] - Gj[c]);
+              const T e = std::exp(T(Gi[c] - Gj[c]));
               const T kje = kj[c] * e;
               dki[c] += dp * kje;
               dqi[c] += da * kje;
               const T s = (dp * ki[c] + da * qi[c]);
               dkj[c] += s * e;
-              const T tt = s * kje;
-              dGi[c] += tt;
-              dGj[c] -= tt;
+              if (j < i) {  // the diagonal term has zero exponent: its +/- contributions cancel exactly
+                const T tt = s * kje;
+                dGi[c] += tt;
+                dGj[c] -= tt;
+              }
             }
           }
         }
         // Gam is a cumulative sum of g: dg = reverse cumulative sum of dGam. Scatter.
         for (int64_t i = n - 2; i >= 0; --i)
           for (int64_t c = 0; c < K; ++c) w.dGm[i * K + c] += w.dGm[(i + 1) * K + c];
+        // At a document start the incoming state is zero, so the first token's decay has no effect: its
+        // gradient is exactly zero (the sum above is zero up to rounding).
+        if (ch.reset) std::fill(w.dGm.begin(), w.dGm.begin() + K, T(0));
         for (int64_t i = 0; i < n; ++i) {
           const int64_t id = idx(ch.t0 + i);
           for (int64_t c = 0; c < K; ++c) {

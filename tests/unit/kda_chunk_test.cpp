@@ -79,12 +79,13 @@ void compare_chunk_vs_recurrent(int64_t chunk, double tol, const char* what) {
 }  // namespace
 
 // fp32: the two algorithms sum the same terms in different orders (GEMMs, triangular solves vs rank-1
-// updates), so they agree to a few hundred ulps of the tensor's largest entry; 2e-5 relative to the max.
+// updates), so they agree to a few ulps of the largest entry (measured <= 3.1e-7); 5e-6 leaves margin for
+// other BLAS kernels.
 TEST(KdaChunk, MatchesRecurrentFloat) {
-  compare_chunk_vs_recurrent<float>(16, 2e-5, "f32");
-  compare_chunk_vs_recurrent<float>(64, 2e-5, "f32");
-  compare_chunk_vs_recurrent<float>(5, 2e-5, "f32");
-  compare_chunk_vs_recurrent<float>(1, 2e-5, "f32");
+  compare_chunk_vs_recurrent<float>(16, 5e-6, "f32");
+  compare_chunk_vs_recurrent<float>(64, 5e-6, "f32");
+  compare_chunk_vs_recurrent<float>(5, 5e-6, "f32");
+  compare_chunk_vs_recurrent<float>(1, 5e-6, "f32");
 }
 
 TEST(KdaChunk, MatchesRecurrentDouble) {
@@ -182,6 +183,14 @@ TEST(KdaChunk, StrongDecayStaysFinite) {
   auto ref = run(in, dout, false, 0);
   auto chk = run(in, dout, true, 64);
   for (auto* v : {&chk.o, &chk.dq, &chk.dk, &chk.dv, &chk.dg, &chk.db}) EXPECT_TRUE(kdatest::all_finite(*v));
-  EXPECT_LE(rel_err(chk.o, ref.o), 2e-5);
-  EXPECT_LE(rel_err(chk.dg, ref.dg), 2e-5);
+  // The true outputs/gradients are tiny here (every state is almost fully forgotten), so errors are measured
+  // against the scale of the inputs (O(1)): absolute 1e-5.
+  double eo = 0, eg = 0, ek = 0;
+  for (size_t i = 0; i < chk.o.size(); ++i) eo = std::max(eo, double(std::abs(chk.o[i] - ref.o[i])));
+  for (size_t i = 0; i < chk.dg.size(); ++i) eg = std::max(eg, double(std::abs(chk.dg[i] - ref.dg[i])));
+  for (size_t i = 0; i < chk.dk.size(); ++i) ek = std::max(ek, double(std::abs(chk.dk[i] - ref.dk[i])));
+  std::printf("strong decay: abs err o %.2e dk %.2e dg %.2e\n", eo, ek, eg);
+  EXPECT_LE(eo, 1e-5);
+  EXPECT_LE(ek, 1e-5);
+  EXPECT_LE(eg, 1e-5);
 }
