@@ -138,6 +138,7 @@ void kda_recurrent_backward(const T* q, const T* k, const T* v, const T* g, cons
           for (int64_t c = 0; c < K; ++c) {
             const T qc = scale * qt[c];
             T acc = 0;
+#pragma omp simd reduction(+ : acc)
             for (int64_t j = 0; j < V; ++j) {
               G[c * V + j] += qc * dot[j];
               acc += St[c * V + j] * dot[j];
@@ -149,6 +150,7 @@ void kda_recurrent_backward(const T* q, const T* k, const T* v, const T* g, cons
           for (int64_t c = 0; c < K; ++c)
             for (int64_t j = 0; j < V; ++j) du[j] += G[c * V + j] * kt[c];
           T db = 0;
+#pragma omp simd reduction(+ : db)
           for (int64_t j = 0; j < V; ++j) {
             dv[n * V + j] = bt * du[j];
             db += r[j] * du[j];
@@ -157,12 +159,13 @@ void kda_recurrent_backward(const T* q, const T* k, const T* v, const T* g, cons
           // dk = G u - beta S' du;  dS' = G - beta k du^T;  dg = rowsum(dS' . S');  G <- Diag(exp g) dS'.
           for (int64_t c = 0; c < K; ++c) {
             T acc = 0, accg = 0;
-            const T a = std::exp(gt[c]);
+            const T a = reset ? T(0) : std::exp(gt[c]);
+#pragma omp simd reduction(+ : acc, accg)
             for (int64_t j = 0; j < V; ++j) {
               acc += G[c * V + j] * u[j] - bt * Sp[c * V + j] * du[j];
               const T dsp = G[c * V + j] - bt * kt[c] * du[j];
               accg += dsp * Sp[c * V + j];
-              G[c * V + j] = reset ? T(0) : a * dsp;
+              G[c * V + j] = a * dsp;
             }
             dk[n * K + c] = acc;
             dg[n * K + c] = accg;

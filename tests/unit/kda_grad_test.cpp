@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "kda_test_util.h"
+#include "core/threads.h"
 #include "kernels/kda.h"
 
 using namespace olmosft::kda;
@@ -18,9 +19,17 @@ using V = std::vector<double>;
 
 namespace {
 constexpr double kTol = 1e-7;
-}
 
-TEST(KdaGrad, ShortConvSilu) {
+// The finite-difference loops call the kernels thousands of times on tiny inputs; on a loaded machine each
+// OpenMP fork/join costs milliseconds, so these tests run single-threaded (threading is exercised elsewhere).
+class KdaGrad : public ::testing::Test {
+ protected:
+  void SetUp() override { olmosft::set_threads(1); }
+  void TearDown() override { olmosft::set_threads(0); }
+};
+}  // namespace
+
+TEST_F(KdaGrad, ShortConvSilu) {
   const int64_t B = 2, L = 12, C = 5, K = 4;
   // Row 0: a 2-token document (shorter than the kernel), a 7-token one, 3 padding; row 1: 12 tokens.
   std::vector<int32_t> seg = {0, 0, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3};
@@ -42,7 +51,7 @@ TEST(KdaGrad, ShortConvSilu) {
   for (size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(dw2[i], 2 * dw[i], 1e-12);
 }
 
-TEST(KdaGrad, L2Norm) {
+TEST_F(KdaGrad, L2Norm) {
   const int64_t N = 6, D = 7;
   V x = randn<double>(N * D, 4), R = randn<double>(N * D, 5);
   x[3] = 1e-4;  // harmless; rows stay well away from the eps regime except...
@@ -59,7 +68,7 @@ TEST(KdaGrad, L2Norm) {
   EXPECT_LE(e, 1e-6);
 }
 
-TEST(KdaGrad, Gate) {
+TEST_F(KdaGrad, Gate) {
   const int64_t N = 5, H = 2, K = 3;
   V f = randn<double>(N * H * K, 6, 2.0), A_log = {std::log(1.5), std::log(12.0)},
     dtb = randn<double>(H * K, 7);
@@ -81,7 +90,7 @@ TEST(KdaGrad, Gate) {
   for (double x : g) EXPECT_LE(x, 0.0);
 }
 
-TEST(KdaGrad, Beta) {
+TEST_F(KdaGrad, Beta) {
   for (bool neg : {true, false}) {
     V b = randn<double>(9, 9, 2.0), R = randn<double>(9, 10);
     auto loss = [&] {
@@ -98,7 +107,7 @@ TEST(KdaGrad, Beta) {
   }
 }
 
-TEST(KdaGrad, OutputNorm) {
+TEST_F(KdaGrad, OutputNorm) {
   const int64_t N = 6, D = 8;
   V o = randn<double>(N * D, 11), z = randn<double>(N * D, 12), w = randn<double>(D, 13, 0.3, 1.0);
   V R = randn<double>(N * D, 14);
@@ -120,7 +129,7 @@ TEST(KdaGrad, OutputNorm) {
 
 // The delta rule, both implementations, w.r.t. q, k, v, g, beta. Inputs are NOT normalised here (the kernel
 // must be right for any input), two documents with the boundary mid-chunk, padding at the end, beta in (0,2).
-TEST(KdaGrad, DeltaRule) {
+TEST_F(KdaGrad, DeltaRule) {
   KdaDims d{1, 21, 2, 4, 3};
   std::vector<int32_t> seg(d.L);
   for (int64_t t = 0; t < d.L; ++t) seg[t] = t < 11 ? 0 : t < 19 ? 1 : -1;
