@@ -16,8 +16,8 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -57,19 +57,21 @@ void trsm_unit_lower(bool trans, int64_t n, int64_t N, const T* A, int64_t lda, 
 }
 
 // y[c] = exp(x[c]) for x <= 0 (all exponents in this file are non-positive), written so GCC vectorises it
-// (std::exp does not vectorise without -ffast-math): n = round(x / ln2), r = x - n ln2 (Cody-Waite split),
+// (std::exp and std::floor do not vectorise without -ffast-math; the selects need -fno-trapping-math,
+// set for these files in cmake/kda.cmake): n = round(x / ln2) (by truncating
+// x/ln2 - 1/2 toward zero, valid for x <= 0), r = x - n ln2 (Cody-Waite split),
 // exp(r) by its Taylor series (degree 7 for float, 13 for double: truncation below half an ulp for
 // |r| <= ln2/2), times 2^n built in the exponent bits. Results below the smallest normal number are
 // flushed to zero (std::exp would return a denormal < 1.2e-38 / 2.3e-308).
 template <typename T>
-void vexp_nonpos(const double* x, T* y, int64_t n) {
+void vexp_nonpos(const T* x, T* y, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
 #pragma omp simd
     for (int64_t c = 0; c < n; ++c) {
-      float xv = float(x[c]);
-      const bool under = xv < -87.0f;
-      xv = under ? 0.0f : xv;
-      const float k = std::floor(xv * 1.44269504088896341f + 0.5f);
+      const float x0 = x[c];
+      const float keep = float(x0 >= -87.0f);
+      const float xv = std::max(x0, -87.0f);
+      const float k = float(int32_t(xv * 1.44269504088896341f - 0.5f));  // round to nearest for x <= 0
       const float r = (xv - k * 0.693359375f) + k * 2.12194440e-4f;
       float p = 1.0f / 5040.0f;
       p = p * r + 1.0f / 720.0f;
@@ -80,17 +82,15 @@ void vexp_nonpos(const double* x, T* y, int64_t n) {
       p = p * r + 1.0f;
       p = p * r + 1.0f;
       const int32_t bits = (int32_t(k) + 127) << 23;
-      float scale;
-      std::memcpy(&scale, &bits, sizeof scale);
-      y[c] = under ? 0.0f : p * scale;
+      y[c] = keep * p * std::bit_cast<float>(bits);
     }
   } else {
 #pragma omp simd
     for (int64_t c = 0; c < n; ++c) {
-      double xv = x[c];
-      const bool under = xv < -708.0;
-      xv = under ? 0.0 : xv;
-      const double k = std::floor(xv * 1.4426950408889634074 + 0.5);
+      const double x0 = x[c];
+      const double keep = double(x0 >= -708.0);
+      const double xv = std::max(x0, -708.0);
+      const double k = double(int64_t(xv * 1.4426950408889634074 - 0.5));  // round to nearest for x <= 0
       const double r = (xv - k * 6.93145751953125e-1) - k * 1.42860682030941723212e-6;
       double p = 1.0 / 6227020800.0;
       p = p * r + 1.0 / 479001600.0;
@@ -107,17 +107,15 @@ void vexp_nonpos(const double* x, T* y, int64_t n) {
       p = p * r + 1.0;
       p = p * r + 1.0;
       const int64_t bits = (int64_t(k) + 1023) << 52;
-      double scale;
-      std::memcpy(&scale, &bits, sizeof scale);
-      y[c] = under ? 0.0 : p * scale;
+      y[c] = keep * p * std::bit_cast<double>(bits);
     }
   }
 }
 
-// dst[c] = a[c] - b[c] (double), the pairwise decay exponent Gam_i - Gam_j.
-inline void diff(const double* a, const double* b, double* dst, int64_t n) {
-#pragma omp simd
-  for (int64_t c = 0; c < n; ++c) dst[c] = a[c] - b[c];
+// dst[c] = a[c] - b[c], the decay exponent Gam_i - Gam_j, computed in double and rounded to T.
+template <typename T>
+void diff(const double* a, const double* b, T* dst, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) dst[c] = T(a[c] - b[c]);
 }
 
 struct Chunk {
@@ -148,15 +146,14 @@ template <typename T>
 struct Work {
   int64_t C, K, V;
   std::vector<double> Gm;  // cumulative log-decay, kept in double (see below)
-  std::vector<double> xd;  // [K] exponent scratch
-  std::vector<T> E;        // [K] exp scratch
+  std::vector<T> xd, E;    // [C*K] exponent / exp scratch
   std::vector<T> Qs, Kc, Vc, eG, eL, Kg, Kl, Qg, bt, P, Akk, Aqk, W, U, Vn, O;
   // backward
   std::vector<T> dO, dVn, dA, dQg, dW, dKl, dZu, dM, dq, dk, dv, dGm, db, Sd;
   Work(int64_t C_, int64_t K_, int64_t V_, bool bwd) : C(C_), K(K_), V(V_) {
     auto z = [](std::vector<T>& x, int64_t n) { x.assign(static_cast<size_t>(n), T(0)); };
     Gm.assign(static_cast<size_t>(C * K), 0.0);
-    xd.assign(static_cast<size_t>(K), 0.0);
+    xd.assign(static_cast<size_t>(C * K), T(0));
     E.assign(static_cast<size_t>(K), T(0));
     for (auto* x : {&Qs, &Kc, &eG, &eL, &Kg, &Kl, &Qg, &W}) z(*x, C * K);
     for (auto* x : {&Vc, &U, &Vn, &O}) z(*x, C * V);
@@ -189,7 +186,8 @@ void prepare(Work<T>& w, const Chunk& ch, int64_t b, int64_t h, const KdaDims& d
     w.bt[i] = beta[idx];
   }
   const double* Gl = w.Gm.data() + (n - 1) * K;
-  vexp_nonpos(w.Gm.data(), w.eG.data(), n * K);
+  for (int64_t x = 0; x < n * K; ++x) w.xd[x] = T(w.Gm[x]);
+  vexp_nonpos(w.xd.data(), w.eG.data(), n * K);
   for (int64_t i = 0; i < n; ++i) {
     diff(Gl, w.Gm.data() + i * K, w.xd.data(), K);
     vexp_nonpos(w.xd.data(), w.eL.data() + i * K, K);
