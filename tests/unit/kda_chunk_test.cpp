@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/error.h"
 #include "kda_test_util.h"
 #include "kernels/kda.h"
 
@@ -193,4 +194,25 @@ TEST(KdaChunk, StrongDecayStaysFinite) {
   EXPECT_LE(eo, 1e-5);
   EXPECT_LE(ek, 1e-5);
   EXPECT_LE(eg, 1e-5);
+}
+
+// segment_starts: runs of equal non-negative ids; padding -> -1; nullptr -> one document per row.
+TEST(KdaChunk, SegmentStarts) {
+  const std::vector<int32_t> seg = {0, 0, 1, 1, -1, 1, 1, 2, /* row 1 */ 3, 3, 3, 3, 3, -1, -1, -1};
+  const std::vector<int64_t> want = {0, 0, 2, 2, -1, 5, 5, 7, 0, 0, 0, 0, 0, -1, -1, -1};
+  EXPECT_EQ(segment_starts(seg.data(), 2, 8), want);
+  EXPECT_EQ(segment_starts(nullptr, 2, 3), (std::vector<int64_t>{0, 0, 0, 0, 0, 0}));
+}
+
+TEST(KdaChunk, RejectsBadArguments) {
+  KdaDims d{1, 4, 1, 2, 2};
+  std::vector<float> x(8, 0.1f), b(4, 0.5f), o(8);
+  EXPECT_THROW(
+      kda_chunk_forward(x.data(), x.data(), x.data(), x.data(), b.data(), nullptr, d, 1.0f, o.data(), 0),
+      olmosft::Error);
+  KdaDims bad{1, 4, 0, 2, 2};
+  EXPECT_THROW(
+      kda_recurrent_forward(x.data(), x.data(), x.data(), x.data(), b.data(), nullptr, bad, 1.0f, o.data()),
+      olmosft::Error);
+  EXPECT_THROW(short_conv_silu_forward(x.data(), x.data(), nullptr, 1, 4, 2, 0, o.data()), olmosft::Error);
 }

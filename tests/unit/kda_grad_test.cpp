@@ -7,8 +7,8 @@
 
 #include <cmath>
 
-#include "kda_test_util.h"
 #include "core/threads.h"
+#include "kda_test_util.h"
 #include "kernels/kda.h"
 
 using namespace olmosft::kda;
@@ -168,4 +168,33 @@ TEST_F(KdaGrad, DeltaRule) {
     EXPECT_LE(eg, kTol);
     EXPECT_LE(eb, kTol);
   }
+}
+
+// Conv windows never cross documents: a packed row (documents of 2, 9, 1 tokens, then padding) equals each
+// document convolved alone, forward and backward (dw summed over documents).
+TEST_F(KdaGrad, ShortConvPackedEqualsSeparate) {
+  const int64_t L = 15, C = 6, K = 4;
+  const std::vector<int32_t> seg = {4, 4, 7, 7, 7, 7, 7, 7, 7, 7, 7, 9, -1, -1, -1};
+  const int64_t bounds[] = {0, 2, 11, 12};
+  V x = randn<double>(L * C, 31), w = randn<double>(C * K, 32), dy = randn<double>(L * C, 33);
+  V y(L * C), dx(L * C), dw(C * K, 0.0);
+  short_conv_silu_forward(x.data(), w.data(), seg.data(), 1, L, C, K, y.data());
+  short_conv_silu_backward(x.data(), w.data(), seg.data(), 1, L, C, K, dy.data(), dx.data(), dw.data());
+  V dw_sum(C * K, 0.0);
+  for (int doc = 0; doc < 3; ++doc) {
+    const int64_t t0 = bounds[doc], n = bounds[doc + 1] - t0;
+    V xs(x.begin() + t0 * C, x.begin() + (t0 + n) * C), dys(dy.begin() + t0 * C, dy.begin() + (t0 + n) * C);
+    V ys(n * C), dxs(n * C);
+    short_conv_silu_forward(xs.data(), w.data(), nullptr, 1, n, C, K, ys.data());
+    short_conv_silu_backward(xs.data(), w.data(), nullptr, 1, n, C, K, dys.data(), dxs.data(), dw_sum.data());
+    for (int64_t i = 0; i < n * C; ++i) {
+      EXPECT_EQ(y[t0 * C + i], ys[i]) << "doc " << doc;
+      EXPECT_EQ(dx[t0 * C + i], dxs[i]) << "doc " << doc;
+    }
+  }
+  for (int64_t i = 12 * C; i < L * C; ++i) {
+    EXPECT_EQ(y[i], 0.0);
+    EXPECT_EQ(dx[i], 0.0);
+  }
+  for (int64_t i = 0; i < C * K; ++i) EXPECT_NEAR(dw[i], dw_sum[i], 1e-13);
 }
