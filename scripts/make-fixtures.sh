@@ -16,6 +16,9 @@ check=0
 # --- attention: explicit-mask torch attention with autograd
 "$PY" tests/reference/attn_reference.py
 
+# --- kda: conv, l2norm, gate, recurrence, output norm (float64 autograd)
+"$PY" tests/reference/kda_reference.py
+
 # --- io: TensorBoard records through the protobuf runtime
 "$PY" tests/reference/io_tfevents.py
 

@@ -1,0 +1,188 @@
+// KDA delta-rule benchmark: chunked (WY/UT) vs recurrent reference, forward + backward, float32.
+// Usage: bench_kda [--T 4096,65536] [--K 128] [--V 256] [--H 1] [--chunk 64] [--threads 1]
+//                  [--max-recurrent-tokens N]
+// Times are wall-clock and process CPU seconds; tokens/s uses CPU seconds, which on a machine shared with
+// other jobs is the stable number (wall time stretches with the load).
+// Each (algorithm, T) runs in a fresh child process (this binary re-invoked with --one) so the reported
+// peak RSS (getrusage ru_maxrss) belongs to that configuration alone. The recurrent reference is bounded:
+// above --max-recurrent-tokens it runs on the first N tokens only and reports tokens/s from that (both
+// algorithms are linear in T, so tokens/s does not depend on T).
+#include "kernels/kda.h"
+
+#include <sys/resource.h>
+#include <time.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/threads.h"
+
+using namespace olmosft::kda;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// CPU seconds of this process (all threads): on a shared machine wall time is inflated by other tenants.
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+long peak_rss_kb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+// One configuration; prints "RESULT algo T fwd_wall bwd_wall fwd_cpu bwd_cpu rss_kb base_rss_kb checksum".
+int run_one(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t chunk) {
+  const size_t NH = size_t(T * H);
+  std::vector<float> q(NH * K), k(NH * K), g(NH * K), v(NH * V), beta(NH), o(NH * V), dout(NH * V);
+  std::vector<float> dq(NH * K), dk(NH * K), dg(NH * K), dv(NH * V), db(NH);
+  std::mt19937 gen(1);
+  std::normal_distribution<float> nd;
+  for (auto& x : q) x = nd(gen);
+  for (auto& x : k) x = nd(gen);
+  l2norm_forward(q.data(), int64_t(NH), K, float(kL2NormEps), q.data());
+  l2norm_forward(k.data(), int64_t(NH), K, float(kL2NormEps), k.data());
+  for (auto& x : v) x = nd(gen);
+  for (auto& x : dout) x = nd(gen);
+  std::vector<float> f(NH * K), dtb(size_t(H * K), 0.0f), A_log(size_t(H), std::log(4.0f)), b(NH);
+  for (auto& x : f) x = nd(gen);
+  for (auto& x : b) x = nd(gen);
+  kda_gate_forward(f.data(), A_log.data(), dtb.data(), T, H, K, g.data());
+  kda_beta_forward(b.data(), int64_t(NH), true, beta.data());
+  // Documents of 4096 tokens (SFT-like packing) so the state resets regularly.
+  std::vector<int32_t> seg(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) seg[t] = int32_t(t / 4096);
+  const long base = peak_rss_kb();
+  const KdaDims d{1, T, H, K, V};
+  const float scale = 1.0f / std::sqrt(float(K));
+  auto t0 = Clock::now();
+  double c0 = cpu_seconds();
+  if (chunked)
+    kda_chunk_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, o.data(),
+                      chunk);
+  else
+    kda_recurrent_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
+                          o.data());
+  const double tf = seconds_since(t0), cf = cpu_seconds() - c0;
+  t0 = Clock::now();
+  c0 = cpu_seconds();
+  if (chunked)
+    kda_chunk_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, dout.data(),
+                       dq.data(), dk.data(), dv.data(), dg.data(), db.data(), chunk);
+  else
+    kda_recurrent_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
+                           dout.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data());
+  const double tb = seconds_since(t0), cb = cpu_seconds() - c0;
+  double cs = 0;
+  for (size_t i = 0; i < o.size(); i += 97) cs += o[i];
+  for (size_t i = 0; i < dg.size(); i += 89) cs += dg[i];
+  std::printf("RESULT %s %ld %.6f %.6f %.6f %.6f %ld %ld %.9e\n", chunked ? "chunked" : "recurrent", long(T),
+              tf, tb, cf, cb, peak_rss_kb(), base, cs);
+  return 0;
+}
+
+std::vector<int64_t> parse_list(const char* s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> Ts = {4096, 65536};
+  int64_t H = 1, K = 128, V = 256, chunk = 64, threads = 1, max_rec = 16384;
+  bool one = false, one_chunked = false;
+  int64_t one_T = 0;
+  for (int i = 1; i < argc; ++i) {
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_kda: %s needs a value\n", argv[i]);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    const std::string a = argv[i];
+    if (a == "--T")
+      Ts = parse_list(next());
+    else if (a == "--H")
+      H = std::stoll(next());
+    else if (a == "--K")
+      K = std::stoll(next());
+    else if (a == "--V")
+      V = std::stoll(next());
+    else if (a == "--chunk")
+      chunk = std::stoll(next());
+    else if (a == "--threads")
+      threads = std::stoll(next());
+    else if (a == "--max-recurrent-tokens")
+      max_rec = std::stoll(next());
+    else if (a == "--one") {
+      one = true;
+      one_chunked = std::string(next()) == "chunked";
+      one_T = std::stoll(next());
+    } else {
+      std::fprintf(stderr, "bench_kda: unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  olmosft::set_threads(int(threads));
+  if (one) return run_one(one_chunked, one_T, H, K, V, chunk);
+
+  std::printf(
+      "KDA delta rule fwd+bwd, float32, H=%ld dk=%ld dv=%ld chunk=%ld threads=%ld, documents of 4096\n",
+      long(H), long(K), long(V), long(chunk), long(threads));
+  std::printf("%-10s %8s %8s %9s %9s %9s %9s %12s %10s %10s\n", "algo", "T", "T_run", "fwd_wall", "bwd_wall",
+              "fwd_cpu", "bwd_cpu", "tok/s(cpu)", "peakRSS_MB", "kernel_MB");
+  for (int64_t T : Ts) {
+    double tps[2] = {0, 0};
+    for (int c = 1; c >= 0; --c) {
+      const int64_t Tr = c ? T : std::min(T, max_rec);
+      std::ostringstream cmd;
+      cmd << argv[0] << " --one " << (c ? "chunked" : "recurrent") << " " << Tr << " --H " << H << " --K "
+          << K << " --V " << V << " --chunk " << chunk << " --threads " << threads;
+      FILE* p = popen(cmd.str().c_str(), "r");
+      if (!p) {
+        std::perror("popen");
+        return 1;
+      }
+      char line[512];
+      bool got = false;
+      while (std::fgets(line, sizeof line, p)) {
+        char algo[32];
+        long tr, rss, base;
+        double tf, tb, cf, cb, cs;
+        if (std::sscanf(line, "RESULT %31s %ld %lf %lf %lf %lf %ld %ld %lf", algo, &tr, &tf, &tb, &cf, &cb,
+                        &rss, &base, &cs) == 9) {
+          tps[c] = double(tr) / (cf + cb);
+          std::printf("%-10s %8ld %8ld %9.3f %9.3f %9.3f %9.3f %12.0f %10.1f %10.1f\n", algo, long(T), tr, tf,
+                      tb, cf, cb, tps[c], rss / 1024.0, (rss - base) / 1024.0);
+          got = true;
+        }
+      }
+      if (pclose(p) != 0 || !got) {
+        std::fprintf(stderr, "bench_kda: child run failed: %s\n", cmd.str().c_str());
+        return 1;
+      }
+    }
+    std::printf("%-10s %8ld  chunked/recurrent tokens/s ratio: %.2f\n", "ratio", long(T), tps[1] / tps[0]);
+  }
+  return 0;
+}

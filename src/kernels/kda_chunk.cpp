@@ -1,0 +1,476 @@
+// Chunked (WY / UT-transform) KDA, forward and backward (architecture.md C.3; anchors.md section 3).
+//
+// Per (row, head), the tokens of each document are cut into chunks of at most `chunk` tokens starting at the
+// document's first token (fla's cu_seqlens layout), so a chunk never spans a document boundary and no
+// masking across documents is needed; the state restarts at zero at each document start. Within a chunk
+// (positions i, j = 0..n-1, Gam = in-chunk cumulative log-decay):
+//   P[i,j]   = sum_c k_i[c] k_j[c] exp(Gam_i[c] - Gam_j[c])   (j < i),   Akk = Diag(beta) P,  M = I + Akk
+//   Aqk[i,j] = sum_c q~_i[c] k_j[c] exp(Gam_i[c] - Gam_j[c])  (j <= i)
+//   W = M^-1 Diag(beta) (K . e^Gam),  U = M^-1 Diag(beta) V,  Vn = U - W S
+//   O = (Q~ . e^Gam) S + Aqk Vn,      S <- Diag(e^Gam_last) S + (K . e^(Gam_last - Gam))^T Vn
+// The pairwise exponentials are evaluated directly (every exponent is <= 0, so nothing overflows whatever
+// the decay). The cumulative decay Gam is accumulated in double even for float inputs: after one very strong
+// step (g ~ -1e3) a float cumsum has lost the small later steps (ulp(1e3) ~ 6e-5), so Gam_i - Gam_j of
+// nearby tokens would be wrong; in double the difference is exact to float precision. GEMMs and the
+// unit-lower-triangular solves go to OpenBLAS (cblas ?gemm / ?trsm).
+#include <cblas.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "kernels/kda.h"
+
+namespace olmosft::kda {
+
+namespace {
+
+inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
+
+// Row-major C = alpha op(A) op(B) + beta C.
+template <typename T>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta,
+                C, (int)ldc);
+  else
+    cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta,
+                C, (int)ldc);
+}
+
+// Solves op(M) X = B in place (B: [n, N]) with M = I + strict_lower(A) (A's diagonal is not read).
+template <typename T>
+void trsm_unit_lower(bool trans, int64_t n, int64_t N, const T* A, int64_t lda, T* B, int64_t ldb) {
+  if (n == 0 || N == 0) return;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_strsm(CblasRowMajor, CblasLeft, CblasLower, tr(trans), CblasUnit, (int)n, (int)N, 1.0f, A, (int)lda,
+                B, (int)ldb);
+  else
+    cblas_dtrsm(CblasRowMajor, CblasLeft, CblasLower, tr(trans), CblasUnit, (int)n, (int)N, 1.0, A, (int)lda,
+                B, (int)ldb);
+}
+
+// y[c] = exp(x[c]) for x <= 0 (all exponents in this file are non-positive), written so GCC vectorises it
+// (std::exp and std::floor do not vectorise without -ffast-math; the selects need -fno-trapping-math,
+// set for these files in cmake/kda.cmake): n = round(x / ln2) (by truncating
+// x/ln2 - 1/2 toward zero, valid for x <= 0), r = x - n ln2 (Cody-Waite split),
+// exp(r) by its Taylor series (degree 7 for float, 13 for double: truncation below half an ulp for
+// |r| <= ln2/2), times 2^n built in the exponent bits. Results below the smallest normal number are
+// flushed to zero (std::exp would return a denormal < 1.2e-38 / 2.3e-308).
+template <typename T>
+void vexp_nonpos(const T* x, T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+#pragma omp simd
+    for (int64_t c = 0; c < n; ++c) {
+      const float x0 = x[c];
+      const float keep = float(x0 >= -87.0f);
+      const float xv = std::max(x0, -87.0f);
+      const float k = float(int32_t(xv * 1.44269504088896341f - 0.5f));  // round to nearest for x <= 0
+      const float r = (xv - k * 0.693359375f) + k * 2.12194440e-4f;
+      float p = 1.0f / 5040.0f;
+      p = p * r + 1.0f / 720.0f;
+      p = p * r + 1.0f / 120.0f;
+      p = p * r + 1.0f / 24.0f;
+      p = p * r + 1.0f / 6.0f;
+      p = p * r + 0.5f;
+      p = p * r + 1.0f;
+      p = p * r + 1.0f;
+      const int32_t bits = (int32_t(k) + 127) << 23;
+      y[c] = keep * p * std::bit_cast<float>(bits);
+    }
+  } else {
+#pragma omp simd
+    for (int64_t c = 0; c < n; ++c) {
+      const double x0 = x[c];
+      const double keep = double(x0 >= -708.0);
+      const double xv = std::max(x0, -708.0);
+      const double k = double(int64_t(xv * 1.4426950408889634074 - 0.5));  // round to nearest for x <= 0
+      const double r = (xv - k * 6.93145751953125e-1) - k * 1.42860682030941723212e-6;
+      double p = 1.0 / 6227020800.0;
+      p = p * r + 1.0 / 479001600.0;
+      p = p * r + 1.0 / 39916800.0;
+      p = p * r + 1.0 / 3628800.0;
+      p = p * r + 1.0 / 362880.0;
+      p = p * r + 1.0 / 40320.0;
+      p = p * r + 1.0 / 5040.0;
+      p = p * r + 1.0 / 720.0;
+      p = p * r + 1.0 / 120.0;
+      p = p * r + 1.0 / 24.0;
+      p = p * r + 1.0 / 6.0;
+      p = p * r + 0.5;
+      p = p * r + 1.0;
+      p = p * r + 1.0;
+      const int64_t bits = (int64_t(k) + 1023) << 52;
+      y[c] = keep * p * std::bit_cast<double>(bits);
+    }
+  }
+}
+
+// dst[c] = a[c] - b[c], the decay exponent Gam_i - Gam_j, computed in double and rounded to T.
+template <typename T>
+void diff(const double* a, const double* b, T* dst, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) dst[c] = T(a[c] - b[c]);
+}
+
+// The chunk GEMMs are small (chunk x K x V) and run inside the per-(row, head) OpenMP loop; a threaded
+// OpenBLAS would spawn its own threads inside each OpenMP thread (measured 3x more CPU and 5x more wall time
+// at H = 8, 2 threads). Parallelism comes from rows x heads, so BLAS runs single-threaded while a kernel
+// runs.
+class BlasSingleThread {
+ public:
+  BlasSingleThread() : prev_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
+  ~BlasSingleThread() { openblas_set_num_threads(prev_); }
+  BlasSingleThread(const BlasSingleThread&) = delete;
+  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
+
+ private:
+  int prev_;
+};
+
+struct Chunk {
+  int64_t t0, n;
+  bool reset;  // first chunk of a document: the incoming state is zero
+};
+
+// Chunks of row b, in order. Padding tokens belong to no chunk.
+std::vector<Chunk> row_chunks(const std::vector<int64_t>& start, int64_t b, int64_t L, int64_t C) {
+  std::vector<Chunk> out;
+  int64_t t = 0;
+  while (t < L) {
+    const int64_t s = start[b * L + t];
+    if (s < 0) {
+      ++t;
+      continue;
+    }
+    int64_t e = t + 1;
+    while (e < L && e - t < C && start[b * L + e] == s) ++e;
+    out.push_back({t, e - t, t == s});
+    t = e;
+  }
+  return out;
+}
+
+// Per-thread workspace for one chunk; all matrices are contiguous with leading dims C (LxL), K or V.
+template <typename T>
+struct Work {
+  int64_t C, K, V;
+  std::vector<double> Gm;  // cumulative log-decay, kept in double (see below)
+  std::vector<T> xd, E;    // [C*K] exponent / exp scratch
+  std::vector<T> Qs, Kc, Vc, eG, eL, Kg, Kl, Qg, bt, P, Akk, Aqk, W, U, Vn, O;
+  // backward
+  std::vector<T> dO, dVn, dA, dQg, dW, dKl, dZu, dM, dq, dk, dv, dGm, db, Sd;
+  Work(int64_t C_, int64_t K_, int64_t V_, bool bwd) : C(C_), K(K_), V(V_) {
+    auto z = [](std::vector<T>& x, int64_t n) { x.assign(static_cast<size_t>(n), T(0)); };
+    Gm.assign(static_cast<size_t>(C * K), 0.0);
+    xd.assign(static_cast<size_t>(C * K), T(0));
+    E.assign(static_cast<size_t>(K), T(0));
+    for (auto* x : {&Qs, &Kc, &eG, &eL, &Kg, &Kl, &Qg, &W}) z(*x, C * K);
+    for (auto* x : {&Vc, &U, &Vn, &O}) z(*x, C * V);
+    for (auto* x : {&P, &Akk, &Aqk}) z(*x, C * C);
+    z(bt, C);
+    if (bwd) {
+      for (auto* x : {&dQg, &dW, &dKl, &dq, &dk, &dGm}) z(*x, C * K);
+      for (auto* x : {&dO, &dVn, &dZu, &dv}) z(*x, C * V);
+      for (auto* x : {&dA, &dM}) z(*x, C * C);
+      z(db, C);
+      z(Sd, K * V);
+    }
+  }
+};
+
+// Gathers chunk inputs and computes everything that does not depend on the incoming state:
+// Gam, e^Gam, K.e^Gam, K.e^(Gam_last-Gam), Q~.e^Gam, P, Akk, Aqk, W, U.
+template <typename T>
+void prepare(Work<T>& w, const Chunk& ch, int64_t b, int64_t h, const KdaDims& d, const T* q, const T* k,
+             const T* v, const T* g, const T* beta, T scale) {
+  const int64_t n = ch.n, K = d.K, V = d.V, C = w.C;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t idx = (b * d.L + ch.t0 + i) * d.H + h;
+    for (int64_t c = 0; c < K; ++c) {
+      w.Qs[i * K + c] = scale * q[idx * K + c];
+      w.Kc[i * K + c] = k[idx * K + c];
+      w.Gm[i * K + c] = double(g[idx * K + c]) + (i > 0 ? w.Gm[(i - 1) * K + c] : 0.0);
+    }
+    std::copy(v + idx * V, v + (idx + 1) * V, w.Vc.begin() + i * V);
+    w.bt[i] = beta[idx];
+  }
+  const double* Gl = w.Gm.data() + (n - 1) * K;
+  for (int64_t x = 0; x < n * K; ++x) w.xd[x] = T(w.Gm[x]);
+  vexp_nonpos(w.xd.data(), w.eG.data(), n * K);
+  for (int64_t i = 0; i < n; ++i) {
+    diff(Gl, w.Gm.data() + i * K, w.xd.data(), K);
+    vexp_nonpos(w.xd.data(), w.eL.data() + i * K, K);
+  }
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < K; ++c) {
+      const int64_t x = i * K + c;
+      w.Kg[x] = w.Kc[x] * w.eG[x];
+      w.Kl[x] = w.Kc[x] * w.eL[x];
+      w.Qg[x] = w.Qs[x] * w.eG[x];
+    }
+  for (int64_t i = 0; i < n; ++i) {
+    const double* Gi = w.Gm.data() + i * K;
+    const T* ki = w.Kc.data() + i * K;
+    const T* qi = w.Qs.data() + i * K;
+    for (int64_t j = 0; j <= i; ++j) {
+      const double* Gj = w.Gm.data() + j * K;
+      const T* kj = w.Kc.data() + j * K;
+      diff(Gi, Gj, w.xd.data(), K);
+      vexp_nonpos(w.xd.data(), w.E.data(), K);
+      const T* e = w.E.data();
+      T p = 0, a = 0;
+#pragma omp simd reduction(+ : p, a)
+      for (int64_t c = 0; c < K; ++c) {
+        const T kje = kj[c] * e[c];
+        p += ki[c] * kje;
+        a += qi[c] * kje;
+      }
+      w.P[i * C + j] = j < i ? p : T(0);
+      w.Akk[i * C + j] = j < i ? w.bt[i] * p : T(0);
+      w.Aqk[i * C + j] = a;
+    }
+    for (int64_t j = i + 1; j < n; ++j) w.P[i * C + j] = w.Akk[i * C + j] = w.Aqk[i * C + j] = 0;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t c = 0; c < K; ++c) w.W[i * K + c] = w.bt[i] * w.Kg[i * K + c];
+    for (int64_t j = 0; j < V; ++j) w.U[i * V + j] = w.bt[i] * w.Vc[i * V + j];
+  }
+  trsm_unit_lower(false, n, K, w.Akk.data(), C, w.W.data(), K);
+  trsm_unit_lower(false, n, V, w.Akk.data(), C, w.U.data(), V);
+}
+
+// Vn = U - W S.
+template <typename T>
+void pseudo_values(Work<T>& w, int64_t n, const T* S) {
+  std::copy(w.U.begin(), w.U.begin() + n * w.V, w.Vn.begin());
+  gemm<T>(false, false, n, w.V, w.K, T(-1), w.W.data(), w.K, S, w.V, T(1), w.Vn.data(), w.V);
+}
+
+// S <- Diag(e^Gam_last) S + Kl^T Vn.
+template <typename T>
+void advance_state(Work<T>& w, int64_t n, T* S) {
+  const T* eGl = w.eG.data() + (n - 1) * w.K;
+  for (int64_t c = 0; c < w.K; ++c)
+    for (int64_t j = 0; j < w.V; ++j) S[c * w.V + j] *= eGl[c];
+  gemm<T>(true, false, w.K, w.V, n, T(1), w.Kl.data(), w.K, w.Vn.data(), w.V, T(1), S, w.V);
+}
+
+void check_args(const KdaDims& d, int64_t chunk, const char* what) {
+  OLMO_CHECK(d.B >= 0 && d.L >= 0 && d.H > 0 && d.K > 0 && d.V > 0, what, ": bad dims B=", d.B, " L=", d.L,
+             " H=", d.H, " K=", d.K, " V=", d.V);
+  OLMO_CHECK(chunk > 0 && chunk <= 1024, what, ": chunk size must be in [1, 1024], got ", chunk);
+}
+
+}  // namespace
+
+template <typename T>
+void kda_chunk_forward(const T* q, const T* k, const T* v, const T* g, const T* beta, const int32_t* seg,
+                       const KdaDims& d, T scale, T* o, int64_t chunk) {
+  check_args(d, chunk, "kda_chunk_forward");
+  BlasSingleThread blas1;
+  const int64_t L = d.L, H = d.H, K = d.K, V = d.V;
+  const std::vector<int64_t> start = segment_starts(seg, d.B, L);
+  parallel_for(d.B * H, [&](int64_t lo, int64_t hi) {
+    Work<T> w(chunk, K, V, false);
+    std::vector<T> S(static_cast<size_t>(K * V));
+    for (int64_t bh = lo; bh < hi; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      for (int64_t t = 0; t < L; ++t)
+        if (start[b * L + t] < 0)
+          std::fill(o + ((b * L + t) * H + h) * V, o + ((b * L + t) * H + h + 1) * V, T(0));
+      for (const Chunk& ch : row_chunks(start, b, L, chunk)) {
+        if (ch.reset) std::fill(S.begin(), S.end(), T(0));
+        prepare(w, ch, b, h, d, q, k, v, g, beta, scale);
+        const int64_t n = ch.n;
+        pseudo_values(w, n, S.data());
+        // O = Qg S + Aqk Vn.
+        gemm<T>(false, false, n, V, K, T(1), w.Qg.data(), K, S.data(), V, T(0), w.O.data(), V);
+        gemm<T>(false, false, n, V, n, T(1), w.Aqk.data(), chunk, w.Vn.data(), V, T(1), w.O.data(), V);
+        for (int64_t i = 0; i < n; ++i)
+          std::copy(w.O.begin() + i * V, w.O.begin() + (i + 1) * V, o + ((b * L + ch.t0 + i) * H + h) * V);
+        advance_state(w, n, S.data());
+      }
+    }
+  });
+}
+
+template <typename T>
+void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T* beta, const int32_t* seg,
+                        const KdaDims& d, T scale, const T* dout, T* dq, T* dk, T* dv, T* dg, T* dbeta,
+                        int64_t chunk) {
+  check_args(d, chunk, "kda_chunk_backward");
+  BlasSingleThread blas1;
+  const int64_t L = d.L, H = d.H, K = d.K, V = d.V, KV = K * V, C = chunk;
+  const std::vector<int64_t> start = segment_starts(seg, d.B, L);
+  parallel_for(d.B * H, [&](int64_t lo, int64_t hi) {
+    Work<T> w(chunk, K, V, true);
+    std::vector<T> Sin, Gs(static_cast<size_t>(KV));
+    for (int64_t bh = lo; bh < hi; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      auto idx = [&](int64_t t) { return (b * L + t) * H + h; };
+      for (int64_t t = 0; t < L; ++t)
+        if (start[b * L + t] < 0) {
+          const int64_t n = idx(t);
+          std::fill(dq + n * K, dq + (n + 1) * K, T(0));
+          std::fill(dk + n * K, dk + (n + 1) * K, T(0));
+          std::fill(dg + n * K, dg + (n + 1) * K, T(0));
+          std::fill(dv + n * V, dv + (n + 1) * V, T(0));
+          dbeta[n] = 0;
+        }
+      const std::vector<Chunk> chunks = row_chunks(start, b, L, chunk);
+      const int64_t nc = static_cast<int64_t>(chunks.size());
+      // Pass 1: the state entering every chunk.
+      Sin.assign(static_cast<size_t>(nc * KV), T(0));
+      for (int64_t ci = 0; ci < nc; ++ci) {
+        const Chunk& ch = chunks[ci];
+        T* S = Sin.data() + ci * KV;
+        if (!ch.reset) {
+          std::copy(Sin.begin() + (ci - 1) * KV, Sin.begin() + ci * KV, S);
+          const Chunk& pc = chunks[ci - 1];
+          prepare(w, pc, b, h, d, q, k, v, g, beta, scale);
+          pseudo_values(w, pc.n, S);
+          advance_state(w, pc.n, S);
+        }
+      }
+      // Pass 2: reverse over chunks; Gs = dL/d(state leaving the chunk).
+      std::fill(Gs.begin(), Gs.end(), T(0));
+      for (int64_t ci = nc - 1; ci >= 0; --ci) {
+        const Chunk& ch = chunks[ci];
+        const int64_t n = ch.n;
+        const T* S = Sin.data() + ci * KV;
+        prepare(w, ch, b, h, d, q, k, v, g, beta, scale);
+        pseudo_values(w, n, S);
+        for (int64_t i = 0; i < n; ++i)
+          std::copy(dout + idx(ch.t0 + i) * V, dout + (idx(ch.t0 + i) + 1) * V, w.dO.begin() + i * V);
+        // dVn = Aqk^T dO + Kl Gs;  dAqk = dO Vn^T (lower incl. diagonal);  dQg = dO S^T.
+        gemm<T>(true, false, n, V, n, T(1), w.Aqk.data(), C, w.dO.data(), V, T(0), w.dVn.data(), V);
+        gemm<T>(false, false, n, V, K, T(1), w.Kl.data(), K, Gs.data(), V, T(1), w.dVn.data(), V);
+        gemm<T>(false, true, n, n, V, T(1), w.dO.data(), V, w.Vn.data(), V, T(0), w.dA.data(), C);
+        gemm<T>(false, true, n, K, V, T(1), w.dO.data(), V, S, V, T(0), w.dQg.data(), K);
+        // dS_in = Diag(e^Gam_last) Gs + Qg^T dO - W^T dVn.
+        const T* eGl = w.eG.data() + (n - 1) * K;
+        std::vector<T>& Sd = w.Sd;
+        T* dGl = w.dGm.data() + (n - 1) * K;  // filled below after dGm is reset
+        std::vector<T> dGlast(static_cast<size_t>(K), T(0));
+        for (int64_t c = 0; c < K; ++c) {
+          T acc = 0;
+          for (int64_t j = 0; j < V; ++j) {
+            Sd[c * V + j] = eGl[c] * Gs[c * V + j];
+            acc += Gs[c * V + j] * S[c * V + j];
+          }
+          dGlast[c] = eGl[c] * acc;
+        }
+        gemm<T>(true, false, K, V, n, T(1), w.Qg.data(), K, w.dO.data(), V, T(1), Sd.data(), V);
+        gemm<T>(true, false, K, V, n, T(-1), w.W.data(), K, w.dVn.data(), V, T(1), Sd.data(), V);
+        // dW = -dVn S^T;  dKl = Vn Gs^T.
+        gemm<T>(false, true, n, K, V, T(-1), w.dVn.data(), V, S, V, T(0), w.dW.data(), K);
+        gemm<T>(false, true, n, K, V, T(1), w.Vn.data(), V, Gs.data(), V, T(0), w.dKl.data(), K);
+        // Through the UT solve: dZw = M^-T dW, dZu = M^-T dU (dU = dVn); dM = -(dZw W^T + dZu U^T).
+        trsm_unit_lower(true, n, K, w.Akk.data(), C, w.dW.data(), K);
+        std::copy(w.dVn.begin(), w.dVn.begin() + n * V, w.dZu.begin());
+        trsm_unit_lower(true, n, V, w.Akk.data(), C, w.dZu.data(), V);
+        gemm<T>(false, true, n, n, K, T(-1), w.dW.data(), K, w.W.data(), K, T(0), w.dM.data(), C);
+        gemm<T>(false, true, n, n, V, T(-1), w.dZu.data(), V, w.U.data(), V, T(1), w.dM.data(), C);
+        // Elementwise terms.
+        for (int64_t i = 0; i < n; ++i) {
+          T dbi = 0;
+          for (int64_t c = 0; c < K; ++c) {
+            const int64_t x = i * K + c;
+            const T dzw = w.dW[x];
+            dbi += dzw * w.Kg[x];
+            w.dk[x] = w.bt[i] * dzw * w.eG[x] + w.dKl[x] * w.eL[x];
+            w.dq[x] = w.dQg[x] * w.eG[x];
+            w.dGm[x] = w.dQg[x] * w.Qg[x] + w.bt[i] * dzw * w.Kg[x];
+            if (i + 1 < n) {  // Kl of the last token does not depend on Gam (zero exponent)
+              w.dGm[x] -= w.dKl[x] * w.Kl[x];
+              dGlast[c] += w.dKl[x] * w.Kl[x];
+            }
+          }
+          for (int64_t j = 0; j < V; ++j) {
+            dbi += w.dZu[i * V + j] * w.Vc[i * V + j];
+            w.dv[i * V + j] = w.bt[i] * w.dZu[i * V + j];
+          }
+          for (int64_t j = 0; j < i; ++j) dbi += w.dM[i * C + j] * w.P[i * C + j];
+          w.db[i] = dbi;
+        }
+        for (int64_t c = 0; c < K; ++c) dGl[c] += dGlast[c];
+        // Pairwise terms through P (Akk = Diag(beta) P) and Aqk.
+        for (int64_t i = 0; i < n; ++i) {
+          const double* Gi = w.Gm.data() + i * K;
+          const T* ki = w.Kc.data() + i * K;
+          const T* qi = w.Qs.data() + i * K;
+          T* dki = w.dk.data() + i * K;
+          T* dqi = w.dq.data() + i * K;
+          T* dGi = w.dGm.data() + i * K;
+          for (int64_t j = 0; j < i; ++j) {
+            const T dp = w.bt[i] * w.dM[i * C + j];
+            const T da = w.dA[i * C + j];
+            if (dp == T(0) && da == T(0)) continue;
+            const double* Gj = w.Gm.data() + j * K;
+            const T* kj = w.Kc.data() + j * K;
+            T* dkj = w.dk.data() + j * K;
+            T* dGj = w.dGm.data() + j * K;
+            diff(Gi, Gj, w.xd.data(), K);
+            vexp_nonpos(w.xd.data(), w.E.data(), K);
+            const T* ev = w.E.data();
+#pragma omp simd
+            for (int64_t c = 0; c < K; ++c) {
+              const T e = ev[c];
+              const T kje = kj[c] * e;
+              dki[c] += dp * kje;
+              dqi[c] += da * kje;
+              const T s = (dp * ki[c] + da * qi[c]);
+              dkj[c] += s * e;
+              const T tt = s * kje;
+              dGi[c] += tt;
+              dGj[c] -= tt;
+            }
+          }
+          // Diagonal of Aqk (P has none): zero exponent, no dGam term.
+          const T da = w.dA[i * C + i];
+          for (int64_t c = 0; c < K; ++c) {
+            dqi[c] += da * ki[c];
+            dki[c] += da * qi[c];
+          }
+        }
+        // Gam is a cumulative sum of g: dg = reverse cumulative sum of dGam. Scatter.
+        for (int64_t i = n - 2; i >= 0; --i)
+          for (int64_t c = 0; c < K; ++c) w.dGm[i * K + c] += w.dGm[(i + 1) * K + c];
+        // At a document start the incoming state is zero, so the first token's decay has no effect: its
+        // gradient is exactly zero (the sum above is zero up to rounding).
+        if (ch.reset) std::fill(w.dGm.begin(), w.dGm.begin() + K, T(0));
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t id = idx(ch.t0 + i);
+          for (int64_t c = 0; c < K; ++c) {
+            dq[id * K + c] = scale * w.dq[i * K + c];
+            dk[id * K + c] = w.dk[i * K + c];
+            dg[id * K + c] = w.dGm[i * K + c];
+          }
+          std::copy(w.dv.begin() + i * V, w.dv.begin() + (i + 1) * V, dv + id * V);
+          dbeta[id] = w.db[i];
+        }
+        if (ch.reset)
+          std::fill(Gs.begin(), Gs.end(), T(0));
+        else
+          std::copy(Sd.begin(), Sd.end(), Gs.begin());
+      }
+    }
+  });
+}
+
+#define OLMOSFT_KDA_CHUNK(T)                                                                            \
+  template void kda_chunk_forward<T>(const T*, const T*, const T*, const T*, const T*, const int32_t*,  \
+                                     const KdaDims&, T, T*, int64_t);                                   \
+  template void kda_chunk_backward<T>(const T*, const T*, const T*, const T*, const T*, const int32_t*, \
+                                      const KdaDims&, T, const T*, T*, T*, T*, T*, T*, int64_t);
+OLMOSFT_KDA_CHUNK(float)
+OLMOSFT_KDA_CHUNK(double)
+#undef OLMOSFT_KDA_CHUNK
+
+}  // namespace olmosft::kda
