@@ -4,3 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 /usr/bin/python3 tests/reference/io_tfevents.py
+/usr/bin/python3 tests/reference/io_safetensors.py
