@@ -21,6 +21,7 @@ check=0
 
 # --- io: TensorBoard records through the protobuf runtime
 "$PY" tests/reference/io_tfevents.py
+"$PY" tests/reference/io_safetensors.py
 
 # --- model (tests/golden/model/): Olmo 3 dense and Olmo 3.5 hybrid references
 "$PY" tests/reference/model_olmo3.py

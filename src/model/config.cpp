@@ -289,6 +289,38 @@ ModelConfig parse_config(const json& j, const std::string& context) {
              ": 'attention_dropout' must be in [0, 1)");
   c.initializer_range = o.number("initializer_range", 0.02);
   c.layer_types = parse_layer_types(o, c);
+  auto token_id = [&](const std::string& k, const json& v) {
+    OLMO_CHECK(v.is_number_integer(), context, ": key '", k, "' must be an integer token id, got ", v.dump());
+    int64_t id = v.get<int64_t>();
+    OLMO_CHECK(id >= 0 && id < c.vocab_size, context, ": key '", k, "' = ", id,
+               " is outside the vocabulary [0, ", c.vocab_size, ")");
+    return id;
+  };
+  if (o.has("eos_token_id")) {
+    const json& e = j.at("eos_token_id");
+    if (e.is_array()) {
+      for (const auto& x : e) c.eos_token_ids.push_back(token_id("eos_token_id", x));
+    } else {
+      c.eos_token_ids.push_back(token_id("eos_token_id", e));
+    }
+  }
+  if (o.has("bos_token_id")) c.bos_token_id = token_id("bos_token_id", j.at("bos_token_id"));
+  if (o.has("pad_token_id")) c.pad_token_id = token_id("pad_token_id", j.at("pad_token_id"));
+  for (const char* k : {"torch_dtype", "dtype"}) {
+    if (!o.has(k)) continue;
+    std::string d = o.string(k, "");
+    std::optional<DType> t;
+    if (d == "bfloat16")
+      t = DType::BF16;
+    else if (d == "float32")
+      t = DType::F32;
+    else if (d == "float16")
+      t = DType::F16;
+    else
+      fail(context, ": key '", k, "' = '", d, "' is not supported (expected bfloat16, float32 or float16)");
+    OLMO_CHECK(!c.torch_dtype || *c.torch_dtype == *t, context, ": 'torch_dtype' and 'dtype' disagree");
+    c.torch_dtype = t;
+  }
   bool any_sliding = false;
   for (auto t : c.layer_types) any_sliding |= t == LayerType::SlidingAttention;
   if (any_sliding) {
@@ -466,6 +498,11 @@ std::string config_summary(const ModelConfig& c) {
        << "embed_scale         " << c.embed_scale << (c.embed_norm ? " (+ embed norm)" : "") << "\n"
        << "use_rope            " << (c.use_rope ? "true" : "false") << "\n";
   }
+  os << "special tokens      eos";
+  for (auto e : c.eos_token_ids) os << " " << e;
+  os << (c.eos_token_ids.empty() ? " -" : "") << ", pad "
+     << (c.pad_token_id ? std::to_string(*c.pad_token_id) : "-") << ", bos "
+     << (c.bos_token_id ? std::to_string(*c.bos_token_id) : "-") << "\n";
   os << "rms_norm_eps        " << c.rms_norm_eps << "\n"
      << "tie_word_embeddings " << (c.tie_word_embeddings ? "true" : "false") << "\n";
   return os.str();

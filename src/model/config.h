@@ -43,6 +43,11 @@ struct ModelConfig {
   bool attention_bias = false;
   double attention_dropout = 0.0, initializer_range = 0.02;
   std::vector<LayerType> layer_types;
+  // Special token ids (validated against vocab_size). eos_token_id may be a list in HF configs.
+  std::vector<int64_t> eos_token_ids;
+  std::optional<int64_t> bos_token_id, pad_token_id;
+  // "torch_dtype" (or the newer "dtype") when given: the dtype the weights were saved in.
+  std::optional<DType> torch_dtype;
   RopeParams rope_full, rope_sliding;  // per layer type (full_attention / sliding_attention)
   // Olmo 3 (dense SwiGLU).
   int64_t intermediate_size = 0;

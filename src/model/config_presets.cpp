@@ -115,6 +115,15 @@ json olmo3moe(const MoeDims& d) {
               {"torch_dtype", "bfloat16"}};
 }
 
+// Test vocabularies are far smaller than dolma2's: eos / pad become the last two ids (the real ones,
+// 100257 / 100277, would lie outside the vocabulary).
+json small_vocab_ids(json j) {
+  int64_t v = j["vocab_size"].get<int64_t>();
+  j["eos_token_id"] = v - 2;
+  j["pad_token_id"] = v - 1;
+  return j;
+}
+
 }  // namespace
 
 std::vector<std::string> preset_names() {
@@ -123,17 +132,18 @@ std::vector<std::string> preset_names() {
 
 json preset_config_json(const std::string& name) {
   if (name == "olmo3-7b") return olmo3(100278, 4096, 32, 32, 32, 11008, 4096, 65536, 8192);
-  if (name == "olmo3-tiny") return olmo3(512, 64, 8, 4, 2, 128, 16, 512, 64);
-  if (name == "olmo3-small") return olmo3(4096, 256, 8, 8, 4, 704, 64, 2048, 256);
+  if (name == "olmo3-tiny") return small_vocab_ids(olmo3(512, 64, 8, 4, 2, 128, 16, 512, 64));
+  if (name == "olmo3-small") return small_vocab_ids(olmo3(4096, 256, 8, 8, 4, 704, 64, 2048, 256));
   if (name == "olmo3moe-small")
     return olmo3moe({100278, 1024, 8, 2, 8, 4, 128, 8, 128, 256, 512, 16, 1024, 512, 1024, 8192, 65536});
   if (name == "olmo3moe-tiny") {
     json j = olmo3moe({512, 64, 8, 1, 2, 1, 32, 2, 16, 32, 16, 4, 64, 32, 64, 512, 512});
     j["embed_scale"] = 8.0;
-    return j;
+    return small_vocab_ids(j);
   }
   if (name == "olmo3moe-d2small")
-    return olmo3moe({4096, 256, 8, 2, 4, 2, 64, 4, 64, 128, 64, 8, 256, 128, 256, 2048, 2048});
+    return small_vocab_ids(
+        olmo3moe({4096, 256, 8, 2, 4, 2, 64, 4, 64, 128, 64, 8, 256, 128, 256, 2048, 2048}));
   std::string all;
   for (const auto& n : preset_names()) all += (all.empty() ? "" : ", ") + n;
   fail("unknown model preset '", name, "' (expected one of ", all, ")");

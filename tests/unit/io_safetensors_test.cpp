@@ -452,3 +452,42 @@ TEST(Hash, Sha256Manifest) {
   io::write_file_atomic(d / "ck/SHA256SUMS", "xyz  a.bin\n");
   EXPECT_THROW(io::verify_sha256_manifest(d / "ck"), Error);
 }
+
+// A file written by the independent Python reference (tests/reference/io_safetensors.py, PyTorch's
+// bf16/fp16 conversions): the reader gets every value, and the writer reproduces the file byte for byte.
+TEST(Safetensors, MatchesPythonReferenceFile) {
+  std::string dir = std::string(OLMOSFT_GOLDEN_DIR) + "/io/";
+  auto r = st::Reader::open(dir + "ref.safetensors");
+  auto vals = nlohmann::json::parse(io::read_file(dir + "ref_values.json"));
+  auto floats = [&](const char* key, Shape shape) {
+    std::vector<float> v;
+    for (const auto& b : vals[key]) {
+      uint32_t u = b.get<uint32_t>();
+      float f;
+      std::memcpy(&f, &u, 4);
+      v.push_back(f);
+    }
+    return Tensor::from(v, shape);
+  };
+  Tensor w = floats("w_bits", {4, 6}), special = floats("special_bits", {10});
+  EXPECT_EQ(r->metadata().at("format"), "pt");
+  EXPECT_EQ(max_abs_diff(r->view("model.w"), w), 0.0);
+  std::vector<st::NamedTensor> mine = {{"model.w", w},
+                                       {"model.w_bf16", w.to(DType::BF16)},
+                                       {"model.special_bf16", special.to(DType::BF16)},
+                                       {"model.w_f16", w.slice(0, 0, 2).to(DType::F16)},
+                                       {"ids", Tensor::from<int64_t>({3, -1, 100277}, {3})},
+                                       {"scalar", Tensor::from<double>({0.125}, {})},
+                                       {"empty", Tensor::zeros({0, 3})}};
+  for (const auto& t : mine) {
+    Tensor v = r->view(t.name);
+    ASSERT_EQ(v.dtype(), t.tensor.dtype()) << t.name;
+    ASSERT_EQ(v.shape(), t.tensor.shape()) << t.name;
+    Tensor c = t.tensor.contiguous();
+    EXPECT_EQ(std::memcmp(v.raw_data(), c.raw_data(), c.nbytes()), 0)
+        << t.name << " (bf16/f16 rounding vs torch)";
+  }
+  auto bytes = st::serialize(mine);
+  auto ref = io::read_file_bytes(dir + "ref.safetensors");
+  EXPECT_EQ(bytes, ref);
+}

@@ -137,6 +137,16 @@ TEST(ModelConfig, Olmo3Fields) {
   EXPECT_EQ(c.rope_sliding.rope_theta, 500000.0);
   EXPECT_EQ(&c.rope_for(3), &c.rope_full);
   EXPECT_EQ(&c.rope_for(2), &c.rope_sliding);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{100257}));
+  EXPECT_EQ(c.pad_token_id, 100277);
+  EXPECT_FALSE(c.bos_token_id.has_value());
+  EXPECT_EQ(c.torch_dtype, DType::BF16);
+  json multi = preset_config_json("olmo3-7b");
+  multi["eos_token_id"] = {100257, 100265};
+  multi["dtype"] = "bfloat16";
+  EXPECT_EQ(cfg(multi).eos_token_ids, (std::vector<int64_t>{100257, 100265}));
+  multi["dtype"] = "float32";
+  expect_error(multi, {"'torch_dtype' and 'dtype' disagree"});
   // attention_factor default = 0.1 ln(factor) + 1 (HF get_mscale) — the published value is exactly that.
   json j = preset_config_json("olmo3-7b");
   j["rope_scaling"].erase("attention_factor");
@@ -225,6 +235,10 @@ TEST(ModelConfig, ClearErrors) {
   expect_error(with("attention_bias", true), {"'attention_bias'"});
   expect_error(with("tie_word_embeddings", 1), {"'tie_word_embeddings'", "true or false"});
   expect_error(with("rms_norm_eps", -1.0), {"'rms_norm_eps'"});
+  expect_error(with("eos_token_id", 100257), {"'eos_token_id' = 100257", "outside the vocabulary [0, 512)"});
+  expect_error(with("eos_token_id", json::array({1, -1})), {"'eos_token_id' = -1"});
+  expect_error(with("pad_token_id", "x"), {"'pad_token_id'", "integer"});
+  expect_error(with("torch_dtype", "int8"), {"'torch_dtype'", "int8"});
   json rs = base["rope_scaling"];
   rs["rope_type"] = "longrope";
   expect_error(with("rope_scaling", rs), {"rope_scaling", "rope_type 'longrope'"});
