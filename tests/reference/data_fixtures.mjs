@@ -113,5 +113,17 @@ const good = JSON.stringify(convs[0]);
 const badUtf8 = Buffer.concat([Buffer.from(good + '\n'), Buffer.from('{"id":"u1","source_dataset":"x","messages":[{"role":"user","content":"bad '),
   Buffer.from([0xc3, 0x28, 0xff]), Buffer.from('"},{"role":"assistant","content":"ok"}]}\n')]);
 fs.writeFileSync(path.join(out, 'bad-utf8.jsonl'), badUtf8);
+// Invalid UTF-8 inside a Parquet STRING value (hyparquet-writer writes the raw bytes as given).
+const badBytes = new Uint8Array([0x62, 0x61, 0x64, 0x20, 0xc3, 0x28, 0xff]);
+const ubuf = hw.parquetWriteBuffer({
+  columnData: [
+    { name: 'id', data: ['u1', 'u2'] },
+    { name: 'source_dataset', data: ['x', 'x'] },
+    { name: 'messages', data: [[{ role: 'user', content: 'fine' }, { role: 'assistant', content: 'ok' }],
+      [{ role: 'user', content: badBytes }, { role: 'assistant', content: 'ok' }]] },
+  ],
+  schema: listSchema,
+});
+fs.writeFileSync(path.join(out, 'bad-utf8.parquet'), Buffer.from(ubuf));
 fs.writeFileSync(path.join(out, 'bad-types.jsonl'), jsonl([{ id: 't1', messages: 'not a list' }, { id: 't2', messages: 42 }]));
 console.log('wrote fixtures to', out);

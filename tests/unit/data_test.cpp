@@ -423,6 +423,7 @@ TEST(DataBuild, SkipsAreCountedAndBadInputsFailClearly) {
   expect_error("bad-messages-string.parquet", "has type VARCHAR");
   expect_error("bad-truncated.parquet", "bad-truncated.parquet");
   expect_error("bad-utf8.jsonl", "UTF-8");
+  expect_error("bad-utf8.parquet", "not valid UTF8");
   expect_error("bad-types.jsonl", "malformed_messages=2");
   expect_error("does-not-exist-*.parquet", "no file matches");
   for (const auto& e : fs::directory_iterator(t.path)) {
