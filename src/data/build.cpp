@@ -206,6 +206,10 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
         r.skip = Skip::kEncodeError;
         r.why = e.what();
         continue;
+      } catch (...) {
+        r.skip = Skip::kEncodeError;
+        r.why = "the chat encoder threw a non-standard exception";
+        continue;
       }
       auto& ec = r.ec;
       if (ec.tokens.size() != ec.trained.size()) {
@@ -289,8 +293,13 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
       if (dropped[s])
         why += std::string(" ") + skip_name(static_cast<Skip>(s)) + "=" + std::to_string(dropped[s]);
     }
+    std::string example;
+    if (!examples.empty()) {
+      const auto& [reason, ex] = *examples.begin();
+      example = "; e.g. " + reason + " (row id " + ex.begin()->first + ")" + ": " + ex.begin()->second;
+    }
     fail("no conversation kept out of ", read, " read", why.empty() ? "" : " (dropped:" + why + ")",
-         read == 0 ? "; the inputs/selection are empty" : "");
+         read == 0 ? "; the inputs/selection are empty" : example);
   }
 
   // ---- canonical order: SHA-256 of the canonical conversation JSON, then source name (format/file
