@@ -370,7 +370,8 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
   const int64_t bfd_rows = static_cast<int64_t>(pack_best_fit_decreasing(pool_len, N).size());
 
   // ---- temp dir next to the output; published by rename when complete
-  fs::path out = fs::absolute(opts.out_dir);
+  fs::path out = fs::absolute(opts.out_dir).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();  // "dir/" -> "dir"
   fs::create_directories(out.parent_path());
   std::string tmpl = (out.parent_path() / ("." + out.filename().string() + ".building-XXXXXX")).string();
   std::vector<char> tb(tmpl.begin(), tmpl.end());

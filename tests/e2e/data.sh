@@ -16,8 +16,8 @@ check "build summary names rows" "grep -q 'rows of 512 tokens x 2 epoch' '$dir/a
 check "progress lines are greppable" "grep -q '^progress data-build stage=encode conversations=' '$dir/a.err' && grep -q '^progress data-build stage=done' '$dir/a.err'"
 check "manifest records the revision" "grep -q '\"dataset_revision\": \"test-rev\"' '$dir/a/manifest.json'"
 "$bin" data build --input "$G/convs.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --epochs 2 --quiet \
-  --out "$dir/b" >/dev/null 2>"$dir/b.err"; rc=$?
-check "jsonl build exits 0, --quiet prints nothing" "[ $rc -eq 0 ] && [ ! -s '$dir/b.err' ]"
+  --out "$dir/b/" >/dev/null 2>"$dir/b.err"; rc=$?
+check "jsonl build (--out with a trailing slash) exits 0, --quiet prints nothing" "[ $rc -eq 0 ] && [ ! -s '$dir/b.err' ] && [ -f '$dir/b/manifest.json' ] && [ -z \"\$(ls -A '$dir' | grep building)\" ]"
 check "jsonl and parquet rows identical" "cmp -s '$dir/a/epoch-00000.rows' '$dir/b/epoch-00000.rows' && cmp -s '$dir/a/epoch-00001.rows' '$dir/b/epoch-00001.rows'"
 out=$("$bin" data inspect "$dir/a" --verify); rc=$?
 check "inspect stats" "[ $rc -eq 0 ] && grep -q 'all rows of 2 epoch' <<<\"\$out\" && grep -q 'src_math' <<<\"\$out\" && grep -q 'length histogram' <<<\"\$out\""
