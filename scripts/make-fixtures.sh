@@ -23,6 +23,9 @@ check=0
 "$PY" tests/reference/io_tfevents.py
 "$PY" tests/reference/io_safetensors.py
 
+# --- data: Parquet (DuckDB, hyparquet-writer, parquet-wasm) and JSONL fixtures of the same conversations
+node tests/reference/data_fixtures.mjs
+
 # --- model (tests/golden/model/): Olmo 3 dense and Olmo 3.5 hybrid references
 "$PY" tests/reference/model_olmo3.py
 "$PY" tests/reference/model_olmo3moe.py

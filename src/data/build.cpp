@@ -1,0 +1,547 @@
+#include "data/build.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <numeric>
+#include <ostream>
+#include <set>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "data/dataset.h"
+#include "data/dataset_hash.h"
+#include "data/duckdb_reader.h"
+#include "data/pack.h"
+#include "data/shuffle.h"
+#include "data/source.h"
+
+namespace fs = std::filesystem;
+
+namespace olmosft {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One greppable line per event on the log stream:
+//   progress data-build stage=encode done=12000 total=100000 rate=5321.0/s eta=16.5s elapsed=2.3s
+class Progress {
+ public:
+  Progress(std::ostream* os, std::string stage, int64_t total, std::string unit)
+      : os_(os),
+        stage_(std::move(stage)),
+        unit_(std::move(unit)),
+        total_(total),
+        start_(Clock::now()),
+        last_(start_) {}
+  void update(int64_t done, bool final = false) {
+    if (!os_) return;
+    auto now = Clock::now();
+    if (!final && std::chrono::duration<double>(now - last_).count() < 1.0) return;
+    last_ = now;
+    double el = std::chrono::duration<double>(now - start_).count();
+    double rate = el > 0 ? static_cast<double>(done) / el : 0.0;
+    char buf[256];
+    if (total_ > 0 && rate > 0 && !final) {
+      double eta = static_cast<double>(total_ - done) / rate;
+      std::snprintf(buf, sizeof buf, "stage=%s %s=%lld/%lld rate=%.1f/s eta=%.1fs elapsed=%.1fs",
+                    stage_.c_str(), unit_.c_str(), static_cast<long long>(done),
+                    static_cast<long long>(total_), rate, eta, el);
+    } else {
+      std::snprintf(buf, sizeof buf, "stage=%s %s=%lld rate=%.1f/s elapsed=%.1fs%s", stage_.c_str(),
+                    unit_.c_str(), static_cast<long long>(done), rate, el, final ? " done" : "");
+    }
+    *os_ << "progress data-build " << buf << "\n" << std::flush;
+  }
+
+ private:
+  std::ostream* os_;
+  std::string stage_, unit_;
+  int64_t total_;
+  Clock::time_point start_, last_;
+};
+
+struct Item {
+  int64_t offset = 0;  // into Store::tokens / trained
+  int32_t length = 0;
+  int32_t source = 0;
+  int64_t trained = 0;  // trained tokens (mask = 1)
+  int64_t targets = 0;  // trained tokens at position >= 1 (those a next-token loss can use)
+  bool truncated = false;
+  std::array<uint8_t, 32> key{};
+};
+
+struct SourceStats {
+  int64_t read = 0, kept = 0, dropped = 0, truncated = 0, tokens = 0, trained = 0;
+};
+
+struct Encoded {
+  Skip skip = Skip::kNone;
+  std::string why;
+  EncodedConversation ec;
+  bool truncated = false;
+  std::array<uint8_t, 32> key{};
+};
+
+// Removes the temporary build directory unless released.
+struct TempDirGuard {
+  std::string path;
+  ~TempDirGuard() {
+    if (!path.empty()) {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  }
+};
+
+void check_out_dir(const std::string& out) {
+  OLMO_CHECK(!out.empty(), "--out: an output directory is required");
+  std::error_code ec;
+  auto st = fs::symlink_status(out, ec);
+  if (ec || st.type() == fs::file_type::not_found) return;
+  OLMO_CHECK(st.type() == fs::file_type::directory, "--out ", out, ": exists and is not a directory");
+  OLMO_CHECK(fs::is_empty(out), "--out ", out,
+             ": directory is not empty (the output directory must be new or empty)");
+}
+
+nlohmann::json round6(double v) { return std::round(v * 1e6) / 1e6; }
+
+}  // namespace
+
+std::vector<std::pair<std::string, double>> parse_mix(const std::string& spec) {
+  std::vector<std::pair<std::string, double>> out;
+  if (spec.empty()) return out;
+  std::set<std::string> seen;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    size_t comma = spec.find(',', pos);
+    std::string part = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t eq = part.rfind('=');
+    OLMO_CHECK(eq != std::string::npos && eq > 0, "--mix: '", part, "' is not SOURCE=WEIGHT");
+    std::string name = part.substr(0, eq), w = part.substr(eq + 1);
+    char* end = nullptr;
+    double v = std::strtod(w.c_str(), &end);
+    OLMO_CHECK(!w.empty() && end == w.c_str() + w.size() && std::isfinite(v) && v >= 0 && v <= 1000,
+               "--mix: weight '", w, "' of ", name, " is not a number in [0, 1000]");
+    OLMO_CHECK(seen.insert(name).second, "--mix: source ", name, " given twice");
+    out.emplace_back(name, v);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
+  const auto t0 = Clock::now();
+  OLMO_CHECK(opts.seq_len >= 8 && opts.seq_len <= (1 << 20), "--seq-len ", opts.seq_len,
+             ": expected 8..1048576");
+  OLMO_CHECK(opts.epochs >= 1 && opts.epochs <= 1000, "--epochs ", opts.epochs, ": expected 1..1000");
+  OLMO_CHECK(opts.long_policy == "truncate" || opts.long_policy == "drop", "--long ", opts.long_policy,
+             ": expected truncate or drop");
+  OLMO_CHECK(opts.packing == "first-fit" || opts.packing == "best-fit-decreasing", "--packing ", opts.packing,
+             ": expected first-fit or best-fit-decreasing");
+  auto mix = parse_mix(opts.mix);
+  check_out_dir(opts.out_dir);
+  const int64_t N = opts.seq_len;
+  const int64_t vocab = enc.vocab_size();
+  std::ostream* log = opts.log;
+
+  // ---- inputs
+  auto files = resolve_inputs(opts.inputs);
+  {
+    Progress p(log, "hash", static_cast<int64_t>(files.size()), "files");
+    hash_inputs(files);
+    p.update(static_cast<int64_t>(files.size()), true);
+  }
+  SourceOptions so;
+  so.sql = opts.sql;
+  so.source_column = opts.source_column;
+  ConversationReader reader(files, so);
+  const int64_t total_rows = reader.count_rows();
+
+  // ---- read, validate, encode (parallel per batch; results appended in read order)
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> trained;
+  std::vector<Item> items;
+  std::map<std::string, int32_t> source_ids;
+  std::vector<std::string> source_names;
+  std::vector<SourceStats> sstats;
+  std::array<int64_t, static_cast<int>(Skip::kCount)> dropped{};
+  std::map<std::string, std::set<std::pair<std::string, std::string>>>
+      examples;  // reason -> smallest (id, why)
+  int64_t read = 0, truncated = 0;
+  Progress prog(log, "encode", total_rows, "conversations");
+  std::vector<RawConversation> batch;
+  while (true) {
+    batch.clear();
+    bool more = reader.next(batch, opts.batch_rows);
+    if (batch.empty() && !more) break;
+    const int64_t n = static_cast<int64_t>(batch.size());
+    std::vector<Encoded> res(static_cast<size_t>(n));
+#pragma omp parallel for schedule(dynamic, 16)
+    for (int64_t i = 0; i < n; ++i) {
+      Encoded& r = res[i];
+      Conversation conv;
+      r.skip = parse_conversation(batch[i], conv, &r.why);
+      if (r.skip != Skip::kNone) continue;
+      try {
+        std::string canon = canonical_json(conv);
+        Sha256 h;
+        h.update(canon);
+        std::string d = h.digest();
+        std::memcpy(r.key.data(), d.data(), 32);
+        r.ec = enc.encode(conv);
+      } catch (const std::exception& e) {
+        r.skip = Skip::kEncodeError;
+        r.why = e.what();
+        continue;
+      } catch (...) {
+        r.skip = Skip::kEncodeError;
+        r.why = "the chat encoder threw a non-standard exception";
+        continue;
+      }
+      auto& ec = r.ec;
+      if (ec.tokens.size() != ec.trained.size()) {
+        r.skip = Skip::kEncodeError;
+        r.why = "encoder returned " + std::to_string(ec.tokens.size()) + " tokens but " +
+                std::to_string(ec.trained.size()) + " mask entries";
+        continue;
+      }
+      for (int32_t t : ec.tokens) {
+        if (t < 0 || t >= vocab) {
+          r.skip = Skip::kEncodeError;
+          r.why = "encoder returned token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                  std::to_string(vocab) + ")";
+          break;
+        }
+      }
+      if (r.skip != Skip::kNone) continue;
+      if (static_cast<int64_t>(ec.tokens.size()) > N) {
+        if (opts.long_policy == "drop") {
+          r.skip = Skip::kTooLong;
+          r.why = std::to_string(ec.tokens.size()) + " tokens > seq_len " + std::to_string(N);
+          continue;
+        }
+        ec.tokens.resize(static_cast<size_t>(N));
+        ec.trained.resize(static_cast<size_t>(N));
+        r.truncated = true;
+      }
+      bool any = false;
+      for (size_t k = 1; k < ec.trained.size(); ++k) any |= ec.trained[k] != 0;
+      if (!any) {
+        r.skip = Skip::kNoTrainedTokens;
+        r.why = r.truncated ? "no trained token within the first seq_len tokens"
+                            : "no trained token after position 0";
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      auto& r = res[i];
+      auto [it, fresh] = source_ids.emplace(batch[i].source, static_cast<int32_t>(source_names.size()));
+      if (fresh) {
+        source_names.push_back(batch[i].source);
+        sstats.emplace_back();
+      }
+      SourceStats& ss = sstats[it->second];
+      ++ss.read;
+      ++read;
+      if (r.skip != Skip::kNone) {
+        ++dropped[static_cast<int>(r.skip)];
+        ++ss.dropped;
+        auto& ex = examples[skip_name(r.skip)];
+        ex.emplace(batch[i].id, r.why);
+        if (ex.size() > 5) ex.erase(std::prev(ex.end()));
+        continue;
+      }
+      Item it2;
+      it2.offset = static_cast<int64_t>(tokens.size());
+      it2.length = static_cast<int32_t>(r.ec.tokens.size());
+      it2.source = it->second;
+      it2.truncated = r.truncated;
+      it2.key = r.key;
+      for (size_t k = 0; k < r.ec.trained.size(); ++k) {
+        it2.trained += r.ec.trained[k] != 0;
+        it2.targets += k > 0 && r.ec.trained[k] != 0;
+      }
+      tokens.insert(tokens.end(), r.ec.tokens.begin(), r.ec.tokens.end());
+      for (uint8_t b : r.ec.trained) trained.push_back(b ? 1 : 0);
+      truncated += r.truncated;
+      ++ss.kept;
+      ss.truncated += r.truncated;
+      ss.tokens += it2.length;
+      ss.trained += it2.trained;
+      items.push_back(it2);
+    }
+    prog.update(read);
+    if (!more) break;
+  }
+  prog.update(read, true);
+  int64_t dropped_total = std::accumulate(dropped.begin(), dropped.end(), int64_t{0});
+  if (items.empty()) {
+    std::string why;
+    for (int s = 1; s < static_cast<int>(Skip::kCount); ++s) {
+      if (dropped[s])
+        why += std::string(" ") + skip_name(static_cast<Skip>(s)) + "=" + std::to_string(dropped[s]);
+    }
+    std::string example;
+    if (!examples.empty()) {
+      const auto& [reason, ex] = *examples.begin();
+      example = "; e.g. " + reason + " (row id " + ex.begin()->first + ")" + ": " + ex.begin()->second;
+    }
+    fail("no conversation kept out of ", read, " read", why.empty() ? "" : " (dropped:" + why + ")",
+         read == 0 ? "; the inputs/selection are empty" : example);
+  }
+
+  // ---- canonical order: SHA-256 of the canonical conversation JSON, then source name (format/file
+  // independent)
+  std::vector<int64_t> canon(items.size());
+  std::iota(canon.begin(), canon.end(), int64_t{0});
+  std::sort(canon.begin(), canon.end(), [&](int64_t a, int64_t b) {
+    int c = std::memcmp(items[a].key.data(), items[b].key.data(), 32);
+    if (c != 0) return c < 0;
+    return source_names[items[a].source] < source_names[items[b].source];
+  });
+
+  // ---- mix: per-source weights -> the pool of conversations each epoch sees (copies allowed)
+  std::vector<std::string> sorted_sources = source_names;
+  std::sort(sorted_sources.begin(), sorted_sources.end());
+  std::map<std::string, double> weight;
+  double default_w = 1.0;
+  for (const auto& [name, w] : mix) {
+    if (name == "*") {
+      default_w = w;
+      continue;
+    }
+    if (!source_ids.count(name)) {
+      std::string avail;
+      for (const auto& s : sorted_sources) avail += " " + s;
+      fail("--mix: unknown source '", name, "'; sources in the selection:", avail);
+    }
+    weight[name] = w;
+  }
+  std::vector<int64_t> pool;
+  nlohmann::json mix_json = nlohmann::json::object();
+  for (size_t si = 0; si < sorted_sources.size(); ++si) {
+    const std::string& name = sorted_sources[si];
+    int32_t sid = source_ids[name];
+    std::vector<int64_t> L;
+    for (int64_t c : canon) {
+      if (items[c].source == sid) L.push_back(c);
+    }
+    double w = weight.count(name) ? weight[name] : default_w;
+    auto whole = static_cast<int64_t>(std::floor(w));
+    double frac = w - static_cast<double>(whole);
+    for (int64_t k = 0; k < whole; ++k) pool.insert(pool.end(), L.begin(), L.end());
+    auto m = static_cast<int64_t>(std::llround(frac * static_cast<double>(L.size())));
+    if (m > 0) {
+      auto perm = seeded_permutation(static_cast<int64_t>(L.size()), opts.seed, mix_subset_stream(si));
+      std::vector<int64_t> pick(perm.begin(), perm.begin() + m);
+      std::sort(pick.begin(), pick.end());
+      for (int64_t p : pick) pool.push_back(L[p]);
+    }
+    mix_json[name] = {
+        {"weight", w}, {"kept", L.size()}, {"per_epoch", whole * static_cast<int64_t>(L.size()) + m}};
+  }
+  OLMO_CHECK(!pool.empty(), "--mix ", opts.mix, ": every source has weight 0; nothing to train on");
+  {
+    // Pool in canonical order (copies adjacent) so it is independent of how sources were listed.
+    std::vector<int64_t> rank(items.size());
+    for (size_t r = 0; r < canon.size(); ++r) rank[canon[r]] = static_cast<int64_t>(r);
+    std::stable_sort(pool.begin(), pool.end(), [&](int64_t a, int64_t b) { return rank[a] < rank[b]; });
+  }
+  std::vector<int32_t> pool_len(pool.size());
+  int64_t pool_tokens = 0, pool_trained = 0, pool_targets = 0;
+  for (size_t k = 0; k < pool.size(); ++k) {
+    pool_len[k] = items[pool[k]].length;
+    pool_tokens += pool_len[k];
+    pool_trained += items[pool[k]].trained;
+    pool_targets += items[pool[k]].targets;
+  }
+  const int64_t bfd_rows = static_cast<int64_t>(pack_best_fit_decreasing(pool_len, N).size());
+
+  // ---- temp dir next to the output; published by rename when complete
+  fs::path out = fs::absolute(opts.out_dir).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();  // "dir/" -> "dir"
+  fs::create_directories(out.parent_path());
+  std::string tmpl = (out.parent_path() / ("." + out.filename().string() + ".building-XXXXXX")).string();
+  std::vector<char> tb(tmpl.begin(), tmpl.end());
+  tb.push_back('\0');
+  OLMO_CHECK(::mkdtemp(tb.data()) != nullptr, "cannot create a temporary directory next to ", out.string(),
+             ": ", std::strerror(errno));
+  TempDirGuard guard{tb.data()};
+  const std::string tmp = guard.path;
+  ::chmod(tmp.c_str(), 0755);  // mkdtemp creates 0700
+
+  // ---- per epoch: shuffle conversations, pack, shuffle rows, write
+  nlohmann::json epoch_files = nlohmann::json::array();
+  const int64_t rb = row_record_bytes(N);
+  const int32_t pad = enc.pad_id();
+  int64_t total_rows_written = 0;
+  for (int e = 0; e < opts.epochs; ++e) {
+    auto perm =
+        seeded_permutation(static_cast<int64_t>(pool.size()), opts.seed, conversation_shuffle_stream(e));
+    std::vector<int64_t> stream(pool.size());
+    std::vector<int32_t> lens(pool.size());
+    for (size_t k = 0; k < pool.size(); ++k) {
+      stream[k] = pool[perm[k]];
+      lens[k] = items[stream[k]].length;
+    }
+    Bins bins = opts.packing == "first-fit" ? pack_first_fit(lens, N) : pack_best_fit_decreasing(lens, N);
+    const auto nrows = static_cast<int64_t>(bins.size());
+    auto row_perm = seeded_permutation(nrows, opts.seed, row_shuffle_stream(e));
+    std::string fname = epoch_file_name(e);
+    RowFileWriter w(tmp + "/" + fname, e, N, nrows);
+    Progress wp(log, "write-epoch-" + std::to_string(e), nrows, "rows");
+    const int64_t chunk = std::max<int64_t>(1, (64 << 20) / rb);
+    std::vector<uint8_t> buf(static_cast<size_t>(std::min(chunk, std::max<int64_t>(nrows, 1)) * rb));
+    std::vector<uint64_t> sums(static_cast<size_t>(std::min(chunk, std::max<int64_t>(nrows, 1))));
+    int64_t max_segments = 0;
+    for (int64_t r0 = 0; r0 < nrows; r0 += chunk) {
+      const int64_t cnt = std::min(chunk, nrows - r0);
+      std::string err;
+#pragma omp parallel for schedule(dynamic, 1) reduction(max : max_segments)
+      for (int64_t r = 0; r < cnt; ++r) {
+        const auto& bin = bins[row_perm[r0 + r]];
+        std::vector<RowSegment> segs;
+        segs.reserve(bin.size());
+        for (int64_t k : bin) {
+          const Item& it = items[stream[k]];
+          segs.push_back({tokens.data() + it.offset, trained.data() + it.offset, it.length});
+        }
+        max_segments = std::max<int64_t>(max_segments, static_cast<int64_t>(segs.size()));
+        try {
+          sums[r] = fill_record(buf.data() + r * rb, N, segs, pad);
+        } catch (const std::exception& ex) {
+#pragma omp critical
+          err = ex.what();
+        }
+      }
+      OLMO_CHECK(err.empty(), err);
+      w.add_rows(buf.data(), sums.data(), cnt);
+      wp.update(r0 + cnt);
+    }
+    std::string sum = w.finish();
+    wp.update(nrows, true);
+    total_rows_written += nrows;
+    epoch_files.push_back({{"file", fname},
+                           {"epoch", e},
+                           {"rows", nrows},
+                           {"record_bytes", rb},
+                           {"file_bytes", kRowsHeaderBytes + nrows * (rb + 8)},
+                           {"checksums_sha256", sum},
+                           {"conversations", pool.size()},
+                           {"tokens", pool_tokens},
+                           {"trained_tokens", pool_trained},
+                           {"target_tokens", pool_targets},
+                           {"max_conversations_per_row", max_segments},
+                           {"padding_fraction", round6(padding_fraction(pool_len, nrows, N))}});
+  }
+
+  // ---- statistics
+  std::map<int, int64_t> hist;  // bucket b: lengths in [2^b, 2^(b+1))
+  for (const Item& it : items) hist[std::bit_width(static_cast<uint32_t>(it.length)) - 1]++;
+  nlohmann::json hist_json = nlohmann::json::array();
+  for (auto [b, c] : hist) {
+    hist_json.push_back({{"min", int64_t{1} << b}, {"max", (int64_t{1} << (b + 1)) - 1}, {"count", c}});
+  }
+  nlohmann::json sources_json = nlohmann::json::object();
+  for (const auto& name : sorted_sources) {
+    const SourceStats& s = sstats[source_ids[name]];
+    sources_json[name] = {
+        {"read", s.read},
+        {"kept", s.kept},
+        {"dropped", s.dropped},
+        {"truncated", s.truncated},
+        {"tokens", s.tokens},
+        {"trained_tokens", s.trained},
+        {"trained_fraction", round6(s.tokens ? static_cast<double>(s.trained) / s.tokens : 0.0)}};
+  }
+  nlohmann::json dropped_json = nlohmann::json::object();
+  for (int s = 1; s < static_cast<int>(Skip::kCount); ++s)
+    dropped_json[skip_name(static_cast<Skip>(s))] = dropped[s];
+  nlohmann::json examples_json = nlohmann::json::object();
+  for (const auto& [reason, ex] : examples) {
+    for (const auto& [id, why] : ex) examples_json[reason].push_back({{"id", id}, {"error", why}});
+  }
+  nlohmann::json inputs_json = nlohmann::json::array();
+  for (const auto& f : files) {
+    inputs_json.push_back({{"path", f.path}, {"kind", f.kind}, {"size", f.size}, {"sha256", f.sha256}});
+  }
+  int64_t kept_tokens = 0;
+  for (const Item& it : items) kept_tokens += it.length;
+
+  nlohmann::json m;
+  m["format"] = "olmosft-packed-sft";
+  m["format_version"] = kManifestFormatVersion;
+  m["row_format_version"] = kRowsFormatVersion;
+  m["created_by"] = "olmosft data build (DuckDB " + duckdb::library_version() + ")";
+  m["inputs"] = inputs_json;
+  m["dataset_revision"] = opts.revision;
+  m["tokenizer"] = {{"spec", opts.tokenizer_spec},
+                    {"tokenizer_sha256", enc.tokenizer_hash()},
+                    {"template_sha256", enc.template_hash()},
+                    {"vocab_size", vocab},
+                    {"eos_id", enc.eos_id()},
+                    {"pad_id", pad}};
+  m["selection"] = {{"sql", opts.sql},
+                    {"source_expression", reader.source_expression()},
+                    {"mix", opts.mix},
+                    {"mix_per_source", mix_json}};
+  m["seed"] = opts.seed;
+  m["seq_len"] = N;
+  m["epochs"] = opts.epochs;
+  m["long_conversations"] = opts.long_policy;
+  m["packing"] = {{"algorithm", opts.packing},
+                  {"row_order", "seeded permutation of packed rows (stream 2*epoch+1)"},
+                  {"best_fit_decreasing_rows", bfd_rows},
+                  {"best_fit_decreasing_padding_fraction", round6(padding_fraction(pool_len, bfd_rows, N))}};
+  m["counts"] = {{"conversations_read", read},
+                 {"conversations_kept", static_cast<int64_t>(items.size())},
+                 {"conversations_dropped", dropped_total},
+                 {"dropped", dropped_json},
+                 {"truncated", truncated},
+                 {"conversations_per_epoch", pool.size()},
+                 {"rows", total_rows_written},
+                 {"kept_tokens", kept_tokens},
+                 {"trained_tokens_per_epoch", pool_trained},
+                 {"padding_fraction", epoch_files[0]["padding_fraction"]}};
+  m["skipped_examples"] = examples_json;
+  m["epoch_files"] = epoch_files;
+  m["stats"] = {{"length_histogram", hist_json}, {"sources", sources_json}};
+
+  write_file_atomic(tmp + "/manifest.json", m.dump(2) + "\n");
+  // Publish: rename the complete temp dir onto the output path (an existing empty directory is replaced).
+  check_out_dir(opts.out_dir);
+  if (::rename(tmp.c_str(), out.c_str()) != 0) {
+    fail("cannot move the finished dataset from ", tmp, " to ", out.string(), ": ", std::strerror(errno));
+  }
+  guard.path.clear();
+  {
+    int fd = ::open(out.parent_path().c_str(), O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+      ::fsync(fd);
+      ::close(fd);
+    }
+  }
+  if (log) {
+    double el = std::chrono::duration<double>(Clock::now() - t0).count();
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "stage=done conversations=%lld kept=%lld rows=%lld elapsed=%.1fs",
+                  static_cast<long long>(read), static_cast<long long>(items.size()),
+                  static_cast<long long>(total_rows_written), el);
+    *log << "progress data-build " << buf << "\n" << std::flush;
+  }
+  return m;
+}
+
+}  // namespace olmosft

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# `olmosft data build` / `data inspect` from the command line, on the fixtures in tests/golden/data.
+set -u
+bin=$1
+dir=$2
+G="$(cd "$(dirname "$0")/../golden/data" && pwd)"
+rm -rf "$dir" && mkdir -p "$dir"
+pass=0
+fails=0
+check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+
+"$bin" data build --input "$G/convs.hyparquet.v2.snappy.parquet" --tokenizer builtin:bytes --seq-len 512 --seed 7 \
+  --epochs 2 --revision test-rev --out "$dir/a" >"$dir/a.out" 2>"$dir/a.err"; rc=$?
+check "build exits 0" "[ $rc -eq 0 ]"
+check "build summary names rows" "grep -q 'rows of 512 tokens x 2 epoch' '$dir/a.out'"
+check "progress lines are greppable" "grep -q '^progress data-build stage=encode conversations=' '$dir/a.err' && grep -q '^progress data-build stage=done' '$dir/a.err'"
+check "manifest records the revision" "grep -q '\"dataset_revision\": \"test-rev\"' '$dir/a/manifest.json'"
+"$bin" data build --input "$G/convs.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --epochs 2 --quiet \
+  --out "$dir/b/" >/dev/null 2>"$dir/b.err"; rc=$?
+check "jsonl build (--out with a trailing slash) exits 0, --quiet prints nothing" "[ $rc -eq 0 ] && [ ! -s '$dir/b.err' ] && [ -f '$dir/b/manifest.json' ] && [ -z \"\$(ls -A '$dir' | grep building)\" ]"
+check "jsonl and parquet rows identical" "cmp -s '$dir/a/epoch-00000.rows' '$dir/b/epoch-00000.rows' && cmp -s '$dir/a/epoch-00001.rows' '$dir/b/epoch-00001.rows'"
+out=$("$bin" data inspect "$dir/a" --verify); rc=$?
+check "inspect stats" "[ $rc -eq 0 ] && grep -q 'all rows of 2 epoch' <<<\"\$out\" && grep -q 'src_math' <<<\"\$out\" && grep -q 'length histogram' <<<\"\$out\""
+out=$("$bin" data inspect "$dir/a" --row 0 --epoch 1 --tokenizer builtin:bytes); rc=$?
+check "inspect row decodes with trained spans" "[ $rc -eq 0 ] && grep -q '<|im_start|>assistant' <<<\"\$out\" && grep -q '\[\[' <<<\"\$out\""
+out=$("$bin" data inspect "$dir/a" --row 0); rc=$?
+check "inspect row without tokenizer shows ids" "[ $rc -eq 0 ] && grep -q '^256 ' <<<\"\$out\""
+err=$("$bin" data inspect "$dir/a" --row 99999 2>&1); rc=$?
+check "inspect bad row exits 2" "[ $rc -eq 2 ] && grep -q 'out of range' <<<\"\$err\""
+err=$("$bin" data build --input "$G/convs.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --out "$dir/a" 2>&1); rc=$?
+check "non-empty --out refused" "[ $rc -eq 2 ] && grep -q 'not empty' <<<\"\$err\""
+err=$("$bin" data build --input "$G/bad-no-messages.parquet" --tokenizer builtin:bytes --seq-len 512 --seed 7 --out "$dir/c" 2>&1); rc=$?
+check "missing messages column: exit 2, no output" "[ $rc -eq 2 ] && grep -q \"no 'messages' column\" <<<\"\$err\" && [ ! -e '$dir/c' ]"
+err=$("$bin" data build --input "$G/convs.jsonl" --tokenizer /nonexistent/tok --seq-len 512 --seed 7 --out "$dir/d" 2>&1); rc=$?
+check "unloadable tokenizer: exit 2" "[ $rc -eq 2 ] && [ ! -e '$dir/d' ]"
+err=$("$bin" data build --input "$G/convs.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --long chop --out "$dir/e" 2>&1); rc=$?
+check "bad --long: exit 2" "[ $rc -eq 2 ]"
+"$bin" data build --input "$G/convs.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --quiet \
+  --sql "SELECT * FROM input WHERE source_dataset <> 'src_chat'" --mix 'src_math=0.5' --out "$dir/f" >/dev/null 2>&1; rc=$?
+check "--sql and --mix" "[ $rc -eq 0 ] && grep -q '\"conversations_per_epoch\": 20' '$dir/f/manifest.json'"
+echo "$pass passed, $fails failed"
+[ $fails -eq 0 ]
