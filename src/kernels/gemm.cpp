@@ -194,4 +194,22 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, Tensor&
                             dW.defined() ? dW.data<double>() : nullptr, d.N, d.in, d.out, accumulate_dx);
 }
 
+std::string blas_description() {
+  std::string cfg = openblas_get_config(), core = openblas_get_corename();
+  while (!cfg.empty() && cfg.back() == ' ') cfg.pop_back();
+  return cfg + " core=" + core;
+}
+
+std::string blas_core_hint() {
+  const std::string core = openblas_get_corename();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (avx512 && (core == "Haswell" || core == "Zen" || core == "Sandybridge"))
+    return "CPU has AVX-512 but OpenBLAS uses its " + core +
+           " (AVX2) kernels; OPENBLAS_CORETYPE=SkylakeX in the environment selects the AVX-512 ones (about "
+           "1.9x "
+           "sgemm on Zen 5, bench/RESULTS.md)";
+  return "";
+}
+
 }  // namespace olmosft

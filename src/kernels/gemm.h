@@ -6,6 +6,7 @@
 // instantiated for float and double so that gradient checks run in float64 through the same code.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "core/tensor.h"
 
@@ -47,5 +48,11 @@ void linear_forward(const Tensor& x, const Tensor& W, Tensor& y);
 // dx may be an undefined Tensor to skip it; dW is accumulated.
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, Tensor& dx, Tensor& dW,
                      bool accumulate_dx = false);
+
+// The BLAS in use, e.g. "OpenBLAS 0.3.21 ... core=Haswell", plus a hint when the CPU has AVX-512 but
+// OpenBLAS picked an AVX2 core (OpenBLAS 0.3.21 does not know AMD family 26; OPENBLAS_CORETYPE=SkylakeX
+// set before the process starts selects its AVX-512 kernels, see bench/RESULTS.md). Empty hint otherwise.
+std::string blas_description();
+std::string blas_core_hint();
 
 }  // namespace olmosft

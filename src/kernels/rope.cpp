@@ -210,6 +210,36 @@ void rope_backward(T* dx, const T* cos, const T* sin, int64_t ntok, int64_t H, i
   rope_apply<T, true>(dx, cos, sin, ntok, H, D, ld_tok);
 }
 
+namespace {
+template <typename T, bool Backward>
+void rope_tensor(Tensor& x, const RopeTable<T>& t, const char* who) {
+  OLMO_CHECK(x.defined() && x.dtype() == dtype_of<T>(), who, ": x must be ", dtype_name(dtype_of<T>()),
+             ", got ", x.defined() ? dtype_name(x.dtype()) : "undefined");
+  OLMO_CHECK(x.ndim() == 3, who, ": x must be [tokens, heads, head_dim], got ", shape_str(x.shape()));
+  const int64_t n = x.size(0), H = x.size(1), D = x.size(2);
+  OLMO_CHECK(x.strides()[2] == 1 && (H == 1 || x.strides()[1] == D), who,
+             ": heads and head_dim must be contiguous within a token (strides ", shape_str(x.strides()), ")");
+  OLMO_CHECK(D == 2 * t.half, who, ": head_dim ", D, " does not match the table's ", 2 * t.half);
+  OLMO_CHECK(n == t.ntok, who, ": ", n, " tokens but the table was built for ", t.ntok);
+  const int64_t ld = n > 1 ? x.strides()[0] : H * D;
+  OLMO_CHECK(ld >= H * D, who, ": token stride ", ld, " < heads*head_dim ", H * D);
+  T* p = x.data<T>();
+  if constexpr (Backward)
+    rope_backward<T>(p, t.cos.data(), t.sin.data(), n, H, D, ld);
+  else
+    rope_forward<T>(p, t.cos.data(), t.sin.data(), n, H, D, ld);
+}
+}  // namespace
+
+void rope_forward(Tensor& x, const RopeTable<float>& t) { rope_tensor<float, false>(x, t, "rope_forward"); }
+void rope_backward(Tensor& dx, const RopeTable<float>& t) {
+  rope_tensor<float, true>(dx, t, "rope_backward");
+}
+void rope_forward(Tensor& x, const RopeTable<double>& t) { rope_tensor<double, false>(x, t, "rope_forward"); }
+void rope_backward(Tensor& dx, const RopeTable<double>& t) {
+  rope_tensor<double, true>(dx, t, "rope_backward");
+}
+
 template void rope_tables<float>(const RopeFreqs&, const int32_t*, int64_t, float*, float*);
 template void rope_tables<double>(const RopeFreqs&, const int32_t*, int64_t, double*, double*);
 template void rope_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t);

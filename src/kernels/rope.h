@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace olmosft {
 
 struct RopeConfig {
@@ -63,5 +65,26 @@ void rope_forward(T* x, const T* cos, const T* sin, int64_t ntok, int64_t H, int
 // In-place backward: dx (given dy in the same buffer) = R^T dy.
 template <typename T>
 void rope_backward(T* dx, const T* cos, const T* sin, int64_t ntok, int64_t H, int64_t D, int64_t ld_tok);
+
+// cos/sin tables for one batch and one layer type, built once and shared by q and k, forward and backward.
+template <typename T>
+struct RopeTable {
+  int64_t ntok = 0, half = 0;
+  std::vector<T> cos, sin;  // [ntok, half]
+  void build(const RopeFreqs& f, const int32_t* positions, int64_t n) {
+    ntok = n;
+    half = int64_t(f.inv_freq.size());
+    cos.resize(size_t(n * half));
+    sin.resize(size_t(n * half));
+    rope_tables<T>(f, positions, n, cos.data(), sin.data());
+  }
+};
+
+// Tensor overloads: x is F32 (or F64) [ntok, H, D] with unit stride in the last two dims and any token
+// stride (a slice of a fused QKV buffer works); D must equal 2 * table.half and ntok table.ntok.
+void rope_forward(Tensor& x, const RopeTable<float>& table);
+void rope_backward(Tensor& dx, const RopeTable<float>& table);
+void rope_forward(Tensor& x, const RopeTable<double>& table);
+void rope_backward(Tensor& dx, const RopeTable<double>& table);
 
 }  // namespace olmosft

@@ -10,6 +10,7 @@
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "kernels/gemm.h"
 #include "kernels/gradcheck.h"
 
 namespace olmosft {
@@ -64,6 +65,8 @@ bool kernel_selfcheck(std::ostream& out) {
         << std::defaultfloat << ") " << k.detail << "\n";
     all = all && k.ok();
   }
+  out << "SELFCHECK INFO BLAS: " << blas_description() << "\n";
+  if (const std::string hint = blas_core_hint(); !hint.empty()) out << "SELFCHECK INFO " << hint << "\n";
   out << "SELFCHECK " << (all ? "all passed" : "FAILED") << "\n";
   return all;
 }

@@ -207,3 +207,31 @@ TEST(KernelsRope, ConfigParsingAndValidation) {
   std::vector<float> c(16), s(16);
   EXPECT_THROW(rope_tables<float>(rope_frequencies(d), neg.data(), 2, c.data(), s.data()), Error);
 }
+
+TEST(KernelsRope, TensorOverloadOnFusedQkvSlice) {
+  // A fused QKV buffer [T, Hq + 2 Hkv, D]; rotate the q and k head slices in place via the Tensor
+  // overload and compare with the raw-pointer calls on a copy (v must stay untouched).
+  RopeFreqs f = rope_frequencies(olmo3_7b_yarn());
+  const int64_t T = 4, Hq = 2, Hkv = 1, D = 128, H3 = Hq + 2 * Hkv;
+  const std::vector<int32_t> pos = {0, 1, 2, 0};
+  RopeTable<float> tab;
+  tab.build(f, pos.data(), T);
+  Tensor qkv = Tensor::from(kt::randn<float>(static_cast<size_t>(T * H3 * D), 3), {T, H3, D});
+  std::vector<float> ref(qkv.data<float>(), qkv.data<float>() + T * H3 * D);
+  Tensor q = qkv.slice(1, 0, Hq), k = qkv.slice(1, Hq, Hq + Hkv);
+  rope_forward(q, tab);
+  rope_forward(k, tab);
+  rope_forward<float>(ref.data(), tab.cos.data(), tab.sin.data(), T, Hq + Hkv, D, H3 * D);
+  std::vector<float> got(qkv.data<float>(), qkv.data<float>() + T * H3 * D);
+  EXPECT_EQ(kt::max_abs(got, ref), 0.0);
+  rope_backward(q, tab);
+  rope_backward<float>(ref.data(), tab.cos.data(), tab.sin.data(), T, Hq, D, H3 * D);
+  got.assign(qkv.data<float>(), qkv.data<float>() + T * H3 * D);
+  EXPECT_EQ(kt::max_abs(got, ref), 0.0);
+  Tensor wrong = Tensor::zeros({T, Hq, 64});
+  EXPECT_THROW(rope_forward(wrong, tab), Error);  // head_dim mismatch
+  Tensor wrong_t = Tensor::zeros({T + 1, Hq, D});
+  EXPECT_THROW(rope_forward(wrong_t, tab), Error);  // token count mismatch
+  Tensor td = Tensor::zeros({T, Hq, D}, DType::F64);
+  EXPECT_THROW(rope_forward(td, tab), Error);  // dtype mismatch
+}
