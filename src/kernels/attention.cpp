@@ -377,11 +377,12 @@ void build_mask_meta(const AttentionConfig& c, const int32_t* seg, const Shared&
   }
 }
 
-// RAII: while many OpenMP threads each call BLAS on small tiles, OpenBLAS must not fan out itself.
+// RAII: the tile products are small (<= G*64 x 64 x max(D, Dv)); OpenBLAS must not fan them out to its own
+// threads, whether or not our OpenMP threads are also running.
 struct BlasSingleThread {
   int saved;
   bool active;
-  explicit BlasSingleThread(int nt) : saved(openblas_get_num_threads()), active(nt > 1 && saved != 1) {
+  BlasSingleThread() : saved(openblas_get_num_threads()), active(saved != 1) {
     if (active) openblas_set_num_threads(1);
   }
   ~BlasSingleThread() {
@@ -476,7 +477,7 @@ void attention_forward(const AttentionConfig& c, const T* q, const T* k, const T
   const int64_t nitems = c.batch * Hkv * nqb;
   const T scale = static_cast<T>(c.scale);
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  BlasSingleThread blas_guard(nt);
+  BlasSingleThread blas_guard;
 
 #pragma omp parallel num_threads(nt)
   {
@@ -594,7 +595,7 @@ void attention_backward(const AttentionConfig& c, const T* q, const T* k, const 
 
   const T scale = static_cast<T>(c.scale);
   const int64_t ntok = c.batch * T_;
-  BlasSingleThread blas_guard(nt);
+  BlasSingleThread blas_guard;
 
 #pragma omp parallel num_threads(nt)
   {
