@@ -135,8 +135,10 @@ void blas_gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double
 // N, so a transposed B is first packed into `pack` ([K, N]).
 #if defined(__AVX512F__)
 constexpr int kVecBytes = 64;
-#else
+#elif defined(__AVX__)
 constexpr int kVecBytes = 32;
+#else
+constexpr int kVecBytes = 16;  // SSE2 baseline (OLMOSFT_NATIVE=OFF builds)
 #endif
 template <typename T>
 struct VecOf {
