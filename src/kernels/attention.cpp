@@ -519,6 +519,7 @@ void attention_forward(const AttentionConfig& c, const T* q, const T* k, const T
         for (int64_t ii = 0; ii < R; ++ii) {
           const T* src = q + ((b * T_ + m0 + ii) * H + j * G + g) * D;
           T* dst = w.qs + (g * R + ii) * D;
+#pragma omp simd
           for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * scale;
         }
       std::fill_n(w.m, GR, neg_inf);
@@ -659,6 +660,7 @@ void attention_backward(const AttentionConfig& c, const T* q, const T* k, const 
               const int64_t t = b * T_ + m0 + ii, r = g * R + ii;
               const T* qsrc = q + (t * H + h) * D;
               T* qdst = w.qs + r * D;
+#pragma omp simd
               for (int64_t d = 0; d < D; ++d) qdst[d] = qsrc[d] * scale;
               T* ddst = w.dout + r * Dv;
               if (lo[m0 + ii] < 0) {
