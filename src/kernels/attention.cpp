@@ -135,8 +135,10 @@ void blas_gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double
 // N, so a transposed B is first packed into `pack` ([K, N]).
 #if defined(__AVX512F__)
 constexpr int kVecBytes = 64;
-#else
+#elif defined(__AVX__)
 constexpr int kVecBytes = 32;
+#else
+constexpr int kVecBytes = 16;  // SSE2 baseline (OLMOSFT_NATIVE=OFF builds)
 #endif
 template <typename T>
 struct VecOf {
@@ -377,11 +379,12 @@ void build_mask_meta(const AttentionConfig& c, const int32_t* seg, const Shared&
   }
 }
 
-// RAII: while many OpenMP threads each call BLAS on small tiles, OpenBLAS must not fan out itself.
+// RAII: the tile products are small (<= G*64 x 64 x max(D, Dv)); OpenBLAS must not fan them out to its own
+// threads, whether or not our OpenMP threads are also running.
 struct BlasSingleThread {
   int saved;
   bool active;
-  explicit BlasSingleThread(int nt) : saved(openblas_get_num_threads()), active(nt > 1 && saved != 1) {
+  BlasSingleThread() : saved(openblas_get_num_threads()), active(saved != 1) {
     if (active) openblas_set_num_threads(1);
   }
   ~BlasSingleThread() {
@@ -476,7 +479,7 @@ void attention_forward(const AttentionConfig& c, const T* q, const T* k, const T
   const int64_t nitems = c.batch * Hkv * nqb;
   const T scale = static_cast<T>(c.scale);
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  BlasSingleThread blas_guard(nt);
+  BlasSingleThread blas_guard;
 
 #pragma omp parallel num_threads(nt)
   {
@@ -516,6 +519,7 @@ void attention_forward(const AttentionConfig& c, const T* q, const T* k, const T
         for (int64_t ii = 0; ii < R; ++ii) {
           const T* src = q + ((b * T_ + m0 + ii) * H + j * G + g) * D;
           T* dst = w.qs + (g * R + ii) * D;
+#pragma omp simd
           for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * scale;
         }
       std::fill_n(w.m, GR, neg_inf);
@@ -594,7 +598,7 @@ void attention_backward(const AttentionConfig& c, const T* q, const T* k, const 
 
   const T scale = static_cast<T>(c.scale);
   const int64_t ntok = c.batch * T_;
-  BlasSingleThread blas_guard(nt);
+  BlasSingleThread blas_guard;
 
 #pragma omp parallel num_threads(nt)
   {
@@ -656,6 +660,7 @@ void attention_backward(const AttentionConfig& c, const T* q, const T* k, const 
               const int64_t t = b * T_ + m0 + ii, r = g * R + ii;
               const T* qsrc = q + (t * H + h) * D;
               T* qdst = w.qs + r * D;
+#pragma omp simd
               for (int64_t d = 0; d < D; ++d) qdst[d] = qsrc[d] * scale;
               T* ddst = w.dout + r * Dv;
               if (lo[m0 + ii] < 0) {

@@ -116,8 +116,9 @@ struct BackendGuard {
 }  // namespace
 
 // (a) float32 and float64 kernels vs the naive float64 reference. Tolerance (norm-wise relative, see
-// rel_err): float32 2e-5 (the fp32 kernel measures <= ~2e-6 here: rounding of D-term dot products and
-// of the fast exp, ~2e-7 relative); float64 1e-12.
+// rel_err): float32 5e-5. Measured: <= 4.2e-6 (scale-4 logits); 1.3e-5 where the true dq/dk are exactly 0
+// (rows seeing one key: dS = P (dP - D_i) cancels, leaving ~1e-6 absolute fp32 rounding). A wrong mask or
+// formula gives errors of order 1e-1. float64: 1e-12 (measured <= 3e-15).
 class AttnVsNaive : public ::testing::TestWithParam<std::tuple<size_t, AttentionTileBackend, int>> {};
 
 TEST_P(AttnVsNaive, MatchesReference) {
@@ -130,11 +131,11 @@ TEST_P(AttnVsNaive, MatchesReference) {
   {
     const Grads<float> g = run_kernel<float>(c, cast<float>(d.q), cast<float>(d.k), cast<float>(d.v), d.seg,
                                              cast<float>(d.dout));
-    EXPECT_LT(rel_err(g.o, ref.o), 2e-5) << k.name << " o";
-    EXPECT_LT(rel_err(g.lse, ref.lse), 2e-5) << k.name << " lse";
-    EXPECT_LT(rel_err(g.dq, ref.dq), 2e-5) << k.name << " dq";
-    EXPECT_LT(rel_err(g.dk, ref.dk), 2e-5) << k.name << " dk";
-    EXPECT_LT(rel_err(g.dv, ref.dv), 2e-5) << k.name << " dv";
+    EXPECT_LT(rel_err(g.o, ref.o), 5e-5) << k.name << " o";
+    EXPECT_LT(rel_err(g.lse, ref.lse), 5e-5) << k.name << " lse";
+    EXPECT_LT(rel_err(g.dq, ref.dq), 5e-5) << k.name << " dq";
+    EXPECT_LT(rel_err(g.dk, ref.dk), 5e-5) << k.name << " dk";
+    EXPECT_LT(rel_err(g.dv, ref.dv), 5e-5) << k.name << " dv";
   }
   {
     const Grads<double> g = run_kernel<double>(c, d.q, d.k, d.v, d.seg, d.dout);
@@ -157,6 +158,25 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttnVsNaive,
                                                                                           : "_loops") +
                                   "_t" + std::to_string(std::get<2>(info.param));
                          });
+
+// Many blocks (T = 1100, 18 query blocks): window skipping and document starts far from block edges,
+// with documents longer than the window and shorter than a block.
+TEST(AttnVsNaive, LongRowManyBlocks) {
+  const Case k{"long", 4, 2, 16, 16, 300, 0, {{400, 3, 250, -40, 1, 380, 26}}};
+  for (auto backend : {AttentionTileBackend::kBlas, AttentionTileBackend::kLoops}) {
+    BackendGuard guard(backend);
+    const AttentionConfig c = config_of(k, 2);
+    const Data d = make_data(c, seg_of(k), 30);
+    const Grads<double> ref = naive(c, d.q, d.k, d.v, d.seg, d.dout);
+    const Grads<float> g = run_kernel<float>(c, cast<float>(d.q), cast<float>(d.k), cast<float>(d.v), d.seg,
+                                             cast<float>(d.dout));
+    EXPECT_LT(rel_err(g.o, ref.o), 5e-5);
+    EXPECT_LT(rel_err(g.lse, ref.lse), 5e-5);
+    EXPECT_LT(rel_err(g.dq, ref.dq), 5e-5);
+    EXPECT_LT(rel_err(g.dk, ref.dk), 5e-5);
+    EXPECT_LT(rel_err(g.dv, ref.dv), 5e-5);
+  }
+}
 
 TEST(AttnVsNaive, PaddingRowsAreExactlyZero) {
   const Case k{"pad", 4, 2, 8, 8, 0, 0, {{-3, 20, -50, 30, -2}}};
