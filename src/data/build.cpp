@@ -1,6 +1,7 @@
 #include "data/build.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -105,6 +107,67 @@ struct TempDirGuard {
   }
 };
 
+// Encoded tokens and masks of kept conversations, appended to two files in the build's temp directory and
+// then memory-mapped for packing: the build's memory stays bounded by the OS page cache rather than the
+// dataset size.
+class TokenSpill {
+ public:
+  explicit TokenSpill(const std::string& dir)
+      : tok_path_(dir + "/tokens.spill"), mask_path_(dir + "/mask.spill") {
+    tok_ = std::fopen(tok_path_.c_str(), "wb");
+    mask_ = std::fopen(mask_path_.c_str(), "wb");
+    OLMO_CHECK(tok_ && mask_, "cannot create spill files in ", dir, ": ", std::strerror(errno));
+    std::setvbuf(tok_, nullptr, _IOFBF, 1 << 22);
+    std::setvbuf(mask_, nullptr, _IOFBF, 1 << 20);
+  }
+  ~TokenSpill() {
+    if (tok_) std::fclose(tok_);
+    if (mask_) std::fclose(mask_);
+    if (tok_map_ != MAP_FAILED) ::munmap(tok_map_, static_cast<size_t>(n_) * 4);
+    if (mask_map_ != MAP_FAILED) ::munmap(mask_map_, static_cast<size_t>(n_));
+  }
+  // Returns the offset (in tokens) of the appended conversation.
+  int64_t append(const std::vector<int32_t>& tok, const std::vector<uint8_t>& mask) {
+    int64_t off = n_;
+    std::vector<uint8_t> m(mask.size());
+    for (size_t k = 0; k < mask.size(); ++k) m[k] = mask[k] ? 1 : 0;
+    bool ok = std::fwrite(tok.data(), 4, tok.size(), tok_) == tok.size() &&
+              std::fwrite(m.data(), 1, m.size(), mask_) == m.size();
+    OLMO_CHECK(ok, "cannot write spill file ", tok_path_, ": ", std::strerror(errno), " (disk full?)");
+    n_ += static_cast<int64_t>(tok.size());
+    return off;
+  }
+  // Flushes, maps both files read-only and unlinks them (the mappings stay valid).
+  void seal() {
+    OLMO_CHECK(std::fclose(tok_) == 0 && std::fclose(mask_) == 0, "cannot write spill file ", tok_path_, ": ",
+               std::strerror(errno));
+    tok_ = mask_ = nullptr;
+    tok_map_ = map(tok_path_, static_cast<size_t>(n_) * 4);
+    mask_map_ = map(mask_path_, static_cast<size_t>(n_));
+    ::unlink(tok_path_.c_str());
+    ::unlink(mask_path_.c_str());
+  }
+  const int32_t* tokens() const { return static_cast<const int32_t*>(tok_map_); }
+  const uint8_t* mask() const { return static_cast<const uint8_t*>(mask_map_); }
+
+ private:
+  static void* map(const std::string& path, size_t bytes) {
+    if (bytes == 0) return MAP_FAILED;
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    OLMO_CHECK(fd >= 0, "cannot open spill file ", path, ": ", std::strerror(errno));
+    void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    OLMO_CHECK(p != MAP_FAILED, "cannot map spill file ", path, ": ", std::strerror(errno));
+    return p;
+  }
+  std::string tok_path_, mask_path_;
+  FILE* tok_ = nullptr;
+  FILE* mask_ = nullptr;
+  void* tok_map_ = MAP_FAILED;
+  void* mask_map_ = MAP_FAILED;
+  int64_t n_ = 0;
+};
+
 void check_out_dir(const std::string& out) {
   OLMO_CHECK(!out.empty(), "--out: an output directory is required");
   std::error_code ec;
@@ -164,6 +227,19 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
     hash_inputs(files);
     p.update(static_cast<int64_t>(files.size()), true);
   }
+  // ---- temp dir next to the output; published by rename when complete
+  fs::path out = fs::absolute(opts.out_dir).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();  // "dir/" -> "dir"
+  fs::create_directories(out.parent_path());
+  std::string tmpl = (out.parent_path() / ("." + out.filename().string() + ".building-XXXXXX")).string();
+  std::vector<char> tb(tmpl.begin(), tmpl.end());
+  tb.push_back('\0');
+  OLMO_CHECK(::mkdtemp(tb.data()) != nullptr, "cannot create a temporary directory next to ", out.string(),
+             ": ", std::strerror(errno));
+  TempDirGuard guard{tb.data()};
+  const std::string tmp = guard.path;
+  ::chmod(tmp.c_str(), 0755);  // mkdtemp creates 0700
+
   SourceOptions so;
   so.sql = opts.sql;
   so.source_column = opts.source_column;
@@ -171,8 +247,7 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
   const int64_t total_rows = reader.count_rows();
 
   // ---- read, validate, encode (parallel per batch; results appended in read order)
-  std::vector<int32_t> tokens;
-  std::vector<uint8_t> trained;
+  TokenSpill spill(tmp);
   std::vector<Item> items;
   std::map<std::string, int32_t> source_ids;
   std::vector<std::string> source_names;
@@ -264,7 +339,7 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
         continue;
       }
       Item it2;
-      it2.offset = static_cast<int64_t>(tokens.size());
+      it2.offset = spill.append(r.ec.tokens, r.ec.trained);
       it2.length = static_cast<int32_t>(r.ec.tokens.size());
       it2.source = it->second;
       it2.truncated = r.truncated;
@@ -273,8 +348,6 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
         it2.trained += r.ec.trained[k] != 0;
         it2.targets += k > 0 && r.ec.trained[k] != 0;
       }
-      tokens.insert(tokens.end(), r.ec.tokens.begin(), r.ec.tokens.end());
-      for (uint8_t b : r.ec.trained) trained.push_back(b ? 1 : 0);
       truncated += r.truncated;
       ++ss.kept;
       ss.truncated += r.truncated;
@@ -286,6 +359,7 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
     if (!more) break;
   }
   prog.update(read, true);
+  spill.seal();
   int64_t dropped_total = std::accumulate(dropped.begin(), dropped.end(), int64_t{0});
   if (items.empty()) {
     std::string why;
@@ -369,19 +443,6 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
   }
   const int64_t bfd_rows = static_cast<int64_t>(pack_best_fit_decreasing(pool_len, N).size());
 
-  // ---- temp dir next to the output; published by rename when complete
-  fs::path out = fs::absolute(opts.out_dir).lexically_normal();
-  if (out.filename().empty()) out = out.parent_path();  // "dir/" -> "dir"
-  fs::create_directories(out.parent_path());
-  std::string tmpl = (out.parent_path() / ("." + out.filename().string() + ".building-XXXXXX")).string();
-  std::vector<char> tb(tmpl.begin(), tmpl.end());
-  tb.push_back('\0');
-  OLMO_CHECK(::mkdtemp(tb.data()) != nullptr, "cannot create a temporary directory next to ", out.string(),
-             ": ", std::strerror(errno));
-  TempDirGuard guard{tb.data()};
-  const std::string tmp = guard.path;
-  ::chmod(tmp.c_str(), 0755);  // mkdtemp creates 0700
-
   // ---- per epoch: shuffle conversations, pack, shuffle rows, write
   nlohmann::json epoch_files = nlohmann::json::array();
   const int64_t rb = row_record_bytes(N);
@@ -416,7 +477,7 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
         segs.reserve(bin.size());
         for (int64_t k : bin) {
           const Item& it = items[stream[k]];
-          segs.push_back({tokens.data() + it.offset, trained.data() + it.offset, it.length});
+          segs.push_back({spill.tokens() + it.offset, spill.mask() + it.offset, it.length});
         }
         max_segments = std::max<int64_t>(max_segments, static_cast<int64_t>(segs.size()));
         try {
