@@ -13,7 +13,8 @@ namespace olmosft {
 struct Message {
   std::string role;     // system, user, assistant, tool, environment, ...
   std::string content;  // may be empty
-  nlohmann::json extra = nlohmann::json::object();  // other fields of the message (functions, tool_calls, ...)
+  nlohmann::json extra =
+      nlohmann::json::object();  // other fields of the message (functions, tool_calls, ...)
 };
 
 struct Conversation {
