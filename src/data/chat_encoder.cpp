@@ -81,32 +81,23 @@ class HfChatEncoder : public ChatEncoder {
   }
 
   EncodedConversation encode(const Conversation& conv) const override {
-    SpanInputs in;
     for (size_t i = 0; i < conv.messages.size(); ++i) {
       if (conv.messages[i].role == "system" && i != 0)
         fail("message ", i, ": a system message after the first position is rejected (sft_pipeline.md 1.4)");
     }
-    in.full_text = tmpl_->render(vars(conv, conv.messages.size(), false)).text;
-    in.full_tokens = tok_.encode(in.full_text, true);
-    for (size_t i = 0; i < conv.messages.size(); ++i) {
-      const Message& m = conv.messages[i];
-      if (m.role != "assistant") continue;
-      SpanInputs::Turn t;
-      t.index = i;
-      if (i > 0) {
-        t.header = tmpl_->render(vars(conv, i, true)).text;
-        t.header_tokens = tok_.encode(t.header, true);
-      }
-      t.through = tmpl_->render(vars(conv, i + 1, false)).text;
-      t.through_tokens = tok_.encode(t.through, true);
-      t.content = m.content;
-      for (size_t k = i + 1; k < conv.messages.size(); ++k) t.later.push_back(conv.messages[k].content);
-      in.turns.push_back(std::move(t));
-    }
-    if (in.turns.empty()) fail("conversation has no assistant turn (nothing to train)");
     EncodedConversation out;
-    out.trained = derive_trained_mask(in, [&](const std::vector<int32_t>& ids) { return tok_.decode(ids); });
-    out.tokens = std::move(in.full_tokens);
+    out.tokens = tok_.encode(tmpl_->render(vars(conv, conv.messages.size(), false)).text, true);
+    std::vector<SpanTurn> turns;
+    for (size_t i = 0; i < conv.messages.size(); ++i) {
+      if (conv.messages[i].role != "assistant") continue;
+      SpanTurn t;
+      t.index = i;
+      if (i > 0) t.header_tokens = tok_.encode(tmpl_->render(vars(conv, i, true)).text, true);
+      t.through_tokens = tok_.encode(tmpl_->render(vars(conv, i + 1, false)).text, true);
+      turns.push_back(std::move(t));
+    }
+    if (turns.empty()) fail("conversation has no assistant turn (nothing to train)");
+    out.trained = derive_trained_mask(out.tokens, turns, [&](int32_t id) { return tok_.is_special(id); });
     return out;
   }
   std::string decode(const std::vector<int32_t>& ids) const override { return tok_.decode(ids); }

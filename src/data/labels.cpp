@@ -6,42 +6,36 @@
 
 namespace olmosft {
 
-std::vector<uint8_t> derive_trained_mask(
-    const SpanInputs& in, const std::function<std::string(const std::vector<int32_t>&)>& decode) {
-  const auto& full = in.full_tokens;
+namespace {
+size_t lcp(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = std::min(a.size(), b.size()), k = 0;
+  while (k < n && a[k] == b[k]) ++k;
+  return k;
+}
+}  // namespace
+
+std::vector<uint8_t> derive_trained_mask(const std::vector<int32_t>& full, const std::vector<SpanTurn>& turns,
+                                         const std::function<bool(int32_t)>& is_special) {
   std::vector<uint8_t> mask(full.size(), 0);
-  auto starts_with = [](const std::string& s, const std::string& p) {
-    return s.compare(0, p.size(), p) == 0;
-  };
-  bool prefix_stable = true;
-  for (auto& t : in.turns) {
-    if (!starts_with(in.full_text, t.through)) prefix_stable = false;
-    if (t.index > 0 && !starts_with(in.full_text, t.header)) prefix_stable = false;
-  }
-  for (auto& t : in.turns) {
-    size_t start = 0;
-    if (t.index > 0) {
-      if (prefix_stable) {
-        size_t n = std::min(full.size(), t.header_tokens.size());
-        while (start < n && full[start] == t.header_tokens[start]) ++start;
-      } else {
-        start = t.header_tokens.size();
-      }
+  for (const SpanTurn& t : turns) {
+    size_t start = t.index == 0 ? 0 : lcp(t.header_tokens, full);
+    const auto& th = t.through_tokens;
+    size_t end = lcp(th, full);
+    if (end < th.size()) {
+      bool closer_swap =
+          end + 1 == th.size() && end < full.size() && is_special(th[end]) && is_special(full[end]);
+      if (!closer_swap)
+        fail("message ", t.index, " (assistant): render(messages[:", t.index + 1,
+             "]) diverges from the full render at token ", end, " of ", th.size(),
+             " (not just in the turn closer); span cannot be derived");
+      ++end;
     }
-    size_t end = std::min(t.through_tokens.size(), full.size());
-    if (start >= end) continue;
-    if (!prefix_stable) {
-      std::string span = decode(std::vector<int32_t>(full.begin() + static_cast<ptrdiff_t>(start),
-                                                     full.begin() + static_cast<ptrdiff_t>(end)));
-      size_t ws = span.find_first_not_of(" \t\n\r\f\v");
-      std::string stripped = ws == std::string::npos ? "" : span.substr(ws);
-      bool ok = span.find(t.content) != std::string::npos && starts_with(stripped, t.content);
-      for (auto& later : t.later)
-        if (!later.empty() && span.find(later) != std::string::npos) ok = false;
-      if (!ok)
-        fail("message ", t.index, " (assistant): its token span [", start, ", ", end,
-             ") does not hold exactly its content (span derivation failed; row is skipped)");
-    }
+    if (end <= start)
+      fail("message ", t.index, " (assistant): empty token span [", start, ", ", end,
+           ") (its generation prompt is not a prefix of the full render); span cannot be derived");
+    if (!is_special(full[end - 1]))
+      fail("message ", t.index, " (assistant): its span does not end in a special closing token (id ",
+           full[end - 1], "); span cannot be derived");
     std::fill(mask.begin() + static_cast<ptrdiff_t>(start), mask.begin() + static_cast<ptrdiff_t>(end), 1);
   }
   return mask;

@@ -1,11 +1,14 @@
-// Loss labels from template spans (sft_pipeline.md 1.4, the MaxText "prefix" rule = open-instruct's
-// token-count rule): for each assistant message i,
-//   start = 0 if i == 0; else, if every header/through render is a literal prefix of the full render
-//           ("prefix-stable"), the first index where tok(full) and tok(render(conv[:i], gen=True)) differ;
-//           otherwise len(tok(render(conv[:i], gen=True)));
-//   end   = min(len(tok(render(conv[:i+1]))), len(tok(full))).
-// Non-prefix-stable spans are verified (decoded span contains the content, starts with it after lstrip,
-// contains no later message's content). Labels never come from token-id equality.
+// Loss labels from template spans, never from token-id equality. The rule ("token-LCP rule", docs/tok.md):
+// for each assistant message i, with H = tok(render(conv[:i], add_generation_prompt=True)) (empty for i ==
+// 0), T = tok(render(conv[:i+1])) and F = tok(full render):
+//   start = LCP(H, F)   (the generation prompt stays untrained; a token straddling its end is trained,
+//                        exactly MaxText's prefix-stable branch, sft_pipeline.md 1.4)
+//   end   = LCP(T, F), plus one when T and F differ only in that next token and both are special tokens
+//           (the turn closer: EOS when the turn is rendered last, <|im_end|> inside the full render).
+// Trained = [start, end) per assistant turn: content, function calls and the closer (<|im_end|> mid-
+// conversation, EOS at the end). A turn whose renders do not line up (end < start, the renders diverge
+// before the closer, the span does not end in a special token) is a span-derivation failure: the whole row
+// is rejected with an olmosft::Error (the data build counts and skips it, as open-instruct drops such rows).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -14,22 +17,15 @@
 
 namespace olmosft {
 
-struct SpanInputs {
-  std::vector<int32_t> full_tokens;
-  std::string full_text;
-  struct Turn {
-    size_t index;                 // message index
-    std::string header, through;  // render(conv[:i], gen=True) ("" for i == 0), render(conv[:i+1])
-    std::vector<int32_t> header_tokens, through_tokens;
-    std::string content;             // the assistant message's content
-    std::vector<std::string> later;  // contents of the messages after it
-  };
-  std::vector<Turn> turns;
+struct SpanTurn {
+  size_t index = 0;                     // message index of the assistant turn
+  std::vector<int32_t> header_tokens;   // tok(render(conv[:i], gen=True)); empty for i == 0
+  std::vector<int32_t> through_tokens;  // tok(render(conv[:i+1], gen=False))
 };
 
-// Returns the per-token trained mask; throws olmosft::Error naming the message when a span fails
-// verification. decode maps ids to text for the verification.
-std::vector<uint8_t> derive_trained_mask(
-    const SpanInputs& in, const std::function<std::string(const std::vector<int32_t>&)>& decode);
+// Returns the per-token trained mask over full_tokens. is_special tells whether an id is a special token.
+std::vector<uint8_t> derive_trained_mask(const std::vector<int32_t>& full_tokens,
+                                         const std::vector<SpanTurn>& turns,
+                                         const std::function<bool(int32_t)>& is_special);
 
 }  // namespace olmosft

@@ -37,11 +37,21 @@ void make_dolma2_tokenizer(const std::string& tiktoken_path, const std::string& 
   Tokenizer t = Tokenizer::from_tiktoken_file(tiktoken_path, kCl100kPattern, {});
   if (t.vocab_size() != 100256) fail(tiktoken_path, ": expected 100256 ranks, got ", t.vocab_size());
 
-  ordered_json vocab = ordered_json::object();
-  for (int32_t id = 0; id < 100256; ++id) vocab[byte_level_encode(t.id_to_bytes(id))] = id;
-  ordered_json merges = ordered_json::array();
-  for (auto& [l, r] : t.merges_as_bytes())
-    merges.push_back(byte_level_encode(l) + " " + byte_level_encode(r));
+  // vocab and merges are written by hand: nlohmann's ordered_json inserts in O(n) per key.
+  auto jstr = [](const std::string& x) { return nlohmann::json(x).dump(); };
+  std::string vocab = "{", merges = "[";
+  for (int32_t id = 0; id < 100256; ++id) {
+    if (id) vocab += ", ";
+    vocab += jstr(byte_level_encode(t.id_to_bytes(id))) + ": " + std::to_string(id);
+  }
+  vocab += "}";
+  bool first = true;
+  for (auto& [l, r] : t.merges_as_bytes()) {
+    if (!first) merges += ", ";
+    first = false;
+    merges += jstr(byte_level_encode(l) + " " + byte_level_encode(r));
+  }
+  merges += "]";
   ordered_json added = ordered_json::array();
   ordered_json added_decoder = ordered_json::object();
   for (auto& [content, id] : dolma2_added_tokens()) {
@@ -80,8 +90,8 @@ void make_dolma2_tokenizer(const std::string& tiktoken_path, const std::string& 
         {"end_of_word_suffix", ""},
         {"fuse_unk", false},
         {"byte_fallback", false},
-        {"vocab", vocab},
-        {"merges", merges}}}};
+        {"vocab", "@VOCAB@"},
+        {"merges", "@MERGES@"}}}};
   ordered_json cfg = {
       {"add_bos_token", false},
       {"add_eos_token", false},
@@ -102,7 +112,15 @@ void make_dolma2_tokenizer(const std::string& tiktoken_path, const std::string& 
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) fail("cannot create ", out_dir, ": ", ec.message());
-  tok::write_file_atomic(out_dir + "/tokenizer.json", tj.dump(2, ' ', false) + "\n");
+  std::string tjs = tj.dump(2, ' ', false);
+  auto splice = [&](const std::string& marker, const std::string& value) {
+    size_t p = tjs.find("\"" + marker + "\"");
+    if (p == std::string::npos) fail("internal: marker ", marker, " missing");
+    tjs.replace(p, marker.size() + 2, value);
+  };
+  splice("@VOCAB@", vocab);
+  splice("@MERGES@", merges);
+  tok::write_file_atomic(out_dir + "/tokenizer.json", tjs + "\n");
   tok::write_file_atomic(out_dir + "/tokenizer_config.json", cfg.dump(2, ' ', false) + "\n");
   tok::write_file_atomic(out_dir + "/special_tokens_map.json", stm.dump(2, ' ', false) + "\n");
 }
