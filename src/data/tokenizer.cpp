@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -266,7 +267,13 @@ std::string byte_level_encode(std::string_view raw) {
 
 // ---------------------------------------------------------------------------------------------- Tokenizer
 
-Tokenizer::Tokenizer() { std::fill(std::begin(byte_id_), std::end(byte_id_), -1); }
+namespace {
+std::atomic<uint64_t> g_next_instance{1};
+}
+
+Tokenizer::Tokenizer() : instance_id_(g_next_instance.fetch_add(1)) {
+  std::fill(std::begin(byte_id_), std::end(byte_id_), -1);
+}
 Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
@@ -557,7 +564,26 @@ void Tokenizer::bpe_piece(std::string_view piece, std::vector<int32_t>& out) con
       return;
     }
   }
+  // Per-thread cache of recent pieces (words repeat a lot); keyed by this tokenizer's instance id so
+  // tokenizers never see each other's entries. Bounded: cleared when it grows past kCacheMax entries.
+  constexpr size_t kCacheMax = 1 << 16;
+  thread_local uint64_t cache_owner = 0;
+  thread_local std::unordered_map<std::string, std::vector<int32_t>> cache;
+  if (cache_owner != instance_id_ || cache.size() > kCacheMax) {
+    cache.clear();
+    cache_owner = instance_id_;
+  }
+  thread_local std::string key;
+  key.assign(piece.data(), piece.size());
+  auto it = cache.find(key);
+  if (it != cache.end()) {
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return;
+  }
+  size_t before = out.size();
   bpe_merge(piece, std::numeric_limits<uint32_t>::max(), out);
+  if (piece.size() <= 64)
+    cache.emplace(key, std::vector<int32_t>(out.begin() + static_cast<ptrdiff_t>(before), out.end()));
 }
 
 void Tokenizer::bpe_merge(std::string_view piece, uint32_t max_rank, std::vector<int32_t>& out) const {

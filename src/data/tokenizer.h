@@ -85,6 +85,7 @@ class Tokenizer {
   std::unique_ptr<Regex> regex_;
   bool split_keep_gaps_ = false;  // HF Split behavior Isolated (non-matching gaps are pieces too)
   std::string description_;
+  uint64_t instance_id_ = 0;  // keys the per-thread piece cache
 };
 
 }  // namespace olmosft
