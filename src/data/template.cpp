@@ -1176,9 +1176,7 @@ class Renderer {
         out_.text += n.text;
         return;
       case Node::Out: {
-        Value v = eval(*n.expr);
-        if (v.kind == Value::Undef && !v.s.empty() && v.s.front() == '!') err(v.s.substr(1));
-        out_.text += to_str(v);
+        out_.text += to_str(eval(*n.expr));
         return;
       }
       case Node::If:
@@ -1206,9 +1204,7 @@ class Renderer {
             items.push_back(Value::str(it.s.substr(k, l)));
             k += l;
           }
-        } else if (it.kind == Value::Undef) {
-          if (!it.s.empty() && it.s.front() == '!') err(it.s.substr(1));
-        } else {
+        } else if (it.kind != Value::Undef) {  // iterating an undefined value yields nothing (Jinja)
           err(std::string("'") + type_name(it) + "' object is not iterable");
         }
         auto bind = [&](std::map<std::string, Value>& scope, const Value& item) {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "data/chat.h"
 #include "data/template_olmo.h"
 #include "data/tokenizer.h"
@@ -117,6 +118,25 @@ TEST(TokLabels, FinalEosIsTrainedEvenThoughBosEqualsEos) {
     if (e.trained[k]) trained_text += enc->decode({e.tokens[k]});
   }
   EXPECT_EQ(trained_text, ">Pick one.</think>Blue.<|im_end|>Red.<|endoftext|>");
+}
+
+TEST(TokLabels, EncodeIsThreadSafe) {
+  auto enc = load_chat_encoder(dolma2_dir(false));
+  json t = json::parse(tok::read_file(kGolden + "templates.json"));
+  std::vector<Conversation> convs;
+  for (const char* c : {"single_turn", "multi_turn", "tools", "unicode_and_specials"})
+    convs.push_back(to_conv(t["conversations"][c], t["extra"].value(c, json::object())));
+  std::vector<EncodedConversation> serial;
+  for (auto& c : convs) serial.push_back(enc->encode(c));
+  set_threads(2);
+  std::vector<int> ok(64, 0);
+  parallel_for(64, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      EncodedConversation x = enc->encode(convs[k % convs.size()]);
+      ok[k] = x.tokens == serial[k % convs.size()].tokens && x.trained == serial[k % convs.size()].trained;
+    }
+  });
+  EXPECT_EQ(std::count(ok.begin(), ok.end(), 1), 64);
 }
 
 TEST(TokLabels, RowsWithoutDerivableSpansAreRejected) {
