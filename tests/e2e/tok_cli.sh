@@ -38,18 +38,20 @@ if command -v node >/dev/null; then
     fs.writeFileSync(process.argv[2], JSON.stringify(j));' "$scratch/dolma2/tokenizer.json" "$scratch/gpt2style/tokenizer.json"
   out=$("$bin" check tokenizer "$scratch/gpt2style" 2>&1); rc=$?
   check "unsupported model type is a clear error" "[ $rc -eq 2 ] && grep -q \"unsupported tokenizer model 'WordPiece'\" <<<\"\$out\""
-  # The written tokenizer.json loads in tokenizers.js and gives the same ids as ours.
-  for s in "9078563412" "Hello World" "I'm   here<|im_end|>東京 🌧️" "def f(x):\n\treturn x"; do
-    theirs=$(node --input-type=module -e '
+  # The written tokenizer.json loads in tokenizers.js and gives the same ids as ours (one node process).
+  strings=("9078563412" "Hello World" "I'm   here<|im_end|>東京 🌧️" $'def f(x):\n\treturn x  \n\n')
+  mapfile -t theirs < <(node --input-type=module -e '
       const { Tokenizer } = await import(process.argv[1]);
       const fs = await import("fs");
       const tj = JSON.parse(fs.readFileSync(process.argv[2] + "/tokenizer.json", "utf8"));
       const tc = JSON.parse(fs.readFileSync(process.argv[2] + "/tokenizer_config.json", "utf8"));
       const t = new Tokenizer(tj, tc);
-      console.log("[" + t.encode(process.argv[3], { add_special_tokens: false }).ids.join(", ") + "]");' \
-      "$root/deps/npm/node_modules/@huggingface/tokenizers/dist/tokenizers.mjs" "$scratch/dolma2" "$s")
-    ours=$("$bin" tokenize --tokenizer "$scratch/dolma2" --text "$s" --allow-special | head -1)
-    check "tokenizers.js agrees on '$s' ($ours)" "[ \"$theirs\" = \"$ours\" ]"
+      for (const s of process.argv.slice(3))
+        console.log("[" + t.encode(s, { add_special_tokens: false }).ids.join(", ") + "]");' \
+      "$root/deps/npm/node_modules/@huggingface/tokenizers/dist/tokenizers.mjs" "$scratch/dolma2" "${strings[@]}")
+  for i in "${!strings[@]}"; do
+    ours=$("$bin" tokenize --tokenizer "$scratch/dolma2" --text "${strings[$i]}" --allow-special | head -1)
+    check "tokenizers.js agrees on string $i ($ours)" "[ \"${theirs[$i]:-none}\" = \"$ours\" ]"
   done
 else
   echo "node not found: skipping the pre-tokenizer-loss and tokenizers.js checks"
