@@ -28,9 +28,14 @@ const std::string& dolma2_dir(bool instruct) {
     // Shared by the test processes ctest starts (one per TEST): built once, reused when complete.
     std::string d =
         std::string(OLMOSFT_BINARY).substr(0, std::string(OLMOSFT_BINARY).rfind('/')) + "/tok_test_dolma2";
-    if (!std::filesystem::exists(d + "/.complete")) {
+    // The stamp is a hash of the sources that determine the dir's contents, so a stale dir is rebuilt.
+    std::string src = std::string(OLMOSFT_SOURCE_DIR) + "/src/data/", stamp;
+    for (const char* f : {"tokenizer_dolma2.cpp", "template_olmo.cpp", "tokenizer.cpp"})
+      stamp += tok::sha256_hex(tok::read_file(src + f));
+    bool fresh = std::filesystem::exists(d + "/.complete") && tok::read_file(d + "/.complete") == stamp;
+    if (!fresh) {
       make_dolma2_tokenizer(kTiktoken, d);
-      tok::write_file_atomic(d + "/.complete", "ok\n");
+      tok::write_file_atomic(d + "/.complete", stamp);
     }
     std::string d2 = d + "-instruct";
     std::filesystem::create_directories(d2);
