@@ -484,6 +484,41 @@ std::vector<Tok> lex_expr(const std::string& src, const std::function<void(const
             case '0':
               s += '\0';
               break;
+            case 'x':
+            case 'u':
+            case 'U': {  // \xHH, \uHHHH, \UHHHHHHHH (Python string literal escapes)
+              size_t len = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+              if (p + len > n) err("truncated \\" + std::string(1, e) + " escape");
+              uint32_t cp = 0;
+              for (size_t k = 0; k < len; ++k) {
+                char h = src[p + k];
+                int v = h >= '0' && h <= '9'   ? h - '0'
+                        : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                        : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                               : -1;
+                if (v < 0) err("bad \\" + std::string(1, e) + " escape");
+                cp = cp * 16 + static_cast<uint32_t>(v);
+              }
+              p += len;
+              if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+                err("escape is not a Unicode scalar value");
+              if (cp < 0x80) {
+                s += static_cast<char>(cp);
+              } else if (cp < 0x800) {
+                s += static_cast<char>(0xC0 | (cp >> 6));
+                s += static_cast<char>(0x80 | (cp & 0x3F));
+              } else if (cp < 0x10000) {
+                s += static_cast<char>(0xE0 | (cp >> 12));
+                s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+                s += static_cast<char>(0x80 | (cp & 0x3F));
+              } else {
+                s += static_cast<char>(0xF0 | (cp >> 18));
+                s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+                s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+                s += static_cast<char>(0x80 | (cp & 0x3F));
+              }
+              break;
+            }
             default:
               s += '\\';
               s += e;
