@@ -14,8 +14,8 @@ using namespace olmosft;
 
 TEST(BF16, RoundsToNearestEven) {
   EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
-  EXPECT_EQ(f32_to_bf16(1.0f + 0x1.0p-8f), 0x3f80);      // tie -> even (down)
-  EXPECT_EQ(f32_to_bf16(1.0f + 3 * 0x1.0p-8f), 0x3f82);  // tie -> even (up)
+  EXPECT_EQ(f32_to_bf16(1.0f + 0x1.0p-8f), 0x3f80);               // tie -> even (down)
+  EXPECT_EQ(f32_to_bf16(1.0f + 3 * 0x1.0p-8f), 0x3f82);           // tie -> even (up)
   EXPECT_EQ(f32_to_bf16(1.0f + 0x1.0p-8f + 0x1.0p-20f), 0x3f81);  // above the tie -> up
   EXPECT_EQ(f32_to_bf16(-0.0f), 0x8000);
   EXPECT_EQ(f32_to_bf16(INFINITY), 0x7f80);
