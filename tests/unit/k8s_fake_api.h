@@ -84,6 +84,8 @@ class Stream {
 };
 
 struct Response {
+  Response() = default;
+  Response(int s, std::string b) : status(s), body(std::move(b)) {}
   int status = 200;
   std::string body;
   std::string content_type = "application/json";
