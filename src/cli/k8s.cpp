@@ -15,7 +15,8 @@ using namespace olmosft::cluster;
 struct ConnFlags {
   std::string kubeconfig, context, ns;
   void add(CLI::App& app) {
-    app.add_option("--kubeconfig", kubeconfig, "kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config)");
+    app.add_option("--kubeconfig", kubeconfig,
+                   "kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config)");
     app.add_option("--context", context, "kubeconfig context (default: current-context)");
     app.add_option("-n,--namespace", ns, "namespace (default: the context's, else 'default')");
   }
@@ -28,7 +29,8 @@ struct ConnFlags {
 
 void print_summary(const Recipe& r, const Rendered& out, std::ostream& os) {
   const auto& s = r.cluster.slice;
-  os << "jobset " << out.jobset_name << " in namespace " << r.cluster.namespace_ << ", queue " << r.cluster.queue << "\n"
+  os << "jobset " << out.jobset_name << " in namespace " << r.cluster.namespace_ << ", queue "
+     << r.cluster.queue << "\n"
      << "  slice " << s.text << ": " << s.hosts << " pods x " << s.devices_per_host << " "
      << (s.kind == SliceSpec::Kind::Tpu ? "chips" : "GPUs") << " = " << s.devices() << " devices"
      << (r.cluster.host_network ? ", hostNetwork" : "") << "\n"
@@ -62,16 +64,19 @@ int launch_main(int argc, char** argv) {
   std::string out_dir, suffix;
   bool dry = false;
   ConnFlags conn;
-  app.add_option("recipe", args, "RECIPE.yaml [key=value ...], or a directory written by `k8s render`")->required();
-  app.add_option("--out", out_dir, "where to keep the rendered manifests (default: k8s-runs/<jobset>/manifests)");
+  app.add_option("recipe", args, "RECIPE.yaml [key=value ...], or a directory written by `k8s render`")
+      ->required();
+  app.add_option("--out", out_dir,
+                 "where to keep the rendered manifests (default: k8s-runs/<jobset>/manifests)");
   app.add_option("--suffix", suffix, "name suffix (default: a hash of the recipe and the time)");
   app.add_flag("--dry-run", dry, "server-side dry run (dryRun=All): validates without creating");
   conn.add(app);
   return olmosft::cli::run_app(app, argc, argv, [&] {
     Rendered out;
     if (std::filesystem::is_directory(args[0])) {
-      OLMO_CHECK(args.size() == 1, "launch: overrides cannot be applied to an already rendered directory; "
-                                   "pass the recipe file instead");
+      OLMO_CHECK(args.size() == 1,
+                 "launch: overrides cannot be applied to an already rendered directory; "
+                 "pass the recipe file instead");
       out = read_rendered(args[0]);
     } else {
       Recipe r = load_recipe(args[0], {args.begin() + 1, args.end()});
@@ -83,14 +88,15 @@ int launch_main(int argc, char** argv) {
     }
     KubeClient c(conn.config());
     LaunchResult lr = launch(c, out, dry, std::cout);
-    std::cout << "next: olmosft k8s watch " << lr.jobset << " -n " << lr.ns << " --run-dir k8s-runs/" << lr.jobset
-              << "\n      olmosft k8s status " << lr.jobset << " -n " << lr.ns << "\n";
+    std::cout << "next: olmosft k8s watch " << lr.jobset << " -n " << lr.ns << " --run-dir k8s-runs/"
+              << lr.jobset << "\n      olmosft k8s status " << lr.jobset << " -n " << lr.ns << "\n";
     return 0;
   });
 }
 
 int status_main(int argc, char** argv) {
-  CLI::App app{"Show a run: JobSet state and restarts, Kueue admission/eviction/preemption, pods", "olmosft k8s status"};
+  CLI::App app{"Show a run: JobSet state and restarts, Kueue admission/eviction/preemption, pods",
+               "olmosft k8s status"};
   std::string name;
   bool as_json = false;
   ConnFlags conn;
@@ -107,8 +113,9 @@ int status_main(int argc, char** argv) {
 }
 
 int stop_main(int argc, char** argv) {
-  CLI::App app{"Stop a run by deactivating its Kueue Workload (spec.active=false); JobSet suspend is not used",
-               "olmosft k8s stop"};
+  CLI::App app{
+      "Stop a run by deactivating its Kueue Workload (spec.active=false); JobSet suspend is not used",
+      "olmosft k8s stop"};
   std::string name;
   ConnFlags conn;
   app.add_option("jobset", name, "JobSet name")->required();
@@ -118,7 +125,8 @@ int stop_main(int argc, char** argv) {
     KubeClient c(cfg);
     StopResult r = stop_run(c, conn.namespace_of(cfg), name);
     std::cout << "workload " << r.workload
-              << (r.patched ? ": deactivated (Kueue evicts the run and releases its quota)" : ": already inactive")
+              << (r.patched ? ": deactivated (Kueue evicts the run and releases its quota)"
+                            : ": already inactive")
               << "\n";
     return 0;
   });
@@ -134,8 +142,11 @@ int watch_main(int argc, char** argv) {
   app.add_option("--run-dir", run_dir, "durable record directory (default: k8s-runs/<jobset>)");
   app.add_option("--recipe", recipe, "take stop rules from this recipe instead of the run's ConfigMap");
   app.add_option("--container", o.container, "container whose log to follow")->capture_default_str();
-  app.add_option("--poll-seconds", o.poll_seconds, "JobSet/Workload refresh period")->capture_default_str()->check(CLI::Range(0.05, 3600.0));
-  app.add_option("--max-minutes", o.max_minutes, "stop watching after this long (0 = until the run ends)")->capture_default_str();
+  app.add_option("--poll-seconds", o.poll_seconds, "JobSet/Workload refresh period")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 3600.0));
+  app.add_option("--max-minutes", o.max_minutes, "stop watching after this long (0 = until the run ends)")
+      ->capture_default_str();
   conn.add(app);
   return olmosft::cli::run_app(app, argc, argv, [&] {
     KubeConfig cfg = conn.config();
@@ -154,8 +165,10 @@ int watch_main(int argc, char** argv) {
 
 }  // namespace
 
-OLMOSFT_VERB("k8s render", "render a recipe into JobSet + Kueue manifests (checks batch vs slice)", render_main);
+OLMOSFT_VERB("k8s render", "render a recipe into JobSet + Kueue manifests (checks batch vs slice)",
+             render_main);
 OLMOSFT_VERB("k8s launch", "create a rendered run on the cluster (JobSet queued through Kueue)", launch_main);
-OLMOSFT_VERB("k8s status", "show a run's JobSet, Kueue Workload (admission, preemption) and pods", status_main);
+OLMOSFT_VERB("k8s status", "show a run's JobSet, Kueue Workload (admission, preemption) and pods",
+             status_main);
 OLMOSFT_VERB("k8s stop", "stop a run: Workload spec.active=false (never JobSet suspend)", stop_main);
 OLMOSFT_VERB("k8s watch", "follow a run's logs, record every step durably, apply stop rules", watch_main);

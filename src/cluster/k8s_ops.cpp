@@ -18,7 +18,9 @@ namespace olmosft::cluster {
 
 using json = nlohmann::json;
 
-std::string jobsets_path(const std::string& ns) { return "/apis/jobset.x-k8s.io/v1alpha2/namespaces/" + ns + "/jobsets"; }
+std::string jobsets_path(const std::string& ns) {
+  return "/apis/jobset.x-k8s.io/v1alpha2/namespaces/" + ns + "/jobsets";
+}
 std::string workloads_path(const std::string& ns, const std::string& v) {
   return "/apis/kueue.x-k8s.io/" + v + "/namespaces/" + ns + "/workloads";
 }
@@ -26,7 +28,9 @@ std::string pods_path(const std::string& ns) { return "/api/v1/namespaces/" + ns
 
 namespace {
 
-std::string jobset_selector(const std::string& js) { return url_escape("jobset.sigs.k8s.io/jobset-name=" + js); }
+std::string jobset_selector(const std::string& js) {
+  return url_escape("jobset.sigs.k8s.io/jobset-name=" + js);
+}
 
 std::string cond_summary(const json& conds) {
   std::string o;
@@ -40,7 +44,8 @@ std::string cond_summary(const json& conds) {
 }
 
 bool cond_true(const json& obj, const std::string& type) {
-  const json& conds = obj.contains("status") ? obj["status"].value("conditions", json::array()) : json::array();
+  const json& conds =
+      obj.contains("status") ? obj["status"].value("conditions", json::array()) : json::array();
   for (const auto& c : conds)
     if (c.value("type", "") == type) return c.value("status", "") == "True";
   return false;
@@ -92,7 +97,8 @@ std::string kueue_version(KubeClient& c) {
   return v;
 }
 
-std::optional<json> find_workload(KubeClient& c, const std::string& ns, const std::string& uid, const std::string& v) {
+std::optional<json> find_workload(KubeClient& c, const std::string& ns, const std::string& uid,
+                                  const std::string& v) {
   json l = c.get(workloads_path(ns, v) + "?labelSelector=" + url_escape("kueue.x-k8s.io/job-uid=" + uid),
                  "find the Kueue Workload of JobSet uid " + uid);
   const json& items = l.value("items", json::array());
@@ -116,18 +122,21 @@ LaunchResult launch(KubeClient& c, const Rendered& r, bool dry_run, std::ostream
     if (q.status == 404)
       fail("launch: Kueue LocalQueue '", queue, "' does not exist in namespace '", ns,
            "'; the JobSet would stay suspended forever. Fix cluster.queue / cluster.namespace in the recipe "
-           "(kubectl -n ", ns, " get localqueues)");
+           "(kubectl -n ",
+           ns, " get localqueues)");
     if (q.status < 200 || q.status >= 300)
-      throw KubeError(c.explain(q, "GET", "/apis/kueue.x-k8s.io/" + kv + "/namespaces/" + ns + "/localqueues/" + queue,
-                                "check LocalQueue " + queue),
-                      q.status, "");
+      throw KubeError(
+          c.explain(q, "GET", "/apis/kueue.x-k8s.io/" + kv + "/namespaces/" + ns + "/localqueues/" + queue,
+                    "check LocalQueue " + queue),
+          q.status, "");
   }
   const std::string dry = dry_run ? "?dryRun=All" : "";
   std::vector<std::string> created_cms;
   try {
     for (size_t i = 0; i + 1 < r.objects.size(); ++i) {
       json obj = json::parse(r.objects[i].second.dump());
-      OLMO_CHECK(obj.value("kind", "") == "ConfigMap", "launch: unexpected object kind ", obj.value("kind", ""));
+      OLMO_CHECK(obj.value("kind", "") == "ConfigMap", "launch: unexpected object kind ",
+                 obj.value("kind", ""));
       const std::string name = obj["metadata"]["name"];
       c.post("/api/v1/namespaces/" + ns + "/configmaps" + dry, obj, "create ConfigMap " + name);
       if (!dry_run) created_cms.push_back(name);
@@ -135,8 +144,8 @@ LaunchResult launch(KubeClient& c, const Rendered& r, bool dry_run, std::ostream
     }
     json made = c.post(jobsets_path(ns) + dry, jobset, "create JobSet " + r.jobset_name);
     LaunchResult out{r.jobset_name, made["metadata"].value("uid", ""), ns};
-    log << "jobset/" << r.jobset_name << " created" << (dry_run ? " (server dry run)" : "") << " uid=" << out.uid
-        << "\n";
+    log << "jobset/" << r.jobset_name << " created" << (dry_run ? " (server dry run)" : "")
+        << " uid=" << out.uid << "\n";
     if (!dry_run && !out.uid.empty()) {
       // Garbage-collect the ConfigMaps with the JobSet.
       json owner = {{"metadata",
@@ -145,7 +154,8 @@ LaunchResult launch(KubeClient& c, const Rendered& r, bool dry_run, std::ostream
                                                         {"name", r.jobset_name},
                                                         {"uid", out.uid}}})}}}};
       for (const auto& cm : created_cms)
-        c.merge_patch("/api/v1/namespaces/" + ns + "/configmaps/" + cm, owner, "set the owner of ConfigMap " + cm);
+        c.merge_patch("/api/v1/namespaces/" + ns + "/configmaps/" + cm, owner,
+                      "set the owner of ConfigMap " + cm);
     }
     return out;
   } catch (...) {
@@ -160,7 +170,8 @@ StopResult stop_run(KubeClient& c, const std::string& ns, const std::string& js)
   const std::string kv = kueue_version(c);
   auto wl = find_workload(c, ns, uid, kv);
   OLMO_CHECK(wl.has_value(), "stop ", js, ": no Kueue Workload has label kueue.x-k8s.io/job-uid=", uid,
-             "; is the JobSet queued through Kueue (label kueue.x-k8s.io/queue-name)? Without Kueue, delete the JobSet");
+             "; is the JobSet queued through Kueue (label kueue.x-k8s.io/queue-name)? Without Kueue, delete "
+             "the JobSet");
   StopResult r;
   r.workload = (*wl)["metadata"]["name"];
   if ((*wl)["spec"].value("active", true) == false) {
@@ -210,15 +221,18 @@ json run_status(KubeClient& c, const std::string& ns, const std::string& js) {
     for (const auto& cs : p["status"].value("containerStatuses", json::array()))
       container_restarts += cs.value("restartCount", 0);
   }
-  out["pods"] = {{"phases", phases}, {"restartAttempts", attempts}, {"containerRestarts", container_restarts}};
+  out["pods"] = {
+      {"phases", phases}, {"restartAttempts", attempts}, {"containerRestarts", container_restarts}};
   return out;
 }
 
 std::string format_status(const json& st) {
   std::ostringstream o;
   const json& j = st["jobset"];
-  o << "jobset " << j["name"].get<std::string>() << " (namespace " << j["namespace"].get<std::string>() << ")\n"
-    << "  state: " << (j["terminalState"].get<std::string>().empty() ? "running" : j["terminalState"].get<std::string>())
+  o << "jobset " << j["name"].get<std::string>() << " (namespace " << j["namespace"].get<std::string>()
+    << ")\n"
+    << "  state: "
+    << (j["terminalState"].get<std::string>().empty() ? "running" : j["terminalState"].get<std::string>())
     << "  restarts: " << j["restarts"] << "  suspended: " << (j["suspend"].get<bool>() ? "yes" : "no") << "\n"
     << "  conditions: " << cond_summary(j["conditions"]) << "\n";
   if (st["workload"].is_null()) {
@@ -226,11 +240,14 @@ std::string format_status(const json& st) {
   } else {
     const json& w = st["workload"];
     o << "workload " << w["name"].get<std::string>() << "  queue: " << w["queue"].get<std::string>()
-      << "  active: " << (w["active"].get<bool>() ? "yes" : "no") << "  admitted: " << (w["admitted"].get<bool>() ? "yes" : "no")
+      << "  active: " << (w["active"].get<bool>() ? "yes" : "no")
+      << "  admitted: " << (w["admitted"].get<bool>() ? "yes" : "no")
       << "\n  conditions: " << cond_summary(w["conditions"]) << "\n";
     for (const auto& c : w["conditions"])
-      if ((c.value("type", "") == "Evicted" || c.value("type", "") == "Preempted") && c.value("status", "") == "True")
-        o << "  " << c.value("type", "") << ": " << c.value("reason", "") << ": " << c.value("message", "") << "\n";
+      if ((c.value("type", "") == "Evicted" || c.value("type", "") == "Preempted") &&
+          c.value("status", "") == "True")
+        o << "  " << c.value("type", "") << ": " << c.value("reason", "") << ": " << c.value("message", "")
+          << "\n";
     if (!w["requeueState"].empty()) o << "  requeueState: " << w["requeueState"].dump() << "\n";
   }
   o << "pods:";
@@ -379,7 +396,8 @@ class Watcher {
         seen_.insert({r.value("restart_attempt", 0), r.value("step", int64_t{0})});
         res_.last_step = std::max<int64_t>(res_.last_step, r.value("step", int64_t{0}));
       } catch (...) {
-        // A torn last line (host died mid-write) is ignored; the step will be recorded again if still in the log.
+        // A torn last line (host died mid-write) is ignored; the step will be recorded again if still in the
+        // log.
       }
     }
     std::ifstream s(o_.run_dir + "/stop.json");
@@ -402,6 +420,11 @@ class Watcher {
     s.phase = p["status"].value("phase", "Pending");
     const json& labels = p["metadata"].value("labels", json::object());
     s.attempt = std::atoi(labels.value("jobset.sigs.k8s.io/restart-attempt", "0").c_str());
+    if (s.attempt > max_attempt_) {
+      // A JobSet restart: the new pods compile and restore before their first step; disarm the stall timer.
+      max_attempt_ = s.attempt;
+      have_step_ = false;
+    }
     s.terminated = s.phase == "Succeeded" || s.phase == "Failed";
     for (const auto& cs : p["status"].value("containerStatuses", json::array()))
       if (cs.value("name", "") == o_.container && cs.contains("state") && cs["state"].contains("terminated"))
@@ -429,8 +452,9 @@ class Watcher {
 
   void start_pod_watch() {
     watching_ = true;
-    std::string path = pods_path(o_.ns) + "?labelSelector=" + jobset_selector(o_.jobset) +
-                       "&watch=1&allowWatchBookmarks=true&timeoutSeconds=300&resourceVersion=" + url_escape(rv_);
+    std::string path =
+        pods_path(o_.ns) + "?labelSelector=" + jobset_selector(o_.jobset) +
+        "&watch=1&allowWatchBookmarks=true&timeoutSeconds=300&resourceVersion=" + url_escape(rv_);
     watch_id_ = streams_.start(
         path,
         [this](const std::string& line) {
@@ -460,7 +484,8 @@ class Watcher {
         },
         [this](long status, const std::string& body, const std::string& err) {
           watching_ = false;
-          if (status == 410) need_relist_ = true;
+          if (status == 410)
+            need_relist_ = true;
           else if (status >= 400 && status != 410 && status != 500 && status != 503)
             throw KubeError(c_.explain(HttpResult{status, body, err, 0}, "GET", pods_path(o_.ns) + "?watch=1",
                                        "watch pods of " + o_.jobset),
@@ -479,7 +504,8 @@ class Watcher {
       std::string path = pods_path(o_.ns) + "/" + name + "/log?container=" + url_escape(o_.container) +
                          "&follow=true&timestamps=true";
       if (s.last_ts >= 0) {
-        path += "&sinceTime=" + url_escape(format_rfc3339(s.last_ts));  // whole seconds; duplicates dropped below
+        path +=
+            "&sinceTime=" + url_escape(format_rfc3339(s.last_ts));  // whole seconds; duplicates dropped below
         res_.log_reconnects++;
       }
       if (!s.file) s.file = std::make_unique<DurableLog>(o_.run_dir + "/logs/" + name + ".log");
@@ -487,7 +513,9 @@ class Watcher {
       s.ever_connected = true;
       s.stream = streams_.start(
           path, [this, pod](const std::string& line) { on_log_line(pod, line); },
-          [this, pod](long status, const std::string& body, const std::string& err) { on_log_done(pod, status, body, err); });
+          [this, pod](long status, const std::string& body, const std::string& err) {
+            on_log_done(pod, status, body, err);
+          });
     }
   }
 
@@ -544,8 +572,8 @@ class Watcher {
     if (auto rbf = parse_required_rbf(text)) {
       last_rbf_ = *rbf;
       if (rules_.max_required_rbf && !(*rbf <= *rules_.max_required_rbf))
-        fire("max_required_rbf: REQUIRED_RBF " + std::to_string(*rbf) + " > " + std::to_string(*rules_.max_required_rbf) +
-             " (pod " + pod + ")");
+        fire("max_required_rbf: REQUIRED_RBF " + std::to_string(*rbf) + " > " +
+             std::to_string(*rules_.max_required_rbf) + " (pod " + pod + ")");
     }
     auto rec = parse_loss_parts(text);
     if (!rec) return;
@@ -576,7 +604,8 @@ class Watcher {
     }
     if (rules_.max_required_rbf && rec->contains("required_rbf") && (*rec)["required_rbf"].is_number() &&
         (*rec)["required_rbf"].get<double>() > *rules_.max_required_rbf)
-      fire("max_required_rbf: step " + std::to_string(step) + " required_rbf=" + (*rec)["required_rbf"].dump());
+      fire("max_required_rbf: step " + std::to_string(step) +
+           " required_rbf=" + (*rec)["required_rbf"].dump());
   }
 
   void check_stall() {
@@ -596,11 +625,12 @@ class Watcher {
     res_.stop_fired = true;
     res_.stop_reason = reason;
     log_ << "stop rule fired: " << reason << "\n";
-    write_file_atomic(o_.run_dir + "/stop.json",
-                      json{{"reason", reason}, {"step", res_.last_step}, {"time", format_rfc3339(now_ns(), true)},
-                           {"workload_patched", false}}
-                              .dump(2) +
-                          "\n");
+    write_file_atomic(o_.run_dir + "/stop.json", json{{"reason", reason},
+                                                      {"step", res_.last_step},
+                                                      {"time", format_rfc3339(now_ns(), true)},
+                                                      {"workload_patched", false}}
+                                                         .dump(2) +
+                                                     "\n");
     event("stop-rule", {{"reason", reason}, {"step", res_.last_step}});
     patch_pending_ = true;
     try_patch();
@@ -618,13 +648,16 @@ class Watcher {
         patched = true;
       }
       patch_pending_ = false;
-      write_file_atomic(o_.run_dir + "/stop.json",
-                        json{{"reason", stop_reason_}, {"step", res_.last_step}, {"workload", name},
-                             {"workload_patched", true}, {"time", format_rfc3339(now_ns(), true)}}
-                                .dump(2) +
-                            "\n");
+      write_file_atomic(o_.run_dir + "/stop.json", json{{"reason", stop_reason_},
+                                                        {"step", res_.last_step},
+                                                        {"workload", name},
+                                                        {"workload_patched", true},
+                                                        {"time", format_rfc3339(now_ns(), true)}}
+                                                           .dump(2) +
+                                                       "\n");
       event("workload-deactivated", {{"workload", name}, {"sent_patch", patched}});
-      log_ << "workload " << name << (patched ? " deactivated (spec.active=false)" : " was already inactive") << "\n";
+      log_ << "workload " << name << (patched ? " deactivated (spec.active=false)" : " was already inactive")
+           << "\n";
     } catch (const KubeError& e) {
       if (e.status == 401 || e.status == 403) throw;
       log_ << "stop: will retry: " << e.what() << "\n";
@@ -640,8 +673,8 @@ class Watcher {
     }
     if (r.status < 200 || r.status >= 300) {
       if (r.status == 0 || r.status >= 500) return;
-      throw KubeError(c_.explain(r, "GET", jobsets_path(o_.ns) + "/" + o_.jobset, "get JobSet " + o_.jobset), r.status,
-                      "");
+      throw KubeError(c_.explain(r, "GET", jobsets_path(o_.ns) + "/" + o_.jobset, "get JobSet " + o_.jobset),
+                      r.status, "");
     }
     json js = json::parse(r.body);
     const std::string ts = js.value("status", json::object()).value("terminalState", "");
@@ -651,11 +684,15 @@ class Watcher {
       auto wl = find_workload(c_, o_.ns, uid_, kv_);
       if (wl) {
         bool active = (*wl)["spec"].value("active", true);
-        if (!active && workload_active_) event("workload-inactive", {{"workload", (*wl)["metadata"]["name"]}});
+        if (!active && workload_active_)
+          event("workload-inactive", {{"workload", (*wl)["metadata"]["name"]}});
         workload_active_ = active;
         bool evicted = cond_true(*wl, "Evicted");
-        if (evicted != evicted_) event(evicted ? "workload-evicted" : "workload-readmitted",
-                                       {{"conditions", wl->value("status", json::object()).value("conditions", json::array())}});
+        // Preempted / not admitted: no steps are expected; the stall timer re-arms at the next step.
+        if (evicted || !cond_true(*wl, "Admitted")) have_step_ = false;
+        if (evicted != evicted_)
+          event(evicted ? "workload-evicted" : "workload-readmitted",
+                {{"conditions", wl->value("status", json::object()).value("conditions", json::array())}});
         evicted_ = evicted;
       }
     } catch (const KubeError& e) {
@@ -675,7 +712,7 @@ class Watcher {
       res_.end_reason = "JobSet finished";
       return true;
     }
-    if (!workload_active_ && pods_done && !pods_.empty()) {
+    if (!workload_active_ && pods_done) {
       res_.end_reason = "Workload deactivated and all pods gone";
       return true;
     }
@@ -700,6 +737,7 @@ class Watcher {
   std::chrono::steady_clock::time_point last_step_time_{};
   std::optional<double> last_rbf_;
   bool terminal_ = false, gone_ = false, workload_active_ = true, evicted_ = false;
+  int max_attempt_ = 0;
 };
 
 }  // namespace

@@ -22,8 +22,8 @@ std::string pods_path(const std::string& ns);
 std::string kueue_version(KubeClient& c);
 // The Workload Kueue made for a JobSet, by label kueue.x-k8s.io/job-uid=<JobSet uid> (its name has a hash
 // suffix that is not worth recomputing). nullopt if Kueue has not created it (yet).
-std::optional<nlohmann::json> find_workload(KubeClient& c, const std::string& ns, const std::string& jobset_uid,
-                                            const std::string& kueue_version);
+std::optional<nlohmann::json> find_workload(KubeClient& c, const std::string& ns,
+                                            const std::string& jobset_uid, const std::string& kueue_version);
 
 struct LaunchResult {
   std::string jobset, uid, ns;
@@ -49,7 +49,7 @@ std::optional<double> parse_required_rbf(const std::string& text);
 
 struct WatchOptions {
   std::string ns, jobset;
-  std::string run_dir;  // durable records: steps.jsonl, events.jsonl, stop.json, logs/<pod>.log
+  std::string run_dir;             // durable records: steps.jsonl, events.jsonl, stop.json, logs/<pod>.log
   std::optional<StopRules> rules;  // nullopt: read from the run's recipe ConfigMap (<jobset>-recipe)
   std::string container = "trainer";
   double poll_seconds = 10;  // JobSet / Workload refresh and stall check period
@@ -60,12 +60,12 @@ struct WatchOptions {
 
 struct WatchResult {
   int64_t last_step = 0;
-  int records_written = 0;     // new step records this session
-  int log_reconnects = 0;      // log streams resumed with sinceTime
-  int relists = 0;             // pod relists (initial one included)
-  bool stop_fired = false;     // a stop rule fired in this session (and the Workload was deactivated)
+  int records_written = 0;  // new step records this session
+  int log_reconnects = 0;   // log streams resumed with sinceTime
+  int relists = 0;          // pod relists (initial one included)
+  bool stop_fired = false;  // a stop rule fired in this session (and the Workload was deactivated)
   std::string stop_reason;
-  std::string end_reason;      // why the watch ended
+  std::string end_reason;  // why the watch ended
 };
 
 WatchResult watch_run(KubeClient& c, const WatchOptions& opt, std::ostream& log);

@@ -30,7 +30,8 @@ std::string read_file(const std::string& path, const std::string& what) {
 }
 
 std::string trim(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t')) s.pop_back();
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t'))
+    s.pop_back();
   size_t i = 0;
   while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n')) ++i;
   return s.substr(i);
@@ -117,7 +118,8 @@ std::string crd_hint(const std::string& group) {
            "https://github.com/kubernetes-sigs/jobset/releases/download/<version>/manifests.yaml) or check "
            "`kubectl api-resources --api-group=jobset.x-k8s.io`";
   if (group == "kueue.x-k8s.io")
-    return "install Kueue (its release manifests.yaml) or check `kubectl api-resources --api-group=kueue.x-k8s.io`";
+    return "install Kueue (its release manifests.yaml) or check `kubectl api-resources "
+           "--api-group=kueue.x-k8s.io`";
   return "check `kubectl api-resources --api-group=" + group + "`";
 }
 
@@ -132,7 +134,8 @@ KubeConfig load_kubeconfig(const std::string& path, const std::string& context) 
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    fail("kubeconfig ", path, ": not valid YAML (", e.what(), "); fix the file or point --kubeconfig elsewhere");
+    fail("kubeconfig ", path, ": not valid YAML (", e.what(),
+         "); fix the file or point --kubeconfig elsewhere");
   }
   OLMO_CHECK(root && root.IsMap(), "kubeconfig ", path, ": expected a YAML map (kind: Config)");
   const fs::path base = fs::path(path).parent_path();
@@ -141,7 +144,8 @@ KubeConfig load_kubeconfig(const std::string& path, const std::string& context) 
   if (ctx_name.empty()) {
     OLMO_CHECK(root["current-context"] && root["current-context"].IsScalar() &&
                    !root["current-context"].Scalar().empty(),
-               "kubeconfig ", path, ": no current-context; pass --context NAME or set one with "
+               "kubeconfig ", path,
+               ": no current-context; pass --context NAME or set one with "
                "`kubectl config use-context`");
     ctx_name = root["current-context"].Scalar();
   }
@@ -153,8 +157,8 @@ KubeConfig load_kubeconfig(const std::string& path, const std::string& context) 
     fail("kubeconfig ", path, ": ", list, " has no entry named '", name, "'");
   };
   YAML::Node ctx = find_named("contexts", ctx_name)["context"];
-  OLMO_CHECK(ctx && ctx.IsMap() && ctx["cluster"] && ctx["user"], "kubeconfig ", path, ": context '", ctx_name,
-             "' needs 'cluster' and 'user'");
+  OLMO_CHECK(ctx && ctx.IsMap() && ctx["cluster"] && ctx["user"], "kubeconfig ", path, ": context '",
+             ctx_name, "' needs 'cluster' and 'user'");
   KubeConfig c;
   c.source = "kubeconfig " + path + " (context " + ctx_name + ")";
   if (ctx["namespace"]) c.namespace_ = ctx["namespace"].Scalar();
@@ -176,16 +180,21 @@ KubeConfig load_kubeconfig(const std::string& path, const std::string& context) 
   if (u["token"]) c.token = u["token"].Scalar();
   if (u["tokenFile"]) c.token_file = resolve(u["tokenFile"].Scalar());
   if (u["client-certificate-data"])
-    c.client_cert_pem = base64_decode(u["client-certificate-data"].Scalar(), "kubeconfig " + path + ": client-certificate-data");
+    c.client_cert_pem = base64_decode(u["client-certificate-data"].Scalar(),
+                                      "kubeconfig " + path + ": client-certificate-data");
   if (u["client-key-data"])
-    c.client_key_pem = base64_decode(u["client-key-data"].Scalar(), "kubeconfig " + path + ": client-key-data");
+    c.client_key_pem =
+        base64_decode(u["client-key-data"].Scalar(), "kubeconfig " + path + ": client-key-data");
   if (u["client-certificate"]) c.client_cert_file = resolve(u["client-certificate"].Scalar());
   if (u["client-key"]) c.client_key_file = resolve(u["client-key"].Scalar());
   if (u["exec"]) {
     YAML::Node e = u["exec"];
     OLMO_CHECK(e["command"] && !e["command"].Scalar().empty(), "kubeconfig ", path, ": users[", user_name,
                "].user.exec needs a command");
-    c.exec_argv.push_back(e["command"].Scalar());
+    // Like client-go: a relative command with a path separator is relative to the kubeconfig's directory.
+    std::string cmd = e["command"].Scalar();
+    if (cmd.find('/') != std::string::npos) cmd = resolve(cmd);
+    c.exec_argv.push_back(cmd);
     if (e["args"])
       for (const auto& a : e["args"]) c.exec_argv.push_back(a.Scalar());
     if (e["env"] && e["env"].IsSequence())
@@ -195,8 +204,9 @@ KubeConfig load_kubeconfig(const std::string& path, const std::string& context) 
              "] uses the removed auth-provider mechanism; switch to an exec plugin (on GKE: install "
              "gke-gcloud-auth-plugin and re-run `gcloud container clusters get-credentials`)");
   const bool has_cert = !c.client_cert_pem.empty() || !c.client_cert_file.empty();
-  OLMO_CHECK(!c.token.empty() || !c.token_file.empty() || !c.exec_argv.empty() || has_cert, "kubeconfig ", path,
-             ": user '", user_name, "' has no credentials (token, tokenFile, exec or client certificate)");
+  OLMO_CHECK(!c.token.empty() || !c.token_file.empty() || !c.exec_argv.empty() || has_cert, "kubeconfig ",
+             path, ": user '", user_name,
+             "' has no credentials (token, tokenFile, exec or client certificate)");
   if (!c.exec_argv.empty())
     c.auth_hint = "refresh the login behind the exec plugin '" + c.exec_argv[0] +
                   "' (on GKE: `gcloud auth login` or set CLOUDSDK_CORE_ACCOUNT to the agent service account)";
@@ -213,23 +223,26 @@ KubeConfig in_cluster_config(const std::string& sa_dir, const EnvLookup& env) {
   KubeConfig c;
   auto host = env("KUBERNETES_SERVICE_HOST");
   auto port = env("KUBERNETES_SERVICE_PORT");
-  OLMO_CHECK(host && !host->empty(), "in-cluster config: KUBERNETES_SERVICE_HOST is not set (not running in a pod?)");
+  OLMO_CHECK(host && !host->empty(),
+             "in-cluster config: KUBERNETES_SERVICE_HOST is not set (not running in a pod?)");
   std::string h = *host;
   if (h.find(':') != std::string::npos && h.front() != '[') h = "[" + h + "]";  // IPv6
   c.server = "https://" + h + ":" + (port && !port->empty() ? *port : "443");
   c.token_file = sa_dir + "/token";
-  OLMO_CHECK(std::filesystem::exists(c.token_file), "in-cluster config: no service-account token at ", c.token_file,
-             "; set automountServiceAccountToken: true on the pod or pass --kubeconfig");
+  OLMO_CHECK(std::filesystem::exists(c.token_file), "in-cluster config: no service-account token at ",
+             c.token_file, "; set automountServiceAccountToken: true on the pod or pass --kubeconfig");
   if (std::filesystem::exists(sa_dir + "/ca.crt")) c.ca_file = sa_dir + "/ca.crt";
-  if (std::filesystem::exists(sa_dir + "/namespace")) c.namespace_ = trim(read_file(sa_dir + "/namespace", "namespace"));
+  if (std::filesystem::exists(sa_dir + "/namespace"))
+    c.namespace_ = trim(read_file(sa_dir + "/namespace", "namespace"));
   c.source = "in-cluster service account (" + sa_dir + ")";
-  c.auth_hint = "the service-account token at " + c.token_file +
-                " was re-read and still rejected: check the pod's serviceAccountName and that the account exists";
+  c.auth_hint =
+      "the service-account token at " + c.token_file +
+      " was re-read and still rejected: check the pod's serviceAccountName and that the account exists";
   return c;
 }
 
-KubeConfig resolve_config(const std::string& kubeconfig_flag, const std::string& context, const EnvLookup& env,
-                          const std::string& sa_dir) {
+KubeConfig resolve_config(const std::string& kubeconfig_flag, const std::string& context,
+                          const EnvLookup& env, const std::string& sa_dir) {
   if (!kubeconfig_flag.empty()) return load_kubeconfig(kubeconfig_flag, context);
   if (auto k = env("KUBECONFIG"); k && !k->empty()) {
     std::string first = k->substr(0, k->find(':'));
@@ -240,8 +253,9 @@ KubeConfig resolve_config(const std::string& kubeconfig_flag, const std::string&
   auto home = env("HOME");
   OLMO_CHECK(home && !home->empty(), "no kubeconfig: pass --kubeconfig, set KUBECONFIG, or run in a pod");
   const std::string p = *home + "/.kube/config";
-  OLMO_CHECK(std::filesystem::exists(p), "no kubeconfig: ", p,
-             " does not exist; pass --kubeconfig FILE, set KUBECONFIG, or run inside a pod with a service account");
+  OLMO_CHECK(
+      std::filesystem::exists(p), "no kubeconfig: ", p,
+      " does not exist; pass --kubeconfig FILE, set KUBECONFIG, or run inside a pod with a service account");
   return load_kubeconfig(p, context);
 }
 
@@ -255,17 +269,20 @@ std::string KubeClient::auth_header(bool force) {
   if (!cfg_.token_file.empty()) {
     long long mt = file_mtime_ns(cfg_.token_file);
     // Re-read when the file changed (kubelet rotates projected tokens), at least every minute, or on demand.
-    if (force || !have_token_ || mt != token_mtime_ || clock::now() - token_read_ > std::chrono::seconds(60)) {
+    if (force || !have_token_ || mt != token_mtime_ ||
+        clock::now() - token_read_ > std::chrono::seconds(60)) {
       token_ = trim(read_file(cfg_.token_file, "bearer token file"));
       token_mtime_ = mt;
       token_read_ = clock::now();
       have_token_ = true;
     }
   } else if (!cfg_.exec_argv.empty()) {
-    if (force || !have_token_ || std::chrono::system_clock::now() + std::chrono::seconds(60) > token_expiry_) {
-      std::string cmd = "env KUBERNETES_EXEC_INFO=" +
-                        shell_quote(R"({"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential",)"
-                                    R"("spec":{"interactive":false}})");
+    if (force || !have_token_ ||
+        std::chrono::system_clock::now() + std::chrono::seconds(60) > token_expiry_) {
+      std::string cmd =
+          "env KUBERNETES_EXEC_INFO=" +
+          shell_quote(R"({"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential",)"
+                      R"("spec":{"interactive":false}})");
       for (const auto& [k, v] : cfg_.exec_env) cmd += " " + shell_quote(k + "=" + v);
       for (const auto& a : cfg_.exec_argv) cmd += " " + shell_quote(a);
       FILE* p = ::popen(cmd.c_str(), "r");
@@ -275,15 +292,15 @@ std::string KubeClient::auth_header(bool force) {
       size_t n;
       while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
       int rc = ::pclose(p);
-      OLMO_CHECK(rc == 0, "exec credential plugin '", cfg_.exec_argv[0], "' (from ", cfg_.source, ") failed (status ",
-                 rc, "): ", cfg_.auth_hint);
+      OLMO_CHECK(rc == 0, "exec credential plugin '", cfg_.exec_argv[0], "' (from ", cfg_.source,
+                 ") failed (status ", rc, "): ", cfg_.auth_hint);
       nlohmann::json j;
       try {
         j = nlohmann::json::parse(out);
         token_ = j.at("status").at("token").get<std::string>();
       } catch (const std::exception& e) {
-        fail("exec credential plugin '", cfg_.exec_argv[0], "': output is not an ExecCredential with status.token (",
-             e.what(), ")");
+        fail("exec credential plugin '", cfg_.exec_argv[0],
+             "': output is not an ExecCredential with status.token (", e.what(), ")");
       }
       token_expiry_ = std::chrono::system_clock::now() + std::chrono::hours(1);
       if (j["status"].contains("expirationTimestamp")) {
@@ -388,14 +405,16 @@ std::string KubeClient::explain(const HttpResult& r, const std::string& method, 
   std::ostringstream o;
   o << what << ": ";
   if (r.status == 0) {
-    const bool tls = r.curl_code == CURLE_PEER_FAILED_VERIFICATION || r.curl_code == CURLE_SSL_CACERT_BADFILE ||
-                     r.curl_code == CURLE_SSL_CONNECT_ERROR || r.curl_code == CURLE_SSL_CERTPROBLEM;
+    const bool tls = r.curl_code == CURLE_PEER_FAILED_VERIFICATION ||
+                     r.curl_code == CURLE_SSL_CACERT_BADFILE || r.curl_code == CURLE_SSL_CONNECT_ERROR ||
+                     r.curl_code == CURLE_SSL_CERTPROBLEM;
     if (tls)
       o << "TLS with " << cfg_.server << " failed (" << r.curl_error << "); fix the certificate-authority / "
         << "client certificate in " << cfg_.source;
     else
-      o << "cannot reach the API server " << cfg_.server << " (" << r.curl_error << "); check the server URL in "
-        << cfg_.source << " and that this host may connect to it (network, VPN, DNS endpoint)";
+      o << "cannot reach the API server " << cfg_.server << " (" << r.curl_error
+        << "); check the server URL in " << cfg_.source
+        << " and that this host may connect to it (network, VPN, DNS endpoint)";
     return o.str();
   }
   const RbacNeed need = rbac_need(method, path);
@@ -408,8 +427,9 @@ std::string KubeClient::explain(const HttpResult& r, const std::string& method, 
       o << "403 Forbidden: " << msg << ". Fix: grant this identity RBAC verb '" << need.verb << "' on '"
         << need.resource << "'" << (need.ns.empty() ? "" : " in namespace '" + need.ns + "'")
         << " (docs/k8s.md lists the Role the launcher needs"
-        << (need.resource.find("workloads.kueue") == 0 ? "; Kueue's workload-editor role allows patching Workloads"
-                                                        : "")
+        << (need.resource.find("workloads.kueue") == 0
+                ? "; Kueue's workload-editor role allows patching Workloads"
+                : "")
         << ")";
       break;
     case 404: {
@@ -434,7 +454,8 @@ std::string KubeClient::explain(const HttpResult& r, const std::string& method, 
     }
     case 409:
       o << "409 " << (reason.empty() ? "Conflict" : reason) << ": " << msg;
-      if (reason == "AlreadyExists") o << ". JobSets are immutable: render again for a new name, or delete the old run";
+      if (reason == "AlreadyExists")
+        o << ". JobSets are immutable: render again for a new name, or delete the old run";
       break;
     case 415:
       o << "415 Unsupported Media Type: " << msg;
@@ -460,8 +481,8 @@ nlohmann::json KubeClient::call(const std::string& method, const std::string& pa
   try {
     return nlohmann::json::parse(r.body);
   } catch (const std::exception& e) {
-    throw KubeError(what + ": the API server answered " + std::to_string(r.status) + " with a body that is not JSON (" +
-                        e.what() + ")",
+    throw KubeError(what + ": the API server answered " + std::to_string(r.status) +
+                        " with a body that is not JSON (" + e.what() + ")",
                     r.status, "");
   }
 }
@@ -588,7 +609,8 @@ void StreamSet::poll(int timeout_ms) {
     long status = s->status;
     if (status < 0) curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &status);
     std::string cerr = code == CURLE_OK ? "" : (s->errbuf[0] ? s->errbuf : curl_easy_strerror(code));
-    if (code == CURLE_OK && status >= 200 && status < 300 && !s->buf.empty() && !s->cancelled) s->on_line(s->buf);
+    if (code == CURLE_OK && status >= 200 && status < 300 && !s->buf.empty() && !s->cancelled)
+      s->on_line(s->buf);
     curl_easy_cleanup(s->h);
     curl_slist_free_all(s->hdrs);
     if (s->error) {

@@ -3,12 +3,11 @@
 // gke-gcloud-auth-plugin, client certificates), JSON calls that turn API errors into messages naming
 // what to fix, and line-oriented streams (watches, log follows) multiplexed on one curl multi handle.
 #pragma once
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -37,7 +36,8 @@ KubeConfig load_kubeconfig(const std::string& path, const std::string& context =
 KubeConfig in_cluster_config(const std::string& sa_dir, const EnvLookup& env);
 // --kubeconfig flag, else $KUBECONFIG (first file), else in-cluster when KUBERNETES_SERVICE_HOST is set and
 // the token exists, else ~/.kube/config.
-KubeConfig resolve_config(const std::string& kubeconfig_flag, const std::string& context, const EnvLookup& env,
+KubeConfig resolve_config(const std::string& kubeconfig_flag, const std::string& context,
+                          const EnvLookup& env,
                           const std::string& sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount");
 
 class KubeError : public Error {
@@ -79,7 +79,8 @@ class KubeClient {
   }
 
   // A clear message for a failed request: what failed, and what to fix (credentials, RBAC, CRDs, server).
-  std::string explain(const HttpResult& r, const std::string& method, const std::string& path, const std::string& what);
+  std::string explain(const HttpResult& r, const std::string& method, const std::string& path,
+                      const std::string& what);
 
   // Internals shared with StreamSet.
   void setup_handle(void* curl, const std::string& url);  // TLS options
@@ -101,7 +102,8 @@ class StreamSet {
   using LineFn = std::function<void(const std::string& line)>;
   // status: HTTP status (0 if none); error_body: the body of a non-2xx answer; curl_error: transport error
   // ("" when the server ended the stream cleanly).
-  using DoneFn = std::function<void(long status, const std::string& error_body, const std::string& curl_error)>;
+  using DoneFn =
+      std::function<void(long status, const std::string& error_body, const std::string& curl_error)>;
 
   explicit StreamSet(KubeClient& client);
   ~StreamSet();

@@ -43,22 +43,24 @@ int64_t parse_rfc3339_ns(const std::string& s) {
 }
 
 std::string format_rfc3339(int64_t ns, bool nanos) {
-  std::time_t secs = static_cast<std::time_t>(ns >= 0 ? ns / 1000000000LL : (ns - 999999999LL) / 1000000000LL);
+  std::time_t secs =
+      static_cast<std::time_t>(ns >= 0 ? ns / 1000000000LL : (ns - 999999999LL) / 1000000000LL);
   int64_t frac = ns - static_cast<int64_t>(secs) * 1000000000LL;
   std::tm t{};
   gmtime_r(&secs, &t);
   char buf[64];
   if (nanos)
-    std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%09lldZ", t.tm_year + 1900, t.tm_mon + 1, t.tm_mday,
-                  t.tm_hour, t.tm_min, t.tm_sec, static_cast<long long>(frac));
+    std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%09lldZ", t.tm_year + 1900, t.tm_mon + 1,
+                  t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec, static_cast<long long>(frac));
   else
-    std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02dZ", t.tm_year + 1900, t.tm_mon + 1, t.tm_mday,
-                  t.tm_hour, t.tm_min, t.tm_sec);
+    std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02dZ", t.tm_year + 1900, t.tm_mon + 1,
+                  t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec);
   return buf;
 }
 
 int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
