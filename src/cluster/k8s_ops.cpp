@@ -484,7 +484,10 @@ class Watcher {
         },
         [this](long status, const std::string& body, const std::string& err) {
           watching_ = false;
-          if (status == 410)
+          if (status == 401) {
+            on_stream_unauthorized(body, pods_path(o_.ns) + "?watch=1", "watch pods of " + o_.jobset);
+            need_relist_ = true;
+          } else if (status == 410)
             need_relist_ = true;
           else if (status >= 400 && status != 410 && status != 500 && status != 503)
             throw KubeError(c_.explain(HttpResult{status, body, err, 0}, "GET", pods_path(o_.ns) + "?watch=1",
@@ -495,12 +498,41 @@ class Watcher {
         });
   }
 
+  // A watcher restarted on the same run directory continues each pod's saved log where it ended.
+  void seed_from_file(const std::string& name, PodState& s) {
+    std::ifstream f(o_.run_dir + "/logs/" + name + ".log", std::ios::binary);
+    if (!f) return;
+    f.seekg(0, std::ios::end);
+    const std::streamoff size = f.tellg();
+    f.seekg(std::max<std::streamoff>(0, size - 65536));
+    std::string line;
+    while (std::getline(f, line)) {
+      auto sp = line.find(' ');
+      int64_t ts = sp == std::string::npos ? -1 : parse_rfc3339_ns(line.substr(0, sp));
+      if (ts < 0) continue;
+      if (ts != s.last_ts) s.at_last_ts.clear();
+      s.last_ts = ts;
+      s.at_last_ts.insert(line.substr(sp + 1));
+    }
+  }
+
+  // 401 inside a stream: re-read the credentials (rotated token) and retry a few times before giving up.
+  void on_stream_unauthorized(const std::string& body, const std::string& path, const std::string& what) {
+    if (++auth_failures_ > 3)
+      throw KubeError(c_.explain(HttpResult{401, body, "", 0}, "GET", path, what), 401, "Unauthorized");
+    c_.auth_header(true);
+  }
+
   void start_log_streams() {
     const int64_t now = now_ns();
     for (auto& [name, s] : pods_) {
       if (s.stream || s.log_done || s.deleted) continue;
       if (s.phase != "Running" && s.phase != "Succeeded" && s.phase != "Failed") continue;
       if (now < s.retry_at) continue;
+      if (!s.file) {
+        seed_from_file(name, s);
+        s.file = std::make_unique<DurableLog>(o_.run_dir + "/logs/" + name + ".log");
+      }
       std::string path = pods_path(o_.ns) + "/" + name + "/log?container=" + url_escape(o_.container) +
                          "&follow=true&timestamps=true";
       if (s.last_ts >= 0) {
@@ -508,7 +540,6 @@ class Watcher {
             "&sinceTime=" + url_escape(format_rfc3339(s.last_ts));  // whole seconds; duplicates dropped below
         res_.log_reconnects++;
       }
-      if (!s.file) s.file = std::make_unique<DurableLog>(o_.run_dir + "/logs/" + name + ".log");
       const std::string pod = name;
       s.ever_connected = true;
       s.stream = streams_.start(
@@ -535,6 +566,11 @@ class Watcher {
       s.retry_at = now_ns() + retry;
       return;
     }
+    if (status == 401) {
+      on_stream_unauthorized(body, pods_path(o_.ns) + "/" + pod + "/log", "follow the log of pod " + pod);
+      s.retry_at = now_ns() + retry;
+      return;
+    }
     if (status == 400) {  // container waiting to start
       s.retry_at = now_ns() + 2 * retry;
       return;
@@ -555,6 +591,7 @@ class Watcher {
 
   void on_log_line(const std::string& pod, const std::string& line) {
     PodState& s = pods_[pod];
+    auth_failures_ = 0;
     auto sp = line.find(' ');
     int64_t ts = sp == std::string::npos ? -1 : parse_rfc3339_ns(line.substr(0, sp));
     std::string text = ts >= 0 ? line.substr(sp + 1) : line;
@@ -738,6 +775,7 @@ class Watcher {
   std::optional<double> last_rbf_;
   bool terminal_ = false, gone_ = false, workload_active_ = true, evicted_ = false;
   int max_attempt_ = 0;
+  int auth_failures_ = 0;
 };
 
 }  // namespace

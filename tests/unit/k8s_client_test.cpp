@@ -452,6 +452,37 @@ TEST(K8sClient, LaunchAndWatchSurviveDroppedStreamAnd410) {
   EXPECT_NE(m.find("409 AlreadyExists"), std::string::npos) << m;
 }
 
+TEST(K8sClient, RestartedWatcherContinuesWithoutDuplicates) {
+  Env e("restart");
+  e.cluster.drip_ms = 10;  // 40 steps in 0.4 s
+  e.cluster.watch_410 = false;
+  e.cluster.drop_after_lines = 0;
+  std::ostringstream log;
+  launch(e.client, e.rendered, false, log);
+  WatchOptions o = e.watch_options();
+  o.max_minutes = 0.002;  // the first watcher "dies" after 0.12 s
+  WatchResult r1 = watch_run(e.client, o, log);
+  EXPECT_EQ(r1.end_reason, "max minutes reached");
+  EXPECT_LT(r1.last_step, 40);
+  std::fprintf(stderr, "first watcher: last step %lld\n", static_cast<long long>(r1.last_step));
+  WatchResult r2 = watch_run(e.client, e.watch_options(), log);
+  EXPECT_EQ(r2.end_reason, "JobSet finished");
+  EXPECT_EQ(r1.records_written + r2.records_written, 40);
+  auto recs = read_jsonl(e.dir / "run" / "steps.jsonl");
+  ASSERT_EQ(recs.size(), 40u);
+  for (int s = 1; s <= 40; ++s) EXPECT_EQ(recs[s - 1]["step"], s);
+  for (int i = 0; i < 4; ++i) {
+    std::ifstream f(e.dir / "run" / "logs" / (e.cluster.pod_name(i) + ".log"));
+    std::vector<std::string> lines;
+    std::string l;
+    while (std::getline(f, l)) lines.push_back(l);
+    EXPECT_EQ(lines.size(), i == 2 ? 81u : 41u) << "pod " << i;
+  }
+  if (r1.last_step > 0) {
+    EXPECT_GE(r2.log_reconnects, 1);  // resumed with sinceTime from the saved logs
+  }
+}
+
 TEST(K8sClient, NanStopRuleFiresExactlyOnce) {
   Env e("nan");
   e.cluster.nan_at = 12;
