@@ -329,7 +329,9 @@ class Watcher {
 
   WatchResult run() {
     namespace fs = std::filesystem;
-    fs::create_directories(o_.run_dir + "/logs");
+    std::error_code ec;
+    fs::create_directories(o_.run_dir + "/logs", ec);
+    OLMO_CHECK(!ec, "watch: cannot create the run directory ", o_.run_dir, "/logs: ", ec.message());
     steps_ = std::make_unique<DurableLog>(o_.run_dir + "/steps.jsonl");
     events_ = std::make_unique<DurableLog>(o_.run_dir + "/events.jsonl");
     load_previous();

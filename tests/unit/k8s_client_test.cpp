@@ -55,7 +55,7 @@ struct FakeCluster {
   int nan_at = 0;            // ce=nan from this step on
   int rbf_high_at = 0;       // REQUIRED_RBF=2.7 from this step on (1.9 before)
   int stall_after = 0;       // every pod stops logging after this step (and keeps running)
-  bool watch_410 = true;     // the first pod watch answers an ERROR event with a 410 Status
+  bool watch_410 = true;     // 1st pod watch: ERROR event with a 410 Status in a 200 stream; 2nd: HTTP 410
 
   // state
   std::mutex mu;
@@ -244,6 +244,9 @@ struct FakeCluster {
           };
           return r;
         }
+        // The re-watch after the relist: a plain HTTP 410 this time (the other way a server says "too old").
+        if (watch_410 && pod_watches == 2)
+          return status(410, "Expired", "too old resource version: 100 (120)");
         fakeapi::Response r;
         r.stream = [this](fakeapi::Stream& w) { stream_pod_events(w); };
         return r;
@@ -413,8 +416,8 @@ TEST(K8sClient, LaunchAndWatchSurviveDroppedStreamAnd410) {
   EXPECT_EQ(r.last_step, 40);
   EXPECT_EQ(r.records_written, 40);
   EXPECT_GE(r.log_reconnects, 1);  // the dropped stream was resumed with sinceTime
-  EXPECT_GE(r.relists, 2);         // initial list + relist after the 410
-  EXPECT_GE(e.cluster.pod_watches, 2);
+  EXPECT_GE(r.relists, 3);         // initial list + relist after the ERROR/410 event + after the HTTP 410
+  EXPECT_GE(e.cluster.pod_watches, 3);
   EXPECT_FALSE(e.cluster.since_times.empty());
   EXPECT_EQ(e.cluster.workload_patches, 0);
   EXPECT_EQ(e.cluster.jobset_patches, 0);
