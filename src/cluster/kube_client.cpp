@@ -581,10 +581,9 @@ void StreamSet::poll(int timeout_ms) {
   }
   int running = 0;
   curl_multi_perform(m, &running);
-  if (running > 0) {
-    curl_multi_poll(m, nullptr, 0, timeout_ms, nullptr);
-    curl_multi_perform(m, &running);
-  }
+  // curl_multi_poll waits the full timeout even with no transfer, so a caller's loop never spins.
+  curl_multi_poll(m, nullptr, 0, timeout_ms, nullptr);
+  curl_multi_perform(m, &running);
   // Finished transfers.
   std::vector<std::pair<int, CURLcode>> done;
   int left = 0;
