@@ -41,7 +41,7 @@ void print_summary(const Recipe& r, const Rendered& out, std::ostream& os) {
 }
 
 int render_main(int argc, char** argv) {
-  CLI::App app{"Render a recipe into a JobSet + ConfigMaps (nothing is applied)", "olmosft k8s render"};
+  CLI::App app{"Render a recipe into a JobSet + ConfigMaps (nothing is applied)", "k8s render"};
   std::vector<std::string> args;
   std::string out_dir, suffix;
   app.add_option("recipe", args, "RECIPE.yaml followed by key=value overrides")->required();
@@ -59,7 +59,7 @@ int render_main(int argc, char** argv) {
 
 int launch_main(int argc, char** argv) {
   CLI::App app{"Create a run: render the recipe (or take a rendered directory) and create its objects",
-               "olmosft k8s launch"};
+               "k8s launch"};
   std::vector<std::string> args;
   std::string out_dir, suffix;
   bool dry = false;
@@ -96,7 +96,7 @@ int launch_main(int argc, char** argv) {
 
 int status_main(int argc, char** argv) {
   CLI::App app{"Show a run: JobSet state and restarts, Kueue admission/eviction/preemption, pods",
-               "olmosft k8s status"};
+               "k8s status"};
   std::string name;
   bool as_json = false;
   ConnFlags conn;
@@ -115,7 +115,7 @@ int status_main(int argc, char** argv) {
 int stop_main(int argc, char** argv) {
   CLI::App app{
       "Stop a run by deactivating its Kueue Workload (spec.active=false); JobSet suspend is not used",
-      "olmosft k8s stop"};
+      "k8s stop"};
   std::string name;
   ConnFlags conn;
   app.add_option("jobset", name, "JobSet name")->required();
@@ -134,7 +134,7 @@ int stop_main(int argc, char** argv) {
 
 int watch_main(int argc, char** argv) {
   CLI::App app{"Follow a run: every pod's log, every step's LOSS-PARTS record (durable), stop rules",
-               "olmosft k8s watch"};
+               "k8s watch"};
   std::string name, run_dir, recipe;
   WatchOptions o;
   ConnFlags conn;

@@ -129,6 +129,9 @@ std::string crd_hint(const std::string& group) {
 
 KubeConfig load_kubeconfig(const std::string& path, const std::string& context) {
   namespace fs = std::filesystem;
+  OLMO_CHECK(std::filesystem::is_regular_file(path), "kubeconfig ", path,
+             ": cannot read (no such file); fix --kubeconfig / $KUBECONFIG, or get credentials with "
+             "`gcloud container clusters get-credentials`");
   const std::string text = read_file(path, "kubeconfig");
   YAML::Node root;
   try {

@@ -755,7 +755,9 @@ TEST(K8sClientErrors, BadKubeconfigs) {
   m = message_of([&] { load_kubeconfig(p); });
   EXPECT_NE(m.find("has no credentials"), std::string::npos) << m;
   m = message_of([&] { load_kubeconfig((dir / "missing").string()); });
-  EXPECT_NE(m.find("kubeconfig: cannot read"), std::string::npos) << m;
+  EXPECT_NE(m.find("kubeconfig " + (dir / "missing").string() + ": cannot read (no such file)"),
+            std::string::npos)
+      << m;
   m = message_of([&] { resolve_config("", "", map_env({{"HOME", dir.string()}})); });
   EXPECT_NE(m.find(".kube/config does not exist; pass --kubeconfig FILE"), std::string::npos) << m;
 
@@ -817,6 +819,7 @@ TEST(K8sClientErrors, CliPrintsTheFix) {
   while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
   int rc = ::pclose(f);
   EXPECT_NE(rc, 0);
+  EXPECT_EQ(out.rfind("olmosft k8s status: error: kubeconfig ", 0), 0u) << out;
   EXPECT_NE(out.find("olmosft k8s status: error: kubeconfig " + (dir / "kc").string() +
                      ": no current-context; pass --context NAME"),
             std::string::npos)
