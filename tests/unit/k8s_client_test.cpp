@@ -827,6 +827,50 @@ TEST(K8sClientErrors, CliPrintsTheFix) {
   fs::remove_all(dir);
 }
 
+std::string run_cmd(const std::string& cmd, int& rc) {
+  FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while (f && (n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  rc = f ? ::pclose(f) : -1;
+  return out;
+}
+
+TEST(K8sCli, LaunchWatchStatusStop) {
+  Env e("cli-e2e");
+  e.cluster.nan_at = 6;
+  e.cluster.stall_after = 20;
+  std::ofstream(e.dir / "kc")
+      << "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  cluster: {server: '"
+      << e.server.url() << "'}\ncontexts:\n- name: c\n  context: {cluster: k, user: u, namespace: olmo}\n"
+      << "users:\n- name: u\n  user: {token: good}\n";
+  const std::string bin = std::string(OLMOSFT_BINARY) + " ";
+  const std::string kc = " --kubeconfig " + (e.dir / "kc").string();
+  std::string overrides;
+  for (const auto& o : kSmall) overrides += " '" + o + "'";
+  int rc = 0;
+  std::string out = run_cmd(
+      bin + "k8s launch " + kRecipe + overrides + " --suffix t1 --out " + (e.dir / "m").string() + kc, rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("jobset/olmo35-sft-h045-tpu-t1 created uid=0f5e-uid-1234"), std::string::npos) << out;
+  out = run_cmd(bin + "k8s watch olmo35-sft-h045-tpu-t1 --poll-seconds 0.05 --max-minutes 0.5 --run-dir " +
+                    (e.dir / "run").string() + kc,
+                rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("stop rule fired: nan_loss: step 6 ce=nan"), std::string::npos) << out;
+  EXPECT_NE(out.find("watch ended: Workload deactivated and all pods gone"), std::string::npos) << out;
+  EXPECT_EQ(e.cluster.workload_patches, 1);
+  EXPECT_EQ(e.cluster.jobset_patches, 0);
+  out = run_cmd(bin + "k8s status olmo35-sft-h045-tpu-t1" + kc, rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("Evicted: Deactivated"), std::string::npos) << out;
+  out = run_cmd(bin + "k8s stop olmo35-sft-h045-tpu-t1" + kc, rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("already inactive"), std::string::npos) << out;
+  EXPECT_EQ(e.cluster.workload_patches, 1);
+}
+
 TEST(K8sLogParsing, LossPartsAndRbf) {
   auto r = parse_loss_parts(
       "I1202 12:00:00 LOSS-PARTS step=12 ce=0.912345 lm_z=0.000123 moe_lb=0.010012 router_z=0.000045 "
