@@ -49,13 +49,15 @@ struct FakeCluster {
   // scenario
   std::string token = "good";
   int steps = 40;
-  int loss_pod = 2;          // the pod that logs LOSS-PARTS (not pod 0, as on the real slice)
-  int drip_ms = 4;           // a new step every 4 ms of real time
-  int drop_after_lines = 9;  // the loss pod's first log connection breaks after this many lines (0: never)
-  int nan_at = 0;            // ce=nan from this step on
-  int rbf_high_at = 0;       // REQUIRED_RBF=2.7 from this step on (1.9 before)
-  int stall_after = 0;       // every pod stops logging after this step (and keeps running)
-  bool watch_410 = true;     // 1st pod watch: ERROR event with a 410 Status in a 200 stream; 2nd: HTTP 410
+  int loss_pod = 2;            // the pod that logs LOSS-PARTS (not pod 0, as on the real slice)
+  int drip_ms = 4;             // a new step every 4 ms of real time
+  int drop_after_lines = 9;    // the loss pod's first log connection breaks after this many lines (0: never)
+  int nan_at = 0;              // ce=nan from this step on
+  int rbf_high_at = 0;         // REQUIRED_RBF=2.7 from this step on (1.9 before)
+  int stall_after = 0;         // every pod stops logging after this step (and keeps running)
+  bool waiting_first = false;  // each pod's first log request: 400 "waiting to start" (container creating)
+  std::set<int> answered_400;
+  bool watch_410 = true;  // 1st pod watch: ERROR event with a 410 Status in a 200 stream; 2nd: HTTP 410
 
   // state
   std::mutex mu;
@@ -265,6 +267,12 @@ struct FakeCluster {
         if (pod_name(i) == name) idx = i;
       if (idx < 0 || pods_deleted(now)) return status(404, "NotFound", "pods \\\"" + name + "\\\" not found");
       ++log_requests;
+      if (waiting_first && !answered_400.count(idx)) {
+        answered_400.insert(idx);
+        return status(
+            400, "BadRequest",
+            "container \\\"trainer\\\" in pod \\\"" + name + "\\\" is waiting to start: ContainerCreating");
+      }
       int64_t since = -1;
       if (!rq.param("sinceTime").empty()) {
         since_times.push_back(rq.param("sinceTime"));
@@ -402,6 +410,7 @@ std::string message_of(const std::function<void()>& f) {
 
 TEST(K8sClient, LaunchAndWatchSurviveDroppedStreamAnd410) {
   Env e("complete");
+  e.cluster.waiting_first = true;
   std::ostringstream log;
   LaunchResult lr = launch(e.client, e.rendered, false, log);
   EXPECT_EQ(lr.uid, "0f5e-uid-1234");
@@ -421,6 +430,7 @@ TEST(K8sClient, LaunchAndWatchSurviveDroppedStreamAnd410) {
   EXPECT_FALSE(e.cluster.since_times.empty());
   EXPECT_EQ(e.cluster.workload_patches, 0);
   EXPECT_EQ(e.cluster.jobset_patches, 0);
+  EXPECT_EQ(e.cluster.answered_400.size(), 4u);  // every pod's first log request: "waiting to start", retried
 
   // Every step exactly once, in order, from the pod that logs LOSS-PARTS.
   auto recs = read_jsonl(e.dir / "run" / "steps.jsonl");
