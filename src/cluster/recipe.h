@@ -1,0 +1,90 @@
+// The trainer recipe as far as the cluster launcher needs it: a YAML file plus `key=value` overrides
+// (dotted keys, e.g. cluster.stop_rules.nan_loss=false). The trainer reads the same file and more keys;
+// this reader checks the keys listed in docs/k8s.md, ignores other top-level keys, and is strict inside
+// `cluster:` (an unknown key there is an error, as it is most likely a typo).
+#pragma once
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace olmosft::cluster {
+
+// A slice description: "tpu-<gen>-<topology>" (tpu-v4-4x4x8) or "gpu-<model>-<nodes>x<gpus>" (gpu-h100-2x8).
+struct SliceSpec {
+  enum class Kind { Tpu, Gpu };
+  std::string text;
+  Kind kind = Kind::Tpu;
+  std::string generation;         // "v4", "h100", ...
+  std::string topology;           // "4x4x8" (TPU only)
+  int hosts = 0;                  // pods, one per host/node
+  int devices_per_host = 0;       // TPU chips or GPUs per pod
+  std::string accelerator_key;    // node label key for the accelerator type
+  std::string accelerator_value;  // e.g. tpu-v4-podslice, nvidia-h100-80gb
+  std::string resource_name;      // google.com/tpu or nvidia.com/gpu
+  bool multi_host_tpu() const { return kind == Kind::Tpu && hosts > 1; }
+  int devices() const { return hosts * devices_per_host; }
+};
+
+// Parses a slice string; throws olmosft::Error naming the string and the accepted forms.
+SliceSpec parse_slice(const std::string& text);
+
+struct StopRules {
+  bool nan_loss = true;                    // any non-finite LOSS-PARTS value
+  std::optional<double> max_required_rbf;  // REQUIRED_RBF above this
+  std::optional<double> stall_minutes;     // no new step for this long (after the first step)
+};
+
+struct ClusterSpec {
+  std::string namespace_ = "default";
+  std::string queue;  // Kueue LocalQueue (label kueue.x-k8s.io/queue-name); required
+  std::string image;  // required
+  SliceSpec slice;
+  bool host_network = false;       // default: true for multi-host TPU
+  std::string node_pool;           // optional: pin to one GKE node pool
+  std::string exclusive_topology;  // node label key; default gke-nodepool for TPU, none for GPU
+  int max_restarts = 3;
+  std::string service_account;
+  std::string container = "trainer";
+  std::vector<std::string> command;  // default: olmosft train /etc/olmosft/recipe.yaml
+  int coordinator_port = 29500;
+  StopRules stop_rules;
+};
+
+struct Recipe {
+  std::string origin;  // file path (for messages)
+  std::string source_text;
+  std::vector<std::string> overrides;
+  YAML::Node root;  // effective recipe (overrides applied)
+
+  std::string run_name;
+  int64_t seq_len = 0;
+  int64_t global_batch = 0;
+  double per_device_batch = 0;
+  int64_t steps = 0;
+  std::string output_dir;
+  int grace_seconds = 600;  // checkpoint.grace_seconds
+  std::map<std::string, int64_t> mesh;
+  ClusterSpec cluster;
+
+  // Derived (computed once by the reader and checked against the slice):
+  int64_t rows_per_step = 0;  // devices x per_device_batch
+  int64_t grad_accum = 0;     // global_batch / rows_per_step
+
+  std::string effective_yaml() const;  // the recipe after overrides, as YAML
+};
+
+// Applies "a.b.c=value" to a YAML tree (value parsed as a YAML scalar/flow node).
+void apply_override(YAML::Node& root, const std::string& kv);
+
+Recipe parse_recipe(const std::string& text, const std::string& origin,
+                    const std::vector<std::string>& overrides);
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides);
+
+// Throws unless the batch and mesh fit the slice (called by parse_recipe; exposed for tests).
+void check_fits(Recipe& r);
+
+}  // namespace olmosft::cluster

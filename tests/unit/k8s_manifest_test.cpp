@@ -1,0 +1,243 @@
+// Rendered manifests of the runbook's 4x4x8 recipe: structure checked field by field after a YAML round
+// trip, then `kubectl apply --dry-run=client --validate=false -f DIR`. kubectl needs API discovery even
+// for a client dry run, so it is pointed at the loopback fake API (k8s_fake_api.h), which answers only
+// discovery and "not found" for the objects; nothing is created anywhere.
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+
+#include "cluster/manifest.h"
+#include "cluster/recipe.h"
+#include "core/error.h"
+#include "k8s_fake_api.h"
+
+using namespace olmosft::cluster;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kRecipe = std::string(OLMOSFT_SOURCE_DIR) + "/recipes/olmo35-small-sft.k8s.yaml";
+
+fs::path scratch(const std::string& name) {
+  fs::path p =
+      fs::temp_directory_path() / ("olmosft-k8s-manifest-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+std::string find_kubectl() {
+  if (const char* k = std::getenv("OLMOSFT_KUBECTL"); k && *k) return k;
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "/usr/bin:/bin";
+  size_t pos = 0;
+  while (pos <= p.size()) {
+    size_t c = p.find(':', pos);
+    std::string dir = p.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+    if (!dir.empty() && ::access((dir + "/kubectl").c_str(), X_OK) == 0) return dir + "/kubectl";
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  return "";
+}
+
+std::string run(const std::string& cmd, int& rc) {
+  std::string out;
+  FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!f) {
+    rc = -1;
+    return "";
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  rc = ::pclose(f);
+  return out;
+}
+
+}  // namespace
+
+TEST(K8sManifest, RunbookRecipeMatchesSettings) {
+  Recipe r = load_recipe(kRecipe, {});
+  Rendered out = render(r, {"abc123"});
+  fs::path dir = scratch("struct");
+  write_rendered(out, dir.string());
+
+  // Round trip through the YAML files that kubectl would read.
+  std::vector<YAML::Node> docs;
+  for (const char* f : {"0-configmap-recipe.yaml", "1-configmap-env.yaml", "2-jobset.yaml"})
+    docs.push_back(YAML::LoadFile((dir / f).string()));
+  const YAML::Node& js = docs[2];
+  EXPECT_EQ(js["apiVersion"].as<std::string>(), "jobset.x-k8s.io/v1alpha2");
+  EXPECT_EQ(js["kind"].as<std::string>(), "JobSet");
+  EXPECT_EQ(js["metadata"]["name"].as<std::string>(), "olmo35-sft-h045-tpu-abc123");
+  EXPECT_EQ(js["metadata"]["namespace"].as<std::string>(), "olmo");
+  EXPECT_EQ(js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"].as<std::string>(), "post-training");
+  EXPECT_EQ(js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"].as<std::string>(),
+            "cloud.google.com/gke-nodepool");
+  EXPECT_EQ(js["spec"]["failurePolicy"]["maxRestarts"].as<int>(), 3);
+  EXPECT_EQ(js["spec"]["network"]["subdomain"].as<std::string>(), "olmo35-sft-h045-tpu-abc123");
+  EXPECT_TRUE(js["spec"]["network"]["enableDNSHostnames"].as<bool>());
+  ASSERT_EQ(js["spec"]["replicatedJobs"].size(), 1u);
+  const YAML::Node rj = js["spec"]["replicatedJobs"][0];
+  EXPECT_EQ(rj["name"].as<std::string>(), "slice");
+  EXPECT_EQ(rj["replicas"].as<int>(), 1);
+  const YAML::Node job = rj["template"]["spec"];
+  EXPECT_EQ(job["parallelism"].as<int>(), 32);  // 4x4x8 = 128 chips / 4 per host
+  EXPECT_EQ(job["completions"].as<int>(), 32);
+  EXPECT_EQ(job["completionMode"].as<std::string>(), "Indexed");
+  EXPECT_EQ(job["backoffLimit"].as<int>(), 0);
+  const YAML::Node pod = job["template"]["spec"];
+  EXPECT_EQ(pod["restartPolicy"].as<std::string>(), "Never");
+  EXPECT_TRUE(pod["hostNetwork"].as<bool>());
+  EXPECT_EQ(pod["dnsPolicy"].as<std::string>(), "ClusterFirstWithHostNet");
+  EXPECT_EQ(pod["terminationGracePeriodSeconds"].as<int>(), 900);  // checkpoint.grace_seconds
+  EXPECT_EQ(pod["serviceAccountName"].as<std::string>(), "olmo");
+  EXPECT_EQ(pod["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"].as<std::string>(), "tpu-v4-podslice");
+  EXPECT_EQ(pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"].as<std::string>(), "4x4x8");
+  const YAML::Node c = pod["containers"][0];
+  EXPECT_EQ(c["resources"]["limits"]["google.com/tpu"].as<std::string>(), "4");
+  EXPECT_EQ(c["resources"]["limits"]["google.com/tpu"].Tag(), "!");  // quoted: a Quantity string
+  EXPECT_EQ(c["volumeMounts"][0]["mountPath"].as<std::string>(), "/etc/olmosft");
+  std::set<std::string> env_names;
+  for (const auto& e : c["env"]) env_names.insert(e["name"].as<std::string>());
+  for (const char* n : {"JOBSET_NAME", "REPLICATED_JOB_NAME", "JOB_INDEX", "RESTART_ATTEMPT"})
+    EXPECT_TRUE(env_names.count(n)) << n;
+
+  // The recipe ConfigMap holds the effective recipe, which parses back to the same settings.
+  EXPECT_EQ(docs[0]["kind"].as<std::string>(), "ConfigMap");
+  EXPECT_EQ(docs[0]["metadata"]["name"].as<std::string>(), "olmo35-sft-h045-tpu-abc123-recipe");
+  Recipe back = parse_recipe(docs[0]["data"]["recipe.yaml"].as<std::string>(), "cm", {});
+  EXPECT_EQ(back.cluster.slice.hosts, 32);
+  EXPECT_EQ(back.rows_per_step, 16);
+  EXPECT_DOUBLE_EQ(*back.cluster.stop_rules.max_required_rbf, 2.5);
+  EXPECT_DOUBLE_EQ(*back.cluster.stop_rules.stall_minutes, 30);
+  std::ifstream src(kRecipe);
+  std::string src_text((std::istreambuf_iterator<char>(src)), {});
+  EXPECT_EQ(docs[0]["data"]["source.yaml"].as<std::string>(), src_text);
+  // The env ConfigMap: every value a string (quoted numbers), what dist_env reads.
+  const YAML::Node env = docs[1]["data"];
+  EXPECT_EQ(env["OLMOSFT_NUM_PODS"].as<std::string>(), "32");
+  EXPECT_EQ(env["OLMOSFT_NUM_PODS"].Tag(), "!");
+  EXPECT_EQ(env["OLMOSFT_SUBDOMAIN"].as<std::string>(), "olmo35-sft-h045-tpu-abc123");
+
+  // manifest.json reads back identically (what `k8s launch DIR` uses).
+  Rendered again = read_rendered(dir.string());
+  ASSERT_EQ(again.objects.size(), out.objects.size());
+  for (size_t i = 0; i < out.objects.size(); ++i) EXPECT_EQ(again.objects[i].second, out.objects[i].second);
+  fs::remove_all(dir);
+}
+
+TEST(K8sManifest, GpuSliceAndRefusal) {
+  Recipe r = load_recipe(kRecipe, {"cluster.slice=gpu-h200-2x8", "per_device_batch=1", "global_batch=16",
+                                   "mesh={fsdp: 16}", "cluster.host_network=false"});
+  Rendered out = render(r, {"7"});
+  const auto& pod =
+      out.objects.back().second["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
+  EXPECT_EQ(pod["nodeSelector"]["cloud.google.com/gke-accelerator"], "nvidia-h200-141gb");
+  EXPECT_EQ(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "8");
+  EXPECT_EQ(pod["tolerations"][0]["key"], "nvidia.com/gpu");
+  EXPECT_FALSE(pod.contains("hostNetwork"));
+  EXPECT_EQ(out.objects.back().second["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"], 2);
+  // Refused before anything is rendered: a row spread over 16 GPUs (1/16 per device) on an 8-GPU node.
+  try {
+    load_recipe(kRecipe, {"cluster.slice=gpu-h200-1x8", "per_device_batch=0.0625", "mesh={fsdp: 8}"});
+    FAIL() << "expected a refusal";
+  } catch (const olmosft::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "per_device_batch 0.0625 puts one row on 16 devices, which does not divide 8"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(K8sManifest, CliRenderRefusesBeforeWriting) {
+  fs::path dir = scratch("cli");
+  int rc = 0;
+  std::string out = run(std::string(OLMOSFT_BINARY) + " k8s render " + kRecipe + " global_batch=20 --out " +
+                            (dir / "m").string(),
+                        rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("global_batch 20 is not a multiple"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir / "m"));
+  out = run(
+      std::string(OLMOSFT_BINARY) + " k8s render " + kRecipe + " --suffix s1 --out " + (dir / "m").string(),
+      rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("32 pods x 4 chips = 128 devices"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(dir / "m" / "2-jobset.yaml"));
+  fs::remove_all(dir);
+}
+
+TEST(K8sManifest, KubectlClientDryRun) {
+  const std::string kubectl = find_kubectl();
+  if (kubectl.empty()) {
+    std::fprintf(
+        stderr,
+        "*** SKIPPED: no kubectl on PATH (set OLMOSFT_KUBECTL or apt-get install kubernetes-client)\n");
+    GTEST_SKIP() << "kubectl not found";
+  }
+  Recipe r = load_recipe(kRecipe, {});
+  Rendered out = render(r, {"abc123"});
+  fs::path dir = scratch("kubectl");
+  write_rendered(out, (dir / "m").string());
+  fs::remove(dir / "m" / "manifest.json");  // kubectl -f DIR reads every .json/.yaml file
+
+  std::mutex mu;
+  std::vector<std::string> seen;
+  auto resources = [](const std::string& gv, const std::string& name, const std::string& kind) {
+    return R"({"kind":"APIResourceList","apiVersion":"v1","groupVersion":")" + gv +
+           R"(","resources":[{"name":")" + name + R"(","singularName":"","namespaced":true,"kind":")" + kind +
+           R"(","verbs":["create","delete","get","list","patch","update","watch"]}]})";
+  };
+  fakeapi::Server srv(
+      [&](const fakeapi::Request& rq) {
+        {
+          std::lock_guard<std::mutex> g(mu);
+          seen.push_back(rq.method + " " + rq.path);
+        }
+        if (rq.method != "GET")
+          return fakeapi::Response{405, fakeapi::status_body(405, "MethodNotAllowed", "fake")};
+        if (rq.path == "/api")
+          return fakeapi::Response{
+              200, R"({"kind":"APIVersions","versions":["v1"],"serverAddressByClientCIDRs":[]})"};
+        if (rq.path == "/apis")
+          return fakeapi::Response{
+              200,
+              R"({"kind":"APIGroupList","apiVersion":"v1","groups":[{"name":"jobset.x-k8s.io","versions":[)"
+              R"({"groupVersion":"jobset.x-k8s.io/v1alpha2","version":"v1alpha2"}],"preferredVersion":)"
+              R"({"groupVersion":"jobset.x-k8s.io/v1alpha2","version":"v1alpha2"}}]})"};
+        if (rq.path == "/api/v1") return fakeapi::Response{200, resources("v1", "configmaps", "ConfigMap")};
+        if (rq.path == "/apis/jobset.x-k8s.io/v1alpha2")
+          return fakeapi::Response{200, resources("jobset.x-k8s.io/v1alpha2", "jobsets", "JobSet")};
+        return fakeapi::Response{404, fakeapi::status_body(404, "NotFound", "not found")};
+      },
+      60);
+  fs::path kc = dir / "kubeconfig";
+  std::ofstream(kc)
+      << "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n"
+      << "    server: " << srv.url() << "\ncontexts:\n- name: fake\n  context: {cluster: fake, user: u}\n"
+      << "users:\n- name: u\n  user: {token: fake}\n";
+  int rc = 0;
+  std::string cmd = "HOME=" + dir.string() + " " + kubectl + " --kubeconfig " + kc.string() +
+                    " --cache-dir " + (dir / "cache").string() +
+                    " apply --dry-run=client --validate=false -f " + (dir / "m").string();
+  std::string text = run(cmd, rc);
+  srv.stop();
+  std::fprintf(stderr, "%s\n%s", cmd.c_str(), text.c_str());
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("configmap/olmo35-sft-h045-tpu-abc123-recipe created (dry run)"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("configmap/olmo35-sft-h045-tpu-abc123-env created (dry run)"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("jobset.jobset.x-k8s.io/olmo35-sft-h045-tpu-abc123 created (dry run)"),
+            std::string::npos)
+      << text;
+  for (const auto& s : seen) EXPECT_EQ(s.rfind("GET ", 0), 0u) << "kubectl changed something: " << s;
+  fs::remove_all(dir);
+}

@@ -1,0 +1,229 @@
+// Recipe reader, slice catalogue, batch/mesh fit checks, run names, and dist_env detection.
+#include <gtest/gtest.h>
+
+#include "cluster/dist_env.h"
+#include "cluster/manifest.h"
+#include "cluster/recipe.h"
+#include "core/error.h"
+
+using namespace olmosft::cluster;
+
+namespace {
+
+const char* kBase = R"(run_name: test-run
+seq_len: 65536
+global_batch: 16
+per_device_batch: 0.125
+steps: 100
+output_dir: /out
+cluster:
+  namespace: olmo
+  queue: post-training
+  image: example.com/olmosft:1
+  slice: tpu-v4-4x4x8
+)";
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const olmosft::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(K8sSlice, Catalogue) {
+  SliceSpec v4 = parse_slice("tpu-v4-4x4x8");
+  EXPECT_EQ(v4.hosts, 32);
+  EXPECT_EQ(v4.devices_per_host, 4);
+  EXPECT_EQ(v4.devices(), 128);
+  EXPECT_EQ(v4.accelerator_value, "tpu-v4-podslice");
+  EXPECT_EQ(v4.topology, "4x4x8");
+  EXPECT_TRUE(v4.multi_host_tpu());
+  SliceSpec v5e = parse_slice("tpu-v5e-2x4");
+  EXPECT_EQ(v5e.hosts, 1);
+  EXPECT_EQ(v5e.devices_per_host, 8);
+  EXPECT_FALSE(v5e.multi_host_tpu());
+  SliceSpec v6e = parse_slice("tpu-v6e-4x4");
+  EXPECT_EQ(v6e.hosts, 4);
+  EXPECT_EQ(v6e.accelerator_value, "tpu-v6e-slice");
+  SliceSpec g = parse_slice("gpu-h100-2x8");
+  EXPECT_EQ(g.hosts, 2);
+  EXPECT_EQ(g.devices_per_host, 8);
+  EXPECT_EQ(g.resource_name, "nvidia.com/gpu");
+  EXPECT_EQ(g.accelerator_value, "nvidia-h100-80gb");
+  EXPECT_EQ(parse_slice("gpu-h100-mega-1x8").accelerator_value, "nvidia-h100-mega-80gb");
+  EXPECT_NE(error_of([] { parse_slice("tpu-v9-4x4x8"); }).find("unknown TPU generation 'v9'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_slice("tpu-v4-4x4"); }).find("needs 3 dimensions"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_slice("gpu-k80-1x8"); }).find("unknown GPU model 'k80'"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_slice("v4-4x4x8"); }).find("expected 'tpu-"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_slice("tpu-v4-4xax8"); }).find("bad shape"), std::string::npos);
+}
+
+TEST(K8sRecipe, RunbookBatchFits) {
+  Recipe r = parse_recipe(kBase, "r.yaml", {});
+  EXPECT_EQ(r.rows_per_step, 16);  // 128 chips x 0.125
+  EXPECT_EQ(r.grad_accum, 1);
+  EXPECT_TRUE(r.cluster.host_network);  // multi-host TPU default
+  EXPECT_EQ(r.cluster.exclusive_topology, "cloud.google.com/gke-nodepool");
+  EXPECT_TRUE(r.cluster.stop_rules.nan_loss);
+  EXPECT_FALSE(r.cluster.stop_rules.stall_minutes.has_value());
+  // Gradient accumulation: 32 = 2 x 16.
+  Recipe r2 = parse_recipe(kBase, "r.yaml", {"global_batch=32"});
+  EXPECT_EQ(r2.grad_accum, 2);
+}
+
+TEST(K8sRecipe, RefusesBatchThatDoesNotFit) {
+  std::string e = error_of([] { parse_recipe(kBase, "r.yaml", {"global_batch=20"}); });
+  EXPECT_NE(e.find("r.yaml: batch does not fit slice tpu-v4-4x4x8 (32 hosts x 4 devices = 128 devices)"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("global_batch 20 is not a multiple of devices x per_device_batch = 128 x 0.125 = 16"),
+            std::string::npos)
+      << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"per_device_batch=0.3"}); });
+  EXPECT_NE(e.find("not 1/k"), std::string::npos) << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"per_device_batch=1.5"}); });
+  EXPECT_NE(e.find("above 1 must be an integer"), std::string::npos) << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"per_device_batch=0.0078125"}); });  // 1/128: one row
+  EXPECT_EQ(e, "");
+  e = error_of(
+      [] { parse_recipe(kBase, "r.yaml", {"per_device_batch=0.00390625"}); });  // 1/256 > 128 devices
+  EXPECT_NE(e.find("puts one row on 256 devices, which does not divide 128"), std::string::npos) << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"mesh={fsdp: 16, expert: 4}"}); });
+  EXPECT_NE(e.find("mesh expert=4 x fsdp=16 covers 64 devices, but slice tpu-v4-4x4x8 has 128"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(error_of([] { parse_recipe(kBase, "r.yaml", {"mesh={fsdp: 16, expert: 8}"}); }), "");
+  // GPU: 2 nodes x 8 GPUs x 2 rows = 32 rows per micro-step.
+  Recipe g =
+      parse_recipe(kBase, "r.yaml", {"cluster.slice=gpu-h100-2x8", "per_device_batch=2", "global_batch=64"});
+  EXPECT_EQ(g.rows_per_step, 32);
+  EXPECT_EQ(g.grad_accum, 2);
+  EXPECT_FALSE(g.cluster.host_network);
+  EXPECT_EQ(g.cluster.exclusive_topology, "");
+}
+
+TEST(K8sRecipe, OverridesAndValidation) {
+  Recipe r =
+      parse_recipe(kBase, "r.yaml",
+                   {"steps=7", "cluster.stop_rules.nan_loss=false", "cluster.stop_rules.stall_minutes=2.5",
+                    "checkpoint.grace_seconds=120", "trainer.lr=1e-5"});
+  EXPECT_EQ(r.steps, 7);
+  EXPECT_FALSE(r.cluster.stop_rules.nan_loss);
+  EXPECT_DOUBLE_EQ(*r.cluster.stop_rules.stall_minutes, 2.5);
+  EXPECT_EQ(r.grace_seconds, 120);
+  EXPECT_EQ(r.root["trainer"]["lr"].Scalar(), "1e-5");  // unknown top-level keys are kept for the trainer
+  EXPECT_NE(r.effective_yaml().find("steps: 7"), std::string::npos);
+
+  std::string e = error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.qeue=x"}); });
+  EXPECT_NE(e.find("r.yaml: key 'cluster.qeue': unknown key"), std::string::npos) << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"steps=ten"}); });
+  EXPECT_NE(e.find("key 'steps': expected an integer, got 'ten'"), std::string::npos) << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"steps"}); });
+  EXPECT_NE(e.find("expected key=value"), std::string::npos) << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.stop_rules.max_required_rbf=-1"}); });
+  EXPECT_NE(e.find("max_required_rbf': must be > 0"), std::string::npos) << e;
+  e = error_of([] { parse_recipe("run_name: x\n", "r.yaml", {}); });
+  EXPECT_NE(e.find("key 'seq_len': missing (required)"), std::string::npos) << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.namespace=Olmo_NS"}); });
+  EXPECT_NE(e.find("not a valid namespace name"), std::string::npos) << e;
+  e = error_of([] { parse_recipe("a: [", "bad.yaml", {}); });
+  EXPECT_NE(e.find("bad.yaml: not valid YAML"), std::string::npos) << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"steps.x=1"}); });
+  EXPECT_NE(e.find("'steps' is not a map"), std::string::npos) << e;
+}
+
+TEST(K8sNames, Dns1035AndLength) {
+  std::string n = make_jobset_name("Olmo35 SFT_h045/TPU full run r2", "abc123", "slice", 1, 32);
+  EXPECT_EQ(n, "olmo35-sft-h045-tpu-full-run-r2-abc123");
+  EXPECT_TRUE(is_dns1035_label(n));
+  std::string long_name(200, 'x');
+  n = make_jobset_name("9" + long_name, "ff00aa", "slice", 1, 256);
+  EXPECT_TRUE(is_dns1035_label(n)) << n;
+  EXPECT_EQ(n.front(), 'r');  // must start with a letter
+  // Longest pod hostname <name>-slice-0-255 fits in 63 characters exactly.
+  EXPECT_EQ(n.size() + std::string("-slice-0-255").size(), 63u) << n;
+  EXPECT_FALSE(is_dns1035_label("Abc"));
+  EXPECT_FALSE(is_dns1035_label("abc-"));
+  EXPECT_FALSE(is_dns1035_label("1abc"));
+  EXPECT_NE(error_of([] { make_jobset_name("x", "ABC", "slice", 1, 4); }).find("lowercase"),
+            std::string::npos);
+}
+
+TEST(K8sDistEnv, JobSetPod) {
+  DistEnv d = detect_dist_env(map_env({{"JOB_COMPLETION_INDEX", "5"},
+                                       {"OLMOSFT_NUM_PODS", "32"},
+                                       {"OLMOSFT_PODS_PER_JOB", "32"},
+                                       {"JOB_INDEX", "0"},
+                                       {"JOBSET_NAME", "olmo35-sft-abc123"},
+                                       {"REPLICATED_JOB_NAME", "slice"},
+                                       {"OLMOSFT_SUBDOMAIN", "olmo35-sft-abc123"},
+                                       {"OLMOSFT_COORDINATOR_PORT", "29500"},
+                                       {"RESTART_ATTEMPT", "2"}}));
+  EXPECT_EQ(d.source, "jobset");
+  EXPECT_EQ(d.rank, 5);
+  EXPECT_EQ(d.world_size, 32);
+  EXPECT_EQ(d.restart_attempt, 2);
+  EXPECT_EQ(d.coordinator(), "olmo35-sft-abc123-slice-0-0.olmo35-sft-abc123:29500");
+  // Multislice: second child Job (job index 1) of 2 x 16 pods.
+  d = detect_dist_env(map_env({{"JOB_COMPLETION_INDEX", "3"},
+                               {"OLMOSFT_NUM_PODS", "32"},
+                               {"OLMOSFT_PODS_PER_JOB", "16"},
+                               {"JOB_INDEX", "1"},
+                               {"JOBSET_NAME", "js"},
+                               {"REPLICATED_JOB_NAME", "slice"}}));
+  EXPECT_EQ(d.rank, 19);
+  EXPECT_EQ(d.coordinator(), "js-slice-0-0.js:29500");  // subdomain defaults to the JobSet name
+}
+
+TEST(K8sDistEnv, MpiAndSingle) {
+  DistEnv d = detect_dist_env(map_env({{"OMPI_COMM_WORLD_RANK", "3"},
+                                       {"OMPI_COMM_WORLD_SIZE", "4"},
+                                       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                       {"JOB_COMPLETION_INDEX", "0"}}));  // mpirun inside a pod: MPI wins
+  EXPECT_EQ(d.source, "ompi");
+  EXPECT_EQ(d.rank, 3);
+  EXPECT_EQ(d.world_size, 4);
+  EXPECT_EQ(d.local_rank, 1);
+  EXPECT_EQ(d.coordinator(), "");
+  d = detect_dist_env(
+      map_env({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MASTER_ADDR", "h0"}, {"MASTER_PORT", "1234"}}));
+  EXPECT_EQ(d.source, "pmi");
+  EXPECT_EQ(d.coordinator(), "h0:1234");
+  d = detect_dist_env(map_env({{"PMIX_RANK", "0"}, {"OLMOSFT_WORLD_SIZE", "2"}}));
+  EXPECT_EQ(d.source, "pmix");
+  EXPECT_EQ(d.world_size, 2);
+  d = detect_dist_env(map_env({}));
+  EXPECT_EQ(d.source, "single");
+  EXPECT_EQ(d.rank, 0);
+  EXPECT_EQ(d.world_size, 1);
+}
+
+TEST(K8sDistEnv, BadValuesNameTheVariable) {
+  auto e = error_of([] {
+    detect_dist_env(map_env({{"OMPI_COMM_WORLD_RANK", "4"}, {"OMPI_COMM_WORLD_SIZE", "4"}}));
+  });
+  EXPECT_NE(e.find("rank 4 (OMPI_COMM_WORLD_RANK) is not below the world size 4"), std::string::npos) << e;
+  e = error_of([] {
+    detect_dist_env(map_env({{"OMPI_COMM_WORLD_RANK", "x"}, {"OMPI_COMM_WORLD_SIZE", "4"}}));
+  });
+  EXPECT_NE(e.find("OMPI_COMM_WORLD_RANK='x' is not a non-negative integer"), std::string::npos) << e;
+  e = error_of([] { detect_dist_env(map_env({{"JOB_COMPLETION_INDEX", "0"}})); });
+  EXPECT_NE(e.find("OLMOSFT_NUM_PODS is not"), std::string::npos) << e;
+  e = error_of([] {
+    detect_dist_env(map_env({{"JOB_COMPLETION_INDEX", "32"},
+                             {"OLMOSFT_NUM_PODS", "32"},
+                             {"JOBSET_NAME", "a"},
+                             {"REPLICATED_JOB_NAME", "b"}}));
+  });
+  EXPECT_NE(e.find("JOB_COMPLETION_INDEX=32 is not below the pods per job 32"), std::string::npos) << e;
+  e = error_of([] { detect_dist_env(map_env({{"JOB_COMPLETION_INDEX", "1"}, {"OLMOSFT_NUM_PODS", "2"}})); });
+  EXPECT_NE(e.find("JOBSET_NAME / REPLICATED_JOB_NAME are not"), std::string::npos) << e;
+  e = error_of([] { detect_dist_env(map_env({{"OLMOSFT_COORDINATOR", "nohostport"}})); });
+  EXPECT_NE(e.find("must be host:port"), std::string::npos) << e;
+}
