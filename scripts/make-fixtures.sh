@@ -35,6 +35,7 @@ node tests/reference/data_fixtures.mjs
 # --- model (tests/golden/model/): Olmo 3 dense and Olmo 3.5 hybrid references
 "$PY" tests/reference/model_olmo3.py
 "$PY" tests/reference/model_olmo3moe.py
+"$PY" tests/reference/model_forward_inputs.py  # e2e inputs for `olmosft forward`, from olmo3_tiny
 if ((check)); then
   "$PY" tests/reference/model_safetensors.py --check
   "$PY" tests/reference/model_olmo3.py --check

@@ -5,10 +5,12 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/safetensors.h"
 #include "model/config.h"
 
 namespace olmosft::model {
@@ -33,26 +35,26 @@ struct MoeLayerStats {
 
 // Sums over the micro-batch, so the trainer can form one token-mean over the global batch.
 struct LossParts {
-  double ce_sum = 0;      // sum over trained targets of -log p(target)
-  double z_sum = 0;       // sum over trained targets of logsumexp^2 (not multiplied by the coefficient)
-  int64_t tokens = 0;     // trained targets
-  double moe_lb = 0;      // weighted, summed over MoE layers (already multiplied by its coefficient)
-  double router_z = 0;    // weighted, summed over MoE layers
+  double ce_sum = 0;    // sum over trained targets of -log p(target)
+  double z_sum = 0;     // sum over trained targets of logsumexp^2 (not multiplied by the coefficient)
+  int64_t tokens = 0;   // trained targets
+  double moe_lb = 0;    // weighted, summed over MoE layers (already multiplied by its coefficient)
+  double router_z = 0;  // weighted, summed over MoE layers
   std::vector<MoeLayerStats> moe_layers;
 };
 
 struct LossConfig {
-  double lm_z = 0.0;      // LM-head z-loss coefficient
-  double moe_lb = 0.0;    // per MoE layer, summed
-  double router_z = 0.0;  // per MoE layer, summed
+  double lm_z = 0.0;              // LM-head z-loss coefficient
+  double moe_lb = 0.0;            // per MoE layer, summed
+  double router_z = 0.0;          // per MoE layer, summed
   double moe_buffer_factor = -1;  // -1 = dropless
   int64_t vocab_tile = 8192;      // 0 = untiled cross-entropy
 };
 
 struct Param {
-  std::string name;  // HF tensor name
-  Tensor value;      // fp32 master
-  Tensor grad;       // fp32, same shape; accumulated by backward()
+  std::string name;   // HF tensor name
+  Tensor value;       // fp32 master
+  Tensor grad;        // fp32, same shape; accumulated by backward()
   bool decay = true;  // weight decay applies (norm gains and biases: false)
 };
 
@@ -76,5 +78,11 @@ class CausalLM {
 // gains 1, biases 0; seeded Philox, the same whatever the thread count), or loaded from an HF dir.
 std::unique_ptr<CausalLM> make_model(const ModelConfig& config, uint64_t seed);
 std::unique_ptr<CausalLM> load_model(const std::string& hf_dir);
+
+// The model's current parameters as (HF name, tensor) pairs in registry order, for export_hf_dir /
+// safetensors::write: views of the fp32 masters (no copy), converted to `dtype` while being written
+// when one is given (bf16 rounds to nearest even).
+std::vector<safetensors::NamedTensor> export_tensors(CausalLM& model,
+                                                     std::optional<DType> dtype = std::nullopt);
 
 }  // namespace olmosft::model

@@ -4,6 +4,9 @@
 
   /usr/bin/python3 tests/reference/model_olmo3.py [--out DIR]   write tests/golden/model/olmo3_tiny/
   /usr/bin/python3 tests/reference/model_olmo3.py --check       gradcheck (fp64) + parameter counts
+  /usr/bin/python3 tests/reference/model_olmo3.py --bench [--T 2048] [--docs 4] [--iters 3] [--threads 2]
+      float32 forward+backward timing of the D.1 small config (used by bench/model_olmo3.cpp); prints one
+      JSON line; writes nothing
 
 See docs/model_reference.md for the fixture layout and every convention.
 """
@@ -398,12 +401,57 @@ def check():
     print("model_olmo3 --check: all passed")
 
 
+# ------------------------------------------------------------------------------------------- bench
+# D.1 small (architecture.md D.1): vocab 4096, hidden 256, 8 layers (3:1), heads 8, kv 4, head_dim 32,
+# intermediate 704, window 64, max_pos 2048, yarn factor 8 with original 256.
+SMALL_CONFIG = dict(TINY_CONFIG, vocab_size=4096, hidden_size=256, intermediate_size=704, num_attention_heads=8,
+                    num_key_value_heads=4, sliding_window=64, max_position_embeddings=2048,
+                    rope_scaling=dict(TINY_CONFIG["rope_scaling"], original_max_position_embeddings=256))
+
+
+def bench(T, docs, iters, threads):
+    import json
+    import time
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(False)
+    cfg = Cfg(SMALL_CONFIG)
+    P = {k: v.requires_grad_(True) for k, v in init_params(cfg, seed=1).items()}
+    lens = [T // docs] * docs
+    lens[-1] += T - sum(lens)
+    batch, _ = mc.pack_rows([lens], T, mc.Init(2), cfg.V, cfg.raw["eos_token_id"])
+    targets, _ = mc.make_targets(batch)
+    trained = (targets >= 0).to(torch.uint8)  # every next token within a document
+
+    def step():
+        for p in P.values():
+            p.grad = None
+        lg = forward(P, cfg, batch)
+        loss = mc.lm_loss(lg, targets, trained, Z_LOSS_COEF)["total"]
+        loss.backward()
+
+    step()  # warm-up
+    w0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(iters):
+        step()
+    wall, cpu = (time.perf_counter() - w0) / iters, (time.process_time() - c0) / iters
+    print(json.dumps({"impl": "pytorch-reference", "torch": torch.__version__, "threads": threads, "T": T,
+                      "docs": docs, "iters": iters, "sec_per_step": wall, "cpu_sec_per_step": cpu,
+                      "tokens_per_s": T / wall}))
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--T", type=int, default=2048)
+    ap.add_argument("--docs", type=int, default=4)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    if a.check:
+    if a.bench:
+        bench(a.T, a.docs, a.iters, a.threads)
+    elif a.check:
         check()
     else:
         generate(a.out)
