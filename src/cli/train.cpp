@@ -1,5 +1,6 @@
 // `olmosft train RECIPE.yaml [key=value ...]`: supervised fine-tuning as the recipe says (docs/train.md).
 #include <iostream>
+#include <sstream>
 
 #include "cli/verb.h"
 #include "core/error.h"
@@ -28,7 +29,10 @@ int train_main(int argc, char** argv) {
   app.add_option("overrides", overrides, "key=value overrides (win over the file)");
   return olmosft::cli::run_app(app, argc, argv, [&] {
     olmosft::Recipe r = olmosft::Recipe::load(path, overrides);
-    (void)olmosft::derive(r);  // batch arithmetic before the model is even loaded
+    // Batch arithmetic, dataset and tokenizer checks before the model is even loaded.
+    // (Its warnings are printed once, by run_training's own preflight.)
+    std::ostringstream quiet;
+    (void)olmosft::train::plan_run(r, quiet);
     std::unique_ptr<olmosft::model::CausalLM> m = build_model(r);
     olmosft::train::TrainOptions opts;
     olmosft::train::TrainResult res = olmosft::train::run_training(r, *m, opts);

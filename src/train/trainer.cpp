@@ -213,30 +213,29 @@ HostBatch make_batch(const PackedDataset& ds, const std::vector<RowRef>& rows) {
 
 // ---- the run ------------------------------------------------------------------------------------------
 
-TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const TrainOptions& opts) {
-  std::ostream& out = opts.out ? *opts.out : std::cout;
-  std::ostream& err = opts.err ? *opts.err : std::cerr;
+RunPlan plan_run(const Recipe& recipe, std::ostream& err) {
   const std::string& src = recipe.source();
-  TrainResult res;
-
-  // ---- preflight: everything below is checked before any compute ----
-  Derived d = derive(recipe);
+  RunPlan p;
+  p.d = derive(recipe);
+  const Derived& d = p.d;
   if (recipe.i64("compute.threads") > 0) set_threads(static_cast<int>(recipe.i64("compute.threads")));
   const std::string data_path = recipe.str("data.path");
   OLMO_CHECK(!data_path.empty(), src, ": data.path is required (a dataset written by `olmosft data build`)");
-  PackedDataset ds = PackedDataset::open(data_path);
+  p.ds = std::make_shared<PackedDataset>(PackedDataset::open(data_path));
+  const PackedDataset& ds = *p.ds;
   const nlohmann::json& man = ds.manifest();
   OLMO_CHECK(ds.seq_len() == d.seq_len, src, ": seq_len=", d.seq_len, " but dataset ", data_path,
              " was built with seq_len ", ds.seq_len(), " (rebuild it or set seq_len=", ds.seq_len(), ")");
-  const int64_t epochs = recipe.i64("data.epochs");
+  const int64_t epochs = p.epochs = recipe.i64("data.epochs");
   OLMO_CHECK(epochs <= ds.epochs(), src, ": data.epochs=", epochs, " but dataset ", data_path, " holds ",
              ds.epochs(), " epoch(s) (build it with --epochs ", epochs, ")");
   OLMO_CHECK(man.contains("tokenizer") && man["tokenizer"].is_object(), "dataset ", data_path,
              "/manifest.json: missing the tokenizer section");
   const nlohmann::json& mtok = man["tokenizer"];
-  const int32_t eos_id = mtok.value("eos_id", -1);
-  const int64_t data_vocab = mtok.value("vocab_size", static_cast<int64_t>(0));
-  const std::string tok_spec = recipe.str("tokenizer");
+  p.eos_id = mtok.value("eos_id", -1);
+  p.data_vocab = mtok.value("vocab_size", static_cast<int64_t>(0));
+  p.tokenizer = recipe.str("tokenizer");
+  const std::string& tok_spec = p.tokenizer;
   if (!tok_spec.empty()) {
     std::unique_ptr<ChatEncoder> enc = open_chat_encoder(tok_spec);
     std::string th = enc->tokenizer_hash(), ph = enc->template_hash();
@@ -251,16 +250,36 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     err << "WARNING: " << src << ": no tokenizer given; the dataset's tokenizer (" << mtok.value("spec", "?")
         << ") is not checked and no tokenizer files are copied into the HF export\n";
   }
-  const int64_t vocab = model.config().vocab_size;
-  OLMO_CHECK(data_vocab <= vocab, src, ": dataset ", data_path, " has token ids up to vocab_size ",
-             data_vocab, " but the model's vocab_size is ", vocab);
   std::vector<int64_t> rows_per_epoch;
   for (int e = 0; e < epochs; ++e) rows_per_epoch.push_back(ds.rows(e));
-  DataOrder order(rows_per_epoch, d.global_batch);
+  p.order = std::make_shared<DataOrder>(rows_per_epoch, d.global_batch);
+  const DataOrder& order = *p.order;
   OLMO_CHECK(d.steps <= order.max_steps(), src, ": steps=", d.steps, " needs ", d.steps * d.global_batch,
              " rows (global_batch ", d.global_batch, ") but data.epochs=", epochs, " of dataset ", data_path,
              " hold ", order.total_rows(), " rows = ", order.max_steps(),
              " steps; lower steps or raise data.epochs (build the dataset with more --epochs)");
+  return p;
+}
+
+TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const TrainOptions& opts) {
+  std::ostream& out = opts.out ? *opts.out : std::cout;
+  std::ostream& err = opts.err ? *opts.err : std::cerr;
+  const std::string& src = recipe.source();
+  TrainResult res;
+
+  // ---- preflight: everything below is checked before any compute ----
+  RunPlan plan = plan_run(recipe, err);
+  const Derived& d = plan.d;
+  const PackedDataset& ds = *plan.ds;
+  const DataOrder& order = *plan.order;
+  const int64_t epochs = plan.epochs;
+  const int32_t eos_id = plan.eos_id;
+  const int64_t data_vocab = plan.data_vocab;
+  const std::string& tok_spec = plan.tokenizer;
+  const std::string data_path = ds.dir();
+  const int64_t vocab = model.config().vocab_size;
+  OLMO_CHECK(data_vocab <= vocab, src, ": dataset ", data_path, " has token ids up to vocab_size ",
+             data_vocab, " but the model's vocab_size is ", vocab);
   // Processes: one on CPU now. Each takes a fixed slice of every step's rows (DataOrder::step_rows); the
   // trained-token count and gradients would be all-reduced (in a fixed rank order) across processes.
   const int world = 1, rank = 0;

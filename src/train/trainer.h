@@ -75,6 +75,20 @@ struct TrainResult {
   std::string run_dir;
 };
 
+// The model-independent preflight: derive() (batch arithmetic, schedule), the dataset opened and checked
+// against the recipe (seq_len, epochs, tokenizer and chat-template hashes when a tokenizer is given) and
+// the step count against the rows the epochs hold. The CLI runs it before loading the model.
+struct RunPlan {
+  Derived d;
+  std::shared_ptr<PackedDataset> ds;
+  std::shared_ptr<DataOrder> order;
+  int64_t epochs = 0;
+  int32_t eos_id = -1;
+  int64_t data_vocab = 0;
+  std::string tokenizer;
+};
+RunPlan plan_run(const Recipe& recipe, std::ostream& err);
+
 // Runs (or resumes) training of `model` according to the recipe. Errors in the inputs throw olmosft::Error
 // before any compute; guards and preemption are reported through TrainResult::exit_code.
 TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const TrainOptions& opts);
