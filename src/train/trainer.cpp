@@ -617,6 +617,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
       tb->add_scalars(s, v);
     }
     if (every > 0 && s % every == 0 && s != d.steps) saved_step = (save(s), s);
+    out.flush();  // the lines are read by watchers while the run goes on
     if (opts.after_step) opts.after_step(s);
     if (sigterm_requested() && s != d.steps) break;
   }

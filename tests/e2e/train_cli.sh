@@ -72,7 +72,7 @@ else
   check "SIGTERM: exit 143 (or 0 if it had already finished)" "[ $rc -eq 143 ] || [ $rc -eq 0 ]"
   "$bin" train "$dir/recipe.yaml" run_name=pre >"$dir/res.out" 2>"$dir/res.err"; rc=$?
   check "resume exits 0" "[ $rc -eq 0 ]"
-  cat "$dir/pre.out" "$dir/res.out" | grep '^LOSS-PARTS' | sort -u -t' ' -k2,2V >"$dir/pre.loss"
+  cat "$dir/pre.out" "$dir/res.out" | grep '^LOSS-PARTS' | sort -u -V >"$dir/pre.loss"
   grep '^LOSS-PARTS' "$dir/ref.out" >"$dir/ref.loss"
   check "preempted + resumed LOSS-PARTS equal the uninterrupted run's" "cmp -s '$dir/pre.loss' '$dir/ref.loss'"
 fi
