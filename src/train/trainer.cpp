@@ -321,8 +321,12 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
   res.run_dir = run_dir;
   const std::string ckpt_root = run_dir + "/checkpoints";
   fs::create_directories(ckpt_root);
-  for (const auto& e : fs::directory_iterator(ckpt_root)) {  // staging dirs of interrupted saves
-    if (e.path().filename().string().find(".tmp-") != std::string::npos) fs::remove_all(e.path());
+  {
+    std::vector<fs::path> stale;  // staging dirs of interrupted saves
+    for (const auto& e : fs::directory_iterator(ckpt_root)) {
+      if (e.path().filename().string().find(".tmp-") != std::string::npos) stale.push_back(e.path());
+    }
+    for (const auto& p : stale) fs::remove_all(p);
   }
   const std::string manifest_sha = io::sha256_file(ds.dir() + "/manifest.json");
   const std::string snapshot = recipe_yaml(recipe);

@@ -309,13 +309,16 @@ TEST_F(TrainTest, GradAccumulationOneVsFourGivesTheSameLossAndUpdate) {
   double max_rel = 0;
   for (size_t i = 0; i < ra.step_loss.size(); ++i)
     max_rel = std::max(max_rel, std::fabs(ra.step_loss[i] - rb.step_loss[i]) / std::fabs(ra.step_loss[i]));
-  // Per-micro-batch double sums added in a different grouping: a few ulps of double.
-  EXPECT_LT(max_rel, 1e-12);
+  // Step 1 (same weights): only the grouping of the double loss sums differs, a few ulps of double. Later
+  // steps see weights that differ by fp32 rounding (the aux-term gradient is added once vs 4 x 1/4), which
+  // moves the loss by ~1e-9 relative (measured 7.4e-10); bound 1e-8.
+  EXPECT_LT(std::fabs(ra.step_loss[0] - rb.step_loss[0]) / ra.step_loss[0], 1e-12);
+  EXPECT_LT(max_rel, 1e-8);
   auto fa = flat(a), fb = flat(b);
   float max_diff = 0;
   for (size_t i = 0; i < fa.size(); ++i) max_diff = std::max(max_diff, std::fabs(fa[i] - fb[i]));
   // Gradients are accumulated into fp32 in the same element order either way; the parameters after 6
-  // steps agree to fp32 rounding of the lr-sized updates (|param| <~ 2, ulp 2.4e-7).
+  // steps agree to fp32 rounding (|param| <~ 2, ulp 2.4e-7; measured max 2.1e-7).
   EXPECT_LT(max_diff, 1e-6f);
   std::cout << "GA1 vs GA4: max rel loss diff " << max_rel << ", max param diff " << max_diff << "\n";
 }
