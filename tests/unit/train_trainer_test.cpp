@@ -314,6 +314,18 @@ TEST_F(TrainTest, GradAccumulationOneVsFourGivesTheSameLossAndUpdate) {
   // moves the loss by ~1e-9 relative (measured 7.4e-10); bound 1e-8.
   EXPECT_LT(std::fabs(ra.step_loss[0] - rb.step_loss[0]) / ra.step_loss[0], 1e-12);
   EXPECT_LT(max_rel, 1e-8);
+  // The same gradient (global token-mean, not a mean of per-micro-batch means): pre-clip norms agree.
+  auto norms = [&](const std::string& run) {
+    std::vector<double> v;
+    std::ifstream mf(run_dir(run) + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(mf, line)) v.push_back(nlohmann::json::parse(line)["grad_norm"].get<double>());
+    return v;
+  };
+  auto na = norms("ga1"), nb = norms("ga4");
+  ASSERT_EQ(na.size(), 6u);
+  ASSERT_EQ(nb.size(), 6u);
+  for (size_t i = 0; i < na.size(); ++i) EXPECT_NEAR(na[i], nb[i], 1e-6 * na[i]) << "step " << i + 1;
   auto fa = flat(a), fb = flat(b);
   float max_diff = 0;
   for (size_t i = 0; i < fa.size(); ++i) max_diff = std::max(max_diff, std::fabs(fa[i] - fb[i]));
