@@ -63,7 +63,11 @@ const std::vector<RecipeKey>& recipe_keys() {
        "resume from the latest valid checkpoint in the run directory"},
       {"log.every", KeyType::Int, "1", "log a LOSS-PARTS line every N steps"},
       {"log.tensorboard", KeyType::Bool, "true", "write TensorBoard event files next to metrics.jsonl"},
-      {"eval.heldout", KeyType::Int, "32", "held-out conversations for the end-of-run P(EOS) check"},
+      {"eval.heldout", KeyType::Int, "32",
+       "rows for the P(EOS) check before and after training (untrained rows of epoch 0 when there are any)"},
+      {"export.hf", KeyType::Bool, "true", "export the final weights as an HF directory into RUN_DIR/hf"},
+      {"perf.peak_tflops", KeyType::Float, "0",
+       "peak fp32 TFLOP/s of the whole run for MFU (0 = measure an SGEMM on this machine at start)"},
   };
   return keys;
 }
@@ -292,6 +296,9 @@ Derived derive(const Recipe& r) {
   OLMO_CHECK(r.i64("data.epochs") >= 1, src, ": data.epochs must be >= 1");
   OLMO_CHECK(r.i64("log.every") >= 1, src, ": log.every must be >= 1");
   OLMO_CHECK(r.i64("compute.vocab_tile") >= 0, src, ": compute.vocab_tile must be >= 0");
+  OLMO_CHECK(r.i64("eval.heldout") >= 0, src, ": eval.heldout must be >= 0");
+  OLMO_CHECK(r.f64("perf.peak_tflops") >= 0, src, ": perf.peak_tflops must be >= 0 (0 = measure)");
+  OLMO_CHECK(r.i64("checkpoint.grace_seconds") >= 1, src, ": checkpoint.grace_seconds must be >= 1");
   return d;
 }
 

@@ -1,0 +1,55 @@
+// Training checkpoints: atomic, checksummed, resumable in O(1).
+//
+// Layout (one directory per saved step, under RUN_DIR/checkpoints/):
+//   step-00000012/
+//     model.safetensors      fp32 master weights, HF tensor names
+//     optimizer.safetensors  AdamW moments: "exp_avg.<name>" and "exp_avg_sq.<name>" (fp32)
+//     state.json             step, data position, RNG state, dataset manifest hash, recipe hash, run facts
+//     recipe.yaml            the fully resolved recipe (snapshot)
+//     SHA256SUMS             sha256sum-format checksums of every other file (`sha256sum -c` verifies them)
+// A checkpoint is built in a staging directory next to its final name (io::AtomicDir), fsynced, and
+// published with one rename, so a directory named step-N is complete unless it was damaged afterwards;
+// load() re-verifies every checksum anyway. After a save, all but the newest keep_last step directories
+// are deleted.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/model.h"
+
+namespace olmosft::train {
+
+struct CheckpointState {
+  int64_t step = 0;  // optimizer steps completed; also the data position (rows are a pure function of it)
+  nlohmann::json info = nlohmann::json::object();  // everything else recorded in state.json
+};
+
+std::string checkpoint_dir_name(int64_t step);  // "step-00000012"
+
+// Writes RUN_DIR/checkpoints/step-N atomically (replacing nothing: an existing step-N is an error unless
+// `overwrite`), then prunes to keep_last. `moments` holds 2 tensors per parameter (exp_avg, exp_avg_sq) in
+// parameter order. Returns the final directory.
+std::string save_checkpoint(const std::string& ckpt_root, const std::vector<model::Param>& params,
+                            const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                            const CheckpointState& state, const std::string& recipe_yaml, int64_t keep_last);
+
+// Step directories under ckpt_root, newest first (by step number; malformed names ignored).
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& ckpt_root);
+
+// Verifies SHA256SUMS (every file listed and matching, the required files present) and parses state.json.
+// Throws olmosft::Error naming the directory and the problem.
+CheckpointState verify_checkpoint(const std::string& dir);
+
+// The newest checkpoint that verifies; each invalid newer one is reported on `warn` ("WARNING: skipping
+// corrupt checkpoint DIR: reason"). Returns "" when none is valid.
+std::string latest_valid_checkpoint(const std::string& ckpt_root, std::ostream& warn);
+
+// Loads weights and moments into the given storage (names and shapes must match exactly).
+CheckpointState load_checkpoint(const std::string& dir, std::vector<model::Param>& params,
+                                std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq);
+
+}  // namespace olmosft::train

@@ -1,0 +1,711 @@
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "data/build_bytes_encoder.h"
+#include "io/atomic_file.h"
+#include "io/hash.h"
+#include "io/tensorboard.h"
+#include "kernels/adamw.h"
+#include "kernels/gemm.h"
+#include "model/hf_dir.h"
+#include "model/params.h"
+#include "train/checkpoint.h"
+#include "train/schedule.h"
+
+namespace fs = std::filesystem;
+
+namespace olmosft::train {
+
+namespace {
+
+volatile std::sig_atomic_t g_sigterm = 0;
+extern "C" void on_sigterm(int) { g_sigterm = 1; }
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string fmt6(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6f", v);
+  return buf;
+}
+
+std::string hms(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  long t = static_cast<long>(s + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  return buf;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Measured fp32 peak of this process: the best of a few 1024^3 SGEMMs (OpenBLAS, all threads).
+double measure_peak_flops() {
+  const int64_t n = 1024;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    auto t0 = Clock::now();
+    gemm<float>(Trans::N, Trans::N, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    double dt = seconds_since(t0);
+    if (dt > 0) best = std::max(best, 2.0 * n * n * n / dt);
+  }
+  return best;
+}
+
+// Model FLOPs per step (forward + backward): 6 x N_active x tokens, plus attention scores/values:
+// 12 x heads x head_dim x ctx per token and layer, ctx = T/2 for full causal layers and min(window, T/2)
+// for sliding-window layers (KDA/linear layers are not counted).
+double model_flops_per_step(const model::CausalLM& m, std::vector<model::Param>& params, int64_t rows,
+                            int64_t T) {
+  double n_active = 0;
+  for (const auto& p : params) n_active += static_cast<double>(p.value.numel());
+  const model::ModelConfig& c = m.config();
+  if (c.is_moe()) {
+    try {
+      n_active = static_cast<double>(model::count_params(c).active);
+    } catch (const Error&) {
+    }
+  }
+  double tokens = static_cast<double>(rows * T);
+  double attn = 0;
+  double hd = static_cast<double>(c.num_attention_heads * c.head_dim);
+  for (model::LayerType lt : c.layer_types) {
+    double ctx = 0.5 * static_cast<double>(T);
+    if (lt == model::LayerType::SlidingAttention) ctx = std::min(static_cast<double>(c.sliding_window), ctx);
+    if (lt == model::LayerType::LinearAttention) ctx = 0;
+    attn += 12.0 * hd * ctx;
+  }
+  return 6.0 * n_active * tokens + attn * tokens;
+}
+
+struct StepParts {
+  double ce_sum = 0, z_sum = 0, moe_lb = 0, router_z = 0;
+  int64_t tokens = 0;
+  std::map<int64_t, model::MoeLayerStats> moe;  // by layer: dropped summed, buffer factor max
+};
+
+void zero_grads(std::vector<model::Param>& params) {
+  for (auto& p : params) std::fill(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel(), 0.0f);
+}
+
+// Mean P(target) over positions whose trained target is `eos`; returns (mean, count).
+std::pair<double, int64_t> p_eos(model::CausalLM& m, const PackedDataset& ds, const std::vector<RowRef>& rows,
+                                 int32_t eos, const model::LossConfig& lc) {
+  double sum = 0;
+  int64_t n = 0;
+  for (const RowRef& r : rows) {
+    HostBatch b = make_batch(ds, {r});
+    std::vector<float> lp(static_cast<size_t>(b.T), 0.0f);
+    m.forward(b.view(), lc, nullptr, lp.data());
+    for (int64_t t = 0; t < b.T; ++t) {
+      if (b.trained[t] && b.targets[t] == eos) {
+        sum += std::exp(static_cast<double>(lp[t]));
+        ++n;
+      }
+    }
+  }
+  return {n ? sum / static_cast<double>(n) : std::nan(""), n};
+}
+
+std::string recipe_yaml(const Recipe& r) {
+  std::ostringstream os;
+  r.write_yaml(os);
+  return os.str();
+}
+
+}  // namespace
+
+bool sigterm_requested() { return g_sigterm != 0; }
+void clear_sigterm() { g_sigterm = 0; }
+
+// ---- data order ---------------------------------------------------------------------------------------
+
+DataOrder::DataOrder(std::vector<int64_t> rows_per_epoch, int64_t global_batch)
+    : rows_(std::move(rows_per_epoch)), global_batch_(global_batch) {
+  OLMO_CHECK(global_batch_ >= 1, "DataOrder: global_batch must be >= 1");
+  for (int64_t r : rows_) {
+    OLMO_CHECK(r >= 0, "DataOrder: negative row count");
+    start_.push_back(total_);
+    total_ += r;
+  }
+}
+
+RowRef DataOrder::locate(int64_t g) const {
+  OLMO_CHECK(g >= 0 && g < total_, "data order: global row ", g, " is outside the ", total_,
+             " rows of the usable epochs");
+  // The last epoch whose first global row is <= g and that has rows.
+  size_t e = static_cast<size_t>(std::upper_bound(start_.begin(), start_.end(), g) - start_.begin()) - 1;
+  while (rows_[e] == 0 || g - start_[e] >= rows_[e]) ++e;
+  return RowRef{static_cast<int>(e), g - start_[e]};
+}
+
+std::vector<RowRef> DataOrder::step_rows(int64_t step, int rank, int world) const {
+  OLMO_CHECK(step >= 1, "data order: steps are 1-based, got ", step);
+  OLMO_CHECK(world >= 1 && rank >= 0 && rank < world, "data order: bad rank ", rank, " of ", world);
+  OLMO_CHECK(global_batch_ % world == 0, "data order: global_batch=", global_batch_,
+             " is not divisible by the number of processes ", world);
+  int64_t per = global_batch_ / world;
+  std::vector<RowRef> out;
+  out.reserve(static_cast<size_t>(per));
+  for (int64_t r = rank * per; r < (rank + 1) * per; ++r)
+    out.push_back(locate((step - 1) * global_batch_ + r));
+  return out;
+}
+
+model::Batch HostBatch::view() const {
+  model::Batch b;
+  b.B = B;
+  b.T = T;
+  b.tokens = tokens.data();
+  b.segments = segments.data();
+  b.positions = positions.data();
+  b.targets = targets.data();
+  b.trained = trained.data();
+  return b;
+}
+
+HostBatch make_batch(const PackedDataset& ds, const std::vector<RowRef>& rows) {
+  HostBatch b;
+  b.B = static_cast<int64_t>(rows.size());
+  b.T = ds.seq_len();
+  size_t n = static_cast<size_t>(b.B * b.T);
+  b.tokens.resize(n);
+  b.segments.resize(n);
+  b.positions.resize(n);
+  b.targets.resize(n);
+  b.trained.resize(n);
+  for (int64_t i = 0; i < b.B; ++i) {
+    PackedRow pr = ds.row(rows[i].epoch, rows[i].index);
+    size_t o = static_cast<size_t>(i * b.T);
+    std::copy(pr.tokens, pr.tokens + b.T, b.tokens.begin() + o);
+    for (int64_t t = 0; t < b.T; ++t) b.segments[o + t] = pr.segment_ids[t] == 0 ? -1 : pr.segment_ids[t];
+    pr.positions(b.positions.data() + o);
+    pr.targets(b.targets.data() + o, -100);
+    for (int64_t t = 0; t < b.T; ++t) {
+      b.trained[o + t] = b.targets[o + t] != -100 ? 1 : 0;
+      b.trained_count += b.trained[o + t];
+    }
+  }
+  return b;
+}
+
+// ---- the run ------------------------------------------------------------------------------------------
+
+RunPlan plan_run(const Recipe& recipe, std::ostream& err) {
+  const std::string& src = recipe.source();
+  RunPlan p;
+  p.d = derive(recipe);
+  const Derived& d = p.d;
+  if (recipe.i64("compute.threads") > 0) set_threads(static_cast<int>(recipe.i64("compute.threads")));
+  const std::string data_path = recipe.str("data.path");
+  OLMO_CHECK(!data_path.empty(), src, ": data.path is required (a dataset written by `olmosft data build`)");
+  p.ds = std::make_shared<PackedDataset>(PackedDataset::open(data_path));
+  const PackedDataset& ds = *p.ds;
+  const nlohmann::json& man = ds.manifest();
+  OLMO_CHECK(ds.seq_len() == d.seq_len, src, ": seq_len=", d.seq_len, " but dataset ", data_path,
+             " was built with seq_len ", ds.seq_len(), " (rebuild it or set seq_len=", ds.seq_len(), ")");
+  const int64_t epochs = p.epochs = recipe.i64("data.epochs");
+  OLMO_CHECK(epochs <= ds.epochs(), src, ": data.epochs=", epochs, " but dataset ", data_path, " holds ",
+             ds.epochs(), " epoch(s) (build it with --epochs ", epochs, ")");
+  OLMO_CHECK(man.contains("tokenizer") && man["tokenizer"].is_object(), "dataset ", data_path,
+             "/manifest.json: missing the tokenizer section");
+  const nlohmann::json& mtok = man["tokenizer"];
+  p.eos_id = mtok.value("eos_id", -1);
+  p.data_vocab = mtok.value("vocab_size", static_cast<int64_t>(0));
+  p.tokenizer = recipe.str("tokenizer");
+  const std::string& tok_spec = p.tokenizer;
+  if (!tok_spec.empty()) {
+    std::unique_ptr<ChatEncoder> enc = open_chat_encoder(tok_spec);
+    std::string th = enc->tokenizer_hash(), ph = enc->template_hash();
+    std::string mh = mtok.value("tokenizer_sha256", ""), mp = mtok.value("template_sha256", "");
+    OLMO_CHECK(th == mh, src, ": tokenizer ", tok_spec, " (sha256 ", th, ") is not the tokenizer dataset ",
+               data_path, " was built with (manifest tokenizer.tokenizer_sha256 ", mh, ", spec '",
+               mtok.value("spec", ""), "'); rebuild the dataset or fix the recipe's tokenizer");
+    OLMO_CHECK(ph == mp, src, ": chat template of ", tok_spec, " (sha256 ", ph,
+               ") differs from the one dataset ", data_path,
+               " was built with (manifest tokenizer.template_sha256 ", mp, ")");
+  } else {
+    err << "WARNING: " << src << ": no tokenizer given; the dataset's tokenizer (" << mtok.value("spec", "?")
+        << ") is not checked and no tokenizer files are copied into the HF export\n";
+  }
+  std::vector<int64_t> rows_per_epoch;
+  for (int e = 0; e < epochs; ++e) rows_per_epoch.push_back(ds.rows(e));
+  p.order = std::make_shared<DataOrder>(rows_per_epoch, d.global_batch);
+  const DataOrder& order = *p.order;
+  OLMO_CHECK(d.steps <= order.max_steps(), src, ": steps=", d.steps, " needs ", d.steps * d.global_batch,
+             " rows (global_batch ", d.global_batch, ") but data.epochs=", epochs, " of dataset ", data_path,
+             " hold ", order.total_rows(), " rows = ", order.max_steps(),
+             " steps; lower steps or raise data.epochs (build the dataset with more --epochs)");
+  return p;
+}
+
+TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const TrainOptions& opts) {
+  std::ostream& out = opts.out ? *opts.out : std::cout;
+  std::ostream& err = opts.err ? *opts.err : std::cerr;
+  const std::string& src = recipe.source();
+  TrainResult res;
+
+  // ---- preflight: everything below is checked before any compute ----
+  RunPlan plan = plan_run(recipe, err);
+  const Derived& d = plan.d;
+  const PackedDataset& ds = *plan.ds;
+  const DataOrder& order = *plan.order;
+  const int64_t epochs = plan.epochs;
+  const int32_t eos_id = plan.eos_id;
+  const int64_t data_vocab = plan.data_vocab;
+  const std::string& tok_spec = plan.tokenizer;
+  const std::string data_path = ds.dir();
+  const int64_t vocab = model.config().vocab_size;
+  OLMO_CHECK(data_vocab <= vocab, src, ": dataset ", data_path, " has token ids up to vocab_size ",
+             data_vocab, " but the model's vocab_size is ", vocab);
+  // Processes: one on CPU now. Each takes a fixed slice of every step's rows (DataOrder::step_rows); the
+  // trained-token count and gradients would be all-reduced (in a fixed rank order) across processes.
+  const int world = 1, rank = 0;
+  OLMO_CHECK(d.slots % world == 0, src, ": rows per micro-step ", d.slots, " not divisible by processes ",
+             world);
+  const int64_t mb_rows = d.slots / world;
+  const int64_t ga = d.grad_accum;
+
+  model::LossConfig lc;
+  lc.lm_z = recipe.f64("loss.lm_z");
+  lc.moe_lb = recipe.f64("loss.moe_lb");
+  lc.router_z = recipe.f64("loss.router_z");
+  lc.moe_buffer_factor = recipe.f64("moe.buffer_factor");
+  lc.vocab_tile = recipe.i64("compute.vocab_tile");
+  Schedule sched;
+  sched.kind = recipe.str("optimizer.schedule");
+  sched.lr = recipe.f64("optimizer.lr");
+  sched.warmup_steps = d.warmup_steps;
+  sched.horizon = d.schedule_steps;
+  sched.final_frac = recipe.f64("optimizer.final_lr_frac");
+  AdamWConfig acfg;
+  acfg.beta1 = recipe.f64("optimizer.beta1");
+  acfg.beta2 = recipe.f64("optimizer.beta2");
+  acfg.eps = recipe.f64("optimizer.eps");
+  acfg.weight_decay = recipe.f64("optimizer.weight_decay");
+  acfg.lr = sched.lr;
+  acfg.validate();
+  const double clip = recipe.f64("optimizer.clip_grad_norm");
+
+  recipe.write_yaml(out);
+  print_derived(out, d);
+  out << "PREFLIGHT dataset=" << data_path << " epochs_used=" << epochs << " rows=" << order.total_rows()
+      << " max_steps=" << order.max_steps() << " micro_batch_rows=" << mb_rows << " processes=" << world
+      << " eos_id=" << eos_id << " model_vocab=" << vocab << " dataset_vocab=" << data_vocab
+      << " tokenizer=" << (tok_spec.empty() ? "unchecked" : "match") << "\n";
+
+  // ---- run directory, resume ----
+  const std::string run_dir = recipe.str("output_dir") + "/" + recipe.str("run_name");
+  res.run_dir = run_dir;
+  const std::string ckpt_root = run_dir + "/checkpoints";
+  fs::create_directories(ckpt_root);
+  {
+    std::vector<fs::path> stale;  // staging dirs of interrupted saves
+    for (const auto& e : fs::directory_iterator(ckpt_root)) {
+      if (e.path().filename().string().find(".tmp-") != std::string::npos) stale.push_back(e.path());
+    }
+    for (const auto& p : stale) fs::remove_all(p);
+  }
+  const std::string manifest_sha = io::sha256_file(ds.dir() + "/manifest.json");
+  const std::string snapshot = recipe_yaml(recipe);
+  std::vector<model::Param>& params = model.params();
+  std::vector<Tensor> m1, m2;
+  for (auto& p : params) {
+    OLMO_CHECK(p.value.dtype() == DType::F32 && p.grad.dtype() == DType::F32 && p.value.is_contiguous() &&
+                   p.grad.is_contiguous() && p.grad.shape() == p.value.shape(),
+               "model parameter ", p.name, ": expected contiguous fp32 value and grad of the same shape");
+    m1.push_back(Tensor::zeros(p.value.shape()));
+    m2.push_back(Tensor::zeros(p.value.shape()));
+  }
+  nlohmann::json carried = nlohmann::json::object();  // facts carried across resumes (p_eos_before, step1_ce)
+  int64_t start = 0;
+  if (recipe.flag("checkpoint.resume")) {
+    std::string dir = latest_valid_checkpoint(ckpt_root, err);
+    if (!dir.empty()) {
+      CheckpointState st = verify_checkpoint(dir);
+      const std::string ck_man = st.info.value("dataset_manifest_sha256", "");
+      OLMO_CHECK(ck_man == manifest_sha, "checkpoint ", dir, " was written for dataset manifest sha256 ",
+                 ck_man, " but ", data_path, "/manifest.json has sha256 ", manifest_sha,
+                 "; the data position would be meaningless (use a new run_name or checkpoint.resume=false)");
+      OLMO_CHECK(st.info.value("global_batch", int64_t{0}) == d.global_batch, "checkpoint ", dir,
+                 " was written with global_batch ", st.info.value("global_batch", int64_t{0}),
+                 ", recipe has ", d.global_batch, "; the data position would differ (use a new run_name)");
+      OLMO_CHECK(st.step <= d.steps, "checkpoint ", dir, " is at step ", st.step, ", past steps=", d.steps);
+      st = load_checkpoint(dir, params, m1, m2);
+      start = st.step;
+      carried = st.info.value("carried", nlohmann::json::object());
+      out << "RESUME from=" << dir << " step=" << start << " next_global_row=" << start * d.global_batch
+          << "\n";
+    }
+  } else if (!list_checkpoints(ckpt_root).empty()) {
+    err << "WARNING: checkpoint.resume=false: ignoring the checkpoints in " << ckpt_root << "\n";
+  }
+  res.start_step = start;
+  res.last_step = start;
+
+  double peak = recipe.f64("perf.peak_tflops") * 1e12;
+  if (peak <= 0) peak = measure_peak_flops();
+  const double flops_step = model_flops_per_step(model, params, d.global_batch, d.seq_len);
+  out << "PREFLIGHT peak_flops=" << peak
+      << (recipe.f64("perf.peak_tflops") > 0 ? " (configured)" : " (measured)")
+      << " model_flops_per_step=" << flops_step << "\n";
+
+  // Held-out rows for P(EOS): untrained rows of epoch 0 when the run does not reach them.
+  std::vector<RowRef> heldout;
+  bool truly_heldout = false;
+  {
+    int64_t h = recipe.i64("eval.heldout");
+    int64_t used0 = std::min(ds.rows(0), d.steps * d.global_batch);
+    int64_t first = used0 < ds.rows(0) ? used0 : 0;
+    truly_heldout = used0 < ds.rows(0);
+    for (int64_t i = first; i < ds.rows(0) && static_cast<int64_t>(heldout.size()) < h; ++i)
+      heldout.push_back(RowRef{0, i});
+  }
+  if (start == 0 && !heldout.empty() && eos_id >= 0) {
+    auto [p, n] = p_eos(model, ds, heldout, eos_id, lc);
+    carried["p_eos_before"] = std::isfinite(p) ? nlohmann::json(p) : nlohmann::json(nullptr);
+    carried["p_eos_positions"] = n;
+  }
+
+  // ---- logs ----
+  const std::string metrics_path = run_dir + "/metrics.jsonl";
+  {
+    // Keep only the steps the resumed state contains (a crash may have logged steps past the checkpoint).
+    std::string kept;
+    if (start > 0 && fs::exists(metrics_path)) {
+      std::istringstream is(io::read_file(metrics_path));
+      std::string line;
+      while (std::getline(is, line)) {
+        try {
+          auto j = nlohmann::json::parse(line);
+          if (j.value("step", int64_t{0}) <= start) kept += line + "\n";
+        } catch (const nlohmann::json::exception&) {
+        }
+      }
+    }
+    io::write_file_atomic(metrics_path, kept);
+  }
+  std::ofstream metrics(metrics_path, std::ios::app);
+  OLMO_CHECK(metrics.good(), "cannot open ", metrics_path, " for appending");
+  std::unique_ptr<io::TensorBoardWriter> tb;
+  if (recipe.flag("log.tensorboard")) tb = std::make_unique<io::TensorBoardWriter>(run_dir + "/tensorboard");
+
+  struct sigaction old_sa {};
+  bool handler_installed = false;
+  if (opts.install_sigterm_handler) {
+    struct sigaction sa {};
+    sa.sa_handler = on_sigterm;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    handler_installed = sigaction(SIGTERM, &sa, &old_sa) == 0;
+  }
+  struct RestoreHandler {
+    bool on;
+    struct sigaction sa;
+    ~RestoreHandler() {
+      if (on) sigaction(SIGTERM, &sa, nullptr);
+    }
+  } restore{handler_installed, old_sa};
+
+  const int64_t keep_last = recipe.i64("checkpoint.keep_last");
+  const int64_t every = recipe.i64("checkpoint.every");
+  const double grace = static_cast<double>(recipe.i64("checkpoint.grace_seconds"));
+  auto state_info = [&](int64_t step) {
+    nlohmann::json j;
+    j["data_position"] = {
+        {"step", step},
+        {"next_global_row", step * d.global_batch},
+        {"rule", "row r of step s = global row (s-1)*global_batch + r over the epochs in order"}};
+    j["global_batch"] = d.global_batch;
+    j["seq_len"] = d.seq_len;
+    j["dataset_dir"] = ds.dir();
+    j["dataset_manifest_sha256"] = manifest_sha;
+    j["recipe_sha256"] = io::sha256_hex(snapshot);
+    j["rng"] = {{"kind", "philox"},
+                {"seed", recipe.i64("seed")},
+                {"note", "training draws no random numbers; the seed only initialises a fresh model"}};
+    j["carried"] = carried;
+    return j;
+  };
+  auto save = [&](int64_t step) {
+    auto t0 = Clock::now();
+    CheckpointState st;
+    st.step = step;
+    st.info = state_info(step);
+    std::string dir = save_checkpoint(ckpt_root, params, m1, m2, st, snapshot, keep_last);
+    out << "CHECKPOINT step=" << step << " dir=" << dir << " seconds=" << std::setprecision(3)
+        << seconds_since(t0) << std::setprecision(6) << "\n";
+    return dir;
+  };
+
+  std::vector<AdamWParam<float>> ap;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ap.push_back(AdamWParam<float>{params[i].value.data<float>(), params[i].grad.data<float>(),
+                                   m1[i].data<float>(), m2[i].data<float>(), params[i].value.numel(),
+                                   params[i].decay});
+  }
+
+  // ---- the loop ----
+  std::vector<double> times;
+  int64_t stalled = 0, saved_step = start;
+  auto run_t0 = Clock::now();
+  std::string stop_reason;
+  int stop_code = kExitOk;
+  for (int64_t s = start + 1; s <= d.steps; ++s) {
+    auto t0 = Clock::now();
+    StepParts sp;
+    bool abandoned = false;
+    int64_t total = 0;
+    try {
+      std::vector<RowRef> rows = order.step_rows(s, rank, world);
+      std::vector<HostBatch> micro;
+      for (int64_t m = 0; m < ga; ++m) {
+        std::vector<RowRef> mr(rows.begin() + m * mb_rows, rows.begin() + (m + 1) * mb_rows);
+        micro.push_back(make_batch(ds, mr));
+        total += micro.back().trained_count;
+      }
+      OLMO_CHECK(total > 0, "step ", s, ": no trained targets in its ", d.global_batch, " rows");
+      zero_grads(params);
+      Clock::time_point sig_seen{};
+      bool sig_noted = false;
+      for (int64_t m = 0; m < ga; ++m) {
+        if (sigterm_requested() && m > 0) {
+          if (!sig_noted) {
+            sig_seen = Clock::now();
+            sig_noted = true;
+          }
+          double per_micro = seconds_since(t0) / static_cast<double>(m);
+          if (seconds_since(sig_seen) + per_micro * static_cast<double>(ga - m) > 0.5 * grace) {
+            abandoned = true;
+            break;
+          }
+        }
+        model::LossParts lp = model.forward_backward(micro[m].view(), lc, 1.0 / static_cast<double>(total),
+                                                     1.0 / static_cast<double>(ga));
+        sp.ce_sum += lp.ce_sum;
+        sp.z_sum += lp.z_sum;
+        sp.moe_lb += lp.moe_lb;
+        sp.router_z += lp.router_z;
+        sp.tokens += lp.tokens;
+        for (const auto& ls : lp.moe_layers) {
+          auto& acc = sp.moe[ls.layer];
+          acc.layer = ls.layer;
+          acc.dropped_tokens += ls.dropped_tokens;
+          acc.required_buffer_factor = std::max(acc.required_buffer_factor, ls.required_buffer_factor);
+          acc.lb_loss += ls.lb_loss / static_cast<double>(ga);
+          acc.router_z += ls.router_z / static_cast<double>(ga);
+        }
+      }
+    } catch (const Error& e) {
+      stop_reason = std::string("error at step ") + std::to_string(s) + ": " + e.what();
+      err << "ERROR: " << stop_reason << "\n";
+      stop_code = kExitStepGuard;
+      break;
+    }
+    if (abandoned) {
+      zero_grads(params);
+      out << "PREEMPTED step=" << s
+          << " abandoned (SIGTERM; finishing it would exceed half the grace period)\n";
+      break;
+    }
+    OLMO_CHECK(sp.tokens == total, "model reported ", sp.tokens, " trained targets at step ", s,
+               ", the data holds ", total);
+    const double dt = static_cast<double>(total);
+    const double ce = sp.ce_sum / dt, lmz = lc.lm_z * sp.z_sum / dt;
+    const double moe_lb = sp.moe_lb / static_cast<double>(ga), rz = sp.router_z / static_cast<double>(ga);
+    const double loss = ce + lmz + moe_lb + rz;
+    const double gnorm = global_grad_norm(ap);
+    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
+      zero_grads(params);
+      out << "NAN-GUARD step=" << s << " loss=" << loss << " grad_norm=" << gnorm
+          << ": update not applied; checkpointing the last good step " << (s - 1) << "\n";
+      if (s - 1 > 0 && saved_step != s - 1) saved_step = (save(s - 1), s - 1);
+      stop_reason = "non-finite loss or gradient norm at step " + std::to_string(s);
+      stop_code = kExitNonFinite;
+      break;
+    }
+    clip_grad_norm(ap, clip);
+    const double lr = sched.at(s);
+    acfg.lr = lr;
+    adamw_step(ap, acfg, s);
+
+    const double step_time = seconds_since(t0);
+    bool is_stalled = false;
+    if (times.size() >= 3 && step_time > 3.0 * median(times)) {
+      is_stalled = true;
+      ++stalled;
+      err << "WARNING: step " << s << " stalled: " << step_time << " s vs running median " << median(times)
+          << " s\n";
+    }
+    times.push_back(step_time);
+    const double padded_tokens = static_cast<double>(d.tokens_per_step);
+    const double tps = padded_tokens / step_time, trained_tps = dt / step_time;
+    const double mfu = peak > 0 ? flops_step / step_time / peak : 0.0;
+    res.last_step = s;
+    res.step_loss.push_back(loss);
+    res.step_ce.push_back(ce);
+    if (s == 1) carried["step1_ce"] = ce;
+
+    if (s % recipe.i64("log.every") == 0 || s == d.steps || s == start + 1) {
+      out << "LOSS-PARTS step=" << s << " ce=" << fmt6(ce) << " lm_z=" << fmt6(lmz)
+          << " moe_lb=" << fmt6(moe_lb) << " router_z=" << fmt6(rz) << " tokens=" << total << "\n";
+      double elapsed = seconds_since(run_t0);
+      double rate = static_cast<double>(s - start) / elapsed;
+      out << "PROGRESS step=" << s << "/" << d.steps << " steps_per_s=" << std::setprecision(4) << rate
+          << " tokens_per_s=" << tps << " elapsed=" << hms(elapsed)
+          << " eta=" << hms(static_cast<double>(d.steps - s) / rate) << std::setprecision(6) << "\n";
+    }
+    nlohmann::json row;
+    row["step"] = s;
+    row["lr"] = lr;
+    row["loss"] = loss;
+    row["ce"] = ce;
+    row["lm_z"] = lmz;
+    row["moe_lb"] = moe_lb;
+    row["router_z"] = rz;
+    row["grad_norm"] = gnorm;
+    row["tokens"] = total;
+    row["padded_tokens"] = d.tokens_per_step;
+    row["tokens_per_s"] = tps;
+    row["trained_tokens_per_s"] = trained_tps;
+    row["step_time"] = step_time;
+    row["mfu"] = mfu;
+    row["stalled"] = is_stalled;
+    nlohmann::json dropped = nlohmann::json::array(), rbf = nlohmann::json::array();
+    double max_rbf = 0;
+    int64_t total_dropped = 0;
+    for (const auto& [layer, ls] : sp.moe) {
+      dropped.push_back(ls.dropped_tokens);
+      rbf.push_back(ls.required_buffer_factor);
+      max_rbf = std::max(max_rbf, ls.required_buffer_factor);
+      total_dropped += ls.dropped_tokens;
+    }
+    row["moe_dropped_tokens"] = dropped;
+    row["moe_required_buffer_factor"] = rbf;
+    metrics << row.dump() << "\n";
+    metrics.flush();
+    if (tb) {
+      std::vector<std::pair<std::string, float>> v = {
+          {"train/loss", static_cast<float>(loss)},       {"train/ce", static_cast<float>(ce)},
+          {"train/lm_z", static_cast<float>(lmz)},        {"train/moe_lb", static_cast<float>(moe_lb)},
+          {"train/router_z", static_cast<float>(rz)},     {"train/grad_norm", static_cast<float>(gnorm)},
+          {"train/lr", static_cast<float>(lr)},           {"train/tokens", static_cast<float>(total)},
+          {"perf/tokens_per_s", static_cast<float>(tps)}, {"perf/step_time", static_cast<float>(step_time)},
+          {"perf/mfu", static_cast<float>(mfu)}};
+      if (!sp.moe.empty()) {
+        v.push_back({"train/moe_required_buffer_factor_max", static_cast<float>(max_rbf)});
+        v.push_back({"train/moe_dropped_tokens", static_cast<float>(total_dropped)});
+      }
+      tb->add_scalars(s, v);
+    }
+    if (every > 0 && s % every == 0 && s != d.steps) saved_step = (save(s), s);
+    out.flush();  // the lines are read by watchers while the run goes on
+    if (opts.after_step) opts.after_step(s);
+    if (sigterm_requested() && s != d.steps) break;
+  }
+
+  if (stop_code == kExitNonFinite || stop_code == kExitStepGuard) {
+    if (stop_code == kExitStepGuard) {
+      out << "STEP-GUARD: step " << d.steps << " never completed (last completed step " << res.last_step
+          << "): " << stop_reason << "\n";
+    }
+    res.exit_code = stop_code;
+    res.reason = stop_reason;
+    return res;
+  }
+  if (sigterm_requested() && res.last_step < d.steps) {
+    auto t0 = Clock::now();
+    if (saved_step != res.last_step) saved_step = (save(res.last_step), res.last_step);
+    double took = seconds_since(t0);
+    if (took > grace)
+      err << "WARNING: the preemption checkpoint took " << took << " s > grace " << grace << " s\n";
+    out << "PREEMPTED: SIGTERM; checkpoint of step " << res.last_step << " written; exit " << kExitPreempted
+        << " (restart to resume)\n";
+    res.exit_code = kExitPreempted;
+    res.reason = "preempted (SIGTERM) after step " + std::to_string(res.last_step);
+    return res;
+  }
+  if (res.last_step < d.steps) {
+    out << "STEP-GUARD: step " << d.steps << " never completed (last completed step " << res.last_step
+        << ")\n";
+    res.exit_code = kExitStepGuard;
+    res.reason = "fewer steps than asked";
+    return res;
+  }
+  if (saved_step != d.steps) saved_step = (save(d.steps), d.steps);
+  out << "STEP-GUARD: reached step " << d.steps << (start == d.steps ? " (already, in the checkpoint)" : "")
+      << "\n";
+  if (stalled > 0) out << "STALLED steps=" << stalled << " (step time > 3x the running median)\n";
+
+  // ---- end-of-run checks ----
+  int64_t eos_targets = 0, trained_targets = 0;
+  for (int64_t s = 1; s <= d.steps; ++s) {
+    for (const RowRef& r : order.step_rows(s, 0, 1)) {
+      PackedRow pr = ds.row(r.epoch, r.index);
+      std::vector<int32_t> tg = pr.targets(-100);
+      for (int32_t t : tg) {
+        trained_targets += t != -100;
+        eos_targets += t == eos_id;
+      }
+    }
+  }
+  bool checks_ok = eos_targets > 0;
+  out << "CHECK trained_eos count=" << eos_targets << " of " << trained_targets
+      << " trained targets (eos_id=" << eos_id << ") "
+      << (checks_ok ? "PASS" : "FAIL: the model never learns to stop") << "\n";
+  if (!heldout.empty() && eos_id >= 0) {
+    auto [p, n] = p_eos(model, ds, heldout, eos_id, lc);
+    auto before = carried.value("p_eos_before", nlohmann::json(nullptr));
+    out << "CHECK p_eos rows=" << heldout.size() << (truly_heldout ? " (held out)" : " (seen in training)")
+        << " positions=" << n << " before=" << (before.is_number() ? fmt6(before.get<double>()) : "n/a")
+        << " after=" << (std::isfinite(p) ? fmt6(p) : "n/a") << "\n";
+  }
+  if (carried.contains("step1_ce"))
+    out << "CHECK step1_ce=" << fmt6(carried["step1_ce"].get<double>())
+        << " (compare with a reference forward of the step-1 rows)\n";
+
+  if (recipe.flag("export.hf")) {
+    std::string hf = run_dir + "/hf";
+    if (fs::exists(hf)) fs::remove_all(hf);
+    std::string side = tok_spec.rfind("builtin:", 0) == 0 ? "" : tok_spec;
+    if (opts.export_hf) {
+      opts.export_hf(hf, model, side);
+    } else {
+      std::vector<safetensors::NamedTensor> named;
+      for (const auto& p : params) named.push_back({p.name, p.value});
+      model::ExportOptions eo;
+      eo.copy_side_files_from = side;
+      model::export_hf_dir(hf, model.config(), named, eo);
+    }
+    out << "EXPORT hf=" << hf << "\n";
+  }
+  if (!checks_ok) {
+    res.exit_code = kExitCheckFailed;
+    res.reason = "no trained EOS target in the data seen";
+  }
+  return res;
+}
+
+}  // namespace olmosft::train

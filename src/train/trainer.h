@@ -1,0 +1,100 @@
+// The SFT training loop: preflight checks, deterministic data order, one global token-mean loss per step
+// over gradient accumulation, clip + AdamW + schedule, metrics (stdout lines, metrics.jsonl, TensorBoard),
+// guards (step guard, NaN guard), atomic checkpoints with resume, SIGTERM preemption, HF export and the
+// runbook's end-of-run checks. See docs/train.md for the line formats, exit codes and layouts.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "model/model.h"
+#include "train/recipe.h"
+
+namespace olmosft::train {
+
+// Exit codes of `olmosft train` (also TrainResult::exit_code).
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitError = 2;        // bad recipe / dataset / model (olmosft::Error; the CLI's code)
+inline constexpr int kExitStepGuard = 3;    // fewer steps completed than asked (STEP-GUARD line)
+inline constexpr int kExitNonFinite = 4;    // NaN/inf loss or grad norm: last good step checkpointed
+inline constexpr int kExitCheckFailed = 5;  // training done, but an end-of-run CHECK failed (no trained EOS)
+inline constexpr int kExitPreempted = 143;  // SIGTERM: checkpoint written, restart to resume (128 + 15)
+
+// Which rows make step s (1-based): global row g = (s-1) * global_batch + r, r in [0, global_batch).
+// Rank p of P processes takes rows r in [p * global_batch / P, (p+1) * global_batch / P).
+struct RowRef {
+  int epoch = 0;
+  int64_t index = 0;
+};
+class DataOrder {
+ public:
+  // rows_per_epoch[e] = rows of epoch e usable by the run (epochs in order).
+  DataOrder(std::vector<int64_t> rows_per_epoch, int64_t global_batch);
+  int64_t total_rows() const { return total_; }
+  int64_t max_steps() const { return total_ / global_batch_; }  // whole steps the epochs hold
+  RowRef locate(int64_t g) const;                               // g in [0, total_rows())
+  std::vector<RowRef> step_rows(int64_t step, int rank = 0, int world = 1) const;
+
+ private:
+  std::vector<int64_t> rows_, start_;
+  int64_t total_ = 0, global_batch_ = 0;
+};
+
+// One micro-batch materialised from packed rows (owning arrays; Batch points into them).
+struct HostBatch {
+  int64_t B = 0, T = 0;
+  std::vector<int32_t> tokens, segments, positions, targets;
+  std::vector<uint8_t> trained;
+  int64_t trained_count = 0;  // positions with a training target
+  model::Batch view() const;
+};
+HostBatch make_batch(const PackedDataset& ds, const std::vector<RowRef>& rows);
+
+struct TrainOptions {
+  std::ostream* out = nullptr;  // PREFLIGHT / LOSS-PARTS / PROGRESS / CHECK / STEP-GUARD lines (std::cout)
+  std::ostream* err = nullptr;  // warnings (std::cerr)
+  // Called after each completed (applied) step; tests use it to raise(SIGTERM) or inject faults.
+  std::function<void(int64_t step)> after_step;
+  // HF export of the final weights; default: model::export_hf_dir with the tokenizer dir's side files.
+  std::function<void(const std::string& out_dir, model::CausalLM& model, const std::string& tokenizer_dir)>
+      export_hf;
+  bool install_sigterm_handler = true;
+};
+
+struct TrainResult {
+  int exit_code = kExitOk;
+  std::string reason;             // one line when exit_code != 0
+  int64_t start_step = 0;         // step the run resumed from (0 = fresh)
+  int64_t last_step = 0;          // last step whose update was applied (and is in the newest checkpoint)
+  std::vector<double> step_loss;  // total loss (ce + lm_z + moe_lb + router_z) of each step run here
+  std::vector<double> step_ce;    // ce of each step run here
+  std::string run_dir;
+};
+
+// The model-independent preflight: derive() (batch arithmetic, schedule), the dataset opened and checked
+// against the recipe (seq_len, epochs, tokenizer and chat-template hashes when a tokenizer is given) and
+// the step count against the rows the epochs hold. The CLI runs it before loading the model.
+struct RunPlan {
+  Derived d;
+  std::shared_ptr<PackedDataset> ds;
+  std::shared_ptr<DataOrder> order;
+  int64_t epochs = 0;
+  int32_t eos_id = -1;
+  int64_t data_vocab = 0;
+  std::string tokenizer;
+};
+RunPlan plan_run(const Recipe& recipe, std::ostream& err);
+
+// Runs (or resumes) training of `model` according to the recipe. Errors in the inputs throw olmosft::Error
+// before any compute; guards and preemption are reported through TrainResult::exit_code.
+TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const TrainOptions& opts);
+
+// The SIGTERM flag (set by the handler the trainer installs; exposed for tests).
+bool sigterm_requested();
+void clear_sigterm();
+
+}  // namespace olmosft::train
