@@ -16,6 +16,10 @@ namespace olmosft::moe {
 
 namespace {
 
+// Below this many elements of work a loop runs on one thread: on a loaded machine the OpenMP fork/join
+// of a tiny region costs more than the work (measured: the tiny fixture ran 15x slower with 2 threads).
+constexpr int64_t kParallelMin = 1 << 16;
+
 // Per-expert GEMMs run in an OpenMP loop over experts; BLAS is single-threaded inside it.
 class BlasSingleThread {
  public:
@@ -105,7 +109,7 @@ MoeStats moe_forward(const MoeDims& dims, const MoeWeights<T>& w, const T* x, co
   MoeStats st;
   st.routed_tokens = routed;
   double zsum = 0;
-#pragma omp parallel for reduction(+ : zsum) schedule(static)
+#pragma omp parallel for reduction(+ : zsum) schedule(static) if (N * E >= kParallelMin)
   for (int64_t t = 0; t < N; ++t) {
     if (valid != nullptr && !valid[t]) continue;
     const T* lg = logits.data() + t * E;
@@ -177,7 +181,7 @@ MoeStats moe_forward(const MoeDims& dims, const MoeWeights<T>& w, const T* x, co
   std::vector<T> Y(static_cast<size_t>(N * k * Lt), T(0));
   {
     BlasSingleThread single;
-#pragma omp parallel
+#pragma omp parallel if (N * k * F >= kParallelMin)
     {
       std::vector<T> Z, A, B, H, Ye;
 #pragma omp for schedule(dynamic)
@@ -200,7 +204,7 @@ MoeStats moe_forward(const MoeDims& dims, const MoeWeights<T>& w, const T* x, co
     }
   }
   c.r.assign(static_cast<size_t>(N * Lt), T(0));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * k * Lt >= kParallelMin)
   for (int64_t t = 0; t < N; ++t) {
     T* rt = c.r.data() + t * Lt;
     for (int64_t j = 0; j < k; ++j) {
@@ -252,7 +256,7 @@ void moe_backward(const MoeDims& dims, const MoeWeights<T>& w, const MoeGrads<T>
   std::vector<T> dZs(static_cast<size_t>(N * k * Lt), T(0));
   {
     BlasSingleThread single;
-#pragma omp parallel
+#pragma omp parallel if (N * k * F >= kParallelMin)
     {
       std::vector<T> Z, A, B, H, Ye, dYe, dH, dA, dB, dZ;
 #pragma omp for schedule(dynamic)
@@ -292,7 +296,7 @@ void moe_backward(const MoeDims& dims, const MoeWeights<T>& w, const MoeGrads<T>
   }
   // dz per token = sum over its kept slots.
   std::vector<T> dz(static_cast<size_t>(N * Lt), T(0));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * k * Lt >= kParallelMin)
   for (int64_t t = 0; t < N; ++t) {
     T* o = dz.data() + t * Lt;
     for (int64_t j = 0; j < k; ++j) {
@@ -318,7 +322,7 @@ void moe_backward(const MoeDims& dims, const MoeWeights<T>& w, const MoeGrads<T>
     for (int64_t e = 0; e < E; ++e)
       lbgrad[static_cast<size_t>(e)] = lb_coef * static_cast<double>(E) / static_cast<double>(k) *
                                        static_cast<double>(c.loads[static_cast<size_t>(e)]) / (Nr * Nr);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * k * Lt >= kParallelMin)
     for (int64_t t = 0; t < N; ++t) {
       if (c.topk[static_cast<size_t>(t * k)] < 0) continue;
       const T* p = c.probs.data() + t * E;

@@ -38,7 +38,7 @@ void add_into(T* dst, const T* src, int64_t n) {
 template <typename T>
 void group_rms_forward(const T* x, const T* w, int64_t rows, int64_t G, int64_t L, double eps, T* y,
                        T* rstd) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * L >= (1 << 16))
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * L;
     double ss = 0;

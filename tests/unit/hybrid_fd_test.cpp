@@ -87,6 +87,7 @@ TEST(HybridFd, SelectedParametersMatchFiniteDifferences) {
   };
   for (const auto& s : slices) {
     const double err = fd.check(s.name, s.offset, s.count);
+    std::printf("FD %-48s max rel err %.2e\n", s.name.c_str(), err);
     EXPECT_LT(err, 1e-5) << s.name;
   }
 }
@@ -121,4 +122,49 @@ TEST(HybridFd, DoubleModelMatchesFixtureTruth) {
   std::printf("double model vs fixture grads: worst max|d|/max|ref| %.3g\n", worst);
   // The reference is float64 stored as float32: ~6e-8 relative rounding.
   EXPECT_LT(worst, 1e-5);
+}
+
+// Packed == per-document in float64: each document run alone as a batch of one equals its packed slice.
+TEST(HybridFd, PackedEqualsPerDocumentFloat64) {
+  Fd fd;
+  const Batch b = fd.fb.batch();
+  const int64_t V = fd.m.config.vocab_size;
+  std::vector<float> packed(static_cast<size_t>(b.B * b.T * V));
+  olmo3moe_run<double>(fd.m.config, fd.opts, fd.m.wp(), nullptr, b, fd.loss, 1.0, 1.0, packed.data(),
+                       nullptr);
+  // Documents from segment ids.
+  double worst = 0;
+  int docs = 0;
+  for (int64_t r = 0; r < b.B; ++r) {
+    int64_t s = 0;
+    while (s < b.T) {
+      int64_t e = s;
+      while (e < b.T && fd.fb.segments[static_cast<size_t>(r * b.T + e)] ==
+                            fd.fb.segments[static_cast<size_t>(r * b.T + s)])
+        ++e;
+      FixtureBatch one;
+      one.B = 1;
+      one.T = e - s;
+      for (int64_t t = s; t < e; ++t) {
+        const size_t i = static_cast<size_t>(r * b.T + t);
+        one.tokens.push_back(fd.fb.tokens[i]);
+        one.segments.push_back(0);
+        one.positions.push_back(static_cast<int32_t>(t - s));
+        one.targets.push_back(fd.fb.targets[i]);
+        one.trained.push_back(fd.fb.trained[i]);
+      }
+      std::vector<float> lg(static_cast<size_t>(one.T * V));
+      const Batch ob = one.batch();
+      olmo3moe_run<double>(fd.m.config, fd.opts, fd.m.wp(), nullptr, ob, fd.loss, 1.0, 1.0, lg.data(),
+                           nullptr);
+      for (int64_t i = 0; i < one.T * V; ++i)
+        worst = std::max(worst, std::fabs(static_cast<double>(lg[static_cast<size_t>(i)]) -
+                                          packed[static_cast<size_t>((r * b.T + s) * V + i)]));
+      ++docs;
+      s = e;
+    }
+  }
+  EXPECT_EQ(docs, 5);
+  std::printf("float64 packed vs per-document: max|d| %.3g (logits stored as float)\n", worst);
+  EXPECT_LT(worst, 2e-6);  // float rounding of logits up to ~8 in magnitude: 4.8e-7 per value
 }

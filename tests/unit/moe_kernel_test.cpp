@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 
 #include "core/error.h"
 #include "kernels/gradcheck.h"
@@ -18,14 +19,14 @@ using namespace olmosft::moe;
 namespace {
 
 template <typename T>
-struct Setup {
+struct MoeSetup {
   MoeDims dims;
   int64_t N = 0;
   std::vector<T> x, router, ldown, lup, sg, su, sd, R;
   std::vector<std::vector<T>> eg, eu, ed;
   std::vector<uint8_t> valid;
 
-  Setup(int64_t N_, uint32_t seed, double router_std) : N(N_) {
+  MoeSetup(int64_t N_, uint32_t seed, double router_std) : N(N_) {
     dims.d = 8;
     dims.experts = 6;
     dims.top_k = 2;
@@ -80,6 +81,7 @@ template <typename T>
 double min_margin(const MoeCache<T>& c, int64_t E, int64_t k) {
   double m = 1e30;
   for (int64_t t = 0; t < c.N; ++t) {
+    if (c.topk[static_cast<size_t>(t * k)] < 0) continue;
     std::vector<double> p(c.probs.begin() + t * E, c.probs.begin() + (t + 1) * E);
     std::sort(p.rbegin(), p.rend());
     m = std::min(m, p[static_cast<size_t>(k - 1)] - p[static_cast<size_t>(k)]);
@@ -87,8 +89,22 @@ double min_margin(const MoeCache<T>& c, int64_t E, int64_t k) {
   return m;
 }
 
+// The first seed >= seed0 whose routing has a top-k probability margin >= 1e-3 for every token, so that
+// finite-difference steps and float rounding never change the expert choice (deterministic search).
+template <typename T>
+MoeSetup<T> no_tie_setup(int64_t N, uint32_t seed0, double router_std) {
+  for (uint32_t seed = seed0; seed < seed0 + 1000; ++seed) {
+    MoeSetup<double> s(N, seed, router_std);
+    MoeCache<double> c;
+    std::vector<double> out(s.x.size());
+    moe_forward(s.dims, s.weights(), s.x.data(), nullptr, s.N, out.data(), c);
+    if (min_margin(c, s.dims.experts, s.dims.top_k) >= 1e-3) return MoeSetup<T>(N, seed, router_std);
+  }
+  throw std::runtime_error("no seed without near-ties");
+}
+
 void run_fd(double buffer_factor, bool with_padding) {
-  Setup<double> s(24, 17, 1.5);
+  MoeSetup<double> s = no_tie_setup<double>(24, 17, 1.5);
   s.dims.buffer_factor = buffer_factor;
   if (with_padding) s.valid[3] = s.valid[10] = 0;
   const double lb = 0.7, zc = 0.3;
@@ -103,7 +119,7 @@ void run_fd(double buffer_factor, bool with_padding) {
   MoeCache<double> c;
   std::vector<double> out(s.x.size());
   MoeStats st = moe_forward(s.dims, s.weights(), s.x.data(), s.valid.data(), s.N, out.data(), c);
-  ASSERT_GT(min_margin(c, s.dims.experts, s.dims.top_k), 1e-4) << "pick another seed: near-tie in routing";
+  ASSERT_GE(min_margin(c, s.dims.experts, s.dims.top_k), 1e-3);
   if (buffer_factor > 0) {
     EXPECT_GT(st.dropped, 0) << "capacity test should drop something";
   }
@@ -165,7 +181,7 @@ TEST(MoeKernel, FiniteDifferencesWithCapacityDrops) { run_fd(1.0, false); }
 TEST(MoeKernel, FiniteDifferencesWithPaddingTokens) { run_fd(-1, true); }
 
 TEST(MoeKernel, WeightsSumToTopKAndLossesAtBalance) {
-  Setup<double> s(40, 5, 1.0);
+  MoeSetup<double> s(40, 5, 1.0);
   MoeCache<double> c;
   std::vector<double> out(s.x.size());
   MoeStats st = moe_forward(s.dims, s.weights(), s.x.data(), nullptr, s.N, out.data(), c);
@@ -186,7 +202,7 @@ TEST(MoeKernel, WeightsSumToTopKAndLossesAtBalance) {
 }
 
 TEST(MoeKernel, DroplessEqualsLargeCapacity) {
-  Setup<double> s(30, 9, 1.5);
+  MoeSetup<double> s(30, 9, 1.5);
   MoeCache<double> c1, c2;
   std::vector<double> o1(s.x.size()), o2(s.x.size());
   MoeStats a = moe_forward(s.dims, s.weights(), s.x.data(), nullptr, s.N, o1.data(), c1);
@@ -206,7 +222,7 @@ TEST(MoeKernel, DroplessEqualsLargeCapacity) {
 }
 
 TEST(MoeKernel, CapacityDropsAreCountedInTokenOrder) {
-  Setup<double> s(30, 9, 1.5);
+  MoeSetup<double> s(30, 9, 1.5);
   s.dims.buffer_factor = 0.75;
   MoeCache<double> c;
   std::vector<double> out(s.x.size());
@@ -231,8 +247,8 @@ TEST(MoeKernel, CapacityDropsAreCountedInTokenOrder) {
 }
 
 TEST(MoeKernel, FloatMatchesDouble) {
-  Setup<double> sd(32, 21, 1.5);
-  Setup<float> sf(32, 21, 1.5);
+  MoeSetup<double> sd = no_tie_setup<double>(32, 21, 1.5);
+  MoeSetup<float> sf = no_tie_setup<float>(32, 21, 1.5);
   MoeCache<double> cd;
   MoeCache<float> cf;
   std::vector<double> od(sd.x.size());
