@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
       "|\n|---|---|---|---|---|---|\n");
   for (int64_t T : {ref_seq, seq}) {
     Timing t = time_fb(*m, T, 2);
-    std::printf("| olmosft C++ (chunk 64) | %lld | %.3f | %.0f | %.3f | %.0f |\n", static_cast<long long>(T),
+    std::printf("| olmosft C++ (chunk 64) | %lld | %.3f | %.2f | %.3f | %.2f |\n", static_cast<long long>(T),
                 t.wall, static_cast<double>(T) / t.wall, t.cpu, static_cast<double>(T) / t.cpu);
     std::fflush(stdout);
   }
@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
     if (rc == 0 && k != std::string::npos) {
       const double s = std::atof(out.c_str() + k + 10);
       std::printf(
-          "| PyTorch reference (recurrent KDA, dense experts, autograd) | %lld | %.3f | %.0f | - | - |\n",
+          "| PyTorch reference (recurrent KDA, dense experts, autograd) | %lld | %.3f | %.2f | - | - |\n",
           static_cast<long long>(ref_seq), s, static_cast<double>(ref_seq) / s);
     } else {
       std::printf("\n(PyTorch reference not run: %s)\n", out.substr(0, 300).c_str());
