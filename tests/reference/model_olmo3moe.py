@@ -682,12 +682,49 @@ def _check_c2_backward(q, k, v, g, beta):
             assert (mine - leaf.grad[0, :, h]).abs().max() < 1e-12
 
 
+# ------------------------------------------------------------------------------------------ benchmark
+def bench(config_path, tokens, reps, threads):
+    """Forward+backward wall time of this reference (float32, recurrent KDA, every expert on every token)
+    for one row of `tokens` tokens (one document) of the config in config_path. Prints one JSON line.
+    Used by bench/hybrid.cpp; does not touch the fixtures."""
+    import json
+    import time
+    torch.set_num_threads(threads)
+    with open(config_path) as f:
+        cfg = Cfg(json.load(f))
+    P = {k: v.to(torch.float32) for k, v in init_params(cfg).items()}
+    T = tokens
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, cfg.V, (1, T), generator=gen, dtype=torch.int32)
+    batch = {"input_ids": ids, "segment_ids": torch.ones(1, T, dtype=torch.int32),
+             "position_ids": torch.arange(T, dtype=torch.int32)[None],
+             "targets": torch.cat([ids[:, 1:], torch.full((1, 1), -100, dtype=torch.int32)], dim=1),
+             "loss_mask": torch.cat([torch.ones(1, T - 1, dtype=torch.uint8), torch.zeros(1, 1, dtype=torch.uint8)],
+                                    dim=1)}
+    times = []
+    for _ in range(reps):
+        Pd = {k: v.detach().requires_grad_(True) for k, v in P.items()}
+        t0 = time.perf_counter()
+        logits, _, moe = forward(Pd, cfg, batch)
+        total, _, _, _ = total_loss(logits, moe, batch)
+        total.backward()
+        times.append(time.perf_counter() - t0)
+    best = min(times)
+    print(json.dumps({"tokens": T, "reps": reps, "threads": threads, "best_s": best, "tokens_per_s": T / best}))
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--bench", metavar="CONFIG_JSON", help="time forward+backward of this config (bench/hybrid.cpp)")
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    if a.check:
+    if a.bench:
+        bench(a.bench, a.tokens, a.reps, a.threads)
+    elif a.check:
         check()
     else:
         generate(a.out)

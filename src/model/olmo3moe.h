@@ -1,0 +1,63 @@
+// Olmo 3.5 hybrid (HF "olmo3moe"): KDA + softmax-attention mixers, dense SwiGLU and latent MoE FFNs,
+// peri-LN blocks (architecture.md Part B; conventions in docs/model_reference.md; docs/hybrid.md).
+//
+// The forward/backward is one templated function (olmo3moe_run) over weight/gradient pointers in
+// parameter-registry order, instantiated for float (the CausalLM) and double (finite-difference tests).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/model.h"
+
+namespace olmosft::model {
+
+struct Olmo3MoeOptions {
+  int64_t kda_chunk = 64;      // chunk size of the chunked delta rule (16 for the tiny fixture tests)
+  bool kda_recurrent = false;  // use the token-by-token recurrence instead of the chunked form
+  // Scalable-softmax query scale log(pos + 1): false = document-relative positions (Batch::positions,
+  // OLMo-core's `cu_doc_lens` convention; packed == per-document), true = row positions 0..T-1.
+  bool ssmax_row_positions = false;
+};
+
+struct Olmo3MoeRunInfo {
+  size_t saved_bytes = 0;  // activations kept from the forward for the backward (all layers)
+  size_t peak_layer_temp_bytes = 0;
+};
+
+// One forward (and, when grads != nullptr, backward) on a batch. w[i] / (*grads)[i] point at the values
+// and gradients of param_registry(c)[i] (row-major, registry shapes). Gradients are accumulated.
+// The loss is  grad_scale * (ce_sum + lm_z * z_sum) + aux_scale * sum_l (moe_lb * LB_l + router_z * Z_l).
+template <typename T>
+LossParts olmo3moe_run(const ModelConfig& c, const Olmo3MoeOptions& opts, const std::vector<const T*>& w,
+                       const std::vector<T*>* grads, const Batch& batch, const LossConfig& loss,
+                       double grad_scale, double aux_scale, float* logits, float* logprobs,
+                       Olmo3MoeRunInfo* info = nullptr);
+
+// Checks that the config is one this implementation supports (throws olmosft::Error naming the field).
+void olmo3moe_check_supported(const ModelConfig& c);
+
+class Olmo3MoeModel : public CausalLM {
+ public:
+  Olmo3MoeModel(const ModelConfig& c, uint64_t seed, const Olmo3MoeOptions& opts);
+  const ModelConfig& config() const override { return config_; }
+  std::vector<Param>& params() override { return params_; }
+  LossParts forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,
+                             double aux_scale) override;
+  LossParts forward(const Batch& batch, const LossConfig& loss, float* logits, float* logprobs) override;
+  Olmo3MoeOptions& options() { return opts_; }
+  const Olmo3MoeRunInfo& last_run() const { return info_; }
+
+ private:
+  ModelConfig config_;
+  Olmo3MoeOptions opts_;
+  std::vector<Param> params_;
+  Olmo3MoeRunInfo info_;
+};
+
+// Initialisation (seeded Philox, parameter i uses stream i): A_log = log U[1,16], dt_bias 0, norm gains 1,
+// biases 0, everything else N(0, initializer_range). The factory's load_model overwrites the values.
+std::unique_ptr<CausalLM> make_olmo3moe(const ModelConfig& c, uint64_t seed = 0,
+                                        const Olmo3MoeOptions& opts = {});
+
+}  // namespace olmosft::model
