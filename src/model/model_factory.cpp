@@ -6,21 +6,20 @@
 #include "model/hf_dir.h"
 #include "model/model.h"
 #include "model/olmo3.h"
+#include "model/olmo3moe.h"
 
 namespace olmosft::model {
 
-// Defined by the Olmo 3.5 hybrid (src/model/olmo3moe*.cpp); a weak fallback that throws lives in
-// src/model/olmo3moe_fallback.cpp until the hybrid is merged.
-extern std::unique_ptr<CausalLM> make_olmo3moe(const ModelConfig& config);
-
 namespace {
 
-std::unique_ptr<CausalLM> construct(const ModelConfig& c) {
+// The hybrid initialises its own 1-D tensors (A_log, dt_bias, ssmax_scale) from `seed`; make_model then
+// overwrites matrices, norm gains and biases the same way for both families.
+std::unique_ptr<CausalLM> construct(const ModelConfig& c, uint64_t seed) {
   switch (c.model_type) {
     case ModelType::Olmo3:
       return std::make_unique<Olmo3>(c);
     case ModelType::Olmo3Moe:
-      return make_olmo3moe(c);
+      return make_olmo3moe(c, seed);
   }
   fail("make_model: unknown model type '", c.model_type_name, "'");
 }
@@ -44,7 +43,7 @@ uint64_t name_stream(const std::string& name) {
 }  // namespace
 
 std::unique_ptr<CausalLM> make_model(const ModelConfig& config, uint64_t seed) {
-  auto m = construct(config);
+  auto m = construct(config, seed);
   const float stdev = float(config.initializer_range);
   OLMO_CHECK(stdev >= 0 && std::isfinite(stdev),
              "make_model: initializer_range must be finite and >= 0, got ", config.initializer_range);
@@ -65,7 +64,7 @@ std::unique_ptr<CausalLM> make_model(const ModelConfig& config, uint64_t seed) {
 
 std::unique_ptr<CausalLM> load_model(const std::string& hf_dir) {
   HfModel hf = load_hf_dir(hf_dir);  // validated against the registry (names, shapes, dtypes)
-  auto m = construct(hf.config);
+  auto m = construct(hf.config, 0);
   for (auto& p : m->params()) {
     const Tensor& src = hf.at(p.name);
     OLMO_CHECK(src.shape() == p.value.shape(), hf_dir, ": tensor ", p.name, " has shape ",
