@@ -20,7 +20,7 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
 demo: build
-	$(BUILD)/olmosft demo --out demo-out
+	scripts/demo.sh $(BUILD) demo-out
 
 bench: build
 	scripts/bench.sh $(BUILD)
