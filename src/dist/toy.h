@@ -25,7 +25,7 @@ struct ToyConfig {
   int64_t global_batch = 32;  // G
   int64_t leaves = 4;         // V (virtual shards per step)
   uint64_t seed = 1234;
-  double lr = 0.05, weight_decay = 0.01, max_norm = 1.0;
+  double lr = 0.01, weight_decay = 0.01, max_norm = 1.0;
   void validate(int ranks) const;
 };
 

@@ -283,13 +283,15 @@ TEST(DistSharded, StepMatchesKernelAdamW) {
 
 TEST(DistToy, TrainsAndModesAgreeInProcess) {
   std::string d1, d2;
-  auto dp = reference_losses(ShardMode::Replicated, 20, &d1);
-  auto z3 = reference_losses(ShardMode::Sharded, 20, &d2);
+  auto dp = reference_losses(ShardMode::Replicated, 30, &d1);
+  auto z3 = reference_losses(ShardMode::Sharded, 30, &d2);
   EXPECT_EQ(dp, z3);
   EXPECT_EQ(d1, d2);
-  const double l1 = std::strtod(dp.front().substr(dp.front().find(' ') + 1).c_str(), nullptr);
-  const double l20 = std::strtod(dp.back().substr(dp.back().find(' ') + 1).c_str(), nullptr);
-  EXPECT_LT(l20, 0.7 * l1) << "the toy model does not learn: " << l1 << " -> " << l20;
+  auto loss = [&](size_t i) { return std::strtod(dp[i].substr(dp[i].find(' ') + 1).c_str(), nullptr); };
+  double first = 0, last = 0;
+  for (size_t i = 0; i < 5; ++i) first += loss(i), last += loss(25 + i);
+  EXPECT_LT(last, 0.7 * first) << "the toy model does not learn: mean loss of steps 1-5 " << first / 5
+                               << ", of steps 26-30 " << last / 5;
 }
 
 TEST(DistCheckpoint, RoundTripAndValidation) {
@@ -418,14 +420,16 @@ TEST(DistMpi, KilledRankEndsJobNonZero) {
              d.string(), 60);
   std::printf("[dist] killed rank: job exit %d after %.2f s\n", r.rc, r.seconds);
   EXPECT_NE(r.rc, 0) << r.log;
-  EXPECT_NE(r.rc, 137) << "hit the outer 60 s timeout: " << r.log;  // timeout -s KILL => 137
+  // mpirun reports the dead rank and exits 137 (128 + SIGKILL); the outer `timeout` would also give
+  // 137, so the elapsed time and mpirun's message tell them apart.
   EXPECT_LT(r.seconds, 30) << r.log;
+  EXPECT_NE(r.log.find("exited on signal 9"), std::string::npos) << r.log;
   fs::remove_all(d);
 }
 
 TEST(DistMpi, HungRankEndsJobByWatchdog) {
   const fs::path d = scratch_dir("hang");
-  auto r = mpirun(2, "mode=dp;last=6;die_rank=1;die_step=2;die_how=hang;timeout=2;out=" + (d / "h").string(),
+  auto r = mpirun(2, "mode=dp;last=6;die_rank=1;die_step=2;die_how=hang;timeout=5;out=" + (d / "h").string(),
                   d.string(), 60);
   std::printf("[dist] hung rank: job exit %d after %.2f s\n", r.rc, r.seconds);
   EXPECT_EQ(r.rc, kAbortExitCode) << r.log;
