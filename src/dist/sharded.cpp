@@ -1,0 +1,514 @@
+#include "dist/sharded.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <set>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/hash.h"
+
+namespace olmosft::dist {
+
+const char* mode_name(ShardMode m) { return m == ShardMode::Sharded ? "zero3" : "dp"; }
+
+ShardMode parse_mode(const std::string& s) {
+  if (s == "dp" || s == "replicated") return ShardMode::Replicated;
+  if (s == "zero3" || s == "sharded") return ShardMode::Sharded;
+  fail("dist: unknown parallel mode '", s, "'; expected dp | replicated | zero3 | sharded");
+}
+
+int64_t TensorSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// ---------------------------------------------------------------- PairwiseSum
+void PairwiseSum::push(const float* leaf) {
+  std::vector<float> cur(leaf, leaf + n_);
+  int64_t cnt = 1;
+  while (!stack_.empty() && stack_.back().first == cnt) {
+    const std::vector<float>& left = stack_.back().second;
+    for (int64_t i = 0; i < n_; ++i) cur[size_t(i)] = left[size_t(i)] + cur[size_t(i)];
+    cnt *= 2;
+    stack_.pop_back();
+  }
+  stack_.emplace_back(cnt, std::move(cur));
+  ++pushed_;
+}
+
+void PairwiseSum::finish(float* out) {
+  if (stack_.empty()) {
+    std::fill(out, out + n_, 0.0f);
+  } else {
+    std::vector<float> cur = std::move(stack_.back().second);
+    for (size_t k = stack_.size() - 1; k-- > 0;) {
+      const std::vector<float>& left = stack_[k].second;
+      for (int64_t i = 0; i < n_; ++i) cur[size_t(i)] = left[size_t(i)] + cur[size_t(i)];
+    }
+    std::memcpy(out, cur.data(), size_t(n_) * 4);
+  }
+  stack_.clear();
+  pushed_ = 0;
+}
+
+// ---------------------------------------------------------------- ShardedParams
+namespace {
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// A run of elements owned by this rank that belongs to one tensor.
+struct Segment {
+  int unit;
+  int tensor;
+  int64_t local;    // index into the unit's owned buffers
+  int64_t logical;  // element index in the checkpoint layout
+  int64_t n;
+};
+}  // namespace
+
+ShardedParams::ShardedParams(Comm& comm, std::vector<TensorSpec> specs, ShardMode mode)
+    : comm_(comm), specs_(std::move(specs)), mode_(mode) {
+  OLMO_CHECK(!specs_.empty(), "ShardedParams: no tensors");
+  std::set<std::string> names;
+  int max_unit = -1;
+  for (const auto& s : specs_) {
+    OLMO_CHECK(!s.name.empty(), "ShardedParams: a tensor has an empty name");
+    OLMO_CHECK(names.insert(s.name).second, "ShardedParams: duplicate tensor name '", s.name, "'");
+    OLMO_CHECK(s.unit >= 0, "ShardedParams: tensor '", s.name, "' has negative unit ", s.unit);
+    for (int64_t d : s.shape)
+      OLMO_CHECK(d > 0, "ShardedParams: tensor '", s.name, "' has a non-positive dim");
+    max_unit = std::max(max_unit, s.unit);
+  }
+  units_.resize(size_t(max_unit + 1));
+  toff_.resize(specs_.size());
+  for (size_t t = 0; t < specs_.size(); ++t) {
+    Unit& U = units_[size_t(specs_[t].unit)];
+    toff_[t] = U.numel;
+    U.numel += specs_[t].numel();
+  }
+  const int64_t N = comm_.size();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& U = units_[u];
+    OLMO_CHECK(U.numel > 0, "ShardedParams: unit ", u, " has no tensors (units must be numbered 0..U-1)");
+    if (mode_ == ShardMode::Sharded) {
+      U.padded = round_up(U.numel, N * kAlign);
+      U.shard = U.padded / N;
+    } else {
+      U.padded = round_up(U.numel, kAlign);
+      U.shard = U.padded;
+    }
+    U.p.assign(size_t(U.shard), 0.0f);
+    U.g.assign(size_t(U.shard), 0.0f);
+    U.m.assign(size_t(U.shard), 0.0f);
+    U.v.assign(size_t(U.shard), 0.0f);
+  }
+}
+
+int ShardedParams::tensor_index(const std::string& name) const {
+  for (size_t t = 0; t < specs_.size(); ++t)
+    if (specs_[t].name == name) return int(t);
+  fail("ShardedParams: unknown tensor '", name, "'");
+}
+
+int64_t ShardedParams::owned_begin(const Unit& U) const {
+  return mode_ == ShardMode::Sharded ? int64_t(comm_.rank()) * U.shard : 0;
+}
+
+void ShardedParams::set_param(int t, const float* full) {
+  OLMO_CHECK(t >= 0 && size_t(t) < specs_.size(), "ShardedParams::set_param: tensor ", t, " out of range");
+  Unit& U = units_[size_t(specs_[size_t(t)].unit)];
+  const int64_t ob = owned_begin(U), b = toff_[size_t(t)], e = b + specs_[size_t(t)].numel();
+  for (int64_t i = std::max(ob, b); i < std::min(ob + U.shard, e); ++i) U.p[size_t(i - ob)] = full[i - b];
+}
+
+void ShardedParams::reset_optimizer() {
+  for (auto& U : units_) {
+    std::fill(U.m.begin(), U.m.end(), 0.0f);
+    std::fill(U.v.begin(), U.v.end(), 0.0f);
+    std::fill(U.g.begin(), U.g.end(), 0.0f);
+  }
+  adam_step_ = 0;
+}
+
+void ShardedParams::track_transient() {
+  int64_t t = 0;
+  for (const auto& U : units_) t += int64_t(U.gathered.size() + U.full_grad.size()) * 4;
+  transient_ = t;
+  peak_transient_ = std::max(peak_transient_, t);
+}
+
+float* ShardedParams::gather(int u) {
+  OLMO_CHECK(u >= 0 && u < units(), "ShardedParams::gather: unit ", u, " out of range");
+  Unit& U = units_[size_t(u)];
+  if (mode_ == ShardMode::Replicated) return U.p.data();
+  if (!U.is_gathered) {
+    U.gathered.resize(size_t(U.padded));
+    comm_.all_gather(U.p.data(), U.gathered.data(), U.shard);
+    U.is_gathered = true;
+    track_transient();
+  }
+  return U.gathered.data();
+}
+
+void ShardedParams::release(int u) {
+  OLMO_CHECK(u >= 0 && u < units(), "ShardedParams::release: unit ", u, " out of range");
+  Unit& U = units_[size_t(u)];
+  if (mode_ == ShardMode::Replicated) return;
+  std::vector<float>().swap(U.gathered);
+  U.is_gathered = false;
+  track_transient();
+}
+
+const float* ShardedParams::param(int t) const {
+  const Unit& U = units_[size_t(specs_[size_t(t)].unit)];
+  if (mode_ == ShardMode::Replicated) return U.p.data() + toff_[size_t(t)];
+  OLMO_CHECK(U.is_gathered, "ShardedParams::param: unit ", specs_[size_t(t)].unit, " of tensor '",
+             specs_[size_t(t)].name, "' is not gathered");
+  return U.gathered.data() + toff_[size_t(t)];
+}
+
+float* ShardedParams::grad_buffer(int u) {
+  OLMO_CHECK(u >= 0 && u < units(), "ShardedParams::grad_buffer: unit ", u, " out of range");
+  Unit& U = units_[size_t(u)];
+  if (U.full_grad.empty()) {
+    U.full_grad.assign(size_t(U.padded), 0.0f);
+    track_transient();
+  }
+  return U.full_grad.data();
+}
+
+void ShardedParams::reduce_grads(int u) {
+  Unit& U = units_[size_t(u)];
+  grad_buffer(u);
+  if (mode_ == ShardMode::Replicated) {
+    comm_.all_reduce_sum(U.full_grad.data(), U.padded);
+    U.g.swap(U.full_grad);
+  } else {
+    U.g.resize(size_t(U.shard));
+    comm_.reduce_scatter_sum(U.full_grad.data(), U.g.data(), U.shard);
+  }
+  std::vector<float>().swap(U.full_grad);
+  track_transient();
+}
+
+double ShardedParams::grad_norm() {
+  // Partial sums of squares over a fixed grid of kAlign-element chunks of each unit's flat buffer
+  // (a chunk never straddles two ranks because shards are multiples of kAlign), gathered and summed
+  // in global chunk order: the same sequence of doubles (up to trailing +0.0 of padding) for any N.
+  int64_t per_rank = 0;
+  for (const auto& U : units_) per_rank += U.shard / kAlign;
+  std::vector<double> mine(static_cast<size_t>(per_rank));
+  int64_t k = 0;
+  for (const auto& U : units_)
+    for (int64_t c = 0; c < U.shard / kAlign; ++c) {
+      double s = 0;
+      for (int64_t i = c * kAlign; i < (c + 1) * kAlign; ++i)
+        s += double(U.g[size_t(i)]) * double(U.g[size_t(i)]);
+      mine[size_t(k++)] = s;
+    }
+  const int N = mode_ == ShardMode::Sharded ? comm_.size() : 1;
+  std::vector<double> all(static_cast<size_t>(per_rank) * size_t(N));
+  if (N > 1)
+    comm_.all_gather(mine.data(), all.data(), per_rank);
+  else
+    all = mine;
+  double total = 0;
+  int64_t uoff = 0;
+  for (const auto& U : units_) {
+    const int64_t cu = U.shard / kAlign;
+    for (int p = 0; p < N; ++p)
+      for (int64_t c = 0; c < cu; ++c) total += all[size_t(int64_t(p) * per_rank + uoff + c)];
+    uoff += cu;
+  }
+  return std::sqrt(total);
+}
+
+double ShardedParams::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step) {
+  const double norm = grad_norm();
+  OLMO_CHECK(std::isfinite(norm), "dist: the global gradient norm is not finite (", norm, ")");
+  if (max_norm > 0) {
+    const double coef = std::min(1.0, max_norm / (norm + 1e-6));
+    if (coef < 1.0) {
+      const float c = float(coef);
+      for (auto& U : units_)
+        for (auto& x : U.g) x *= c;
+    }
+  }
+  std::vector<AdamWParam<float>> segs;
+  for (size_t t = 0; t < specs_.size(); ++t) {
+    Unit& U = units_[size_t(specs_[t].unit)];
+    const int64_t ob = owned_begin(U), b = toff_[t], e = b + specs_[t].numel();
+    const int64_t lo = std::max(ob, b), hi = std::min(ob + U.shard, e);
+    if (lo >= hi) continue;
+    const size_t l = size_t(lo - ob);
+    segs.push_back(
+        {U.p.data() + l, U.g.data() + l, U.m.data() + l, U.v.data() + l, hi - lo, specs_[t].decay});
+  }
+  adamw_step(segs, cfg, step);
+  adam_step_ = step;
+  return norm;
+}
+
+std::vector<float> ShardedParams::full_param(int t) {
+  Unit& U = units_[size_t(specs_[size_t(t)].unit)];
+  std::vector<float> full(static_cast<size_t>(U.padded));
+  if (mode_ == ShardMode::Sharded)
+    comm_.all_gather(U.p.data(), full.data(), U.shard);
+  else
+    full = U.p;
+  return {full.begin() + toff_[size_t(t)], full.begin() + toff_[size_t(t)] + specs_[size_t(t)].numel()};
+}
+
+std::vector<float> ShardedParams::full_moment(int t, int which) {
+  Unit& U = units_[size_t(specs_[size_t(t)].unit)];
+  const std::vector<float>& src = which == 0 ? U.m : U.v;
+  std::vector<float> full(static_cast<size_t>(U.padded));
+  if (mode_ == ShardMode::Sharded)
+    comm_.all_gather(src.data(), full.data(), U.shard);
+  else
+    full = src;
+  return {full.begin() + toff_[size_t(t)], full.begin() + toff_[size_t(t)] + specs_[size_t(t)].numel()};
+}
+
+MemoryStats ShardedParams::memory() const {
+  MemoryStats s;
+  int64_t real = 0;
+  for (size_t t = 0; t < specs_.size(); ++t) {
+    const Unit& U = units_[size_t(specs_[t].unit)];
+    const int64_t ob = owned_begin(U), b = toff_[t], e = b + specs_[t].numel();
+    real += std::max<int64_t>(0, std::min(ob + U.shard, e) - std::max(ob, b));
+  }
+  int64_t owned = 0;
+  for (const auto& U : units_) owned += U.shard;
+  s.persistent_bytes = 4 * owned * 4;  // p, g, m, v
+  s.peak_transient_bytes = peak_transient_;
+  s.padding_elements = owned - real;
+  return s;
+}
+
+// ---------------------------------------------------------------- checkpoints
+namespace {
+
+constexpr const char* kFormat = "olmosft-dist-checkpoint-v1";
+const char* kFiles[3] = {"params.bin", "exp_avg.bin", "exp_avg_sq.bin"};
+const char* kKeys[3] = {"params", "exp_avg", "exp_avg_sq"};
+
+struct Fd {
+  int fd = -1;
+  Fd(const std::string& path, int flags) : fd(::open(path.c_str(), flags | O_CLOEXEC, 0644)) {
+    OLMO_CHECK(fd >= 0, "checkpoint file ", path, ": cannot open: ", std::strerror(errno));
+  }
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void pwrite_all(int fd, const std::string& path, const void* data, size_t n, int64_t off) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, off);
+    if (w < 0 && errno == EINTR) continue;
+    OLMO_CHECK(w > 0, "checkpoint file ", path, ": write failed at byte ", off, ": ", std::strerror(errno));
+    p += w;
+    n -= size_t(w);
+    off += w;
+  }
+}
+
+void pread_all(int fd, const std::string& path, void* data, size_t n, int64_t off) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, off);
+    if (r < 0 && errno == EINTR) continue;
+    OLMO_CHECK(r > 0, "checkpoint file ", path, ": short read at byte ", off,
+               r == 0 ? ": unexpected end of file" : std::string(": ") + std::strerror(errno));
+    p += r;
+    n -= size_t(r);
+    off += r;
+  }
+}
+
+std::string bcast_string(Comm& c, std::string s) {
+  int64_t n = int64_t(s.size());
+  c.broadcast(&n, 8, 0);
+  s.resize(size_t(n));
+  if (n > 0) c.broadcast(s.data(), n, 0);
+  return s;
+}
+
+}  // namespace
+
+void ShardedParams::save(const std::string& dir, const nlohmann::json& extra) {
+  const int N = comm_.size(), r = comm_.rank();
+  std::vector<int64_t> tlog(specs_.size());
+  int64_t L = 0;
+  for (size_t t = 0; t < specs_.size(); ++t) tlog[t] = L, L += specs_[t].numel();
+
+  std::unique_ptr<io::AtomicDir> staging;
+  std::string err, sdir;
+  if (r == 0) {
+    try {
+      staging = std::make_unique<io::AtomicDir>(dir);
+      sdir = staging->staging();
+      for (const char* f : kFiles) {
+        Fd fd(sdir + "/" + f, O_WRONLY | O_CREAT | O_TRUNC);
+        OLMO_CHECK(::ftruncate(fd.fd, off_t(L * 4)) == 0, "checkpoint file ", sdir, "/", f,
+                   ": cannot size it: ", std::strerror(errno));
+      }
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  sdir = bcast_string(comm_, sdir);
+  if (!comm_.all_ok(err.empty()))
+    fail("checkpoint save to ", dir, " failed", err.empty() ? " on rank 0" : ": " + err);
+
+  // Which logical elements this rank writes: sharded = what it owns; replicated = an equal slice.
+  const int64_t wb = mode_ == ShardMode::Sharded ? 0 : split_begin(L, N, r);
+  const int64_t we = mode_ == ShardMode::Sharded ? L : split_begin(L, N, r + 1);
+  try {
+    for (int k = 0; k < 3; ++k) {
+      const std::string path = sdir + "/" + kFiles[k];
+      Fd fd(path, O_WRONLY);
+      for (size_t t = 0; t < specs_.size(); ++t) {
+        const Unit& U = units_[size_t(specs_[t].unit)];
+        const std::vector<float>& buf = k == 0 ? U.p : k == 1 ? U.m : U.v;
+        const int64_t ob = owned_begin(U), b = toff_[t], e = b + specs_[t].numel();
+        int64_t lo = std::max(ob, b), hi = std::min(ob + U.shard, e);
+        lo = std::max(lo, wb - tlog[t] + b);
+        hi = std::min(hi, we - tlog[t] + b);
+        if (lo >= hi) continue;
+        pwrite_all(fd.fd, path, buf.data() + (lo - ob), size_t(hi - lo) * 4, (tlog[t] + lo - b) * 4);
+      }
+      OLMO_CHECK(::fsync(fd.fd) == 0, "checkpoint file ", path, ": fsync failed: ", std::strerror(errno));
+    }
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  if (!comm_.all_ok(err.empty()))
+    fail("checkpoint save to ", dir, " failed", err.empty() ? " on another rank" : ": " + err);
+
+  if (r == 0) {
+    try {
+      nlohmann::json m;
+      m["format"] = kFormat;
+      m["dtype"] = "float32-le";
+      m["adam_step"] = adam_step_;
+      m["saved_ranks"] = N;
+      m["saved_mode"] = mode_name(mode_);
+      m["total_elements"] = L;
+      for (int k = 0; k < 3; ++k)
+        m["files"][kKeys[k]] = {
+            {"name", kFiles[k]}, {"bytes", L * 4}, {"sha256", io::sha256_file(sdir + "/" + kFiles[k])}};
+      auto& ts = m["tensors"] = nlohmann::json::array();
+      for (size_t t = 0; t < specs_.size(); ++t)
+        ts.push_back({{"name", specs_[t].name},
+                      {"shape", specs_[t].shape},
+                      {"offset", tlog[t]},
+                      {"numel", specs_[t].numel()},
+                      {"unit", specs_[t].unit},
+                      {"decay", specs_[t].decay}});
+      m["extra"] = extra;
+      io::write_file_atomic(sdir + "/manifest.json", m.dump(1));
+      io::fsync_tree(sdir);
+      staging->commit();
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  if (!comm_.all_ok(err.empty()))
+    fail("checkpoint save to ", dir, " failed", err.empty() ? " on rank 0" : ": " + err);
+}
+
+nlohmann::json ShardedParams::load(const std::string& dir, bool verify) {
+  std::string err;
+  nlohmann::json m;
+  std::vector<int64_t> tlog(specs_.size());
+  const std::string mpath = dir + "/manifest.json";
+  try {
+    try {
+      m = nlohmann::json::parse(io::read_file(mpath));
+    } catch (const nlohmann::json::exception& e) {
+      fail("checkpoint manifest ", mpath, ": not valid JSON: ", e.what());
+    }
+    OLMO_CHECK(m.is_object() && m.value("format", "") == kFormat, "checkpoint manifest ", mpath,
+               ": expected format '", kFormat, "'");
+    OLMO_CHECK(m.value("dtype", "") == "float32-le", "checkpoint manifest ", mpath,
+               ": expected dtype float32-le");
+    OLMO_CHECK(
+        m.contains("adam_step") && m["adam_step"].is_number_integer() && m["adam_step"].get<int64_t>() >= 0,
+        "checkpoint manifest ", mpath, ": 'adam_step' must be a non-negative integer");
+    const auto& ts = m.at("tensors");
+    OLMO_CHECK(ts.is_array() && ts.size() == specs_.size(), "checkpoint manifest ", mpath, ": has ",
+               ts.is_array() ? ts.size() : 0, " tensors, the model has ", specs_.size());
+    int64_t L = 0;
+    for (size_t t = 0; t < specs_.size(); ++t) {
+      const auto& j = ts[t];
+      OLMO_CHECK(j.is_object() && j.value("name", "") == specs_[t].name, "checkpoint manifest ", mpath,
+                 ": tensor #", t, " is '", j.is_object() ? j.value("name", "?") : "?", "', expected '",
+                 specs_[t].name, "'");
+      OLMO_CHECK(j.contains("shape") && j["shape"] == nlohmann::json(specs_[t].shape), "checkpoint manifest ",
+                 mpath, ": tensor '", specs_[t].name, "' has shape ",
+                 j.value("shape", nlohmann::json()).dump(), ", expected ",
+                 nlohmann::json(specs_[t].shape).dump());
+      OLMO_CHECK(j.value("offset", int64_t(-1)) == L, "checkpoint manifest ", mpath, ": tensor '",
+                 specs_[t].name, "' has offset ", j.value("offset", int64_t(-1)), ", expected ", L);
+      tlog[t] = L;
+      L += specs_[t].numel();
+    }
+    OLMO_CHECK(m.value("total_elements", int64_t(-1)) == L, "checkpoint manifest ", mpath,
+               ": total_elements does not match the tensors (expected ", L, ")");
+    for (int k = 0; k < 3; ++k) {
+      const std::string path = dir + "/" + kFiles[k];
+      struct stat st {};
+      OLMO_CHECK(::stat(path.c_str(), &st) == 0, "checkpoint file ", path, ": missing");
+      OLMO_CHECK(int64_t(st.st_size) == L * 4, "checkpoint file ", path, ": ", st.st_size,
+                 " bytes, expected ", L * 4, " (truncated or wrong checkpoint)");
+      if (verify && comm_.rank() == 0) {
+        const std::string want = m["files"][kKeys[k]].value("sha256", "");
+        const std::string got = io::sha256_file(path);
+        OLMO_CHECK(got == want, "checkpoint file ", path, ": SHA-256 ", got, " does not match the manifest (",
+                   want, "); the file is corrupt");
+      }
+    }
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  if (!comm_.all_ok(err.empty()))
+    fail("checkpoint load from ", dir, " failed", err.empty() ? " on another rank" : ": " + err);
+
+  try {
+    for (auto& U : units_) {
+      std::fill(U.p.begin(), U.p.end(), 0.0f);
+      std::fill(U.g.begin(), U.g.end(), 0.0f);
+    }
+    for (int k = 0; k < 3; ++k) {
+      const std::string path = dir + "/" + kFiles[k];
+      Fd fd(path, O_RDONLY);
+      for (size_t t = 0; t < specs_.size(); ++t) {
+        Unit& U = units_[size_t(specs_[t].unit)];
+        std::vector<float>& buf = k == 0 ? U.p : k == 1 ? U.m : U.v;
+        const int64_t ob = owned_begin(U), b = toff_[t], e = b + specs_[t].numel();
+        const int64_t lo = std::max(ob, b), hi = std::min(ob + U.shard, e);
+        if (lo >= hi) continue;
+        pread_all(fd.fd, path, buf.data() + (lo - ob), size_t(hi - lo) * 4, (tlog[t] + lo - b) * 4);
+      }
+    }
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  if (!comm_.all_ok(err.empty()))
+    fail("checkpoint load from ", dir, " failed", err.empty() ? " on another rank" : ": " + err);
+  adam_step_ = m["adam_step"].get<int64_t>();
+  return m;
+}
+
+}  // namespace olmosft::dist
