@@ -5,40 +5,20 @@
 #include "kernels/attention.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "core/rng.h"
 #include "core/threads.h"
 
 using namespace olmosft;
-
-namespace {
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Process CPU time (all threads). On a shared, loaded machine wall time includes time spent descheduled;
-// with --threads 1 the CPU time is the time the kernel actually ran.
-double cpu_now() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-// Visible (query, key) pairs: the FLOP count of one T x T attention matmul is 2 * pairs * D.
-double visible_pairs(int64_t T, int64_t W) {
-  double p = 0;
-  for (int64_t i = 0; i < T; ++i) p += W > 0 ? std::min<int64_t>(i + 1, W) : i + 1;
-  return p;
-}
-}  // namespace
+using bench::cpu_now;
+using bench::now;
 
 int main(int argc, char** argv) {
   int threads = 0, reps = 3;
@@ -91,7 +71,7 @@ int main(int argc, char** argv) {
               "fwd+bwd tok/s", "fwd GF/s", "bwd GF/s", "fwd cpu", "bwd cpu", "tok/cpu-s");
   for (int64_t W : {int64_t{0}, int64_t{1024}}) {
     c.window = W;
-    const double pairs = visible_pairs(T, W);
+    const double pairs = bench::causal_pairs(T, W);
     std::vector<std::byte> wf(attention_forward_workspace_bytes<float>(c)),
         wb(attention_backward_workspace_bytes<float>(c));
     for (auto backend : {AttentionTileBackend::kBlas, AttentionTileBackend::kLoops}) {

@@ -8,27 +8,19 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "core/rng.h"
 #include "core/threads.h"
 
 using namespace olmosft;
+using bench::cpu_now;
+using bench::now;
 
 namespace {
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-// CPU seconds used by the whole process (all threads): robust to other tenants taking time slices.
-double cpu_now() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
 struct Rate {
   double wall = 0;     // best GFLOP/s over wall time
   double per_cpu = 0;  // best GFLOP per CPU-second (per-core efficiency)

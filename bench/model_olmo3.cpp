@@ -6,16 +6,15 @@
 // the 2-core fp32 peak (~200 GFLOP/s, anchors.md §2.1).
 // Usage: bench_model_olmo3 [--threads N] [--iters K] [--seq T] [--docs D] [--no-torch]
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "core/rng.h"
 #include "core/threads.h"
 #include "model/model.h"
@@ -23,23 +22,8 @@
 
 using namespace olmosft;
 using namespace olmosft::model;
-
-namespace {
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-double cpu_now() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-// Visible (query, key) pairs of one document of length L with window W (0 = full causal).
-double pairs(int64_t L, int64_t W) {
-  double p = 0;
-  for (int64_t i = 0; i < L; ++i) p += double(W > 0 ? std::min<int64_t>(i + 1, W) : i + 1);
-  return p;
-}
-}  // namespace
+using bench::cpu_now;
+using bench::now;
 
 int main(int argc, char** argv) {
   int threads = 2, iters = 3, docs = 4;
@@ -112,8 +96,8 @@ int main(int argc, char** argv) {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const bool sliding = c.layer_types[size_t(l)] == LayerType::SlidingAttention;
     for (auto L : lens)
-      attn_flops +=
-          12.0 * pairs(L, sliding ? c.sliding_window : 0) * double(c.head_dim * c.num_attention_heads);
+      attn_flops += 12.0 * bench::causal_pairs(L, sliding ? c.sliding_window : 0) *
+                    double(c.head_dim * c.num_attention_heads);
   }
   const double flops = 6.0 * mm_params * double(T) + attn_flops;
 

@@ -14,6 +14,7 @@
 
 #include "core/threads.h"
 #include "data/tokenizer_util.h"
+#include "io/atomic_file.h"
 
 using namespace olmosft;
 
@@ -61,7 +62,7 @@ int main(int argc, char** argv) {
   }
   // Reference: npm gpt-tokenizer on the same documents, same process tree, timed inside node.
   std::string tmp = "/tmp/olmosft_bench_tok_" + std::to_string(getpid()) + ".json";
-  tok::write_file_atomic(tmp, nlohmann::json(docs).dump());
+  io::write_file_atomic(tmp, nlohmann::json(docs).dump());
   std::string cmd = "cd '" + src +
                     "' && node --input-type=module -e '"
                     "import { loadGptTokenizer } from \"./tests/reference/tok_corpus.mjs\";"

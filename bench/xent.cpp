@@ -3,42 +3,17 @@
 // max / rescale work). Prints markdown rows; times are one run after a warm-up (the run is long), in wall and
 // CPU seconds.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <vector>
 
+#include "bench_util.h"
 #include "core/rng.h"
 #include "core/threads.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/gemm.h"
 
 using namespace olmosft;
-
-namespace {
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-double cpu_now() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-template <typename F>
-std::pair<double, double> best_of(int reps, F&& f) {
-  double bw = 1e30, bc = 1e30;
-  for (int r = 0; r <= reps; ++r) {
-    const double t0 = now(), c0 = cpu_now();
-    f();
-    const double dw = now() - t0, dc = cpu_now() - c0;
-    if (r > 0) {
-      bw = std::min(bw, dw);
-      bc = std::min(bc, dc);
-    }
-  }
-  return {bw, bc};
-}
-}  // namespace
+using bench::best_of;
 
 int main() {
   const int64_t N = 512, d = 1024, V = 32000;

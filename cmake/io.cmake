@@ -1,4 +1,4 @@
-# io area: OpenSSL libcrypto for SHA-256; optional libFuzzer target for the safetensors parser.
+# io area: OpenSSL libcrypto for SHA-256 (src/io/hash, the only SHA-256 in the project: io, data, tokenizer); optional libFuzzer target for the safetensors parser.
 pkg_check_modules(OLMOSFT_LIBCRYPTO REQUIRED IMPORTED_TARGET libcrypto)
 target_link_libraries(olmosft_lib PUBLIC PkgConfig::OLMOSFT_LIBCRYPTO)
 

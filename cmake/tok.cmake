@@ -2,5 +2,3 @@
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 target_link_libraries(olmosft_lib PUBLIC PkgConfig::PCRE2 PkgConfig::ZSTD)
-find_package(OpenSSL REQUIRED)  # SHA-256 of the tiktoken file and of tokenizer dirs (libcrypto)
-target_link_libraries(olmosft_lib PUBLIC OpenSSL::Crypto)

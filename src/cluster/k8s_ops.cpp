@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cluster/timeutil.h"
+#include "io/atomic_file.h"
 
 namespace olmosft::cluster {
 
@@ -338,7 +339,7 @@ class Watcher {
 
     json jobset = c_.get(jobsets_path(o_.ns) + "/" + o_.jobset, "get JobSet " + o_.jobset);
     uid_ = jobset["metadata"].value("uid", "");
-    write_file_atomic(o_.run_dir + "/jobset.json", jobset.dump(2) + "\n");
+    io::write_file_atomic(o_.run_dir + "/jobset.json", jobset.dump(2) + "\n");
     kv_ = kueue_version(c_);
     if (o_.rules) {
       rules_ = *o_.rules;
@@ -664,12 +665,12 @@ class Watcher {
     res_.stop_fired = true;
     res_.stop_reason = reason;
     log_ << "stop rule fired: " << reason << "\n";
-    write_file_atomic(o_.run_dir + "/stop.json", json{{"reason", reason},
-                                                      {"step", res_.last_step},
-                                                      {"time", format_rfc3339(now_ns(), true)},
-                                                      {"workload_patched", false}}
-                                                         .dump(2) +
-                                                     "\n");
+    io::write_file_atomic(o_.run_dir + "/stop.json", json{{"reason", reason},
+                                                          {"step", res_.last_step},
+                                                          {"time", format_rfc3339(now_ns(), true)},
+                                                          {"workload_patched", false}}
+                                                             .dump(2) +
+                                                         "\n");
     event("stop-rule", {{"reason", reason}, {"step", res_.last_step}});
     patch_pending_ = true;
     try_patch();
@@ -687,13 +688,13 @@ class Watcher {
         patched = true;
       }
       patch_pending_ = false;
-      write_file_atomic(o_.run_dir + "/stop.json", json{{"reason", stop_reason_},
-                                                        {"step", res_.last_step},
-                                                        {"workload", name},
-                                                        {"workload_patched", true},
-                                                        {"time", format_rfc3339(now_ns(), true)}}
-                                                           .dump(2) +
-                                                       "\n");
+      io::write_file_atomic(o_.run_dir + "/stop.json", json{{"reason", stop_reason_},
+                                                            {"step", res_.last_step},
+                                                            {"workload", name},
+                                                            {"workload_patched", true},
+                                                            {"time", format_rfc3339(now_ns(), true)}}
+                                                               .dump(2) +
+                                                           "\n");
       event("workload-deactivated", {{"workload", name}, {"sent_patch", patched}});
       log_ << "workload " << name << (patched ? " deactivated (spec.active=false)" : " was already inactive")
            << "\n";

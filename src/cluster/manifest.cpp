@@ -1,8 +1,5 @@
 #include "cluster/manifest.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -14,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 namespace olmosft::cluster {
 
@@ -261,36 +259,6 @@ std::string to_yaml(const OJson& obj) {
   return std::string(e.c_str()) + "\n";
 }
 
-void write_file_atomic(const std::string& path, const std::string& data) {
-  namespace fs = std::filesystem;
-  fs::path p(path);
-  fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  std::string tmp = (dir / ("." + p.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  OLMO_CHECK(fd >= 0, "cannot write ", tmp, ": ", std::strerror(errno));
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      fail("cannot write ", tmp, ": ", std::strerror(err));
-    }
-    off += static_cast<size_t>(n);
-  }
-  OLMO_CHECK(::fsync(fd) == 0, "fsync ", tmp, ": ", std::strerror(errno));
-  ::close(fd);
-  OLMO_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "rename ", tmp, " -> ", path, ": ",
-             std::strerror(errno));
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
 void write_rendered(const Rendered& out, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -302,10 +270,10 @@ void write_rendered(const Rendered& out, const std::string& dir) {
                {"objects", OJson::array()}};
   for (size_t i = 0; i < out.objects.size(); ++i) {
     const auto& [file, obj] = out.objects[i];
-    write_file_atomic(dir + "/" + std::to_string(i) + "-" + file + ".yaml", to_yaml(obj));
+    io::write_file_atomic(dir + "/" + std::to_string(i) + "-" + file + ".yaml", to_yaml(obj));
     all["objects"].push_back({{"file", file}, {"object", obj}});
   }
-  write_file_atomic(dir + "/manifest.json", all.dump(2) + "\n");
+  io::write_file_atomic(dir + "/manifest.json", all.dump(2) + "\n");
 }
 
 Rendered read_rendered(const std::string& dir) {

@@ -46,7 +46,4 @@ void write_rendered(const Rendered& out, const std::string& dir);
 // Reads <dir>/manifest.json back.
 Rendered read_rendered(const std::string& dir);
 
-// Atomic file write: temp file in the same directory, fsync, rename, fsync the directory.
-void write_file_atomic(const std::string& path, const std::string& data);
-
 }  // namespace olmosft::cluster

@@ -22,11 +22,12 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "data/dataset.h"
-#include "data/dataset_hash.h"
 #include "data/duckdb_reader.h"
 #include "data/pack.h"
 #include "data/shuffle.h"
 #include "data/source.h"
+#include "io/atomic_file.h"
+#include "io/hash.h"
 
 namespace fs = std::filesystem;
 
@@ -272,7 +273,7 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
       if (r.skip != Skip::kNone) continue;
       try {
         std::string canon = canonical_json(conv);
-        Sha256 h;
+        io::Sha256 h;
         h.update(canon);
         std::string d = h.digest();
         std::memcpy(r.key.data(), d.data(), 32);
@@ -580,7 +581,7 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
   m["epoch_files"] = epoch_files;
   m["stats"] = {{"length_histogram", hist_json}, {"sources", sources_json}};
 
-  write_file_atomic(tmp + "/manifest.json", m.dump(2) + "\n");
+  io::write_file_atomic(tmp + "/manifest.json", m.dump(2) + "\n");
   // Publish: rename the complete temp dir onto the output path (an existing empty directory is replaced).
   check_out_dir(opts.out_dir);
   if (::rename(tmp.c_str(), out.c_str()) != 0) {

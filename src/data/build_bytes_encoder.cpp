@@ -1,7 +1,7 @@
 #include "data/build_bytes_encoder.h"
 
 #include "core/error.h"
-#include "data/dataset_hash.h"
+#include "io/hash.h"
 
 namespace olmosft {
 
@@ -61,10 +61,10 @@ std::string BytesChatEncoder::decode(const std::vector<int32_t>& ids) const {
 }
 
 std::string BytesChatEncoder::tokenizer_hash() const {
-  return sha256_hex(std::string("olmosft builtin:bytes tokenizer v1"));
+  return io::sha256_hex("olmosft builtin:bytes tokenizer v1");
 }
 std::string BytesChatEncoder::template_hash() const {
-  return sha256_hex(std::string("olmosft builtin:bytes chatml template v1"));
+  return io::sha256_hex("olmosft builtin:bytes chatml template v1");
 }
 
 std::unique_ptr<ChatEncoder> open_chat_encoder(const std::string& spec) {

@@ -8,6 +8,7 @@
 #include "data/template.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_util.h"
+#include "io/hash.h"
 
 namespace olmosft {
 
@@ -58,8 +59,8 @@ class HfChatEncoder : public ChatEncoder {
     if (template_.empty())
       fail(dir, ": no chat template (chat_template.jinja or tokenizer_config.json chat_template)");
     tmpl_ = std::make_unique<tmpl::Template>(template_, origin);
-    tokenizer_hash_ = tok::sha256_hex(tok::sha256_hex(tj) + tok::sha256_hex(cj));
-    template_hash_ = tok::sha256_hex(template_);
+    tokenizer_hash_ = io::sha256_hex(io::sha256_hex(tj) + io::sha256_hex(cj));
+    template_hash_ = io::sha256_hex(template_);
   }
 
   nlohmann::ordered_json vars(const Conversation& conv, size_t n, bool gen) const {

@@ -13,7 +13,8 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "data/dataset_hash.h"
+#include "io/atomic_file.h"
+#include "io/hash.h"
 
 static_assert(std::endian::native == std::endian::little, "the row file format is little-endian");
 
@@ -43,14 +44,6 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
     if (w <= 0) fail("cannot write ", path, ": ", std::strerror(errno));
     p += w;
     n -= static_cast<size_t>(w);
-  }
-}
-
-void fsync_dir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
   }
 }
 }  // namespace
@@ -125,7 +118,7 @@ uint64_t fill_record(uint8_t* record, int64_t seq_len, const std::vector<RowSegm
     }
   }
   for (; t < seq_len; ++t) tok[t] = pad_id;
-  return sha256_u64(record, static_cast<size_t>(rb));
+  return io::sha256_u64(record, static_cast<size_t>(rb));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -167,7 +160,7 @@ std::string RowFileWriter::finish() {
   if (::fsync(fd_) != 0) fail("cannot fsync ", path_, ": ", std::strerror(errno));
   ::close(fd_);
   fd_ = -1;
-  return sha256_hex(checksums_.data(), checksums_.size() * 8);
+  return io::sha256_hex(checksums_.data(), checksums_.size() * 8);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -250,7 +243,7 @@ PackedDataset PackedDataset::open(const std::string& dir, Options opts) {
                    h.checksums_offset == static_cast<uint64_t>(kRowsHeaderBytes + ef.rows * ef.record_bytes),
                ef.path, ": header does not match the manifest");
     ef.checksums = reinterpret_cast<const uint64_t*>(ef.base + h.checksums_offset);
-    std::string sum = sha256_hex(ef.checksums, static_cast<size_t>(ef.rows) * 8);
+    std::string sum = io::sha256_hex(ef.checksums, static_cast<size_t>(ef.rows) * 8);
     OLMO_CHECK(sum == get(f, "checksums_sha256").get<std::string>(), ef.path,
                ": checksum table SHA-256 does not match the manifest (file modified or from another build)");
     ds.files_.push_back(std::move(ef));
@@ -270,8 +263,8 @@ PackedRow PackedDataset::row(int epoch, int64_t i) const {
   const EpochFile& f = files_[epoch];
   const uint8_t* rec = f.base + kRowsHeaderBytes + i * f.record_bytes;
   if (opts_.verify_rows) {
-    OLMO_CHECK(sha256_u64(rec, static_cast<size_t>(f.record_bytes)) == f.checksums[i], f.path, ": row ", i,
-               " fails its checksum (corrupt file)");
+    OLMO_CHECK(io::sha256_u64(rec, static_cast<size_t>(f.record_bytes)) == f.checksums[i], f.path, ": row ",
+               i, " fails its checksum (corrupt file)");
   }
   PackedRow r;
   r.seq_len = seq_len_;
@@ -288,28 +281,13 @@ void PackedDataset::verify_all() const {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < f.rows; ++i) {
       const uint8_t* rec = f.base + kRowsHeaderBytes + i * f.record_bytes;
-      if (sha256_u64(rec, static_cast<size_t>(f.record_bytes)) != f.checksums[i]) {
+      if (io::sha256_u64(rec, static_cast<size_t>(f.record_bytes)) != f.checksums[i]) {
 #pragma omp critical
         if (bad.empty()) bad = std::to_string(i);
       }
     }
     OLMO_CHECK(bad.empty(), f.path, ": row ", bad, " fails its checksum (corrupt file)");
   }
-}
-
-void write_file_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot create ", tmp, ": ", std::strerror(errno));
-  write_all(fd, text.data(), text.size(), tmp);
-  if (::fsync(fd) != 0) {
-    ::close(fd);
-    fail("cannot fsync ", tmp, ": ", std::strerror(errno));
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    fail("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno));
-  fsync_dir(std::filesystem::path(path).parent_path().string());
 }
 
 }  // namespace olmosft

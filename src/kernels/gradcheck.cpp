@@ -14,9 +14,8 @@
 
 namespace olmosft {
 
-double fd_max_rel_err(const std::function<double()>& loss, double* x, int64_t n, const double* analytic,
-                      double h) {
-  double max_err = 0, max_an = 0;
+std::vector<double> fd_gradient(const std::function<double()>& loss, double* x, int64_t n, double h) {
+  std::vector<double> fd(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const double x0 = x[i];
     x[i] = x0 + h;
@@ -24,11 +23,20 @@ double fd_max_rel_err(const std::function<double()>& loss, double* x, int64_t n,
     x[i] = x0 - h;
     const double lm = loss();
     x[i] = x0;
-    const double fd = (lp - lm) / (2 * h);
-    max_err = std::max(max_err, std::abs(fd - analytic[i]));
+    fd[static_cast<size_t>(i)] = (lp - lm) / (2 * h);
+  }
+  return fd;
+}
+
+double fd_max_rel_err(const std::function<double()>& loss, double* x, int64_t n, const double* analytic,
+                      double h, double floor) {
+  const std::vector<double> fd = fd_gradient(loss, x, n, h);
+  double max_err = 0, max_an = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    max_err = std::max(max_err, std::abs(fd[static_cast<size_t>(i)] - analytic[i]));
     max_an = std::max(max_an, std::abs(analytic[i]));
   }
-  return max_err / std::max(max_an, 1e-12);
+  return max_err / std::max(max_an, floor);
 }
 
 namespace {

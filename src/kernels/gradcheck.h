@@ -8,11 +8,14 @@
 
 namespace olmosft {
 
-// Perturbs each x[i] by +-h, evaluates loss() (which must read x), and compares the central difference
-// with analytic[i]. Returns max_i |fd_i - analytic_i| / max(max_i |analytic_i|, 1e-12): the error relative
-// to the gradient's scale (robust for entries that are ~0). x is restored.
+// Central differences (loss(x + h e_i) - loss(x - h e_i)) / 2h for every x[i]; loss() must read x, which is
+// perturbed in place and restored.
+std::vector<double> fd_gradient(const std::function<double()>& loss, double* x, int64_t n, double h = 1e-5);
+
+// Compares fd_gradient with analytic[i]. Returns max_i |fd_i - analytic_i| / max(max_i |analytic_i|, floor):
+// the error relative to the gradient's scale (robust for entries that are ~0). x is restored.
 double fd_max_rel_err(const std::function<double()>& loss, double* x, int64_t n, const double* analytic,
-                      double h = 1e-5);
+                      double h = 1e-5, double floor = 1e-12);
 
 struct KernelCheck {
   std::string name;

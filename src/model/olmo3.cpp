@@ -80,6 +80,19 @@ bool is_norm(const std::string& name) {
   return ends("norm.weight") || ends("layernorm.weight");
 }
 
+// The attention kernel's configuration for a [B, T] batch with the given window (0 = full causal).
+AttentionConfig attention_config(const ModelConfig& cfg, int64_t B, int64_t T, int64_t window) {
+  AttentionConfig ac;
+  ac.batch = B;
+  ac.seq = T;
+  ac.heads = cfg.num_attention_heads;
+  ac.kv_heads = cfg.num_key_value_heads;
+  ac.head_dim = ac.v_head_dim = cfg.head_dim;
+  ac.window = window;
+  ac.scale = 1.0 / std::sqrt(double(cfg.head_dim));
+  return ac;
+}
+
 }  // namespace
 
 Olmo3::Olmo3(const ModelConfig& config, Olmo3Options options) : cfg_(config), opt_(options) {
@@ -240,14 +253,7 @@ void Olmo3::prepare(const Batch& b) {
   // Attention workspace for both window settings and both passes, at the current thread count.
   size_t need = 0;
   for (int64_t win : {int64_t(0), cfg_.sliding_window}) {
-    AttentionConfig ac;
-    ac.batch = b.B;
-    ac.seq = b.T;
-    ac.heads = cfg_.num_attention_heads;
-    ac.kv_heads = cfg_.num_key_value_heads;
-    ac.head_dim = ac.v_head_dim = cfg_.head_dim;
-    ac.window = win;
-    ac.scale = 1.0 / std::sqrt(double(cfg_.head_dim));
+    const AttentionConfig ac = attention_config(cfg_, b.B, b.T, win);
     need = std::max(
         {need, attention_forward_workspace_bytes<float>(ac), attention_backward_workspace_bytes<float>(ac)});
   }
@@ -293,14 +299,7 @@ void Olmo3::run_forward(const Batch& b) {
     const float* sn = Ly.sliding ? w.sin_s : w.sin_f;
     rope_forward<float>(w.q, cs, sn, N, H, D, HD);
     rope_forward<float>(w.k, cs, sn, N, Hkv, D, KD);
-    AttentionConfig ac;
-    ac.batch = b.B;
-    ac.seq = b.T;
-    ac.heads = H;
-    ac.kv_heads = Hkv;
-    ac.head_dim = ac.v_head_dim = D;
-    ac.window = Ly.sliding ? cfg_.sliding_window : 0;
-    ac.scale = 1.0 / std::sqrt(double(D));
+    const AttentionConfig ac = attention_config(cfg_, b.B, b.T, Ly.sliding ? cfg_.sliding_window : 0);
     attention_forward<float>(ac, w.q, w.k, s.v, seg, s.o, s.lse, w.attn_ws.raw_data(), w.attn_ws_bytes);
     linear_forward<float>(s.o, P(Ly.wo), s.a, N, HD, d);
     rmsnorm_forward<float>(s.a, P(Ly.pan), w.dtmp, s.ra, N, d, eps);
@@ -421,14 +420,7 @@ void Olmo3::run_backward(const Batch& b, const LossConfig& loss, double grad_sca
     const float* sn = Ly.sliding ? w.sin_s : w.sin_f;
     rope_forward<float>(w.q, cs, sn, N, H, D, HD);
     rope_forward<float>(w.k, cs, sn, N, Hkv, D, KD);
-    AttentionConfig ac;
-    ac.batch = b.B;
-    ac.seq = b.T;
-    ac.heads = H;
-    ac.kv_heads = Hkv;
-    ac.head_dim = ac.v_head_dim = D;
-    ac.window = Ly.sliding ? cfg_.sliding_window : 0;
-    ac.scale = 1.0 / std::sqrt(double(D));
+    const AttentionConfig ac = attention_config(cfg_, b.B, b.T, Ly.sliding ? cfg_.sliding_window : 0);
     attention_backward<float>(ac, w.q, w.k, s.v, seg, s.o, s.lse, w.dO, w.dq, w.dk, w.dv,
                               w.attn_ws.raw_data(), w.attn_ws_bytes);
     rope_backward<float>(w.dq, cs, sn, N, H, D, HD);

@@ -12,6 +12,7 @@
 #include "attn_util.h"
 #include "core/error.h"
 #include "kernels/attention.h"
+#include "kernels/gradcheck.h"
 
 // GCC flags free() in the replaced operator delete as mismatched with the replaced operator new (which uses
 // malloc); the pairing is correct.
@@ -212,20 +213,7 @@ TEST(AttnFiniteDiff, DqDkDvFloat64) {
       for (size_t i = 0; i < f.o.size(); ++i) s += f.o[i] * d.dout[i];
       return s;
     };
-    auto fd = [&](std::vector<double>& x) {
-      std::vector<double> out(x.size());
-      const double eps = 1e-5;
-      for (size_t i = 0; i < x.size(); ++i) {
-        const double x0 = x[i];
-        x[i] = x0 + eps;
-        const double lp = loss();
-        x[i] = x0 - eps;
-        const double lm = loss();
-        x[i] = x0;
-        out[i] = (lp - lm) / (2 * eps);
-      }
-      return out;
-    };
+    auto fd = [&](std::vector<double>& x) { return fd_gradient(loss, x.data(), int64_t(x.size()), 1e-5); };
     const auto fq = fd(d.q), fk = fd(d.k), fv = fd(d.v);
     // The check can fail: the gradients are far from zero.
     EXPECT_GT(rel_err(std::vector<double>(fq.size(), 0.0), fq), 0.5);

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/gradcheck.h"
 #include "kernels/kda.h"
 
 namespace kdatest {
@@ -55,19 +56,7 @@ double dot(const std::vector<T>& a, const std::vector<T>& b) {
 // returns max |fd - analytic| / max(max |analytic|, 1e-8).
 inline double fd_check(std::vector<double>& p, const std::function<double()>& loss,
                        const std::vector<double>& analytic, double h = 1e-6) {
-  double num = 0, den = 1e-8;
-  for (size_t i = 0; i < p.size(); ++i) {
-    const double x = p[i];
-    p[i] = x + h;
-    const double lp = loss();
-    p[i] = x - h;
-    const double lm = loss();
-    p[i] = x;
-    const double fd = (lp - lm) / (2 * h);
-    num = std::max(num, std::abs(fd - analytic[i]));
-    den = std::max(den, std::abs(analytic[i]));
-  }
-  return num / den;
+  return olmosft::fd_max_rel_err(loss, p.data(), static_cast<int64_t>(p.size()), analytic.data(), h, 1e-8);
 }
 
 // A realistic KDA input set: q, k L2-normalised, g from the gate with A_log ~ log U[1,16], beta in (0,2).

