@@ -74,21 +74,27 @@ double measure_peak_flops() {
   return best;
 }
 
-// Model FLOPs per step (forward + backward): 6 x N_active x tokens, plus attention scores/values:
-// 12 x heads x head_dim x ctx per token and layer, ctx = T/2 for full causal layers and min(window, T/2)
-// for sliding-window layers (KDA/linear layers are not counted).
-double model_flops_per_step(const model::CausalLM& m, std::vector<model::Param>& params, int64_t rows,
-                            int64_t T) {
+// Model FLOPs (forward + backward), counted as the implementation does the work:
+//   per token:          6 x N_body + attention (12 x heads x head_dim x ctx per layer; ctx = T/2 for full
+//                       causal layers, min(window, T/2) for sliding ones; KDA/linear layers not counted)
+//   per trained target: 6 x vocab x hidden for the LM head (the tiled cross-entropy skips untrained tokens)
+// N_body = active parameters less the embedding (a lookup, no FLOPs) and the LM head.
+struct ModelFlops {
+  double per_token = 0, per_trained = 0;
+  double step(double tokens, double trained) const { return per_token * tokens + per_trained * trained; }
+};
+ModelFlops model_flops(const model::CausalLM& m, std::vector<model::Param>& params, int64_t T) {
+  const model::ModelConfig& c = m.config();
   double n_active = 0;
   for (const auto& p : params) n_active += static_cast<double>(p.value.numel());
-  const model::ModelConfig& c = m.config();
   if (c.is_moe()) {
     try {
       n_active = static_cast<double>(model::count_params(c).active);
     } catch (const Error&) {
     }
   }
-  double tokens = static_cast<double>(rows * T);
+  const double head = static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
+  const double n_body = std::max(0.0, n_active - 2.0 * head);
   double attn = 0;
   double hd = static_cast<double>(c.num_attention_heads * c.head_dim);
   for (model::LayerType lt : c.layer_types) {
@@ -97,7 +103,7 @@ double model_flops_per_step(const model::CausalLM& m, std::vector<model::Param>&
     if (lt == model::LayerType::LinearAttention) ctx = 0;
     attn += 12.0 * hd * ctx;
   }
-  return 6.0 * n_active * tokens + attn * tokens;
+  return {6.0 * n_body + attn, 6.0 * head};
 }
 
 struct StepParts {
@@ -367,10 +373,11 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
 
   double peak = recipe.f64("perf.peak_tflops") * 1e12;
   if (peak <= 0) peak = measure_peak_flops();
-  const double flops_step = model_flops_per_step(model, params, d.global_batch, d.seq_len);
+  const ModelFlops flops = model_flops(model, params, d.seq_len);
   out << "PREFLIGHT peak_flops=" << peak
       << (recipe.f64("perf.peak_tflops") > 0 ? " (configured)" : " (measured)")
-      << " model_flops_per_step=" << flops_step << "\n";
+      << " model_flops_per_token=" << flops.per_token
+      << " lm_head_flops_per_trained_target=" << flops.per_trained << "\n";
 
   // Held-out rows for P(EOS): untrained rows of epoch 0 when the run does not reach them.
   std::vector<RowRef> heldout;
@@ -562,7 +569,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     times.push_back(step_time);
     const double padded_tokens = static_cast<double>(d.tokens_per_step);
     const double tps = padded_tokens / step_time, trained_tps = dt / step_time;
-    const double mfu = peak > 0 ? flops_step / step_time / peak : 0.0;
+    const double mfu = peak > 0 ? flops.step(padded_tokens, static_cast<double>(dt)) / step_time / peak : 0.0;
     res.last_step = s;
     res.step_loss.push_back(loss);
     res.step_ce.push_back(ce);
