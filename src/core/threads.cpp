@@ -16,6 +16,13 @@ void set_threads(int n) {
 
 int num_threads() { return omp_get_max_threads(); }
 
+BlasSingleThread::BlasSingleThread() : prev_(openblas_get_num_threads()) {
+  if (prev_ != 1) openblas_set_num_threads(1);
+}
+BlasSingleThread::~BlasSingleThread() {
+  if (prev_ != 1) openblas_set_num_threads(prev_);
+}
+
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_per_thread) {
   if (n <= 0) return;
   int64_t nt =

@@ -379,19 +379,6 @@ void build_mask_meta(const AttentionConfig& c, const int32_t* seg, const Shared&
   }
 }
 
-// RAII: the tile products are small (<= G*64 x 64 x max(D, Dv)); OpenBLAS must not fan them out to its own
-// threads, whether or not our OpenMP threads are also running.
-struct BlasSingleThread {
-  int saved;
-  bool active;
-  BlasSingleThread() : saved(openblas_get_num_threads()), active(saved != 1) {
-    if (active) openblas_set_num_threads(1);
-  }
-  ~BlasSingleThread() {
-    if (active) openblas_set_num_threads(saved);
-  }
-};
-
 }  // namespace
 
 void set_attention_tile_backend(AttentionTileBackend b) { g_backend = b; }
@@ -479,7 +466,7 @@ void attention_forward(const AttentionConfig& c, const T* q, const T* k, const T
   const int64_t nitems = c.batch * Hkv * nqb;
   const T scale = static_cast<T>(c.scale);
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  BlasSingleThread blas_guard;
+  BlasSingleThread blas_guard;  // tile products are small: OpenBLAS must not fan them out
 
 #pragma omp parallel num_threads(nt)
   {
@@ -598,7 +585,7 @@ void attention_backward(const AttentionConfig& c, const T* q, const T* k, const 
 
   const T scale = static_cast<T>(c.scale);
   const int64_t ntok = c.batch * T_;
-  BlasSingleThread blas_guard;
+  BlasSingleThread blas_guard;  // tile products are small: OpenBLAS must not fan them out
 
 #pragma omp parallel num_threads(nt)
   {

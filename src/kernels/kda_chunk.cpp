@@ -121,17 +121,7 @@ void diff(const double* a, const double* b, T* dst, int64_t n) {
 // The chunk GEMMs are small (chunk x K x V) and run inside the per-(row, head) OpenMP loop; a threaded
 // OpenBLAS would spawn its own threads inside each OpenMP thread (measured 3x more CPU and 5x more wall time
 // at H = 8, 2 threads). Parallelism comes from rows x heads, so BLAS runs single-threaded while a kernel
-// runs.
-class BlasSingleThread {
- public:
-  BlasSingleThread() : prev_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
-  ~BlasSingleThread() { openblas_set_num_threads(prev_); }
-  BlasSingleThread(const BlasSingleThread&) = delete;
-  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
-
- private:
-  int prev_;
-};
+// runs (BlasSingleThread, core/threads.h).
 
 struct Chunk {
   int64_t t0, n;

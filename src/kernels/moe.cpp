@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "kernels/gemm.h"
 #include "kernels/swiglu.h"
 
@@ -21,16 +22,6 @@ namespace {
 constexpr int64_t kParallelMin = 1 << 16;
 
 // Per-expert GEMMs run in an OpenMP loop over experts; BLAS is single-threaded inside it.
-class BlasSingleThread {
- public:
-  BlasSingleThread() : prev_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
-  ~BlasSingleThread() { openblas_set_num_threads(prev_); }
-  BlasSingleThread(const BlasSingleThread&) = delete;
-  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
-
- private:
-  int prev_;
-};
 
 // Assignment slots (t * k + j) kept for each expert, in token order.
 std::vector<std::vector<int64_t>> group_by_expert(const std::vector<int32_t>& topk,
