@@ -10,6 +10,7 @@
 #include "data/tokenizer.h"
 #include "data/tokenizer_dolma2.h"
 #include "data/tokenizer_util.h"
+#include "io/atomic_file.h"
 
 namespace {
 using namespace olmosft;
@@ -33,7 +34,7 @@ int make_dolma2_main(int argc, char** argv) {
   app.add_option("--chat-template", tmpl_file,
                  "use this Jinja file as chat_template instead of Olmo 3 think");
   return cli::run_app(app, argc, argv, [&] {
-    std::string t = tmpl_file.empty() ? "" : tok::read_file(tmpl_file);
+    std::string t = tmpl_file.empty() ? "" : io::read_file(tmpl_file);
     make_dolma2_tokenizer(tiktoken, out, t);
     auto enc = load_chat_encoder(out);  // read back: the dir must load and pass the probes
     Tokenizer tk = Tokenizer::from_hf_json_file(out + "/tokenizer.json");
@@ -84,7 +85,7 @@ int check_main(int argc, char** argv) {
       check(false, "tokenizer_config.json / chat template load", e.what());
     }
     try {
-      nlohmann::json cfg = nlohmann::json::parse(tok::read_file(dir + "/tokenizer_config.json"));
+      nlohmann::json cfg = nlohmann::json::parse(io::read_file(dir + "/tokenizer_config.json"));
       std::string cls = cfg.value("tokenizer_class", "");
       if (cls == "GPT2Tokenizer")
         std::cout << "note tokenizer_class GPT2Tokenizer: transformers may load this dir as the slow GPT-2 "
@@ -133,7 +134,7 @@ int tokenize_main(int argc, char** argv) {
     if (!chat.empty()) {
       nlohmann::json j;
       try {
-        j = nlohmann::json::parse(tok::read_file(chat));
+        j = nlohmann::json::parse(io::read_file(chat));
       } catch (const nlohmann::json::exception& e) {
         fail(chat, ": not valid JSON: ", e.what());
       }

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "train/recipe.h"
 
 namespace olmosft::cluster {
 
@@ -356,6 +357,20 @@ Recipe parse_recipe(const std::string& text, const std::string& origin,
     }
   }
   check_fits(r);
+  // The pod runs `olmosft train` on this same file: the devices the trainer divides the batch by are the
+  // slice's, and every trainer key is validated now with the trainer's own reader (unknown keys, types,
+  // batch arithmetic), so a typo fails the launch instead of a pod after scheduling.
+  const int64_t devices = c.slice.devices();
+  if (R["devices"] && !R["devices"].IsNull()) {
+    const int64_t d = rd.integer(R["devices"], "devices", 1, int64_t{1} << 24);
+    OLMO_CHECK(d == devices, rd.where("devices"), ": ", d, " but slice ", c.slice.text, " has ", devices,
+               " devices (drop the key: the launcher sets it from the slice)");
+  } else {
+    r.root["devices"] = devices;
+  }
+  const olmosft::Recipe trainer_view =
+      olmosft::Recipe::parse(r.effective_yaml(), origin + " (as `olmosft train` reads it)");
+  (void)olmosft::derive(trainer_view);
   return r;
 }
 

@@ -8,6 +8,7 @@
 #include "data/template.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_util.h"
+#include "io/atomic_file.h"
 #include "io/hash.h"
 
 namespace olmosft {
@@ -28,8 +29,8 @@ class HfChatEncoder : public ChatEncoder {
   explicit HfChatEncoder(const std::string& dir)
       : tok_(Tokenizer::from_hf_json_file(dir + "/tokenizer.json")), tmpl_(nullptr) {
     std::string cfg_path = dir + "/tokenizer_config.json";
-    std::string tj = tok::read_file(dir + "/tokenizer.json");
-    std::string cj = tok::read_file(cfg_path);
+    std::string tj = io::read_file(dir + "/tokenizer.json");
+    std::string cj = io::read_file(cfg_path);
     nlohmann::json cfg;
     try {
       cfg = nlohmann::json::parse(cj);
@@ -46,7 +47,7 @@ class HfChatEncoder : public ChatEncoder {
     if (pad_id_ < 0) fail(cfg_path, ": pad_token '", pad_token_, "' is not in the vocabulary");
     std::string jinja_path = dir + "/chat_template.jinja", origin;
     if (std::filesystem::exists(jinja_path)) {
-      template_ = tok::read_file(jinja_path);
+      template_ = io::read_file(jinja_path);
       origin = jinja_path;
     } else if (cfg.contains("chat_template") && cfg["chat_template"].is_string()) {
       template_ = cfg["chat_template"].get<std::string>();

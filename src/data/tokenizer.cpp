@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "data/tokenizer_util.h"
+#include "io/atomic_file.h"
 
 namespace olmosft {
 
@@ -303,7 +304,7 @@ void Tokenizer::finish_setup() {
 
 Tokenizer Tokenizer::from_tiktoken_file(const std::string& path, const std::string& pattern,
                                         const std::vector<AddedToken>& specials) {
-  std::string text = tok::read_file(path);
+  std::string text = io::read_file(path);
   Tokenizer t;
   std::vector<std::string> by_rank;
   size_t line_no = 0, pos = 0;
@@ -361,7 +362,7 @@ Tokenizer Tokenizer::from_tiktoken_file(const std::string& path, const std::stri
 }
 
 Tokenizer Tokenizer::from_hf_json_file(const std::string& path) {
-  return from_hf_json(tok::read_file(path), path);
+  return from_hf_json(io::read_file(path), path);
 }
 
 Tokenizer Tokenizer::from_hf_json(const std::string& json_text, const std::string& origin) {

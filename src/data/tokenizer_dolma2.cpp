@@ -31,7 +31,7 @@ std::vector<std::pair<std::string, int>> dolma2_added_tokens() {
 void make_dolma2_tokenizer(const std::string& tiktoken_path, const std::string& out_dir,
                            const std::string& chat_template, bool verify_sha) {
   using nlohmann::ordered_json;
-  std::string raw = tok::read_file(tiktoken_path);
+  std::string raw = io::read_file(tiktoken_path);
   std::string sha = io::sha256_hex(raw);
   if (verify_sha && sha != kCl100kSha256)
     fail(tiktoken_path, ": sha256 ", sha, " is not cl100k_base's ", kCl100kSha256,

@@ -7,25 +7,15 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 namespace olmosft::tok {
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("cannot open ", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) fail("error reading ", path);
-  return ss.str();
-}
-
 std::string read_zstd_file(const std::string& path) {
-  std::string in = read_file(path);
+  std::string in = io::read_file(path);
   ZSTD_DCtx* dctx = ZSTD_createDCtx();
   std::string out;
   std::vector<char> buf(ZSTD_DStreamOutSize());

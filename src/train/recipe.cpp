@@ -81,7 +81,11 @@ const RecipeKey* find_key(const std::string& name) {
   return nullptr;
 }
 
-bool passthrough(const std::string& name) { return name.rfind("cluster.", 0) == 0; }
+// Sections read by other tools and passed through verbatim: `cluster.*` (the k8s launcher, validated
+// there) and `mesh.*` (accelerator mesh axes, checked against the slice by the launcher).
+bool passthrough(const std::string& name) {
+  return name.rfind("cluster.", 0) == 0 || name.rfind("mesh.", 0) == 0;
+}
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);

@@ -111,13 +111,15 @@ TEST(K8sRecipe, OverridesAndValidation) {
   Recipe r =
       parse_recipe(kBase, "r.yaml",
                    {"steps=7", "cluster.stop_rules.nan_loss=false", "cluster.stop_rules.stall_minutes=2.5",
-                    "checkpoint.grace_seconds=120", "trainer.lr=1e-5"});
+                    "checkpoint.grace_seconds=120", "optimizer.lr=1e-5"});
   EXPECT_EQ(r.steps, 7);
   EXPECT_FALSE(r.cluster.stop_rules.nan_loss);
   EXPECT_DOUBLE_EQ(*r.cluster.stop_rules.stall_minutes, 2.5);
   EXPECT_EQ(r.grace_seconds, 120);
-  EXPECT_EQ(r.root["trainer"]["lr"].Scalar(), "1e-5");  // unknown top-level keys are kept for the trainer
+  EXPECT_EQ(r.root["optimizer"]["lr"].Scalar(), "1e-5");  // trainer keys are kept for the trainer
   EXPECT_NE(r.effective_yaml().find("steps: 7"), std::string::npos);
+  // The pod's trainer divides the batch by the slice's devices: set in the mounted recipe.
+  EXPECT_NE(r.effective_yaml().find("devices: 128"), std::string::npos) << r.effective_yaml();
 
   std::string e = error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.qeue=x"}); });
   EXPECT_NE(e.find("r.yaml: key 'cluster.qeue': unknown key"), std::string::npos) << e;
@@ -133,6 +135,16 @@ TEST(K8sRecipe, OverridesAndValidation) {
   EXPECT_NE(e.find("not a valid namespace name"), std::string::npos) << e;
   e = error_of([] { parse_recipe("a: [", "bad.yaml", {}); });
   EXPECT_NE(e.find("bad.yaml: not valid YAML"), std::string::npos) << e;
+  // Trainer keys are checked with the trainer's reader at launch time, not in the pod.
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"optimizer.lr_warmup=0.1"}); });
+  EXPECT_NE(e.find("r.yaml (as `olmosft train` reads it): unknown recipe key 'optimizer.lr_warmup'"),
+            std::string::npos)
+      << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"optimizer.lr=fast"}); });
+  EXPECT_NE(e.find("optimizer.lr"), std::string::npos) << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"devices=64"}); });
+  EXPECT_NE(e.find("key 'devices': 64 but slice tpu-v4-4x4x8 has 128 devices"), std::string::npos) << e;
+  EXPECT_EQ(error_of([] { parse_recipe(kBase, "r.yaml", {"devices=128"}); }), "");
   e = error_of([] { parse_recipe(kBase, "r.yaml", {"steps.x=1"}); });
   EXPECT_NE(e.find("'steps' is not a map"), std::string::npos) << e;
 }

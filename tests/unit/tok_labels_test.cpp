@@ -33,8 +33,8 @@ const std::string& dolma2_dir(bool instruct) {
     // The stamp is a hash of the sources that determine the dir's contents, so a stale dir is rebuilt.
     std::string src = std::string(OLMOSFT_SOURCE_DIR) + "/src/data/", stamp;
     for (const char* f : {"tokenizer_dolma2.cpp", "template_olmo.cpp", "tokenizer.cpp"})
-      stamp += io::sha256_hex(tok::read_file(src + f));
-    bool fresh = std::filesystem::exists(d + "/.complete") && tok::read_file(d + "/.complete") == stamp;
+      stamp += io::sha256_hex(io::read_file(src + f));
+    bool fresh = std::filesystem::exists(d + "/.complete") && io::read_file(d + "/.complete") == stamp;
     if (!fresh) {
       make_dolma2_tokenizer(kTiktoken, d);
       io::write_file_atomic(d + "/.complete", stamp);
@@ -67,8 +67,8 @@ Conversation to_conv(const json& msgs, const json& extra) {
 }  // namespace
 
 TEST(TokLabels, MasksMatchTheReference) {
-  json t = json::parse(tok::read_file(kGolden + "templates.json"));
-  json l = json::parse(tok::read_file(kGolden + "labels.json"));
+  json t = json::parse(io::read_file(kGolden + "templates.json"));
+  json l = json::parse(io::read_file(kGolden + "labels.json"));
   auto think = load_chat_encoder(dolma2_dir(false));
   auto instruct = load_chat_encoder(dolma2_dir(true));
   size_t compared = 0, rejected = 0;
@@ -93,7 +93,7 @@ TEST(TokLabels, MasksMatchTheReference) {
 
 TEST(TokLabels, FinalEosIsTrainedEvenThoughBosEqualsEos) {
   auto enc = load_chat_encoder(dolma2_dir(false));
-  nlohmann::json cfg = json::parse(tok::read_file(dolma2_dir(false) + "/tokenizer_config.json"));
+  nlohmann::json cfg = json::parse(io::read_file(dolma2_dir(false) + "/tokenizer_config.json"));
   ASSERT_EQ(cfg["bos_token"], cfg["eos_token"]);  // the trap configuration
   Conversation c;
   c.messages = {{"user", "Name a colour."},
@@ -129,7 +129,7 @@ TEST(TokLabels, FinalEosIsTrainedEvenThoughBosEqualsEos) {
 
 TEST(TokLabels, EncodeIsThreadSafe) {
   auto enc = load_chat_encoder(dolma2_dir(false));
-  json t = json::parse(tok::read_file(kGolden + "templates.json"));
+  json t = json::parse(io::read_file(kGolden + "templates.json"));
   std::vector<Conversation> convs;
   for (const char* c : {"single_turn", "multi_turn", "tools", "unicode_and_specials"})
     convs.push_back(to_conv(t["conversations"][c], t["extra"].value(c, json::object())));
@@ -157,8 +157,8 @@ TEST(TokLabels, RowsWithoutDerivableSpansAreRejected) {
 }
 
 TEST(TokLabels, EmbeddedTemplateAndDirContents) {
-  EXPECT_EQ(std::string(kOlmo3ThinkTemplate), tok::read_file(kGolden + "templates/olmo3_think.jinja"));
-  json cfg = json::parse(tok::read_file(dolma2_dir(false) + "/tokenizer_config.json"));
+  EXPECT_EQ(std::string(kOlmo3ThinkTemplate), io::read_file(kGolden + "templates/olmo3_think.jinja"));
+  json cfg = json::parse(io::read_file(dolma2_dir(false) + "/tokenizer_config.json"));
   EXPECT_EQ(cfg["chat_template"], std::string(kOlmo3ThinkTemplate));
   EXPECT_EQ(cfg["pad_token"], "<|pad|>");
   Tokenizer tk = Tokenizer::from_hf_json_file(dolma2_dir(false) + "/tokenizer.json");

