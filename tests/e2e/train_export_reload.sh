@@ -2,10 +2,11 @@
 # The trainer's last evaluation vs a reload of its HF export: a 4-step run of the tiny Olmo 3 fixture prints
 # `CHECK eval_ce rows=N targets=M ce=X epoch0_rows=A:B` (CE over the held-out rows, from the same forwards as
 # P(EOS)); `olmosft data rows` writes those rows as forward inputs and `olmosft forward --model RUN/hf` must
-# give the same trained-target count and mean CE. Tolerance: 1e-6 relative. Both sides are the same fp32
+# give the same trained-target count and mean CE. Tolerance: 1e-7 relative. Both sides are the same fp32
 # code on the same weights (the export is fp32); they differ only in batching (the trainer runs one row per
-# forward over the padded seq_len, forward runs all rows at once trimmed to their documents), which changes
-# GEMM blocking and the summation order of the CE sum: ~1e-7 relative at most for a few thousand targets.
+# forward over the padded seq_len, forward runs all rows at once trimmed to their documents), which may change
+# GEMM blocking and the order of the CE sum, and in printing (eval_ce has 9 significant digits: <= 5e-9
+# relative). Measured: 1.4e-11 relative (1128 targets, 2 threads).
 # Then `olmosft generate` runs on the export (smoke: output per prompt, ids inside the tokenizer's vocabulary).
 set -u
 bin=$1
@@ -71,8 +72,8 @@ fwd_targets=$(jq .trained_targets "$dir/fwd.json")
 fwd_ce=$(jq .mean_ce "$dir/fwd.json")
 echo "forward on $dir/runs/e2e/hf: targets=$fwd_targets mean_ce=$fwd_ce"
 check "same trained targets" "[ '$fwd_targets' = '$targets' ]"
-check "reloaded export's mean CE = trainer's eval_ce within 1e-6 relative" \
-  "awk -v a='$ce' -v b='$fwd_ce' 'BEGIN { d = a - b; if (d < 0) d = -d; r = d / b; printf \"relative difference %.3g\\n\", r; exit !(r < 1e-6) }'"
+check "reloaded export's mean CE = trainer's eval_ce within 1e-7 relative" \
+  "awk -v a='$ce' -v b='$fwd_ce' 'BEGIN { d = a - b; if (d < 0) d = -d; r = d / b; printf \"relative difference %.3g\\n\", r; exit !(r < 1e-7) }'"
 # The final weights are not the initial ones: the export is the trained model.
 "$bin" forward --model "$G/model/olmo3_tiny" --tokens "$dir/rows/tokens.json" --segments "$dir/rows/segments.json" \
   --trained "$dir/rows/trained.json" --out "$dir/fwd0.json" >/dev/null
