@@ -8,6 +8,10 @@
 
 namespace olmosft::train {
 
+namespace {
+constexpr double kLogitsBudget = 1024.0 * 1024.0 * 1024.0;  // bytes of logits per forward
+}  // namespace
+
 std::vector<Generation> greedy_generate(model::CausalLM& model,
                                         const std::vector<std::vector<int32_t>>& prompts,
                                         const GenerateOptions& opts, GenerateStats* stats) {
@@ -27,12 +31,18 @@ std::vector<Generation> greedy_generate(model::CausalLM& model,
                p, " has ", prompts[p].size(), " tokens; with max_new_tokens=", opts.max_new_tokens,
                " it would exceed the model's max_position_embeddings ", cfg.max_position_embeddings);
   }
+  // The forward writes every position's logits: cap them near 1 GiB by taking fewer prompts per forward.
+  int64_t longest = 0;
+  for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  const double row_bytes = 4.0 * static_cast<double>(V) * static_cast<double>(longest + opts.max_new_tokens);
+  const int64_t rows =
+      std::max<int64_t>(1, std::min<int64_t>(opts.batch, static_cast<int64_t>(kLogitsBudget / row_bytes)));
   std::vector<Generation> out(prompts.size());
   GenerateStats st;
   std::vector<float> logits;
   model::LossConfig lc;
-  for (size_t c0 = 0; c0 < prompts.size(); c0 += static_cast<size_t>(opts.batch)) {
-    const size_t c1 = std::min(prompts.size(), c0 + static_cast<size_t>(opts.batch));
+  for (size_t c0 = 0; c0 < prompts.size(); c0 += static_cast<size_t>(rows)) {
+    const size_t c1 = std::min(prompts.size(), c0 + static_cast<size_t>(rows));
     std::vector<size_t> active;
     for (size_t p = c0; p < c1; ++p) active.push_back(p);
     for (int64_t step = 0; step < opts.max_new_tokens && !active.empty(); ++step) {

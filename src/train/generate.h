@@ -13,7 +13,7 @@ namespace olmosft::train {
 
 struct GenerateOptions {
   int64_t max_new_tokens = 64;
-  int64_t batch = 8;              // prompts per forward
+  int64_t batch = 8;              // prompts per forward (fewer when their logits would exceed ~1 GiB)
   int64_t valid_vocab = 0;        // argmax over ids < valid_vocab (0 = the model's vocab_size)
   std::vector<int32_t> stop_ids;  // a generated id in this list ends its sequence (and is kept in tokens)
 };
