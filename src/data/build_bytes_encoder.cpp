@@ -40,6 +40,27 @@ EncodedConversation BytesChatEncoder::encode(const Conversation& conv) const {
   return out;
 }
 
+std::vector<int32_t> BytesChatEncoder::encode_prompt(const Conversation& conv) const {
+  OLMO_CHECK(!conv.messages.empty(), "prompt has no messages");
+  std::vector<int32_t> out;
+  auto put_text = [&](const std::string& s) {
+    for (unsigned char c : s) out.push_back(c);
+  };
+  for (const Message& m : conv.messages) {
+    out.push_back(kImStart);
+    put_text(m.role + "\n");
+    put_text(m.content);
+    auto fc = m.extra.find("function_calls");
+    if (fc != m.extra.end() && fc->is_string())
+      put_text("<function_calls>" + fc->get<std::string>() + "</function_calls>");
+    out.push_back(kImEnd);
+    out.push_back('\n');
+  }
+  out.push_back(kImStart);
+  put_text("assistant\n");
+  return out;
+}
+
 std::string BytesChatEncoder::decode(const std::vector<int32_t>& ids) const {
   std::string s;
   for (int32_t id : ids) {

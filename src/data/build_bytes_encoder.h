@@ -16,6 +16,9 @@ class BytesChatEncoder : public ChatEncoder {
  public:
   static constexpr int32_t kImStart = 256, kImEnd = 257, kEos = 258, kPad = 259;
   EncodedConversation encode(const Conversation& conv) const override;
+  // The messages as encode() renders non-final turns, then the generation prompt <|im_start|>assistant\n.
+  std::vector<int32_t> encode_prompt(const Conversation& conv) const override;
+  std::vector<int32_t> stop_ids() const override { return {kEos, kImEnd}; }
   std::string decode(const std::vector<int32_t>& ids) const override;
   int32_t eos_id() const override { return kEos; }
   int32_t pad_id() const override { return kPad; }

@@ -35,6 +35,12 @@ class ChatEncoder {
   // spans that cannot be derived, ...); the data build counts and skips such rows by its policy.
   virtual EncodedConversation encode(const Conversation& conv) const = 0;
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // The conversation rendered as a prompt for the next assistant turn (the chat template with
+  // add_generation_prompt=true) and tokenized, for generation. The default throws (not supported).
+  virtual std::vector<int32_t> encode_prompt(const Conversation& conv) const;
+  // Ids that end an assistant turn when generating: EOS and, when the vocabulary has it as a special token,
+  // <|im_end|>. The default is {eos_id()}.
+  virtual std::vector<int32_t> stop_ids() const { return {eos_id()}; }
   virtual int32_t eos_id() const = 0;
   virtual int32_t pad_id() const = 0;
   virtual int64_t vocab_size() const = 0;

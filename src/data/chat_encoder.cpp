@@ -102,6 +102,20 @@ class HfChatEncoder : public ChatEncoder {
     out.trained = derive_trained_mask(out.tokens, turns, [&](int32_t id) { return tok_.is_special(id); });
     return out;
   }
+  std::vector<int32_t> encode_prompt(const Conversation& conv) const override {
+    OLMO_CHECK(!conv.messages.empty(), "prompt has no messages");
+    for (size_t i = 1; i < conv.messages.size(); ++i) {
+      if (conv.messages[i].role == "system")
+        fail("message ", i, ": a system message after the first position is rejected (sft_pipeline.md 1.4)");
+    }
+    return tok_.encode(tmpl_->render(vars(conv, conv.messages.size(), true)).text, true);
+  }
+  std::vector<int32_t> stop_ids() const override {
+    std::vector<int32_t> ids = {eos_id_};
+    int32_t im_end = tok_.token_to_id("<|im_end|>");
+    if (im_end >= 0 && im_end != eos_id_ && tok_.is_special(im_end)) ids.push_back(im_end);
+    return ids;
+  }
   std::string decode(const std::vector<int32_t>& ids) const override { return tok_.decode(ids); }
   int32_t eos_id() const override { return eos_id_; }
   int32_t pad_id() const override { return pad_id_; }
@@ -117,6 +131,10 @@ class HfChatEncoder : public ChatEncoder {
 };
 
 }  // namespace
+
+std::vector<int32_t> ChatEncoder::encode_prompt(const Conversation&) const {
+  fail("this tokenizer cannot render generation prompts");
+}
 
 std::unique_ptr<ChatEncoder> load_chat_encoder(const std::string& tokenizer_dir) {
   return std::make_unique<HfChatEncoder>(tokenizer_dir);

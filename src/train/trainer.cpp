@@ -116,15 +116,24 @@ void zero_grads(std::vector<model::Param>& params) {
   for (auto& p : params) std::fill(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel(), 0.0f);
 }
 
-// Mean P(target) over positions whose trained target is `eos`; returns (mean, count).
+// Mean P(target) over positions whose trained target is `eos`; returns (mean, count). When `ce` is given it
+// receives the CE sum and the trained-target count over the same rows (the same forwards).
+struct EvalCe {
+  double ce_sum = 0;
+  int64_t targets = 0;
+};
 std::pair<double, int64_t> p_eos(model::CausalLM& m, const PackedDataset& ds, const std::vector<RowRef>& rows,
-                                 int32_t eos, const model::LossConfig& lc) {
+                                 int32_t eos, const model::LossConfig& lc, EvalCe* ce = nullptr) {
   double sum = 0;
   int64_t n = 0;
   for (const RowRef& r : rows) {
     HostBatch b = make_batch(ds, {r});
     std::vector<float> lp(static_cast<size_t>(b.T), 0.0f);
-    m.forward(b.view(), lc, nullptr, lp.data());
+    model::LossParts parts = m.forward(b.view(), lc, nullptr, lp.data());
+    if (ce) {
+      ce->ce_sum += parts.ce_sum;
+      ce->targets += parts.tokens;
+    }
     for (int64_t t = 0; t < b.T; ++t) {
       if (b.trained[t] && b.targets[t] == eos) {
         sum += std::exp(static_cast<double>(lp[t]));
@@ -683,11 +692,18 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
       << " trained targets (eos_id=" << eos_id << ") "
       << (checks_ok ? "PASS" : "FAIL: the model never learns to stop") << "\n";
   if (!heldout.empty() && eos_id >= 0) {
-    auto [p, n] = p_eos(model, ds, heldout, eos_id, lc);
+    EvalCe ec;
+    auto [p, n] = p_eos(model, ds, heldout, eos_id, lc, &ec);
     auto before = carried.value("p_eos_before", nlohmann::json(nullptr));
     out << "CHECK p_eos rows=" << heldout.size() << (truly_heldout ? " (held out)" : " (seen in training)")
         << " positions=" << n << " before=" << (before.is_number() ? fmt6(before.get<double>()) : "n/a")
         << " after=" << (std::isfinite(p) ? fmt6(p) : "n/a") << "\n";
+    char ce_buf[64];
+    std::snprintf(ce_buf, sizeof ce_buf, "%.9g",
+                  ec.targets > 0 ? ec.ce_sum / static_cast<double>(ec.targets) : 0.0);
+    out << "CHECK eval_ce rows=" << heldout.size() << " targets=" << ec.targets
+        << " ce=" << (ec.targets > 0 ? ce_buf : "n/a") << " epoch0_rows=" << heldout.front().index << ":"
+        << heldout.back().index + 1 << " (the p_eos rows)\n";
   }
   if (carried.contains("step1_ce"))
     out << "CHECK step1_ce=" << fmt6(carried["step1_ce"].get<double>())
