@@ -418,6 +418,14 @@ double measure_peak_flops() {
   return best;
 }
 
+// The 1, 5 and 15 minute load averages.
+std::string loadavg3() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  if (!(f >> a >> b >> c)) return "?";
+  return a + " " + b + " " + c;
+}
+
 std::string shell_quote(const std::string& s) {
   std::string q = "'";
   for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
@@ -465,119 +473,122 @@ int main(int argc, char** argv) {
   const bool own_dir = dir.empty();
   if (own_dir)
     dir = (fs::temp_directory_path() / ("olmosft_bench_train_" + std::to_string(getpid()))).string();
-  const double peak = measure_peak_flops();
-  std::printf("## bench_train: training step (fwd + bwd + clip + AdamW), ours vs PyTorch, threads %d\n\n",
-              num_threads());
-  std::printf(
-      "- our loop: the trainer's step calls (forward_backward per micro-batch, global_grad_norm, "
-      "clip_grad_norm 1.0, adamw_step); PyTorch: bench/train_torch.py (tests/reference models, torch "
-      "AdamW + clip_grad_norm_), same config, initial weights, batch and threads\n");
-  std::printf(
-      "- 1 warm-up step + %d timed steps each, each implementation in a fresh process; load average "
-      "at start: %s",
-      steps, [] {
-        static char buf[64] = "?\n";
-        if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-          if (!std::fgets(buf, sizeof buf, f)) std::snprintf(buf, sizeof buf, "?\n");
-          std::fclose(f);
-        }
-        return buf;
-      }());
-  std::printf("- measured SGEMM peak (1024^3, %d threads, best of 5): %.1f GFLOP/s\n\n", num_threads(),
-              peak / 1e9);
-  std::printf(
-      "| case | tokens/step (trained) | ours s/step | ours tok/s | torch s/step | torch tok/s | ratio | MFU "
-      "ours | MFU torch | step-1 CE ours / torch | peak RSS MiB ours / torch | analytic MiB (16 B/param + "
-      "act + CE tile) | ours peak / analytic | saved act MiB counted / reported |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::fflush(stdout);
-  std::vector<std::string> lines;
+  struct Result {
+    const Case* cs;
+    json ours, torch;
+  };
+  std::vector<Result> results;
+  const std::string load_start = loadavg3();
+  double peak = 0;  // the best SGEMM rate seen in this run (measured before every case; load only lowers it)
   int status = 0;
-  for (const Case& cs : all_cases()) {
+  const std::vector<Case> cases = all_cases();
+  for (const Case& cs : cases) {
     if (!only.empty() && ("," + only + ",").find("," + cs.name + ",") == std::string::npos) continue;
+    peak = std::max(peak, measure_peak_flops());
     const std::string cdir = dir + "/" + cs.name;
     std::string raw;
-    const json ours =
-        run_json(std::string(argv[0]) + " --child " + cs.name + " --dir " + shell_quote(cdir) +
-                     " --threads " + std::to_string(threads) + " --steps " + std::to_string(steps),
-                 &raw);
-    if (!ours.is_object()) {
-      std::printf("| %s | (our run failed: %s) |\n", cs.name.c_str(), raw.substr(0, 300).c_str());
+    Result r{&cs,
+             run_json(std::string(argv[0]) + " --child " + cs.name + " --dir " + shell_quote(cdir) +
+                          " --threads " + std::to_string(threads) + " --steps " + std::to_string(steps),
+                      &raw),
+             json()};
+    if (!r.ours.is_object()) {
+      std::fprintf(stderr, "bench_train: our run of %s failed: %s\n", cs.name.c_str(),
+                   raw.substr(0, 500).c_str());
       status = 1;
       continue;
     }
-    json tj;
     if (torch) {
-      tj = run_json("/usr/bin/python3 " + std::string(OLMOSFT_SOURCE_DIR) + "/bench/train_torch.py --dir " +
-                        shell_quote(cdir) + " --threads " + std::to_string(threads) + " --steps " +
-                        std::to_string(steps) + " 2>&1",
-                    &raw);
-      if (!tj.is_object())
-        std::fprintf(stderr, "bench_train: PyTorch peer failed: %s\n", raw.substr(0, 500).c_str());
+      r.torch = run_json("/usr/bin/python3 " + std::string(OLMOSFT_SOURCE_DIR) +
+                             "/bench/train_torch.py --dir " + shell_quote(cdir) + " --threads " +
+                             std::to_string(threads) + " --steps " + std::to_string(steps) + " 2>&1",
+                         &raw);
+      if (!r.torch.is_object())
+        std::fprintf(stderr, "bench_train: PyTorch peer of %s failed: %s\n", cs.name.c_str(),
+                     raw.substr(0, 500).c_str());
     }
+    results.push_back(std::move(r));
+  }
+
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  std::printf("## bench_train: training step (fwd + bwd + clip + AdamW), ours vs PyTorch, threads %d\n\n",
+              num_threads());
+  std::printf(
+      "- ours: the trainer's step calls (forward_backward per micro-batch, global_grad_norm, "
+      "clip_grad_norm 1.0, adamw_step); PyTorch: bench/train_torch.py (tests/reference models, "
+      "torch.optim.AdamW + clip_grad_norm_); same config, initial weights, packed batch and threads\n");
+  std::printf(
+      "- 1 warm-up step + %d timed steps, each implementation in a fresh process; s/step and tok/s from the "
+      "best timed step, CPU s = process CPU time per step (mean); OMP_WAIT_POLICY=%s; load average at start "
+      "%s, at end %s\n",
+      steps, wait_policy ? wait_policy : "(unset)", load_start.c_str(), loadavg3().c_str());
+  std::printf(
+      "- MFU = model FLOPs per step (trainer.cpp convention) / best step time / SGEMM peak; SGEMM peak "
+      "(1024^3, %d threads, best of 5 before each case, max over the run): %.1f GFLOP/s\n\n",
+      num_threads(), peak / 1e9);
+  std::printf(
+      "| case | tokens/step (trained) | ours s/step | ours tok/s | torch s/step | torch tok/s | ratio | CPU "
+      "s "
+      "ours / torch | MFU ours / torch | step-1 loss ours / torch | peak RSS MiB ours / torch | analytic MiB "
+      "(16 B/param + act + CE tile) | ours peak / analytic | saved act MiB counted / model |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<std::string> lines;
+  const double mib = 1048576.0;
+  auto loss_at = [](const json& l, size_t i) {
+    return l[i]["ce"].get<double>() + l[i]["lm_z"].get<double>() + l[i]["moe_lb"].get<double>() +
+           l[i]["router_z"].get<double>();
+  };
+  for (const Result& r : results) {
+    const Case& cs = *r.cs;
+    const json& o = r.ours;
+    const json& t = r.torch;
+    const bool ht = t.is_object();
     const ModelConfig c = parse_config(cs.config, cs.name);
     const Flops fl = model_flops(c, cs.T);
-    const double tokens = ours["tokens_per_step"].get<double>(),
-                 trained = ours["trained_per_step"].get<double>();
+    const double tokens = o["tokens_per_step"].get<double>(), trained = o["trained_per_step"].get<double>();
     const double step_flops = fl.per_token * tokens + fl.per_trained * trained;
-    const double os = ours["sec_per_step"].get<double>();
-    const double ours_tps = tokens / os, mfu = step_flops / os / peak;
-    const double P = ours["n_params"].get<double>();
+    const double os = o["best_sec_per_step"].get<double>(), ocpu = o["cpu_sec_per_step"].get<double>();
+    const double ts = ht ? t["best_sec_per_step"].get<double>() : 0,
+                 tcpu = ht ? t["cpu_sec_per_step"].get<double>() : 0;
+    const double ours_tps = tokens / os, torch_tps = ht ? tokens / ts : 0;
+    const double mfu = step_flops / os / peak, torch_mfu = ht ? step_flops / ts / peak : 0;
     const double act = saved_bytes_analytic(c, cs.rows * cs.T);
-    const double analytic = 16.0 * P + act + xent_tile_bytes(c, static_cast<int64_t>(trained));
-    const double ours_peak = ours["peak_rss_kb"].get<double>() * 1024.0;
-    const double mib = 1048576.0;
-    char tcols[256] = "- | - | - | - ";
-    double torch_tps = 0, torch_mfu = 0, torch_peak = 0, tce = 0;
-    if (tj.is_object()) {
-      const double ts = tj["sec_per_step"].get<double>();
-      torch_tps = tokens / ts;
-      torch_mfu = step_flops / ts / peak;
-      torch_peak = tj["peak_rss_kb"].get<double>() * 1024.0;
-      tce = tj["losses"][0]["ce"].get<double>();
-      std::snprintf(tcols, sizeof tcols, "%.3f | %.0f | %.2fx | %.3f | %.3f ", ts, torch_tps, ts / os, mfu,
-                    torch_mfu);
-    } else {
-      std::snprintf(tcols, sizeof tcols, "- | - | - | %.3f | - ", mfu);
-    }
-    const double oce = ours["losses"][0]["ce"].get<double>();
+    const double analytic =
+        16.0 * o["n_params"].get<double>() + act + xent_tile_bytes(c, static_cast<int64_t>(trained));
+    const double ours_peak = o["peak_rss_kb"].get<double>() * 1024.0;
+    const double torch_peak = ht ? t["peak_rss_kb"].get<double>() * 1024.0 : 0;
+    const double l1o = loss_at(o["losses"], 0), l1t = ht ? loss_at(t["losses"], 0) : 0;
+    double worst = 0;  // same weights and batch: the loss trajectories agree up to fp32 drift
+    if (ht)
+      for (size_t i = 0; i < std::min(o["losses"].size(), t["losses"].size()); ++i)
+        worst = std::max(worst, std::fabs(loss_at(o["losses"], i) - loss_at(t["losses"], i)) /
+                                    std::fabs(loss_at(t["losses"], i)));
     std::printf(
-        "| %s | %.0f (%.0f) | %.3f | %.0f | %s| %.5f / %.5f | %.0f / %.0f | %.0f | %.2f | %.1f / %.1f |\n",
-        cs.name.c_str(), tokens, trained, os, ours_tps, tcols, oce, tce, ours_peak / mib, torch_peak / mib,
-        analytic / mib, ours_peak / analytic, act / mib, ours["saved_bytes"].get<double>() / mib);
-    std::fflush(stdout);
-    char line[640];
-    std::snprintf(line, sizeof line,
-                  "BENCH train case=%s ours_tok_s=%.1f torch_tok_s=%.1f ratio=%.2f mfu=%.4f torch_mfu=%.4f "
-                  "ours_peak_mib=%.1f torch_peak_mib=%.1f analytic_mib=%.1f ours_base_mib=%.1f "
-                  "torch_base_mib=%.1f ce1_ours=%.6f ce1_torch=%.6f",
-                  cs.name.c_str(), ours_tps, torch_tps, torch_tps > 0 ? ours_tps / torch_tps : 0.0, mfu,
-                  torch_mfu, ours_peak / mib, torch_peak / mib, analytic / mib,
-                  ours["base_rss_kb"].get<double>() / 1024.0,
-                  tj.is_object() ? tj["base_rss_kb"].get<double>() / 1024.0 : 0.0, oce, tce);
+        "| %s | %.0f (%.0f) | %.3f | %.0f | %.3f | %.0f | %.2fx | %.2f / %.2f | %.3f / %.3f | %.6f / %.6f | "
+        "%.0f / %.0f | %.0f | %.2f | %.1f / %.1f |\n",
+        cs.name.c_str(), tokens, trained, os, ours_tps, ts, torch_tps, ht ? ours_tps / torch_tps : 0.0, ocpu,
+        tcpu, mfu, torch_mfu, l1o, l1t, ours_peak / mib, torch_peak / mib, analytic / mib,
+        ours_peak / analytic, act / mib, o["saved_bytes"].get<double>() / mib);
+    char line[800];
+    std::snprintf(
+        line, sizeof line,
+        "BENCH train case=%s ours_tok_s=%.1f torch_tok_s=%.1f ratio=%.2f cpu_ratio=%.2f mfu=%.4f "
+        "torch_mfu=%.4f ours_peak_mib=%.1f torch_peak_mib=%.1f analytic_mib=%.1f ours_base_mib=%.1f "
+        "torch_base_mib=%.1f loss1_ours=%.7f loss1_torch=%.7f loss_rel_diff_max=%.2g steps=%d",
+        cs.name.c_str(), ours_tps, torch_tps, ht ? ours_tps / torch_tps : 0.0, ht ? tcpu / ocpu : 0.0, mfu,
+        torch_mfu, ours_peak / mib, torch_peak / mib, analytic / mib, o["base_rss_kb"].get<double>() / 1024.0,
+        ht ? t["base_rss_kb"].get<double>() / 1024.0 : 0.0, l1o, l1t, worst, steps + 1);
     lines.push_back(line);
-    // Same weights and batch: the loss trajectories must agree (fp32 rounding drift only).
-    if (tj.is_object()) {
-      double worst = 0;
-      const auto& a = ours["losses"];
-      const auto& b = tj["losses"];
-      for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-        const double x = a[i]["ce"].get<double>() + a[i]["lm_z"].get<double>() +
-                         a[i]["moe_lb"].get<double>() + a[i]["router_z"].get<double>();
-        const double y = b[i]["ce"].get<double>() + b[i]["lm_z"].get<double>() +
-                         b[i]["moe_lb"].get<double>() + b[i]["router_z"].get<double>();
-        worst = std::max(worst, std::fabs(x - y) / std::fabs(y));
-      }
-      lines.back() += " loss_rel_diff_max=" + std::to_string(worst);
-    }
   }
   std::printf("\n");
   for (const auto& l : lines) std::printf("%s\n", l.c_str());
   std::printf(
-      "\nratio = ours tok/s / torch tok/s. Peak RSS = VmHWM of the process after the timed steps, reset to "
-      "the current RSS after set-up (weights written / read), so it covers weights, grads, moments and the "
-      "training loop's transient memory plus the process's libraries (*_base_mib: the RSS before the "
-      "loop, weights and moments included).\n");
+      "\nratio = ours tok/s / torch tok/s; cpu_ratio = torch CPU s / ours CPU s per step. Peak RSS = VmHWM "
+      "after the timed steps, reset to the current RSS after set-up (weights written / read): weights, "
+      "grads, "
+      "moments, the loop's transient memory and the process's libraries (*_base_mib = RSS before the loop). "
+      "loss_rel_diff_max: worst relative gap of the per-step losses over all %d steps (warm-up included).\n",
+      steps + 1);
   if (own_dir) fs::remove_all(dir);
   return status;
 }
