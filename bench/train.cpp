@@ -8,7 +8,8 @@
 // Our side runs the trainer's step sequence (src/train/trainer.cpp run_training's loop body): zero grads;
 // per micro-batch CausalLM::forward_backward(batch, loss, 1 / trained targets of the step, 1 / grad_accum);
 // global_grad_norm; clip_grad_norm; adamw_step (kernels/adamw.h). Not through run_training itself, which
-// needs a dataset on disk and measures only whole steps; the per-step work is the same calls.
+// needs a dataset on disk; its step time also includes assembling the micro-batches from the dataset rows
+// and the log lines, which this bench leaves out.
 //
 // Each implementation runs in a fresh process (ours: this binary with --child), so its peak RSS (VmHWM,
 // reset after set-up where /proc/self/clear_refs allows) is the training loop's. The analytic figure is
