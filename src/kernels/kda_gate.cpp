@@ -1,7 +1,6 @@
 // KDA gate (log-space per-channel decay), beta, and the gated output RMSNorm (see kda.h).
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 #include <vector>
 
 #include "core/threads.h"
@@ -107,35 +106,40 @@ void kda_output_norm_forward(const T* o, const T* z, const T* w, int64_t N, int6
 template <typename T>
 void kda_output_norm_backward(const T* o, const T* z, const T* w, const T* dy, int64_t N, int64_t D, T eps,
                               T* dout, T* dz, T* dw) {
-  std::mutex mu;
-  parallel_for(
-      N,
-      [&](int64_t lo, int64_t hi) {
-        std::vector<T> dwl(static_cast<size_t>(D), T(0)), dnh(static_cast<size_t>(D));
-        for (int64_t n = lo; n < hi; ++n) {
-          const T* orow = o + n * D;
-          T ss = 0;
-          for (int64_t i = 0; i < D; ++i) ss += orow[i] * orow[i];
-          const T r = T(1) / std::sqrt(ss / T(D) + eps);
-          T dot = 0;
-          for (int64_t i = 0; i < D; ++i) {
-            const int64_t k = n * D + i;
-            const T s = sigmoid(z[k]);
-            const T nh = orow[i] * r;
-            const T a = nh * w[i];
-            dz[k] = dy[k] * a * s * (T(1) - s);
-            const T da = dy[k] * s;
-            dwl[i] += da * nh;
-            dnh[i] = da * w[i];
-            dot += dnh[i] * nh;
-          }
-          dot /= T(D);
-          for (int64_t i = 0; i < D; ++i) dout[n * D + i] = r * (dnh[i] - orow[i] * r * dot);
+  // dw partial sums over a fixed blocking of the rows (independent of the thread count and of which thread
+  // finishes first), added to dw in block order: bit-identical results from run to run. (Adding per-thread
+  // partials under a mutex in arrival order made dw, which accumulates across micro-batches, differ in the
+  // last bits between runs.)
+  const int64_t P = std::max<int64_t>(1, std::min<int64_t>(16, N / 64));
+  std::vector<T> part(static_cast<size_t>(P * D), T(0));
+  parallel_for(P, [&](int64_t pb, int64_t pe) {
+    std::vector<T> dnh(static_cast<size_t>(D));
+    for (int64_t p = pb; p < pe; ++p) {
+      T* dwl = part.data() + p * D;
+      for (int64_t n = N * p / P; n < N * (p + 1) / P; ++n) {
+        const T* orow = o + n * D;
+        T ss = 0;
+        for (int64_t i = 0; i < D; ++i) ss += orow[i] * orow[i];
+        const T r = T(1) / std::sqrt(ss / T(D) + eps);
+        T dot = 0;
+        for (int64_t i = 0; i < D; ++i) {
+          const int64_t k = n * D + i;
+          const T s = sigmoid(z[k]);
+          const T nh = orow[i] * r;
+          const T a = nh * w[i];
+          dz[k] = dy[k] * a * s * (T(1) - s);
+          const T da = dy[k] * s;
+          dwl[i] += da * nh;
+          dnh[i] = da * w[i];
+          dot += dnh[i] * nh;
         }
-        std::lock_guard<std::mutex> lock(mu);
-        for (int64_t i = 0; i < D; ++i) dw[i] += dwl[i];
-      },
-      64);
+        dot /= T(D);
+        for (int64_t i = 0; i < D; ++i) dout[n * D + i] = r * (dnh[i] - orow[i] * r * dot);
+      }
+    }
+  });
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t i = 0; i < D; ++i) dw[i] += part[static_cast<size_t>(p * D + i)];
 }
 
 #define OLMOSFT_KDA_GATE(T)                                                                                  \

@@ -198,3 +198,29 @@ TEST_F(KdaGrad, ShortConvPackedEqualsSeparate) {
   }
   for (int64_t i = 0; i < C * K; ++i) EXPECT_NEAR(dw[i], dw_sum[i], 1e-13);
 }
+
+// The output-norm gain gradient accumulates into a non-zero buffer (gradient accumulation over
+// micro-batches): its bits must not depend on the thread count or on thread timing. The kernel used to add
+// per-thread partials under a mutex in arrival order, which made 2-thread hybrid training runs differ from
+// run to run (found by tests/e2e/train_hybrid.sh). float32, N large enough for several row blocks.
+TEST(KdaOutputNorm, GainGradientBitsIndependentOfThreads) {
+  const int64_t N = 4096, D = 32;
+  auto f32 = [](const V& v) { return std::vector<float>(v.begin(), v.end()); };
+  const std::vector<float> o = f32(randn<double>(N * D, 21)), z = f32(randn<double>(N * D, 22)),
+                           w = f32(randn<double>(D, 23, 0.3, 1.0)), dy = f32(randn<double>(N * D, 24));
+  const std::vector<float> dw0 = f32(randn<double>(D, 25));  // gradient of an earlier micro-batch
+  auto run = [&](int threads) {
+    olmosft::set_threads(threads);
+    std::vector<float> dout(o.size()), dz(z.size()), dw = dw0;
+    kda_output_norm_backward(o.data(), z.data(), w.data(), dy.data(), N, D, 1e-5f, dout.data(), dz.data(),
+                             dw.data());
+    return dw;
+  };
+  const std::vector<float> ref = run(1);
+  for (int rep = 0; rep < 8; ++rep) {
+    const std::vector<float> got = run(2 + rep % 3);
+    for (int64_t i = 0; i < D; ++i)
+      ASSERT_EQ(got[size_t(i)], ref[size_t(i)]) << "gain " << i << " rep " << rep;
+  }
+  olmosft::set_threads(0);
+}

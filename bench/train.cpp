@@ -1,0 +1,595 @@
+// End-to-end training-step benchmark: forward + backward + global grad norm + clip (1.0) + AdamW on packed
+// rows with several documents per row (SFT-style: only each document's completion part is trained), for a
+// tiny and a small Olmo 3 dense config and a tiny and a small Olmo 3.5 hybrid (KDA + MoE) config, against
+// the same loop in PyTorch (bench/train_torch.py: the independent references of tests/reference, float32,
+// torch.optim.AdamW(0.9, 0.95, eps 1e-8) + clip_grad_norm_) on the same config, initial weights, batch and
+// thread count, in the same run.
+//
+// Our side runs the trainer's step sequence (src/train/trainer.cpp run_training's loop body): zero grads;
+// per micro-batch CausalLM::forward_backward(batch, loss, 1 / trained targets of the step, 1 / grad_accum);
+// global_grad_norm; clip_grad_norm; adamw_step (kernels/adamw.h). Not through run_training itself, which
+// needs a dataset on disk; its step time also includes assembling the micro-batches from the dataset rows
+// and the log lines, which this bench leaves out.
+//
+// Each implementation runs in a fresh process (ours: this binary with --child), so its peak RSS (VmHWM,
+// reset after set-up where /proc/self/clear_refs allows) is the training loop's. The analytic figure is
+// 16 bytes per parameter (fp32 weights, grads, AdamW m and v) + the activations saved for the backward
+// (counted from olmo3.cpp / olmo3moe.cpp for one micro-batch) + the cross-entropy tile.
+// MFU = model FLOPs per step / step time / measured SGEMM peak, with the trainer's FLOP convention
+// (trainer.cpp model_flops: 6 x non-embedding active params per token + 12 x heads x head_dim x ctx per
+// attention layer with ctx = T/2 (sliding: min(window, T/2); KDA layers 0) + 6 x vocab x hidden per trained
+// target).
+//
+// Usage: bench_train [--threads N] [--steps S] [--cases a,b,...] [--no-torch] [--dir D]
+//        bench_train --child CASE --dir D --threads N --steps S     (internal)
+// Prints a markdown table and one greppable line per case:
+//   BENCH train case=... ours_tok_s=... torch_tok_s=... ratio=... mfu=... ours_peak_mib=...
+//   torch_peak_mib=...
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "core/rng.h"
+#include "core/threads.h"
+#include "io/safetensors.h"
+#include "kernels/adamw.h"
+#include "kernels/gemm.h"
+#include "model/model.h"
+#include "model/olmo3.h"
+#include "model/olmo3moe.h"
+#include "model/params.h"
+
+using namespace olmosft;
+using namespace olmosft::model;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Case {
+  std::string name;
+  json config;
+  int64_t rows = 1, T = 256, ga = 1, docs = 4;  // rows per micro-batch, ga micro-batches per step
+};
+
+// The demo's tiny Olmo 3 (tests/golden/model/olmo3_tiny with the dolma2 vocabulary, scripts/demo.sh) and
+// its batch shape (recipes/tiny-demo.yaml: 8 rows x 256, 4 rows per micro-batch); a small Olmo 3 (hidden
+// 512, 4 layers 3:1, 8 heads / 4 kv, head_dim 64, SwiGLU 1536, window 256, dolma2 vocabulary) on one row
+// of 1024; the D.2 tiny hybrid preset (= tests/golden/model/olmo3moe_tiny's shapes); and a small hybrid
+// (the D.2 small preset cut to one group of 8 layers: 7 KDA + 1 attention, d 256, 64 experts top-8).
+std::vector<Case> all_cases() {
+  std::vector<Case> cs;
+  {
+    json j = preset_config_json("olmo3-tiny");
+    j["vocab_size"] = 100278;
+    j["eos_token_id"] = 100257;
+    j["pad_token_id"] = 100277;
+    cs.push_back({"tiny-dense", j, 4, 256, 2, 3});
+  }
+  {
+    json j = preset_config_json("olmo3-small");
+    j["vocab_size"] = 100278;
+    j["eos_token_id"] = 100257;
+    j["pad_token_id"] = 100277;
+    j["hidden_size"] = 512;
+    j["intermediate_size"] = 1536;
+    j["num_hidden_layers"] = 4;
+    j["num_attention_heads"] = 8;
+    j["num_key_value_heads"] = 4;
+    j["sliding_window"] = 256;
+    j["max_position_embeddings"] = 4096;
+    j["rope_scaling"]["original_max_position_embeddings"] = 512;  // factor 8 = 4096 / 512
+    j["layer_types"] = {"sliding_attention", "sliding_attention", "sliding_attention", "full_attention"};
+    cs.push_back({"small-dense", j, 1, 1024, 1, 4});
+  }
+  cs.push_back({"tiny-hybrid", preset_config_json("olmo3moe-tiny"), 2, 256, 1, 3});
+  {
+    json j = preset_config_json("olmo3moe-d2small");
+    j["num_hidden_layers"] = 8;
+    json lt = json::array();
+    for (int i = 0; i < 7; ++i) lt.push_back("linear_attention");
+    lt.push_back("full_attention");
+    j["layer_types"] = lt;
+    cs.push_back({"small-hybrid", j, 1, 512, 1, 2});
+  }
+  return cs;
+}
+
+LossConfig loss_config(const ModelConfig& c) {
+  LossConfig l;  // the runbook's SFT coefficients (recipes/olmo35-small-sft.yaml)
+  l.lm_z = 1e-5;
+  if (c.is_moe()) {
+    l.moe_lb = 0.01;
+    l.router_z = 1e-5;
+  }
+  return l;
+}
+constexpr double kLr = 1e-3;
+
+long vm_kb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string k = std::string(key) + ":";
+  while (std::getline(f, line))
+    if (line.rfind(k, 0) == 0) return std::atol(line.c_str() + k.size());
+  return -1;
+}
+
+bool reset_hwm() {
+  std::ofstream f("/proc/self/clear_refs");
+  if (!f) return false;
+  f << "5";
+  f.flush();
+  return f.good();
+}
+
+// ga * rows packed rows of T tokens: `docs` documents per row of varying length (the last fills the row),
+// each random ids ending in EOS; a document's first 20-50% is the prompt, the rest is trained (target t is
+// trained iff token t+1 is in the same document's completion part), as tests/reference pack_rows.
+struct Packed {
+  int64_t R = 0, T = 0;
+  std::vector<int32_t> tok, seg, pos, tgt;
+  std::vector<uint8_t> trained;
+  int64_t n_trained = 0;
+};
+
+Packed make_rows(const Case& cs, const ModelConfig& c) {
+  Packed p;
+  p.R = cs.rows * cs.ga;
+  p.T = cs.T;
+  const size_t n = static_cast<size_t>(p.R * p.T);
+  p.tok.assign(n, 0);
+  p.seg.assign(n, 0);
+  p.pos.assign(n, 0);
+  p.tgt.assign(n, -100);
+  p.trained.assign(n, 0);
+  const Rng rng{20261202, 7};
+  uint64_t ctr = 0;
+  const int64_t eos = c.eos_token_ids.empty() ? 1 : c.eos_token_ids[0];
+  for (int64_t r = 0; r < p.R; ++r) {
+    std::vector<int64_t> lens;
+    int64_t left = p.T;
+    for (int64_t d = 0; d + 1 < cs.docs; ++d) {
+      const int64_t mean = p.T / cs.docs;
+      const int64_t L = mean / 2 + static_cast<int64_t>(rng.below(ctr++, static_cast<uint64_t>(mean)));
+      lens.push_back(std::min(L, left - (cs.docs - 1 - d)));
+      left -= lens.back();
+    }
+    lens.push_back(left);
+    int64_t t0 = r * p.T;
+    for (size_t d = 0; d < lens.size(); ++d) {
+      const int64_t L = lens[d];
+      const double frac = 0.2 + 0.3 * static_cast<double>(rng.uniform(ctr++));
+      const int64_t n_prompt = std::max<int64_t>(1, std::min<int64_t>(L - 1, std::llround(frac * L)));
+      for (int64_t j = 0; j < L; ++j) {
+        const size_t i = static_cast<size_t>(t0 + j);
+        p.tok[i] = j + 1 == L
+                       ? static_cast<int32_t>(eos)
+                       : static_cast<int32_t>(2 + rng.below(ctr++, static_cast<uint64_t>(c.vocab_size - 4)));
+        p.seg[i] = static_cast<int32_t>(d + 1);
+        p.pos[i] = static_cast<int32_t>(j);
+      }
+      for (int64_t j = 0; j + 1 < L; ++j) {
+        const size_t i = static_cast<size_t>(t0 + j);
+        p.tgt[i] = p.tok[i + 1];
+        if (j + 1 >= n_prompt) {
+          p.trained[i] = 1;
+          ++p.n_trained;
+        }
+      }
+      t0 += L;
+    }
+  }
+  return p;
+}
+
+Batch micro_view(const Packed& p, int64_t rows, int64_t m) {
+  const size_t o = static_cast<size_t>(m * rows * p.T);
+  Batch b;
+  b.B = rows;
+  b.T = p.T;
+  b.tokens = p.tok.data() + o;
+  b.segments = p.seg.data() + o;
+  b.positions = p.pos.data() + o;
+  b.targets = p.tgt.data() + o;
+  b.trained = p.trained.data() + o;
+  return b;
+}
+
+// trainer.cpp model_flops (copied: it is file-local there).
+struct Flops {
+  double per_token = 0, per_trained = 0;
+};
+Flops model_flops(const ModelConfig& c, int64_t T) {
+  const ParamCounts pc = count_params(c);
+  const double n_active = static_cast<double>(c.is_moe() ? pc.active : pc.total);
+  const double head = static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
+  const double n_body = std::max(0.0, n_active - 2.0 * head);
+  double attn = 0;
+  const double hd = static_cast<double>(c.num_attention_heads * c.head_dim);
+  for (LayerType lt : c.layer_types) {
+    double ctx = 0.5 * static_cast<double>(T);
+    if (lt == LayerType::SlidingAttention) ctx = std::min(static_cast<double>(c.sliding_window), ctx);
+    if (lt == LayerType::LinearAttention) ctx = 0;
+    attn += 12.0 * hd * ctx;
+  }
+  return {6.0 * n_body + attn, 6.0 * head};
+}
+
+// Activation bytes kept for the backward of one micro-batch of N tokens, counted from the model code.
+// Dense: Olmo3's workspace (activation_floats_per_token: saved tensors + shared scratch, olmo3.cpp).
+// Hybrid: olmo3moe.cpp LayerCache / KdaCache / AttnCache / moe::MoeCache sizes per token:
+//   every layer  h_in, x1, a, h_mid, x2, f (6 d) + 4 RMS scales
+//   KDA          q/k in, conv, normed (6 KD), v in/conv (2 VD), f, g (2 KD), f/g low rank (2 dv),
+//                beta logit + beta (2 H), o, gate, y (3 VD)
+//   attention    q, qn, qs, o, gate, gated o (6 H D), k, v, kn (3 Hkv D), q/k RMS (H + Hkv), lse (H)
+//   dense FFN    gate, up pre-activations and hidden (3 F)
+//   MoE          probs (E), router lse (1), weights (k), z and r (2 latent), shared expert (3 S) floats,
+//                top-k ids (k int32), kept flags (k bytes); per layer: loads (E int64)
+double saved_bytes_analytic(const ModelConfig& c, int64_t N) {
+  if (!c.is_moe()) return 4.0 * static_cast<double>(Olmo3::activation_floats_per_token(c) * N);
+  const int64_t d = c.hidden_size, KD = c.linear_num_key_heads * c.linear_key_head_dim,
+                VD = c.linear_num_value_heads * c.linear_value_head_dim, Hk = c.linear_num_key_heads,
+                R = c.linear_value_head_dim, H = c.num_attention_heads, Hkv = c.num_key_value_heads,
+                D = c.head_dim, E = c.n_routed_experts, k = c.num_experts_per_tok, Lt = c.latent_moe_dim,
+                S = c.shared_expert_intermediate_size;
+  double bytes = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    int64_t f = 6 * d + 4;
+    if (c.layer_types[static_cast<size_t>(l)] == LayerType::LinearAttention)
+      f += 8 * KD + 5 * VD + 2 * R + 2 * Hk;
+    else
+      f += 6 * H * D + 3 * Hkv * D + 2 * H + Hkv;
+    double per_tok = 4.0 * static_cast<double>(f);
+    if (c.is_dense_layer(l)) {
+      per_tok += 4.0 * 3.0 * static_cast<double>(c.dense_mlp_intermediate_size);
+    } else {
+      per_tok += 4.0 * static_cast<double>(E + 1 + k + 2 * Lt + 3 * S) + 4.0 * k + 1.0 * k;
+      bytes += 8.0 * static_cast<double>(E);
+    }
+    bytes += per_tok * static_cast<double>(N);
+  }
+  return bytes;
+}
+
+// The tiled cross-entropy's largest buffers (cross_entropy.cpp backward: h block, logit-gradient tile,
+// dh block): row_block (1024) x vocab_tile (8192, the trainer's compute.vocab_tile default).
+double xent_tile_bytes(const ModelConfig& c, int64_t trained) {
+  const double rows = static_cast<double>(std::min<int64_t>(1024, trained));
+  return 4.0 * rows * (static_cast<double>(std::min<int64_t>(8192, c.vocab_size)) + 2.0 * c.hidden_size);
+}
+
+int child(const std::string& name, const std::string& dir, int steps) {
+  const long start_kb = vm_kb("VmRSS");
+  Case cs;
+  bool found = false;
+  for (auto& x : all_cases())
+    if (x.name == name) cs = x, found = true;
+  if (!found) {
+    std::fprintf(stderr, "bench_train: unknown case %s\n", name.c_str());
+    return 2;
+  }
+  const ModelConfig c = parse_config(cs.config, "bench_train case " + name);
+  auto m = make_model(c, 1);
+  const Packed p = make_rows(cs, c);
+  const LossConfig lc = loss_config(c);
+  if (!dir.empty()) {  // what the PyTorch peer reads: config, our initial weights, the batch
+    fs::create_directories(dir);
+    std::ofstream(dir + "/config.json") << cs.config.dump(2) << "\n";
+    safetensors::write(dir + "/weights.safetensors", export_tensors(*m));
+    std::vector<safetensors::NamedTensor> bt;
+    const Shape sh{p.R, p.T};
+    bt.push_back({"tokens", Tensor::from(p.tok, sh)});
+    bt.push_back({"segments", Tensor::from(p.seg, sh)});
+    bt.push_back({"positions", Tensor::from(p.pos, sh)});
+    bt.push_back({"targets", Tensor::from(p.tgt, sh)});
+    bt.push_back({"trained", Tensor::from(p.trained, sh)});
+    json lj = {{"lm_z", lc.lm_z}, {"moe_lb", lc.moe_lb}, {"router_z", lc.router_z}, {"lr", kLr}};
+    safetensors::write(dir + "/batch.safetensors", bt,
+                       {{"format", "pt"}, {"ga", std::to_string(cs.ga)}, {"loss", lj.dump()}});
+  }
+  // Optimizer state as the trainer keeps it.
+  std::vector<Param>& params = m->params();
+  std::vector<Tensor> m1, m2;
+  std::vector<AdamWParam<float>> ap;
+  int64_t n_params = 0;
+  for (auto& q : params) {
+    m1.push_back(Tensor::zeros(q.value.shape()));
+    m2.push_back(Tensor::zeros(q.value.shape()));
+    n_params += q.value.numel();
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    ap.push_back({params[i].value.data<float>(), params[i].grad.data<float>(), m1[i].data<float>(),
+                  m2[i].data<float>(), params[i].value.numel(), params[i].decay});
+  AdamWConfig acfg;
+  acfg.lr = kLr;
+  acfg.beta1 = 0.9;
+  acfg.beta2 = 0.95;
+  acfg.eps = 1e-8;
+  acfg.weight_decay = 0.0;
+  acfg.validate();
+  const long model_kb = vm_kb("VmRSS");
+  const bool hwm_reset = reset_hwm();
+
+  json losses = json::array();
+  size_t saved = 0;
+  auto step = [&](int64_t s) {
+    for (auto& q : params) std::fill(q.grad.data<float>(), q.grad.data<float>() + q.grad.numel(), 0.0f);
+    double ce = 0, z = 0, lb = 0, rz = 0;
+    for (int64_t mi = 0; mi < cs.ga; ++mi) {
+      LossParts lp =
+          m->forward_backward(micro_view(p, cs.rows, mi), lc, 1.0 / static_cast<double>(p.n_trained),
+                              1.0 / static_cast<double>(cs.ga));
+      ce += lp.ce_sum;
+      z += lp.z_sum;
+      lb += lp.moe_lb;
+      rz += lp.router_z;
+    }
+    const double gnorm = global_grad_norm(ap);
+    clip_grad_norm(ap, 1.0);
+    adamw_step(ap, acfg, s);
+    const double nt = static_cast<double>(p.n_trained), g = static_cast<double>(cs.ga);
+    losses.push_back({{"ce", ce / nt},
+                      {"lm_z", lc.lm_z * z / nt},
+                      {"moe_lb", lb / g},
+                      {"router_z", rz / g},
+                      {"grad_norm", gnorm}});
+    if (auto* h = dynamic_cast<Olmo3MoeModel*>(m.get())) saved = h->last_run().saved_bytes;
+    if (auto* o = dynamic_cast<Olmo3*>(m.get())) saved = o->workspace_bytes();
+  };
+  step(1);  // warm-up (allocates the workspaces)
+  double wall = 0, cpu = 0, best = 1e30;
+  for (int s = 2; s <= steps + 1; ++s) {
+    const double w0 = bench::now(), c0 = bench::cpu_now();
+    step(s);
+    const double dw = bench::now() - w0;
+    wall += dw;
+    best = std::min(best, dw);
+    cpu += bench::cpu_now() - c0;
+  }
+  const int64_t tokens = p.R * p.T;
+  json out = {{"impl", "olmosft"},
+              {"threads", num_threads()},
+              {"tokens_per_step", tokens},
+              {"trained_per_step", p.n_trained},
+              {"steps", steps},
+              {"sec_per_step", wall / steps},
+              {"best_sec_per_step", best},
+              {"cpu_sec_per_step", cpu / steps},
+              {"tokens_per_s", static_cast<double>(tokens) * steps / wall},
+              {"start_rss_kb", start_kb},
+              {"base_rss_kb", model_kb},
+              {"peak_rss_kb", vm_kb("VmHWM")},
+              {"hwm_reset_after_load", hwm_reset},
+              {"n_params", n_params},
+              {"saved_bytes", saved},
+              {"losses", losses}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+// popen + the last line that parses as a JSON object.
+json run_json(const std::string& cmd, std::string* raw) {
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return json();
+  std::string out;
+  char buf[8192];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  const int rc = pclose(f);
+  if (raw) *raw = out;
+  if (rc != 0) return json();
+  json res;
+  size_t a = 0;
+  while (a < out.size()) {
+    size_t b = out.find('\n', a);
+    if (b == std::string::npos) b = out.size();
+    const std::string line = out.substr(a, b - a);
+    if (!line.empty() && line[0] == '{') {
+      try {
+        res = json::parse(line);
+      } catch (const json::exception&) {
+      }
+    }
+    a = b + 1;
+  }
+  return res;
+}
+
+// trainer.cpp measure_peak_flops, best of 5: 1024^3 SGEMM with the process's threads.
+double measure_peak_flops() {
+  const int64_t n = 1024;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const double t0 = bench::now();
+    gemm<float>(Trans::N, Trans::N, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const double dt = bench::now() - t0;
+    if (dt > 0) best = std::max(best, 2.0 * n * n * n / dt);
+  }
+  return best;
+}
+
+// The 1, 5 and 15 minute load averages.
+std::string loadavg3() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  if (!(f >> a >> b >> c)) return "?";
+  return a + " " + b + " " + c;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, steps = 2;
+  bool torch = true;
+  std::string only, dir, child_case;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_train: missing value for %s\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--threads")
+      threads = std::max(1, std::atoi(next().c_str()));
+    else if (a == "--steps")
+      steps = std::max(1, std::atoi(next().c_str()));
+    else if (a == "--cases")
+      only = next();
+    else if (a == "--dir")
+      dir = next();
+    else if (a == "--child")
+      child_case = next();
+    else if (a == "--no-torch")
+      torch = false;
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--threads N] [--steps S] [--cases a,b] [--no-torch] [--dir D]\n"
+                   "cases: tiny-dense, small-dense, tiny-hybrid, small-hybrid\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  set_threads(threads);
+  if (!child_case.empty()) return child(child_case, dir, steps);
+
+  const bool own_dir = dir.empty();
+  if (own_dir)
+    dir = (fs::temp_directory_path() / ("olmosft_bench_train_" + std::to_string(getpid()))).string();
+  struct Result {
+    const Case* cs;
+    json ours, torch;
+  };
+  std::vector<Result> results;
+  const std::string load_start = loadavg3();
+  double peak = 0;  // the best SGEMM rate seen in this run (measured before every case; load only lowers it)
+  int status = 0;
+  const std::vector<Case> cases = all_cases();
+  for (const Case& cs : cases) {
+    if (!only.empty() && ("," + only + ",").find("," + cs.name + ",") == std::string::npos) continue;
+    peak = std::max(peak, measure_peak_flops());
+    const std::string cdir = dir + "/" + cs.name;
+    std::string raw;
+    Result r{&cs,
+             run_json(std::string(argv[0]) + " --child " + cs.name + " --dir " + shell_quote(cdir) +
+                          " --threads " + std::to_string(threads) + " --steps " + std::to_string(steps),
+                      &raw),
+             json()};
+    if (!r.ours.is_object()) {
+      std::fprintf(stderr, "bench_train: our run of %s failed: %s\n", cs.name.c_str(),
+                   raw.substr(0, 500).c_str());
+      status = 1;
+      continue;
+    }
+    if (torch) {
+      r.torch = run_json("/usr/bin/python3 " + std::string(OLMOSFT_SOURCE_DIR) +
+                             "/bench/train_torch.py --dir " + shell_quote(cdir) + " --threads " +
+                             std::to_string(threads) + " --steps " + std::to_string(steps) + " 2>&1",
+                         &raw);
+      if (!r.torch.is_object())
+        std::fprintf(stderr, "bench_train: PyTorch peer of %s failed: %s\n", cs.name.c_str(),
+                     raw.substr(0, 500).c_str());
+    }
+    results.push_back(std::move(r));
+  }
+
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  std::printf("## bench_train: training step (fwd + bwd + clip + AdamW), ours vs PyTorch, threads %d\n\n",
+              num_threads());
+  std::printf(
+      "- ours: the trainer's step calls (forward_backward per micro-batch, global_grad_norm, "
+      "clip_grad_norm 1.0, adamw_step); PyTorch: bench/train_torch.py (tests/reference models, "
+      "torch.optim.AdamW + clip_grad_norm_); same config, initial weights, packed batch and threads\n");
+  std::printf(
+      "- 1 warm-up step + %d timed steps, each implementation in a fresh process; s/step and tok/s from the "
+      "best timed step, CPU s = process CPU time per step (mean); OMP_WAIT_POLICY=%s; load average at start "
+      "%s, at end %s\n",
+      steps, wait_policy ? wait_policy : "(unset)", load_start.c_str(), loadavg3().c_str());
+  std::printf(
+      "- MFU = model FLOPs per step (trainer.cpp convention) / best step time / SGEMM peak; SGEMM peak "
+      "(1024^3, %d threads, best of 5 before each case, max over the run): %.1f GFLOP/s\n\n",
+      num_threads(), peak / 1e9);
+  std::printf(
+      "| case | tokens/step (trained) | ours s/step | ours tok/s | torch s/step | torch tok/s | ratio | CPU "
+      "s "
+      "ours / torch | MFU ours / torch | step-1 loss ours / torch | peak RSS MiB ours / torch | analytic MiB "
+      "(16 B/param + act + CE tile) | ours peak / analytic | saved act MiB counted / model |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<std::string> lines;
+  const double mib = 1048576.0;
+  auto loss_at = [](const json& l, size_t i) {
+    return l[i]["ce"].get<double>() + l[i]["lm_z"].get<double>() + l[i]["moe_lb"].get<double>() +
+           l[i]["router_z"].get<double>();
+  };
+  for (const Result& r : results) {
+    const Case& cs = *r.cs;
+    const json& o = r.ours;
+    const json& t = r.torch;
+    const bool ht = t.is_object();
+    const ModelConfig c = parse_config(cs.config, cs.name);
+    const Flops fl = model_flops(c, cs.T);
+    const double tokens = o["tokens_per_step"].get<double>(), trained = o["trained_per_step"].get<double>();
+    const double step_flops = fl.per_token * tokens + fl.per_trained * trained;
+    const double os = o["best_sec_per_step"].get<double>(), ocpu = o["cpu_sec_per_step"].get<double>();
+    const double ts = ht ? t["best_sec_per_step"].get<double>() : 0,
+                 tcpu = ht ? t["cpu_sec_per_step"].get<double>() : 0;
+    const double ours_tps = tokens / os, torch_tps = ht ? tokens / ts : 0;
+    const double mfu = step_flops / os / peak, torch_mfu = ht ? step_flops / ts / peak : 0;
+    const double act = saved_bytes_analytic(c, cs.rows * cs.T);
+    const double analytic =
+        16.0 * o["n_params"].get<double>() + act + xent_tile_bytes(c, static_cast<int64_t>(trained));
+    const double ours_peak = o["peak_rss_kb"].get<double>() * 1024.0;
+    const double torch_peak = ht ? t["peak_rss_kb"].get<double>() * 1024.0 : 0;
+    const double l1o = loss_at(o["losses"], 0), l1t = ht ? loss_at(t["losses"], 0) : 0;
+    double worst = 0;  // same weights and batch: the loss trajectories agree up to fp32 drift
+    if (ht)
+      for (size_t i = 0; i < std::min(o["losses"].size(), t["losses"].size()); ++i)
+        worst = std::max(worst, std::fabs(loss_at(o["losses"], i) - loss_at(t["losses"], i)) /
+                                    std::fabs(loss_at(t["losses"], i)));
+    std::printf(
+        "| %s | %.0f (%.0f) | %.3f | %.0f | %.3f | %.0f | %.2fx | %.2f / %.2f | %.3f / %.3f | %.6f / %.6f | "
+        "%.0f / %.0f | %.0f | %.2f | %.1f / %.1f |\n",
+        cs.name.c_str(), tokens, trained, os, ours_tps, ts, torch_tps, ht ? ours_tps / torch_tps : 0.0, ocpu,
+        tcpu, mfu, torch_mfu, l1o, l1t, ours_peak / mib, torch_peak / mib, analytic / mib,
+        ours_peak / analytic, act / mib, o["saved_bytes"].get<double>() / mib);
+    char line[800];
+    std::snprintf(
+        line, sizeof line,
+        "BENCH train case=%s ours_tok_s=%.1f torch_tok_s=%.1f ratio=%.2f cpu_ratio=%.2f mfu=%.4f "
+        "torch_mfu=%.4f ours_peak_mib=%.1f torch_peak_mib=%.1f analytic_mib=%.1f ours_base_mib=%.1f "
+        "torch_base_mib=%.1f loss1_ours=%.7f loss1_torch=%.7f loss_rel_diff_max=%.2g steps=%d",
+        cs.name.c_str(), ours_tps, torch_tps, ht ? ours_tps / torch_tps : 0.0, ht ? tcpu / ocpu : 0.0, mfu,
+        torch_mfu, ours_peak / mib, torch_peak / mib, analytic / mib, o["base_rss_kb"].get<double>() / 1024.0,
+        ht ? t["base_rss_kb"].get<double>() / 1024.0 : 0.0, l1o, l1t, worst, steps + 1);
+    lines.push_back(line);
+  }
+  std::printf("\n");
+  for (const auto& l : lines) std::printf("%s\n", l.c_str());
+  std::printf(
+      "\nratio = ours tok/s / torch tok/s; cpu_ratio = torch CPU s / ours CPU s per step. Peak RSS = VmHWM "
+      "after the timed steps, reset to the current RSS after set-up (weights written / read): weights, "
+      "grads, "
+      "moments, the loop's transient memory and the process's libraries (*_base_mib = RSS before the loop). "
+      "loss_rel_diff_max: worst relative gap of the per-step losses over all %d steps (warm-up included).\n",
+      steps + 1);
+  if (own_dir) fs::remove_all(dir);
+  return status;
+}
