@@ -232,7 +232,10 @@ double ShardedParams::grad_norm() {
 }
 
 double ShardedParams::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step) {
-  const double norm = grad_norm();
+  return clip_and_step(cfg, max_norm, step, grad_norm());
+}
+
+double ShardedParams::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step, double norm) {
   OLMO_CHECK(std::isfinite(norm), "dist: the global gradient norm is not finite (", norm, ")");
   if (max_norm > 0) {
     const double coef = std::min(1.0, max_norm / (norm + 1e-6));
@@ -276,6 +279,19 @@ std::vector<float> ShardedParams::full_moment(int t, int which) {
   else
     full = src;
   return {full.begin() + toff_[size_t(t)], full.begin() + toff_[size_t(t)] + specs_[size_t(t)].numel()};
+}
+
+std::vector<ShardedParams::OwnedRange> ShardedParams::owned_ranges() {
+  std::vector<OwnedRange> out;
+  for (size_t t = 0; t < specs_.size(); ++t) {
+    Unit& U = units_[size_t(specs_[t].unit)];
+    const int64_t ob = owned_begin(U), b = toff_[t], e = b + specs_[t].numel();
+    const int64_t lo = std::max(ob, b), hi = std::min(ob + U.shard, e);
+    if (lo >= hi) continue;
+    const size_t l = size_t(lo - ob);
+    out.push_back({int(t), lo - b, hi - lo, U.p.data() + l, U.m.data() + l, U.v.data() + l});
+  }
+  return out;
 }
 
 MemoryStats ShardedParams::memory() const {

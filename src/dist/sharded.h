@@ -99,6 +99,7 @@ class ShardedParams {
   void release(int u);
   const float* param(int tensor) const;  // pointer into the gathered unit (it must be gathered)
   int64_t offset_in_unit(int tensor) const { return toff_[size_t(tensor)]; }
+  int64_t unit_padded(int u) const { return units_[size_t(u)].padded; }  // full flat length of unit u
 
   float* grad_buffer(int u);  // full-size local gradient of unit u (zeroed when created)
   float* grad(int tensor) { return grad_buffer(specs_[size_t(tensor)].unit) + toff_[size_t(tensor)]; }
@@ -108,6 +109,8 @@ class ShardedParams {
   // clip (max_norm > 0) + AdamW on what this rank owns; returns the pre-clip norm. step is 1-based.
   // A non-finite norm throws (on every rank alike, since the norm is global).
   double clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step);
+  // The same with the norm already computed by grad_norm() (saves the second pass and collective).
+  double clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step, double norm);
 
   // Full copy of a tensor's parameters / moments (a collective in sharded mode; for tests and export).
   std::vector<float> full_param(int tensor);
@@ -115,6 +118,18 @@ class ShardedParams {
 
   MemoryStats memory() const;
   int64_t adam_step() const { return adam_step_; }
+  void set_adam_step(int64_t s) { adam_step_ = s; }
+
+  // The elements this rank owns, as runs of one tensor: elements [begin, begin + n) of tensor `tensor`
+  // live at p/m/v (params, exp_avg, exp_avg_sq). Replicated mode: every element of every tensor.
+  // For external checkpoint writers/readers (train/checkpoint.h).
+  struct OwnedRange {
+    int tensor = 0;
+    int64_t begin = 0, n = 0;
+    float *p = nullptr, *m = nullptr, *v = nullptr;
+  };
+  std::vector<OwnedRange> owned_ranges();
+  Comm& comm() { return comm_; }
 
   // Collective. Writes <dir> atomically (staging dir + rename by rank 0). `extra` is stored verbatim
   // under "extra" in the manifest. The directory must not exist (or be empty).
