@@ -113,6 +113,25 @@ struct StepParts {
   std::map<int64_t, model::MoeLayerStats> moe;  // by layer: dropped summed, buffer factor max
 };
 
+// Resident set size of this process in bytes (VmRSS of /proc/self/status; 0 when unavailable).
+double rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return 1024.0 * std::atof(line.c_str() + 6);
+  return 0;
+}
+
+std::string join(const std::vector<double>& v, size_t first, size_t stride) {
+  std::string s;
+  char buf[32];
+  for (size_t i = first; i < v.size(); i += stride) {
+    std::snprintf(buf, sizeof buf, "%.0f", v[i]);
+    s += (s.empty() ? "" : ",") + std::string(buf);
+  }
+  return s;
+}
+
 std::string bcast_string(dist::Comm& c, std::string s) {
   int64_t n = static_cast<int64_t>(s.size());
   c.broadcast(&n, 8, 0);
@@ -502,6 +521,8 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
   std::string stop_reason;
   int stop_code = kExitOk;
   bool preempt = false;
+  double rss_between_steps = 0;
+  comm.reset_stats();
   for (int64_t s = start + 1; s <= d.steps; ++s) {
     auto t0 = Clock::now();
     StepParts sp;
@@ -639,6 +660,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     const double lr = sched.at(s);
     acfg.lr = lr;
     master.clip_and_step(acfg, clip, s, gnorm);  // clip, then AdamW on what this rank owns
+    rss_between_steps = rss_bytes();
 
     const double step_time = seconds_since(t0);
     bool is_stalled = false;
@@ -717,6 +739,28 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     if (preempt && s != d.steps) break;
   }
 
+  {
+    // One line (rank 0) of distributed facts: bytes each rank sent per step against the all-reduce
+    // minimum 2(N-1)/N x 4 bytes x params (which zero3 with a whole-model gather per step also needs:
+    // all-gather + reduce-scatter), persistent params+grads+moments per rank, peak transient buffers,
+    // and the resident set size after the last step's update.
+    const double steps_run = static_cast<double>(std::max<int64_t>(1, res.last_step - start));
+    const dist::MemoryStats ms = master.memory();
+    double mine[4] = {static_cast<double>(comm.stats().total()) / steps_run,
+                      static_cast<double>(ms.persistent_bytes), static_cast<double>(ms.peak_transient_bytes),
+                      rss_between_steps};
+    std::vector<double> all(4 * static_cast<size_t>(world));
+    comm.all_gather(mine, all.data(), 4);
+    double P = 0;
+    for (const auto& t : master.specs()) P += static_cast<double>(t.numel());
+    char minimum[32];
+    std::snprintf(minimum, sizeof minimum, "%.0f", 2.0 * (world - 1) / world * 4.0 * P);
+    out << "DIST mode=" << dist::mode_name(mode) << " processes=" << world << " comm=" << comm.name()
+        << " params=" << static_cast<int64_t>(P) << " sent_bytes_per_step_per_rank=" << join(all, 0, 4)
+        << " allreduce_minimum=" << minimum << " persistent_bytes_per_rank=" << join(all, 1, 4)
+        << " peak_transient_bytes_per_rank=" << join(all, 2, 4) << " rss_bytes_per_rank=" << join(all, 3, 4)
+        << "\n";
+  }
   if (stop_code == kExitNonFinite || stop_code == kExitStepGuard) {
     if (stop_code == kExitStepGuard) {
       out << "STEP-GUARD: step " << d.steps << " never completed (last completed step " << res.last_step
