@@ -62,12 +62,13 @@ for spec in "single1 1 dp 1" "single2 1 dp 2" "np1dp 1 dp 1" "np2dp 2 dp 1" "np1
   t=$(tps "$name")
   mb() { /usr/bin/python3 -c "import sys; print(','.join('%.2f' % (float(x) / 1e6) for x in sys.argv[1].split(',')))" "$1"; }
   echo "| $name | $np x $th | $mode | $t | $(/usr/bin/python3 -c "print('%.2f' % ($t / $base))") |" \
-    "$(mb "$(field "$name" sent_bytes_per_step_per_rank)") | $(mb "$(field "$name" allreduce_minimum)") |" \
+    "$(mb "$(field "$name" sent_bytes_per_step_per_rank)") | $(mb "$(field "$name" minimum_bytes)") |" \
     "$(mb "$(field "$name" persistent_bytes_per_rank)") | $(mb "$(field "$name" rss_bytes_per_rank)") |"
 done
 e_dp=$(/usr/bin/python3 -c "print('%.2f' % ($(tps np2dp) / (2 * $(tps np1dp))))")
 e_z=$(/usr/bin/python3 -c "print('%.2f' % ($(tps np2z) / (2 * $(tps np1z))))")
 echo
 echo "Scaling efficiency 1 -> 2 processes (tok/s(2) / (2 x tok/s(1)), same run): dp $e_dp, zero3 $e_z."
-echo "Minimum bytes per rank per step: dp all-reduce 2(N-1)/N x 4P; zero3 as implemented (whole-model"
-echo "all-gather once per step + reduce-scatter) the same 2(N-1)/N x 4P; per-layer ZeRO-3 would need 3(N-1)/N x 4P."
+echo "Minimum bytes per rank per step: dp all-reduce 2(N-1)/N x 4P; zero3 per layer (Olmo 3 dense): forward and"
+echo "backward all-gathers of every block per leaf + one reduce-scatter = (N-1)/N x 4 x (leaves x (2P - P_embed - P_head) + P)"
+echo "(one leaf per rank here: about 3(N-1)/N x 4P)."

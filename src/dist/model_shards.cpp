@@ -1,6 +1,7 @@
 #include "dist/model_shards.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -45,10 +46,34 @@ ModelShards::ModelShards(Comm& comm, model::CausalLM& model, ShardMode mode) : c
     p.value = Tensor();
     p.grad = Tensor();
   }
-  if (mode == ShardMode::Replicated) bind_params();  // views of the replicated masters, for good
+  if (mode == ShardMode::Replicated) {
+    bind_params();  // views of the replicated masters, for good
+    return;
+  }
+  // Per-layer gathering needs the model's residency groups to be exactly our units.
+  const auto& specs = sp_->specs();
+  bool match = true;
+  int blocks = 0;
+  for (const auto& s : specs) {
+    if (s.name.rfind("model.layers.", 0) == 0) {
+      const int l = std::atoi(s.name.c_str() + 13);
+      blocks = std::max(blocks, l + 1);
+      match = match && s.unit == l + 1;
+    }
+  }
+  for (const auto& s : specs)
+    if (s.name.rfind("model.layers.", 0) != 0) match = match && (s.unit == 0 || s.unit == blocks + 1);
+  match = match && blocks > 0 && sp_->units() == blocks + 2;
+  if (match) {
+    model::ParamResidency hooks;
+    hooks.need = [this](int g) { need(g); };
+    hooks.done = [this](int g) { done(g); };
+    per_layer_ = model_.set_param_residency(std::move(hooks));
+  }
 }
 
 ModelShards::~ModelShards() {
+  if (per_layer_) model_.set_param_residency({});
   if (finished_) return;
   // Unwinding (no collectives allowed): keep what is available locally.
   std::vector<model::Param>& ps = model_.params();
@@ -80,11 +105,35 @@ void ModelShards::bind_params() {
   bound_ = true;
 }
 
+void ModelShards::bind_for_step() {
+  if (!per_layer_) bind_params();
+}
+
 void ModelShards::release_params() {
-  if (!bound_ || sp_->mode() == ShardMode::Replicated) return;
+  if (sp_->mode() == ShardMode::Replicated) return;
   for (auto& p : model_.params()) p.value = Tensor();
-  for (int u = 0; u < sp_->units(); ++u) sp_->release(u);
+  for (int u = 0; u < sp_->units(); ++u) sp_->release(u);  // also units a failed leaf left gathered
   bound_ = false;
+}
+
+void ModelShards::need(int u) {
+  OLMO_CHECK(u >= 0 && u < sp_->units(), "ModelShards: the model asked for residency group ", u, " of ",
+             sp_->units());
+  if (bound_) return;            // everything is resident (evaluation)
+  float* base = sp_->gather(u);  // collective; every rank runs the same sequence of leaves
+  std::vector<model::Param>& ps = model_.params();
+  for (size_t t = 0; t < ps.size(); ++t) {
+    const auto& s = sp_->specs()[t];
+    if (s.unit == u) ps[t].value = Tensor::wrap(base + sp_->offset_in_unit(int(t)), s.shape, DType::F32);
+  }
+}
+
+void ModelShards::done(int u) {
+  if (bound_) return;
+  std::vector<model::Param>& ps = model_.params();
+  for (size_t t = 0; t < ps.size(); ++t)
+    if (sp_->specs()[t].unit == u) ps[t].value = Tensor();
+  sp_->release(u);
 }
 
 void ModelShards::point_grads(const std::vector<float*>& unit_bufs) {
@@ -144,6 +193,8 @@ void ModelShards::reduce() {
 }
 
 void ModelShards::finish() {
+  if (per_layer_) model_.set_param_residency({});
+  per_layer_ = false;
   std::vector<model::Param>& ps = model_.params();
   std::vector<Tensor> vals(ps.size());
   for (int u = 0; u < sp_->units(); ++u) {

@@ -11,9 +11,12 @@
 //   zero3: value -> a gathered copy that exists only between bind_params() and release_params(); in
 //          between steps the model holds no parameter or gradient storage (undefined tensors), so the
 //          persistent per-rank memory is params + grads + moments / N (ShardedParams::memory()).
-// Gathering is per step and whole-model (every unit is all-gathered once before the step's first leaf
-// and released after its last): peak memory includes one full fp32 copy of the weights and one full
-// gradient buffer. Per-layer gathering would need forward/backward hooks in the models (not done).
+// Gathering (zero3). Per layer when the model honours model::ParamResidency (Olmo 3 dense): each unit is
+// all-gathered right before the model reads it and released after its last use, in the forward and again
+// in the backward of every leaf, so at most one block (plus the LM-head unit across the loss) is resident.
+// Otherwise (the hybrid, test models) per step and whole-model: every unit is gathered once before the
+// step's first leaf and released after its last. Gradients are full-size per unit during the step in both
+// cases (needed to sum several leaves pairwise before the reduce-scatter).
 //
 // Leaves (the determinism unit): each leaf's gradients are computed into zeroed per-unit buffers
 // (begin_leaf) and pushed into a PairwiseSum per unit (end_leaf); reduce() finishes the sums into the
@@ -49,6 +52,9 @@ class ModelShards {
 
   // Collective in zero3: all-gather every unit and point the model's values at the full weights.
   void bind_params();
+  // Before a step's leaves: bind_params() unless the model gathers per layer (then nothing).
+  void bind_for_step();
+  bool per_layer() const { return per_layer_; }
   // zero3: free the gathered weights (the model's values become undefined). dp: no-op.
   void release_params();
   bool bound() const { return bound_; }
@@ -64,13 +70,15 @@ class ModelShards {
 
  private:
   void point_grads(const std::vector<float*>& unit_bufs);
+  void need(int u);
+  void done(int u);
   void detach_model(bool keep_values);
 
   Comm& comm_;
   model::CausalLM& model_;
   std::unique_ptr<ShardedParams> sp_;
   std::vector<int64_t> unit_padded_;  // full (padded) length of each unit's flat buffer
-  bool bound_ = false, finished_ = false;
+  bool bound_ = false, finished_ = false, per_layer_ = false;
   int64_t local_leaves_ = 0, pushed_ = 0;
   std::vector<std::vector<float>> leaf_;  // per unit, while several leaves are accumulated
   std::vector<std::unique_ptr<PairwiseSum>> sums_;

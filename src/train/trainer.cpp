@@ -551,7 +551,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
                    std::to_string(d.global_batch) + " rows";
     }
     if (step_err.empty()) {
-      shards.bind_params();  // zero3: all-gather the weights (whole model, held for the step)
+      shards.bind_for_step();  // zero3: whole-model all-gather, unless the model gathers per layer
       shards.begin_step(ga);
       std::vector<model::LossParts> parts(static_cast<size_t>(ga));
       Clock::time_point sig_seen{};
@@ -751,13 +751,26 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
                       rss_between_steps};
     std::vector<double> all(4 * static_cast<size_t>(world));
     comm.all_gather(mine, all.data(), 4);
-    double P = 0;
-    for (const auto& t : master.specs()) P += static_cast<double>(t.numel());
+    double P = 0, P_ends = 0;  // all parameters; those of the first and last unit (gathered once per leaf)
+    for (const auto& t : master.specs()) {
+      P += static_cast<double>(t.numel());
+      if (t.unit == 0 || t.unit == master.units() - 1) P_ends += static_cast<double>(t.numel());
+    }
+    // Minimum bytes per rank per step: all-reduce (dp) = reduce-scatter + all-gather = 2(N-1)/N x 4P; zero3
+    // whole-model: the same; zero3 per layer: the forward and backward all-gathers of every leaf + one
+    // reduce-scatter = (N-1)/N x 4 x (leaves_per_rank x (2P - P_ends) + P).
+    const double f = 4.0 * (world - 1) / world;
+    const double min_bytes =
+        shards.per_layer() ? f * (static_cast<double>(ga) * (2 * P - P_ends) + P) : 2 * f * P;
     char minimum[32];
-    std::snprintf(minimum, sizeof minimum, "%.0f", 2.0 * (world - 1) / world * 4.0 * P);
+    std::snprintf(minimum, sizeof minimum, "%.0f", min_bytes);
     out << "DIST mode=" << dist::mode_name(mode) << " processes=" << world << " comm=" << comm.name()
+        << " gather="
+        << (mode == dist::ShardMode::Replicated ? "none"
+            : shards.per_layer()                ? "per-layer"
+                                                : "whole-model")
         << " params=" << static_cast<int64_t>(P) << " sent_bytes_per_step_per_rank=" << join(all, 0, 4)
-        << " allreduce_minimum=" << minimum << " persistent_bytes_per_rank=" << join(all, 1, 4)
+        << " minimum_bytes=" << minimum << " persistent_bytes_per_rank=" << join(all, 1, 4)
         << " peak_transient_bytes_per_rank=" << join(all, 2, 4) << " rss_bytes_per_rank=" << join(all, 3, 4)
         << "\n";
   }
