@@ -31,7 +31,8 @@ std::vector<TensorSpec> model_specs(const std::vector<model::Param>& params) {
   return specs;
 }
 
-ModelShards::ModelShards(Comm& comm, model::CausalLM& model, ShardMode mode) : comm_(comm), model_(model) {
+ModelShards::ModelShards(Comm& comm, model::CausalLM& model, ShardMode mode, bool per_layer)
+    : comm_(comm), model_(model) {
   std::vector<model::Param>& ps = model_.params();
   for (const auto& p : ps) {
     OLMO_CHECK(p.value.defined() && p.value.dtype() == DType::F32 && p.value.is_contiguous() &&
@@ -64,7 +65,7 @@ ModelShards::ModelShards(Comm& comm, model::CausalLM& model, ShardMode mode) : c
   for (const auto& s : specs)
     if (s.name.rfind("model.layers.", 0) != 0) match = match && (s.unit == 0 || s.unit == blocks + 1);
   match = match && blocks > 0 && sp_->units() == blocks + 2;
-  if (match) {
+  if (match && per_layer) {
     model::ParamResidency hooks;
     hooks.need = [this](int g) { need(g); };
     hooks.done = [this](int g) { done(g); };

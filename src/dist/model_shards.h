@@ -40,7 +40,8 @@ class ModelShards {
  public:
   // Copies the model's current parameter values into the shards (every rank must hold the same values)
   // and detaches the model's own storage (freed unless shared elsewhere).
-  ModelShards(Comm& comm, model::CausalLM& model, ShardMode mode);
+  // per_layer: in zero3, gather one layer at a time when the model supports it (false: whole model per step).
+  ModelShards(Comm& comm, model::CausalLM& model, ShardMode mode, bool per_layer = true);
   // Leaves the model holding owned tensors again: after finish() the final weights; otherwise (an
   // exception unwinding) the locally available values (exact in dp and on one rank; zeros elsewhere).
   ~ModelShards();

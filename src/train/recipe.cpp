@@ -36,6 +36,9 @@ const std::vector<RecipeKey>& recipe_keys() {
       {"dist.mode", KeyType::String, "dp",
        "multi-process mode: dp (replicated weights, all-reduced gradients) or zero3 (weights, gradients and "
        "AdamW moments sharded 1/N)"},
+      {"dist.gather", KeyType::String, "layer",
+       "zero3: all-gather weights per layer (forward and backward of every micro-batch; Olmo 3 dense) or per "
+       "step (the whole model once per step: less traffic with several micro-batches per rank, more memory)"},
       {"steps", KeyType::Int, "0",
        "optimizer steps to train (required); the run fails if it completes fewer"},
       {"lr_schedule_steps", KeyType::Int, "0", "LR schedule horizon; 0 means `steps`"},
@@ -304,6 +307,8 @@ Derived derive(const Recipe& r) {
   OLMO_CHECK(r.f64("perf.peak_tflops") >= 0, src, ": perf.peak_tflops must be >= 0 (0 = measure)");
   const std::string dm = r.str("dist.mode");
   OLMO_CHECK(dm == "dp" || dm == "zero3", src, ": dist.mode must be dp or zero3, got '", dm, "'");
+  const std::string dg = r.str("dist.gather");
+  OLMO_CHECK(dg == "layer" || dg == "step", src, ": dist.gather must be layer or step, got '", dg, "'");
   OLMO_CHECK(r.i64("checkpoint.grace_seconds") >= 1, src, ": checkpoint.grace_seconds must be >= 1");
   return d;
 }

@@ -381,7 +381,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
   std::vector<model::Param>& params = model.params();
   const ModelFlops flops = model_flops(model, params, d.seq_len);
   // Weights, gradients and AdamW moments live in the shards from here on (the model sees views).
-  dist::ModelShards shards(comm, model, mode);
+  dist::ModelShards shards(comm, model, mode, recipe.str("dist.gather") == "layer");
   dist::ShardedParams& master = shards.params();
   nlohmann::json carried = nlohmann::json::object();  // facts carried across resumes (p_eos_before, step1_ce)
   int64_t start = 0;

@@ -71,6 +71,9 @@ for mode in dp zero3; do
       "[ $rc -eq 0 ] && same $mode$np ref"
   done
 done
+mpi 2 train "$dir/recipe.yaml" run_name=zs2 dist.mode=zero3 dist.gather=step >"$dir/zs2.out" 2>"$dir/zs2.err"; rc=$?
+check "zero3 with whole-model gathering (dist.gather=step) on 2 processes: bit-identical too" \
+  "[ $rc -eq 0 ] && same zs2 ref && grep -q '^DIST mode=zero3 processes=2 comm=mpi gather=whole-model' '$dir/zs2.out' && grep -q 'gather=per-layer' '$dir/zero32.out'"
 check "one LOSS-PARTS line per step (rank 0 only) and the mode in the preflight" \
   "[ \$(grep -c '^LOSS-PARTS' '$dir/zero34.out') -eq 3 ] && grep -q 'processes=4 dist_mode=zero3 leaves_per_step=8' '$dir/zero34.out'"
 
