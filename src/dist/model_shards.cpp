@@ -149,9 +149,7 @@ void ModelShards::begin_step(int64_t local_leaves) {
   OLMO_CHECK(local_leaves >= 1, "ModelShards: a step needs at least one leaf, got ", local_leaves);
   local_leaves_ = local_leaves;
   pushed_ = 0;
-  leaf_.clear();
-  sums_.clear();
-  if (local_leaves_ > 1) {
+  if (local_leaves_ > 1 && leaf_.empty()) {
     for (int u = 0; u < sp_->units(); ++u) {
       leaf_.emplace_back(size_t(unit_padded_[size_t(u)]));
       sums_.push_back(std::make_unique<PairwiseSum>(unit_padded_[size_t(u)]));
@@ -185,8 +183,12 @@ void ModelShards::reduce() {
   for (auto& p : model_.params()) p.grad = Tensor();
   if (local_leaves_ > 1) {
     for (int u = 0; u < sp_->units(); ++u) sums_[size_t(u)]->finish(sp_->grad_buffer(u));
-    leaf_.clear();
-    sums_.clear();
+    // dp keeps the leaf buffers for the next step (its memory is not sharded anyway; saves re-faulting
+    // the pages every step); zero3 frees them so that between steps a rank holds only its 1/N.
+    if (sp_->mode() == ShardMode::Sharded) {
+      leaf_.clear();
+      sums_.clear();
+    }
   }
   // Backward order (last unit first), the order a per-layer schedule would overlap them in.
   for (int u = sp_->units() - 1; u >= 0; --u) sp_->reduce_grads(u);

@@ -22,7 +22,8 @@
 // (begin_leaf) and pushed into a PairwiseSum per unit (end_leaf); reduce() finishes the sums into the
 // ShardedParams gradient buffers and reduce-scatters (zero3) / all-reduces (dp) them across ranks. With
 // 2^k leaves per step and N a power of two dividing it, the summed gradients are bit-identical for every
-// N (docs/dist.md). With one leaf per rank no extra buffer is used.
+// N (docs/dist.md). With one leaf per rank no extra buffer is used; in dp the leaf buffers and pairwise
+// partial sums are kept from step to step (in zero3 they are freed after each step).
 #pragma once
 #include <memory>
 #include <vector>

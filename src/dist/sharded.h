@@ -12,7 +12,8 @@
 //   release(u)         -> frees the gathered copy (sharded mode)
 //   grad_buffer(u)     -> full-size local gradient accumulator of unit u (zeroed on first use)
 //   reduce_grads(u)    -> sharded: reduce-scatter to the owner shard and free the full buffer;
-//                         replicated: all-reduce in place
+//                         replicated: all-reduce in place (the previous step's buffer is kept and
+//                         reused, so dp holds one extra gradient-sized buffer between steps)
 //   clip_and_step(...) -> deterministic global grad norm, clip, AdamW (kernels/adamw.h) on the local
 //                         shard (sharded) or on every full unit (replicated)
 //
@@ -63,10 +64,15 @@ class PairwiseSum {
   // Writes the sum into out (zeros if nothing was pushed) and resets.
   void finish(float* out);
   int64_t pushed() const { return pushed_; }
+  // Buffers are kept for reuse after finish() (no allocation, no page faults, from the second use on);
+  // release() frees them.
+  void release() { pool_.clear(); }
 
  private:
+  std::vector<float> take();
   int64_t n_, pushed_ = 0;
   std::vector<std::pair<int64_t, std::vector<float>>> stack_;  // (leaf count, partial sum)
+  std::vector<std::vector<float>> pool_;
 };
 
 class ShardedParams {
@@ -148,6 +154,7 @@ class ShardedParams {
     std::vector<float> p, g, m, v;  // owned part (shard) of params, reduced grads and moments
     std::vector<float> gathered;    // full params while gathered (sharded mode)
     std::vector<float> full_grad;   // full local gradient accumulator (until reduce_grads)
+    std::vector<float> spare;       // replicated mode: last step's gradient buffer, reused (no page faults)
     bool is_gathered = false;
   };
   int64_t owned_begin(const Unit& U) const;  // unit-flat index of this rank's first owned element
