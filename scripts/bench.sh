@@ -36,5 +36,13 @@ for exe in "${benches[@]}"; do
     status=1
   fi
 done
+echo "== dist_train (bench/dist_train.sh: olmosft train under mpirun, 1 vs 2 processes)"
+if bench/dist_train.sh "$build" | tee "$out/dist_train.md.tmp"; then
+  mv "$out/dist_train.md.tmp" "$out/dist_train.md"
+  { echo; echo "## dist_train"; echo; cat "$out/dist_train.md"; } >>"$summary"
+else
+  echo "bench.sh: bench/dist_train.sh failed" >&2
+  status=1
+fi
 echo "bench.sh: results in $out/"
 exit $status

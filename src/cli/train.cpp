@@ -4,6 +4,7 @@
 
 #include "cli/verb.h"
 #include "core/error.h"
+#include "dist/comm.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "train/recipe.h"
@@ -27,18 +28,38 @@ int train_main(int argc, char** argv) {
   std::vector<std::string> overrides;
   app.add_option("recipe", path, "recipe YAML")->required();
   app.add_option("overrides", overrides, "key=value overrides (win over the file)");
-  return olmosft::cli::run_app(app, argc, argv, [&] {
+  // Under mpirun every rank runs this verb; the communicator is created first (MPI_Init) and lives until
+  // the verb returns (MPI_Finalize).
+  std::unique_ptr<olmosft::dist::Comm> comm = olmosft::dist::make_comm();
+  const bool multi = comm->size() > 1;
+  auto body = [&] {
     olmosft::Recipe r = olmosft::Recipe::load(path, overrides);
+    // devices = processes on CPU: under mpirun an unset `devices` becomes the process count.
+    if (multi && !r.is_set("devices"))
+      r.set("devices", std::to_string(comm->size()), "mpirun -np " + std::to_string(comm->size()));
     // Batch arithmetic, dataset and tokenizer checks before the model is even loaded.
     // (Its warnings are printed once, by run_training's own preflight.)
     std::ostringstream quiet;
     (void)olmosft::train::plan_run(r, quiet);
     std::unique_ptr<olmosft::model::CausalLM> m = build_model(r);
     olmosft::train::TrainOptions opts;
+    opts.comm = comm.get();
     olmosft::train::TrainResult res = olmosft::train::run_training(r, *m, opts);
-    if (res.exit_code != 0)
+    if (res.exit_code != 0 && comm->rank() == 0)
       std::cerr << "olmosft train: exit " << res.exit_code << ": " << res.reason << "\n";
     return res.exit_code;
+  };
+  if (!multi) return olmosft::cli::run_app(app, argc, argv, body);
+  // Several processes: an error on one rank must not leave the others waiting in a collective, so it
+  // ends the whole job (MPI_Abort, exit code 2 as for a single process).
+  return olmosft::cli::run_app(app, argc, argv, [&]() -> int {
+    try {
+      return body();
+    } catch (const std::exception& e) {
+      comm->abort(olmosft::train::kExitError,
+                  std::string("olmosft train: rank ") + std::to_string(comm->rank()) + ": " + e.what());
+    }
+    return olmosft::train::kExitError;  // not reached (abort ends the process)
   });
 }
 

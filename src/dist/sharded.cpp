@@ -32,13 +32,22 @@ int64_t TensorSpec::numel() const {
 }
 
 // ---------------------------------------------------------------- PairwiseSum
+std::vector<float> PairwiseSum::take() {
+  if (pool_.empty()) return std::vector<float>(static_cast<size_t>(n_));
+  std::vector<float> v = std::move(pool_.back());
+  pool_.pop_back();
+  return v;
+}
+
 void PairwiseSum::push(const float* leaf) {
-  std::vector<float> cur(leaf, leaf + n_);
+  std::vector<float> cur = take();
+  std::memcpy(cur.data(), leaf, static_cast<size_t>(n_) * 4);
   int64_t cnt = 1;
   while (!stack_.empty() && stack_.back().first == cnt) {
     const std::vector<float>& left = stack_.back().second;
     for (int64_t i = 0; i < n_; ++i) cur[size_t(i)] = left[size_t(i)] + cur[size_t(i)];
     cnt *= 2;
+    pool_.push_back(std::move(stack_.back().second));
     stack_.pop_back();
   }
   stack_.emplace_back(cnt, std::move(cur));
@@ -55,6 +64,8 @@ void PairwiseSum::finish(float* out) {
       for (int64_t i = 0; i < n_; ++i) cur[size_t(i)] = left[size_t(i)] + cur[size_t(i)];
     }
     std::memcpy(out, cur.data(), size_t(n_) * 4);
+    pool_.push_back(std::move(cur));
+    for (size_t k = 0; k + 1 < stack_.size(); ++k) pool_.push_back(std::move(stack_[k].second));
   }
   stack_.clear();
   pushed_ = 0;
@@ -179,7 +190,12 @@ float* ShardedParams::grad_buffer(int u) {
   OLMO_CHECK(u >= 0 && u < units(), "ShardedParams::grad_buffer: unit ", u, " out of range");
   Unit& U = units_[size_t(u)];
   if (U.full_grad.empty()) {
-    U.full_grad.assign(size_t(U.padded), 0.0f);
+    if (U.spare.size() == size_t(U.padded)) {
+      U.full_grad.swap(U.spare);
+      std::fill(U.full_grad.begin(), U.full_grad.end(), 0.0f);
+    } else {
+      U.full_grad.assign(size_t(U.padded), 0.0f);
+    }
     track_transient();
   }
   return U.full_grad.data();
@@ -191,6 +207,7 @@ void ShardedParams::reduce_grads(int u) {
   if (mode_ == ShardMode::Replicated) {
     comm_.all_reduce_sum(U.full_grad.data(), U.padded);
     U.g.swap(U.full_grad);
+    if (U.full_grad.size() == size_t(U.padded)) U.spare.swap(U.full_grad);  // reused next step
   } else {
     U.g.resize(size_t(U.shard));
     comm_.reduce_scatter_sum(U.full_grad.data(), U.g.data(), U.shard);
@@ -232,7 +249,10 @@ double ShardedParams::grad_norm() {
 }
 
 double ShardedParams::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step) {
-  const double norm = grad_norm();
+  return clip_and_step(cfg, max_norm, step, grad_norm());
+}
+
+double ShardedParams::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step, double norm) {
   OLMO_CHECK(std::isfinite(norm), "dist: the global gradient norm is not finite (", norm, ")");
   if (max_norm > 0) {
     const double coef = std::min(1.0, max_norm / (norm + 1e-6));
@@ -276,6 +296,19 @@ std::vector<float> ShardedParams::full_moment(int t, int which) {
   else
     full = src;
   return {full.begin() + toff_[size_t(t)], full.begin() + toff_[size_t(t)] + specs_[size_t(t)].numel()};
+}
+
+std::vector<ShardedParams::OwnedRange> ShardedParams::owned_ranges() {
+  std::vector<OwnedRange> out;
+  for (size_t t = 0; t < specs_.size(); ++t) {
+    Unit& U = units_[size_t(specs_[t].unit)];
+    const int64_t ob = owned_begin(U), b = toff_[t], e = b + specs_[t].numel();
+    const int64_t lo = std::max(ob, b), hi = std::min(ob + U.shard, e);
+    if (lo >= hi) continue;
+    const size_t l = size_t(lo - ob);
+    out.push_back({int(t), lo - b, hi - lo, U.p.data() + l, U.m.data() + l, U.v.data() + l});
+  }
+  return out;
 }
 
 MemoryStats ShardedParams::memory() const {

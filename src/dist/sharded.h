@@ -12,7 +12,8 @@
 //   release(u)         -> frees the gathered copy (sharded mode)
 //   grad_buffer(u)     -> full-size local gradient accumulator of unit u (zeroed on first use)
 //   reduce_grads(u)    -> sharded: reduce-scatter to the owner shard and free the full buffer;
-//                         replicated: all-reduce in place
+//                         replicated: all-reduce in place (the previous step's buffer is kept and
+//                         reused, so dp holds one extra gradient-sized buffer between steps)
 //   clip_and_step(...) -> deterministic global grad norm, clip, AdamW (kernels/adamw.h) on the local
 //                         shard (sharded) or on every full unit (replicated)
 //
@@ -63,10 +64,15 @@ class PairwiseSum {
   // Writes the sum into out (zeros if nothing was pushed) and resets.
   void finish(float* out);
   int64_t pushed() const { return pushed_; }
+  // Buffers are kept for reuse after finish() (no allocation, no page faults, from the second use on);
+  // release() frees them.
+  void release() { pool_.clear(); }
 
  private:
+  std::vector<float> take();
   int64_t n_, pushed_ = 0;
   std::vector<std::pair<int64_t, std::vector<float>>> stack_;  // (leaf count, partial sum)
+  std::vector<std::vector<float>> pool_;
 };
 
 class ShardedParams {
@@ -99,6 +105,7 @@ class ShardedParams {
   void release(int u);
   const float* param(int tensor) const;  // pointer into the gathered unit (it must be gathered)
   int64_t offset_in_unit(int tensor) const { return toff_[size_t(tensor)]; }
+  int64_t unit_padded(int u) const { return units_[size_t(u)].padded; }  // full flat length of unit u
 
   float* grad_buffer(int u);  // full-size local gradient of unit u (zeroed when created)
   float* grad(int tensor) { return grad_buffer(specs_[size_t(tensor)].unit) + toff_[size_t(tensor)]; }
@@ -108,6 +115,8 @@ class ShardedParams {
   // clip (max_norm > 0) + AdamW on what this rank owns; returns the pre-clip norm. step is 1-based.
   // A non-finite norm throws (on every rank alike, since the norm is global).
   double clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step);
+  // The same with the norm already computed by grad_norm() (saves the second pass and collective).
+  double clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step, double norm);
 
   // Full copy of a tensor's parameters / moments (a collective in sharded mode; for tests and export).
   std::vector<float> full_param(int tensor);
@@ -115,6 +124,18 @@ class ShardedParams {
 
   MemoryStats memory() const;
   int64_t adam_step() const { return adam_step_; }
+  void set_adam_step(int64_t s) { adam_step_ = s; }
+
+  // The elements this rank owns, as runs of one tensor: elements [begin, begin + n) of tensor `tensor`
+  // live at p/m/v (params, exp_avg, exp_avg_sq). Replicated mode: every element of every tensor.
+  // For external checkpoint writers/readers (train/checkpoint.h).
+  struct OwnedRange {
+    int tensor = 0;
+    int64_t begin = 0, n = 0;
+    float *p = nullptr, *m = nullptr, *v = nullptr;
+  };
+  std::vector<OwnedRange> owned_ranges();
+  Comm& comm() { return comm_; }
 
   // Collective. Writes <dir> atomically (staging dir + rename by rank 0). `extra` is stored verbatim
   // under "extra" in the manifest. The directory must not exist (or be empty).
@@ -133,6 +154,7 @@ class ShardedParams {
     std::vector<float> p, g, m, v;  // owned part (shard) of params, reduced grads and moments
     std::vector<float> gathered;    // full params while gathered (sharded mode)
     std::vector<float> full_grad;   // full local gradient accumulator (until reduce_grads)
+    std::vector<float> spare;       // replicated mode: last step's gradient buffer, reused (no page faults)
     bool is_gathered = false;
   };
   int64_t owned_begin(const Unit& U) const;  // unit-flat index of this rank's first owned element

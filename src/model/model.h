@@ -4,6 +4,7 @@
 // checkpoints and export share one naming.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -58,6 +59,17 @@ struct Param {
   bool decay = true;  // weight decay applies (norm gains and biases: false)
 };
 
+// Parameter residency hooks, for fully sharded training that gathers weights one layer at a time
+// (dist::ModelShards). Groups are the units of dist::model_specs: 0 = the tensors before the first block
+// (embedding), 1 + l = block l, L + 1 = the tensors after the last block (final norm, LM head). A model
+// that honours them calls need(g) before it reads the VALUES of group g in a call and done(g) after their
+// last use in that call (in forward_backward: groups 0..L+1 in the forward, L+1 stays until the loss
+// gradient is through the final norm, then blocks L..1 again in the backward). Gradient tensors must stay
+// valid for the whole call.
+struct ParamResidency {
+  std::function<void(int group)> need, done;
+};
+
 class CausalLM {
  public:
   virtual ~CausalLM() = default;
@@ -72,6 +84,9 @@ class CausalLM {
   // Forward only. When logits != nullptr it receives [B, T, vocab_size] fp32 logits (small inputs only);
   // when logprobs != nullptr it receives log p(targets[t]) per position (0 where untrained).
   virtual LossParts forward(const Batch& batch, const LossConfig& loss, float* logits, float* logprobs) = 0;
+  // Installs (or, with empty functions, removes) the hooks; returns false when the model does not call
+  // them (then every Param::value must be valid for the whole call).
+  virtual bool set_param_residency(ParamResidency /*hooks*/) { return false; }
 };
 
 // Builds the model for a config with fp32 parameters initialised from N(0, initializer_range) (norm

@@ -276,6 +276,7 @@ void Olmo3::run_forward(const Batch& b) {
   rope_tables<float>(rope_sliding_, pos, N, w.cos_s, w.sin_s);
   rope_tables<float>(rope_full_, pos, N, w.cos_f, w.sin_f);
 
+  need(0);
   const float* E = P(embed_);
   float* h0 = w.h[0];
   parallel_for(
@@ -284,8 +285,11 @@ void Olmo3::run_forward(const Batch& b) {
         for (int64_t i = s; i < e; ++i) std::memcpy(h0 + i * d, E + int64_t(b.tokens[i]) * d, size_t(d) * 4);
       },
       64);
+  done(0);
 
+  const int64_t last = int64_t(layers_.size()) + 1;  // residency group of the final norm and LM head
   for (size_t l = 0; l < layers_.size(); ++l) {
+    need(int64_t(l) + 1);
     const Layer& Ly = layers_[l];
     auto& s = w.s[l];
     const float* x = w.h[l];
@@ -320,7 +324,9 @@ void Olmo3::run_forward(const Batch& b) {
           for (int64_t i = bb; i < e; ++i) y[i] = s.hmid[i] + w.dtmp[i];
         },
         1 << 14);
+    done(int64_t(l) + 1);
   }
+  need(last);  // released by forward() after the logits, by run_backward() after the final norm
   rmsnorm_forward<float>(w.h[layers_.size()], P(norm_), w.hf, w.rf, N, d, eps);
 }
 
@@ -365,6 +371,7 @@ LossParts Olmo3::forward(const Batch& batch, const LossConfig& loss, float* logi
         },
         16);
   }
+  done(int64_t(layers_.size()) + 1);
   return parts;
 }
 
@@ -397,8 +404,10 @@ void Olmo3::run_backward(const Batch& b, const LossConfig& loss, double grad_sca
   xent_backward<float>(w.hf, P(lm_head_), b.targets, b.trained, w.xlse, N, d, cfg_.vocab_size, xc, grad_scale,
                        w.dtmp, G(lm_head_));
   rmsnorm_backward<float>(w.dtmp, w.h[layers_.size()], P(norm_), w.rf, w.dh, G(norm_), N, d, eps);
+  done(int64_t(layers_.size()) + 1);
 
   for (size_t li = layers_.size(); li-- > 0;) {
+    need(int64_t(li) + 1);
     const Layer& Ly = layers_[li];
     auto& s = w.s[li];
     const float* x = w.h[li];
@@ -432,6 +441,7 @@ void Olmo3::run_backward(const Batch& b, const LossConfig& loss, double grad_sca
     linear_backward<float>(dqraw, x, P(Ly.wq), w.dh, G(Ly.wq), N, d, HD, true);
     linear_backward<float>(dkraw, x, P(Ly.wk), w.dh, G(Ly.wk), N, d, KD, true);
     linear_backward<float>(w.dv, x, P(Ly.wv), w.dh, G(Ly.wv), N, d, KD, true);
+    done(int64_t(li) + 1);
   }
   // Embedding: dE[tok] += dh (columns split across threads, so the order per element is fixed).
   float* dE = G(embed_);

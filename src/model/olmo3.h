@@ -38,6 +38,10 @@ class Olmo3 : public CausalLM {
   LossParts forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,
                              double aux_scale) override;
   LossParts forward(const Batch& batch, const LossConfig& loss, float* logits, float* logprobs) override;
+  bool set_param_residency(ParamResidency hooks) override {
+    res_ = std::move(hooks);
+    return true;
+  }
 
   // Residual stream of the last call: index 0 = after the embedding, l + 1 = after layer l; [B*T, d].
   const float* hidden_state(int64_t index) const;
@@ -61,6 +65,13 @@ class Olmo3 : public CausalLM {
   int64_t embed_ = -1, norm_ = -1, lm_head_ = -1;  // indices into params_
   RopeFreqs rope_sliding_, rope_full_;
   Work* w_ = nullptr;
+  ParamResidency res_;
+  void need(int64_t g) {
+    if (res_.need) res_.need(int(g));
+  }
+  void done(int64_t g) {
+    if (res_.done) res_.done(int(g));
+  }
 };
 
 // Converts the config's per-layer-type RoPE parameters to the kernel's frequencies (default, linear or

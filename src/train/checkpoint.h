@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/sharded.h"
 #include "model/model.h"
 
 namespace olmosft::train {
@@ -51,5 +52,24 @@ std::string latest_valid_checkpoint(const std::string& ckpt_root, std::ostream& 
 // Loads weights and moments into the given storage (names and shapes must match exactly).
 CheckpointState load_checkpoint(const std::string& dir, std::vector<model::Param>& params,
                                 std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq);
+
+// The same layout written by every rank of a job at once (a collective over sp.comm()): rank 0 creates the
+// staging directory and the two safetensors files (header written, data sized), every rank pwrite()s the
+// elements it owns (zero3: its shard; dp: an equal slice of the elements, in parameter order) and fsyncs,
+// then rank 0 writes state.json, recipe.yaml and SHA256SUMS, fsyncs, publishes with one rename and
+// prunes to keep_last. The files are byte-identical to save_checkpoint's whatever the rank count and
+// mode (same header, same data), so either loader reads them. Errors on any rank throw on every rank.
+// Tensor names are sp.specs() names (the model's HF names).
+std::string save_checkpoint_sharded(const std::string& ckpt_root, dist::ShardedParams& sp,
+                                    const CheckpointState& state, const std::string& recipe_yaml,
+                                    int64_t keep_last);
+
+// state.json of a checkpoint directory, parsed and checked (format, step) without hashing the files.
+CheckpointState read_checkpoint_state(const std::string& dir);
+
+// Collective: every rank reads the elements it owns from `dir` (any rank count or mode wrote it); names
+// and shapes must match sp.specs(). Checksums are NOT re-verified here (latest_valid_checkpoint on rank 0
+// did that); the files' sizes and headers are validated on every rank.
+CheckpointState load_checkpoint_sharded(const std::string& dir, dist::ShardedParams& sp);
 
 }  // namespace olmosft::train

@@ -31,7 +31,14 @@ const std::vector<RecipeKey>& recipe_keys() {
        "rows per optimizer step, over all devices and accumulation steps"},
       {"per_device_batch", KeyType::Float, "1",
        "rows per device per micro-step (fractional: a row spans devices)"},
-      {"devices", KeyType::Int, "1", "devices taking part (CPU: processes; TPU: chips)"},
+      {"devices", KeyType::Int, "1",
+       "devices taking part (CPU: processes; TPU: chips); under mpirun it must equal -np (defaults to it)"},
+      {"dist.mode", KeyType::String, "dp",
+       "multi-process mode: dp (replicated weights, all-reduced gradients) or zero3 (weights, gradients and "
+       "AdamW moments sharded 1/N)"},
+      {"dist.gather", KeyType::String, "layer",
+       "zero3: all-gather weights per layer (forward and backward of every micro-batch; Olmo 3 dense) or per "
+       "step (the whole model once per step: less traffic with several micro-batches per rank, more memory)"},
       {"steps", KeyType::Int, "0",
        "optimizer steps to train (required); the run fails if it completes fewer"},
       {"lr_schedule_steps", KeyType::Int, "0", "LR schedule horizon; 0 means `steps`"},
@@ -302,6 +309,10 @@ Derived derive(const Recipe& r) {
   OLMO_CHECK(r.i64("compute.vocab_tile") >= 0, src, ": compute.vocab_tile must be >= 0");
   OLMO_CHECK(r.i64("eval.heldout") >= 0, src, ": eval.heldout must be >= 0");
   OLMO_CHECK(r.f64("perf.peak_tflops") >= 0, src, ": perf.peak_tflops must be >= 0 (0 = measure)");
+  const std::string dm = r.str("dist.mode");
+  OLMO_CHECK(dm == "dp" || dm == "zero3", src, ": dist.mode must be dp or zero3, got '", dm, "'");
+  const std::string dg = r.str("dist.gather");
+  OLMO_CHECK(dg == "layer" || dg == "step", src, ": dist.gather must be layer or step, got '", dg, "'");
   OLMO_CHECK(r.i64("checkpoint.grace_seconds") >= 1, src, ": checkpoint.grace_seconds must be >= 1");
   return d;
 }

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "data/build_bytes_encoder.h"
+#include "dist/model_shards.h"
 #include "io/atomic_file.h"
 #include "io/hash.h"
 #include "io/tensorboard.h"
@@ -112,9 +113,35 @@ struct StepParts {
   std::map<int64_t, model::MoeLayerStats> moe;  // by layer: dropped summed, buffer factor max
 };
 
-void zero_grads(std::vector<model::Param>& params) {
-  for (auto& p : params) std::fill(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel(), 0.0f);
+// Resident set size of this process in bytes (VmRSS of /proc/self/status; 0 when unavailable).
+double rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return 1024.0 * std::atof(line.c_str() + 6);
+  return 0;
 }
+
+std::string join(const std::vector<double>& v, size_t first, size_t stride) {
+  std::string s;
+  char buf[32];
+  for (size_t i = first; i < v.size(); i += stride) {
+    std::snprintf(buf, sizeof buf, "%.0f", v[i]);
+    s += (s.empty() ? "" : ",") + std::string(buf);
+  }
+  return s;
+}
+
+std::string bcast_string(dist::Comm& c, std::string s) {
+  int64_t n = static_cast<int64_t>(s.size());
+  c.broadcast(&n, 8, 0);
+  s.resize(static_cast<size_t>(n));
+  if (n > 0) c.broadcast(s.data(), n, 0);
+  return s;
+}
+
+// True on every rank iff `local` is true on some rank (a collective when world > 1).
+bool any_rank(dist::Comm& c, bool local) { return c.size() > 1 ? !c.all_ok(!local) : local; }
 
 // Mean P(target) over positions whose trained target is `eos`; returns (mean, count). When `ce` is given it
 // receives the CE sum and the trained-target count over the same rows (the same forwards).
@@ -277,8 +304,14 @@ RunPlan plan_run(const Recipe& recipe, std::ostream& err) {
 }
 
 TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const TrainOptions& opts) {
-  std::ostream& out = opts.out ? *opts.out : std::cout;
-  std::ostream& err = opts.err ? *opts.err : std::cerr;
+  std::unique_ptr<dist::Comm> own_comm;
+  if (!opts.comm) own_comm = dist::make_single_comm();
+  dist::Comm& comm = opts.comm ? *opts.comm : *own_comm;
+  const int world = comm.size(), rank = comm.rank();
+  // Rank 0 speaks for the job; the other ranks' lines go nowhere (errors still throw on every rank).
+  std::ostream null_stream(nullptr);
+  std::ostream& out = rank != 0 ? null_stream : opts.out ? *opts.out : std::cout;
+  std::ostream& err = rank != 0 ? null_stream : opts.err ? *opts.err : std::cerr;
   const std::string& src = recipe.source();
   TrainResult res;
 
@@ -295,13 +328,20 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
   const int64_t vocab = model.config().vocab_size;
   OLMO_CHECK(data_vocab <= vocab, src, ": dataset ", data_path, " has token ids up to vocab_size ",
              data_vocab, " but the model's vocab_size is ", vocab);
-  // Processes: one on CPU now. Each takes a fixed slice of every step's rows (DataOrder::step_rows); the
-  // trained-token count and gradients would be all-reduced (in a fixed rank order) across processes.
-  const int world = 1, rank = 0;
-  OLMO_CHECK(d.slots % world == 0, src, ": rows per micro-step ", d.slots, " not divisible by processes ",
-             world);
-  const int64_t mb_rows = d.slots / world;
-  const int64_t ga = d.grad_accum;
+  // Processes (mpirun -np N; docs/dist.md): each reads its own rows of every step (DataOrder::step_rows).
+  // A step's rows are cut into `leaves` micro-batches of mb_rows rows, whatever N; rank p runs leaves
+  // [p*leaves/N, (p+1)*leaves/N). Leaf gradients are summed pairwise and then across ranks in a fixed tree,
+  // the loss parts per leaf in leaf order: per-step losses and updates do not depend on N.
+  const dist::ShardMode mode = dist::parse_mode(recipe.str("dist.mode"));
+  OLMO_CHECK(world == 1 || d.devices == world, src, ": devices=", d.devices, " but ", world,
+             " processes were started (mpirun -np ", world, "); set devices=", world,
+             " (`olmosft train` sets it to the process count when the recipe leaves it unset)");
+  OLMO_CHECK(d.slots % world == 0, src, ": rows per micro-step devices x per_device_batch = ", d.slots,
+             " is not divisible by the ", world,
+             " processes (per_device_batch must be a whole number of rows)");
+  const int64_t mb_rows = d.slots / world;  // rows of one leaf
+  const int64_t ga = d.grad_accum;          // leaves per rank per step
+  const int64_t leaves = ga * world;        // leaves per step
 
   model::LossConfig lc;
   lc.lm_z = recipe.f64("loss.lm_z");
@@ -328,38 +368,38 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
   print_derived(out, d);
   out << "PREFLIGHT dataset=" << data_path << " epochs_used=" << epochs << " rows=" << order.total_rows()
       << " max_steps=" << order.max_steps() << " micro_batch_rows=" << mb_rows << " processes=" << world
-      << " eos_id=" << eos_id << " model_vocab=" << vocab << " dataset_vocab=" << data_vocab
+      << " dist_mode=" << dist::mode_name(mode) << " leaves_per_step=" << leaves << " eos_id=" << eos_id
+      << " model_vocab=" << vocab << " dataset_vocab=" << data_vocab
       << " tokenizer=" << (tok_spec.empty() ? "unchecked" : "match") << "\n";
 
   // ---- run directory, resume ----
   const std::string run_dir = recipe.str("output_dir") + "/" + recipe.str("run_name");
   res.run_dir = run_dir;
   const std::string ckpt_root = run_dir + "/checkpoints";
-  fs::create_directories(ckpt_root);
-  {
+  if (rank == 0) {
+    fs::create_directories(ckpt_root);
     std::vector<fs::path> stale;  // staging dirs of interrupted saves
     for (const auto& e : fs::directory_iterator(ckpt_root)) {
       if (e.path().filename().string().find(".tmp-") != std::string::npos) stale.push_back(e.path());
     }
     for (const auto& p : stale) fs::remove_all(p);
   }
+  comm.barrier();
   const std::string manifest_sha = io::sha256_file(ds.dir() + "/manifest.json");
   const std::string snapshot = recipe_yaml(recipe);
   std::vector<model::Param>& params = model.params();
-  std::vector<Tensor> m1, m2;
-  for (auto& p : params) {
-    OLMO_CHECK(p.value.dtype() == DType::F32 && p.grad.dtype() == DType::F32 && p.value.is_contiguous() &&
-                   p.grad.is_contiguous() && p.grad.shape() == p.value.shape(),
-               "model parameter ", p.name, ": expected contiguous fp32 value and grad of the same shape");
-    m1.push_back(Tensor::zeros(p.value.shape()));
-    m2.push_back(Tensor::zeros(p.value.shape()));
-  }
+  const ModelFlops flops = model_flops(model, params, d.seq_len);
+  // Weights, gradients and AdamW moments live in the shards from here on (the model sees views).
+  dist::ModelShards shards(comm, model, mode, recipe.str("dist.gather") == "layer");
+  dist::ShardedParams& master = shards.params();
   nlohmann::json carried = nlohmann::json::object();  // facts carried across resumes (p_eos_before, step1_ce)
   int64_t start = 0;
   if (recipe.flag("checkpoint.resume")) {
-    std::string dir = latest_valid_checkpoint(ckpt_root, err);
+    std::string dir;
+    if (rank == 0) dir = latest_valid_checkpoint(ckpt_root, err);  // verifies every checksum
+    dir = bcast_string(comm, dir);
     if (!dir.empty()) {
-      CheckpointState st = verify_checkpoint(dir);
+      CheckpointState st = read_checkpoint_state(dir);
       const std::string ck_man = st.info.value("dataset_manifest_sha256", "");
       OLMO_CHECK(ck_man == manifest_sha, "checkpoint ", dir, " was written for dataset manifest sha256 ",
                  ck_man, " but ", data_path, "/manifest.json has sha256 ", manifest_sha,
@@ -368,13 +408,13 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
                  " was written with global_batch ", st.info.value("global_batch", int64_t{0}),
                  ", recipe has ", d.global_batch, "; the data position would differ (use a new run_name)");
       OLMO_CHECK(st.step <= d.steps, "checkpoint ", dir, " is at step ", st.step, ", past steps=", d.steps);
-      st = load_checkpoint(dir, params, m1, m2);
+      st = load_checkpoint_sharded(dir, master);
       start = st.step;
       carried = st.info.value("carried", nlohmann::json::object());
       out << "RESUME from=" << dir << " step=" << start << " next_global_row=" << start * d.global_batch
           << "\n";
     }
-  } else if (!list_checkpoints(ckpt_root).empty()) {
+  } else if (rank == 0 && !list_checkpoints(ckpt_root).empty()) {
     err << "WARNING: checkpoint.resume=false: ignoring the checkpoints in " << ckpt_root << "\n";
   }
   res.start_step = start;
@@ -382,8 +422,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
 
   double peak = recipe.f64("perf.peak_tflops") * 1e12;
   if (peak <= 0) peak = measure_peak_flops();
-  const ModelFlops flops = model_flops(model, params, d.seq_len);
-  out << "PREFLIGHT peak_flops=" << peak
+  out << "PREFLIGHT peak_flops=" << peak << (world > 1 ? " per process" : "")
       << (recipe.f64("perf.peak_tflops") > 0 ? " (configured)" : " (measured)")
       << " model_flops_per_token=" << flops.per_token
       << " lm_head_flops_per_trained_target=" << flops.per_trained << "\n";
@@ -400,14 +439,18 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
       heldout.push_back(RowRef{0, i});
   }
   if (start == 0 && !heldout.empty() && eos_id >= 0) {
-    auto [p, n] = p_eos(model, ds, heldout, eos_id, lc);
-    carried["p_eos_before"] = std::isfinite(p) ? nlohmann::json(p) : nlohmann::json(nullptr);
-    carried["p_eos_positions"] = n;
+    shards.bind_params();  // collective (zero3); rank 0 alone evaluates and records it
+    if (rank == 0) {
+      auto [p, n] = p_eos(model, ds, heldout, eos_id, lc);
+      carried["p_eos_before"] = std::isfinite(p) ? nlohmann::json(p) : nlohmann::json(nullptr);
+      carried["p_eos_positions"] = n;
+    }
+    shards.release_params();
   }
 
   // ---- logs ----
   const std::string metrics_path = run_dir + "/metrics.jsonl";
-  {
+  if (rank == 0) {
     // Keep only the steps the resumed state contains (a crash may have logged steps past the checkpoint).
     std::string kept;
     if (start > 0 && fs::exists(metrics_path)) {
@@ -423,10 +466,14 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     }
     io::write_file_atomic(metrics_path, kept);
   }
-  std::ofstream metrics(metrics_path, std::ios::app);
-  OLMO_CHECK(metrics.good(), "cannot open ", metrics_path, " for appending");
+  std::ofstream metrics;  // rank 0 only
+  if (rank == 0) {
+    metrics.open(metrics_path, std::ios::app);
+    OLMO_CHECK(metrics.good(), "cannot open ", metrics_path, " for appending");
+  }
   std::unique_ptr<io::TensorBoardWriter> tb;
-  if (recipe.flag("log.tensorboard")) tb = std::make_unique<io::TensorBoardWriter>(run_dir + "/tensorboard");
+  if (rank == 0 && recipe.flag("log.tensorboard"))
+    tb = std::make_unique<io::TensorBoardWriter>(run_dir + "/tensorboard");
 
   struct sigaction old_sa {};
   bool handler_installed = false;
@@ -470,18 +517,11 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     CheckpointState st;
     st.step = step;
     st.info = state_info(step);
-    std::string dir = save_checkpoint(ckpt_root, params, m1, m2, st, snapshot, keep_last);
+    std::string dir = save_checkpoint_sharded(ckpt_root, master, st, snapshot, keep_last);
     out << "CHECKPOINT step=" << step << " dir=" << dir << " seconds=" << std::setprecision(3)
         << seconds_since(t0) << std::setprecision(6) << "\n";
     return dir;
   };
-
-  std::vector<AdamWParam<float>> ap;
-  for (size_t i = 0; i < params.size(); ++i) {
-    ap.push_back(AdamWParam<float>{params[i].value.data<float>(), params[i].grad.data<float>(),
-                                   m1[i].data<float>(), m2[i].data<float>(), params[i].value.numel(),
-                                   params[i].decay});
-  }
 
   // ---- the loop ----
   std::vector<double> times;
@@ -489,72 +529,136 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
   auto run_t0 = Clock::now();
   std::string stop_reason;
   int stop_code = kExitOk;
+  bool preempt = false;
+  double rss_between_steps = 0;
+  comm.reset_stats();
   for (int64_t s = start + 1; s <= d.steps; ++s) {
     auto t0 = Clock::now();
     StepParts sp;
     bool abandoned = false;
-    int64_t total = 0;
+    int64_t total = 0, local_total = 0;
+    std::string step_err;
+    // This rank's rows, cut into its leaves (a data error on any rank stops every rank).
+    std::vector<HostBatch> micro;
     try {
       std::vector<RowRef> rows = order.step_rows(s, rank, world);
-      std::vector<HostBatch> micro;
       for (int64_t m = 0; m < ga; ++m) {
         std::vector<RowRef> mr(rows.begin() + m * mb_rows, rows.begin() + (m + 1) * mb_rows);
         micro.push_back(make_batch(ds, mr));
-        total += micro.back().trained_count;
+        local_total += micro.back().trained_count;
       }
-      OLMO_CHECK(total > 0, "step ", s, ": no trained targets in its ", d.global_batch, " rows");
-      zero_grads(params);
+    } catch (const Error& e) {
+      step_err = e.what();
+    }
+    if (any_rank(comm, !step_err.empty()) && step_err.empty()) step_err = "a data error on another rank";
+    if (step_err.empty()) {
+      double t = static_cast<double>(local_total);  // exact: integer counts < 2^53
+      comm.all_reduce_sum(&t, 1);
+      total = static_cast<int64_t>(t);
+      if (total <= 0)
+        step_err = "step " + std::to_string(s) + ": no trained targets in its " +
+                   std::to_string(d.global_batch) + " rows";
+    }
+    if (step_err.empty()) {
+      shards.bind_for_step();  // zero3: whole-model all-gather, unless the model gathers per layer
+      shards.begin_step(ga);
+      std::vector<model::LossParts> parts(static_cast<size_t>(ga));
       Clock::time_point sig_seen{};
       bool sig_noted = false;
       for (int64_t m = 0; m < ga; ++m) {
-        if (sigterm_requested() && m > 0) {
-          if (!sig_noted) {
-            sig_seen = Clock::now();
-            sig_noted = true;
+        if (m > 0) {
+          bool want = false;
+          if (sigterm_requested()) {
+            if (!sig_noted) {
+              sig_seen = Clock::now();
+              sig_noted = true;
+            }
+            double per_micro = seconds_since(t0) / static_cast<double>(m);
+            want = seconds_since(sig_seen) + per_micro * static_cast<double>(ga - m) > 0.5 * grace;
           }
-          double per_micro = seconds_since(t0) / static_cast<double>(m);
-          if (seconds_since(sig_seen) + per_micro * static_cast<double>(ga - m) > 0.5 * grace) {
+          if (any_rank(comm, want)) {
             abandoned = true;
             break;
           }
         }
-        model::LossParts lp = model.forward_backward(micro[m].view(), lc, 1.0 / static_cast<double>(total),
-                                                     1.0 / static_cast<double>(ga));
-        sp.ce_sum += lp.ce_sum;
-        sp.z_sum += lp.z_sum;
-        sp.moe_lb += lp.moe_lb;
-        sp.router_z += lp.router_z;
-        sp.tokens += lp.tokens;
-        for (const auto& ls : lp.moe_layers) {
-          auto& acc = sp.moe[ls.layer];
-          acc.layer = ls.layer;
-          acc.dropped_tokens += ls.dropped_tokens;
-          acc.required_buffer_factor = std::max(acc.required_buffer_factor, ls.required_buffer_factor);
-          acc.lb_loss += ls.lb_loss / static_cast<double>(ga);
-          acc.router_z += ls.router_z / static_cast<double>(ga);
+        if (!step_err.empty()) continue;  // keep taking part in the collectives
+        try {
+          shards.begin_leaf();
+          parts[static_cast<size_t>(m)] =
+              model.forward_backward(micro[static_cast<size_t>(m)].view(), lc,
+                                     1.0 / static_cast<double>(total), 1.0 / static_cast<double>(leaves));
+          shards.end_leaf();
+        } catch (const Error& e) {
+          step_err = e.what();
         }
       }
-    } catch (const Error& e) {
-      stop_reason = std::string("error at step ") + std::to_string(s) + ": " + e.what();
+      if (any_rank(comm, !step_err.empty()) && step_err.empty()) step_err = "an error on another rank";
+      if (step_err.empty() && !abandoned) {
+        // Loss parts of every leaf, gathered in leaf order and added in that order (any process count).
+        double nm = static_cast<double>(parts[0].moe_layers.size());
+        std::vector<double> nms(static_cast<size_t>(world));
+        comm.all_gather(&nm, nms.data(), 1);
+        for (double x : nms)
+          OLMO_CHECK(x == nm, "step ", s, ": ranks report different numbers of MoE layers");
+        const size_t R = 5 + 5 * static_cast<size_t>(nm);
+        std::vector<double> mine(static_cast<size_t>(ga) * R), all(static_cast<size_t>(leaves) * R);
+        for (size_t m = 0; m < parts.size(); ++m) {
+          const model::LossParts& lp = parts[m];
+          OLMO_CHECK(lp.moe_layers.size() == static_cast<size_t>(nm), "step ", s,
+                     ": leaves report different numbers of MoE layers");
+          double* r = &mine[m * R];
+          r[0] = lp.ce_sum, r[1] = lp.z_sum, r[2] = lp.moe_lb, r[3] = lp.router_z;
+          r[4] = static_cast<double>(lp.tokens);
+          for (size_t k = 0; k < lp.moe_layers.size(); ++k) {
+            const auto& ls = lp.moe_layers[k];
+            double* q = r + 5 + 5 * k;
+            q[0] = static_cast<double>(ls.layer), q[1] = ls.lb_loss, q[2] = ls.router_z;
+            q[3] = ls.required_buffer_factor, q[4] = static_cast<double>(ls.dropped_tokens);
+          }
+        }
+        comm.all_gather(mine.data(), all.data(), static_cast<int64_t>(mine.size()));
+        for (int64_t l = 0; l < leaves; ++l) {
+          const double* r = &all[static_cast<size_t>(l) * R];
+          sp.ce_sum += r[0];
+          sp.z_sum += r[1];
+          sp.moe_lb += r[2];
+          sp.router_z += r[3];
+          sp.tokens += static_cast<int64_t>(r[4]);
+          for (size_t k = 0; k + 5 < R; k += 5) {
+            const double* q = r + 5 + k;
+            auto& acc = sp.moe[static_cast<int64_t>(q[0])];
+            acc.layer = static_cast<int64_t>(q[0]);
+            acc.dropped_tokens += static_cast<int64_t>(q[4]);
+            acc.required_buffer_factor = std::max(acc.required_buffer_factor, q[3]);
+            acc.lb_loss += q[1] / static_cast<double>(leaves);
+            acc.router_z += q[2] / static_cast<double>(leaves);
+          }
+        }
+        shards.reduce();  // leaf sums -> reduce-scatter (zero3) / all-reduce (dp)
+      }
+      shards.release_params();
+    }
+    if (!step_err.empty()) {
+      stop_reason = std::string("error at step ") + std::to_string(s) + ": " + step_err;
       err << "ERROR: " << stop_reason << "\n";
       stop_code = kExitStepGuard;
       break;
     }
     if (abandoned) {
-      zero_grads(params);
       out << "PREEMPTED step=" << s
           << " abandoned (SIGTERM; finishing it would exceed half the grace period)\n";
+      preempt = true;
       break;
     }
     OLMO_CHECK(sp.tokens == total, "model reported ", sp.tokens, " trained targets at step ", s,
                ", the data holds ", total);
     const double dt = static_cast<double>(total);
     const double ce = sp.ce_sum / dt, lmz = lc.lm_z * sp.z_sum / dt;
-    const double moe_lb = sp.moe_lb / static_cast<double>(ga), rz = sp.router_z / static_cast<double>(ga);
+    const double moe_lb = sp.moe_lb / static_cast<double>(leaves),
+                 rz = sp.router_z / static_cast<double>(leaves);
     const double loss = ce + lmz + moe_lb + rz;
-    const double gnorm = global_grad_norm(ap);
+    const double gnorm = master.grad_norm();  // collective; the same on every rank
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
-      zero_grads(params);
       out << "NAN-GUARD step=" << s << " loss=" << loss << " grad_norm=" << gnorm
           << ": update not applied; checkpointing the last good step " << (s - 1) << "\n";
       if (s - 1 > 0 && saved_step != s - 1) saved_step = (save(s - 1), s - 1);
@@ -562,10 +666,10 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
       stop_code = kExitNonFinite;
       break;
     }
-    clip_grad_norm(ap, clip);
     const double lr = sched.at(s);
     acfg.lr = lr;
-    adamw_step(ap, acfg, s);
+    master.clip_and_step(acfg, clip, s, gnorm);  // clip, then AdamW on what this rank owns
+    rss_between_steps = rss_bytes();
 
     const double step_time = seconds_since(t0);
     bool is_stalled = false;
@@ -578,7 +682,8 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     times.push_back(step_time);
     const double padded_tokens = static_cast<double>(d.tokens_per_step);
     const double tps = padded_tokens / step_time, trained_tps = dt / step_time;
-    const double mfu = peak > 0 ? flops.step(padded_tokens, static_cast<double>(dt)) / step_time / peak : 0.0;
+    const double mfu =
+        peak > 0 ? flops.step(padded_tokens, dt) / step_time / (peak * static_cast<double>(world)) : 0.0;
     res.last_step = s;
     res.step_loss.push_back(loss);
     res.step_ce.push_back(ce);
@@ -639,9 +744,45 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     if (every > 0 && s % every == 0 && s != d.steps) saved_step = (save(s), s);
     out.flush();  // the lines are read by watchers while the run goes on
     if (opts.after_step) opts.after_step(s);
-    if (sigterm_requested() && s != d.steps) break;
+    if (any_rank(comm, sigterm_requested())) preempt = true;  // every rank stops after the same step
+    if (preempt && s != d.steps) break;
   }
 
+  {
+    // One line (rank 0) of distributed facts: bytes each rank sent per step against the all-reduce
+    // minimum 2(N-1)/N x 4 bytes x params (which zero3 with a whole-model gather per step also needs:
+    // all-gather + reduce-scatter), persistent params+grads+moments per rank, peak transient buffers,
+    // and the resident set size after the last step's update.
+    const double steps_run = static_cast<double>(std::max<int64_t>(1, res.last_step - start));
+    const dist::MemoryStats ms = master.memory();
+    double mine[4] = {static_cast<double>(comm.stats().total()) / steps_run,
+                      static_cast<double>(ms.persistent_bytes), static_cast<double>(ms.peak_transient_bytes),
+                      rss_between_steps};
+    std::vector<double> all(4 * static_cast<size_t>(world));
+    comm.all_gather(mine, all.data(), 4);
+    double P = 0, P_ends = 0;  // all parameters; those of the first and last unit (gathered once per leaf)
+    for (const auto& t : master.specs()) {
+      P += static_cast<double>(t.numel());
+      if (t.unit == 0 || t.unit == master.units() - 1) P_ends += static_cast<double>(t.numel());
+    }
+    // Minimum bytes per rank per step: all-reduce (dp) = reduce-scatter + all-gather = 2(N-1)/N x 4P; zero3
+    // whole-model: the same; zero3 per layer: the forward and backward all-gathers of every leaf + one
+    // reduce-scatter = (N-1)/N x 4 x (leaves_per_rank x (2P - P_ends) + P).
+    const double f = 4.0 * (world - 1) / world;
+    const double min_bytes =
+        shards.per_layer() ? f * (static_cast<double>(ga) * (2 * P - P_ends) + P) : 2 * f * P;
+    char minimum[32];
+    std::snprintf(minimum, sizeof minimum, "%.0f", min_bytes);
+    out << "DIST mode=" << dist::mode_name(mode) << " processes=" << world << " comm=" << comm.name()
+        << " gather="
+        << (mode == dist::ShardMode::Replicated ? "none"
+            : shards.per_layer()                ? "per-layer"
+                                                : "whole-model")
+        << " params=" << static_cast<int64_t>(P) << " sent_bytes_per_step_per_rank=" << join(all, 0, 4)
+        << " minimum_bytes=" << minimum << " persistent_bytes_per_rank=" << join(all, 1, 4)
+        << " peak_transient_bytes_per_rank=" << join(all, 2, 4) << " rss_bytes_per_rank=" << join(all, 3, 4)
+        << "\n";
+  }
   if (stop_code == kExitNonFinite || stop_code == kExitStepGuard) {
     if (stop_code == kExitStepGuard) {
       out << "STEP-GUARD: step " << d.steps << " never completed (last completed step " << res.last_step
@@ -649,9 +790,11 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     }
     res.exit_code = stop_code;
     res.reason = stop_reason;
+    shards.finish();  // the model keeps the weights of the last applied step
     return res;
   }
-  if (sigterm_requested() && res.last_step < d.steps) {
+  preempt = preempt || any_rank(comm, sigterm_requested());
+  if (preempt && res.last_step < d.steps) {
     auto t0 = Clock::now();
     if (saved_step != res.last_step) saved_step = (save(res.last_step), res.last_step);
     double took = seconds_since(t0);
@@ -661,6 +804,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
         << " (restart to resume)\n";
     res.exit_code = kExitPreempted;
     res.reason = "preempted (SIGTERM) after step " + std::to_string(res.last_step);
+    shards.finish();
     return res;
   }
   if (res.last_step < d.steps) {
@@ -668,9 +812,12 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
         << ")\n";
     res.exit_code = kExitStepGuard;
     res.reason = "fewer steps than asked";
+    shards.finish();
     return res;
   }
   if (saved_step != d.steps) saved_step = (save(d.steps), d.steps);
+  shards.finish();            // collective: every rank's model holds the final weights
+  if (rank != 0) return res;  // the end-of-run checks and the export are rank 0's
   out << "STEP-GUARD: reached step " << d.steps << (start == d.steps ? " (already, in the checkpoint)" : "")
       << "\n";
   if (stalled > 0) out << "STALLED steps=" << stalled << " (step time > 3x the running median)\n";

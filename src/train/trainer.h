@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "dist/comm.h"
 #include "model/model.h"
 #include "train/recipe.h"
 
@@ -63,6 +64,10 @@ struct TrainOptions {
   std::function<void(const std::string& out_dir, model::CausalLM& model, const std::string& tokenizer_dir)>
       export_hf;
   bool install_sigterm_handler = true;
+  // The process group (mpirun): nullptr = one process. Every rank calls run_training with the same recipe;
+  // rank 0 alone prints, logs metrics/TensorBoard, writes checkpoint manifests and runs the end-of-run
+  // checks and export (the other ranks return after the final checkpoint). See docs/dist.md.
+  dist::Comm* comm = nullptr;
 };
 
 struct TrainResult {
