@@ -106,13 +106,16 @@ std::string tfrecord_frame(const std::string& data) {
   return r;
 }
 
-TensorBoardWriter::TensorBoardWriter(const std::string& logdir) {
+double TensorBoardWriter::now() const { return clock_ ? clock_() : now_seconds(); }
+
+TensorBoardWriter::TensorBoardWriter(const std::string& logdir, std::function<double()> clock)
+    : clock_(std::move(clock)) {
   std::error_code ec;
   std::filesystem::create_directories(logdir, ec);
   OLMO_CHECK(std::filesystem::is_directory(logdir, ec), "cannot create TensorBoard log directory ", logdir);
   char host[256] = {0};
   if (::gethostname(host, sizeof host - 1) != 0 || host[0] == 0) std::strcpy(host, "localhost");
-  double t = now_seconds();
+  double t = now();
   char base[400];
   std::snprintf(base, sizeof base, "%s/events.out.tfevents.%010lld.%s", logdir.c_str(),
                 static_cast<long long>(t), host);
@@ -154,7 +157,7 @@ void TensorBoardWriter::add_scalar(const std::string& tag, float value, int64_t 
 
 void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<std::string, float>>& values) {
   if (values.empty()) return;
-  write_record(tb_encode_scalars_event(now_seconds(), step, values));
+  write_record(tb_encode_scalars_event(now(), step, values));
 }
 
 void TensorBoardWriter::sync() {

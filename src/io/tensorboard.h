@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,8 +27,10 @@ std::string tfrecord_frame(const std::string& data);
 class TensorBoardWriter {
  public:
   // Creates logdir (and parents) if needed and a new file events.out.tfevents.<10-digit unix time>.<host>
-  // (".<pid>.<n>" is appended only if that name is taken).
-  explicit TensorBoardWriter(const std::string& logdir);
+  // (".<pid>.<n>" is appended only if that name is taken). `clock` gives each event's wall_time (seconds
+  // since the epoch); empty = the system clock. A fixed clock makes the file's bytes deterministic (the
+  // TensorBoard fixture of tests/unit/io_tb_upstream_test.cpp).
+  explicit TensorBoardWriter(const std::string& logdir, std::function<double()> clock = {});
   ~TensorBoardWriter();
   TensorBoardWriter(const TensorBoardWriter&) = delete;
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
@@ -41,7 +44,9 @@ class TensorBoardWriter {
 
  private:
   void write_record(const std::string& event);
+  double now() const;
   std::string path_;
+  std::function<double()> clock_;
   int fd_ = -1;
 };
 

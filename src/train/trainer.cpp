@@ -25,6 +25,7 @@
 #include "model/hf_dir.h"
 #include "model/params.h"
 #include "train/checkpoint.h"
+#include "train/metrics.h"
 #include "train/schedule.h"
 
 namespace fs = std::filesystem;
@@ -715,32 +716,15 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     row["mfu"] = mfu;
     row["stalled"] = is_stalled;
     nlohmann::json dropped = nlohmann::json::array(), rbf = nlohmann::json::array();
-    double max_rbf = 0;
-    int64_t total_dropped = 0;
     for (const auto& [layer, ls] : sp.moe) {
       dropped.push_back(ls.dropped_tokens);
       rbf.push_back(ls.required_buffer_factor);
-      max_rbf = std::max(max_rbf, ls.required_buffer_factor);
-      total_dropped += ls.dropped_tokens;
     }
     row["moe_dropped_tokens"] = dropped;
     row["moe_required_buffer_factor"] = rbf;
     metrics << row.dump() << "\n";
     metrics.flush();
-    if (tb) {
-      std::vector<std::pair<std::string, float>> v = {
-          {"train/loss", static_cast<float>(loss)},       {"train/ce", static_cast<float>(ce)},
-          {"train/lm_z", static_cast<float>(lmz)},        {"train/moe_lb", static_cast<float>(moe_lb)},
-          {"train/router_z", static_cast<float>(rz)},     {"train/grad_norm", static_cast<float>(gnorm)},
-          {"train/lr", static_cast<float>(lr)},           {"train/tokens", static_cast<float>(total)},
-          {"perf/tokens_per_s", static_cast<float>(tps)}, {"perf/step_time", static_cast<float>(step_time)},
-          {"perf/mfu", static_cast<float>(mfu)}};
-      if (!sp.moe.empty()) {
-        v.push_back({"train/moe_required_buffer_factor_max", static_cast<float>(max_rbf)});
-        v.push_back({"train/moe_dropped_tokens", static_cast<float>(total_dropped)});
-      }
-      tb->add_scalars(s, v);
-    }
+    if (tb) tb->add_scalars(s, tensorboard_scalars(row));
     if (every > 0 && s % every == 0 && s != d.steps) saved_step = (save(s), s);
     out.flush();  // the lines are read by watchers while the run goes on
     if (opts.after_step) opts.after_step(s);
