@@ -3,7 +3,9 @@
 // tiny and a small Olmo 3 dense config and a tiny and a small Olmo 3.5 hybrid (KDA + MoE) config, against
 // the same loop in PyTorch (bench/train_torch.py: the independent references of tests/reference, float32,
 // torch.optim.AdamW(0.9, 0.95, eps 1e-8) + clip_grad_norm_) on the same config, initial weights, batch and
-// thread count, in the same run.
+// thread count, in the same run. Two PyTorch peers run that script: A = Debian's python3-torch 1.13
+// (/usr/bin/python3), B = a current PyPI torch (2.15, CPU) from deps/venv-reference (scripts/install-deps.sh
+// --reference); a missing interpreter is reported as "skipped".
 //
 // Our side runs the trainer's step sequence (src/train/trainer.cpp run_training's loop body): zero grads;
 // per micro-batch CausalLM::forward_backward(batch, loss, 1 / trained targets of the step, 1 / grad_accum);
@@ -23,8 +25,8 @@
 // Usage: bench_train [--threads N] [--steps S] [--cases a,b,...] [--no-torch] [--dir D]
 //        bench_train --child CASE --dir D --threads N --steps S     (internal)
 // Prints a markdown table and one greppable line per case:
-//   BENCH train case=... ours_tok_s=... torch_tok_s=... ratio=... mfu=... ours_peak_mib=...
-//   torch_peak_mib=...
+//   BENCH train case=... ours_tok_s=... mfu=... ours_peak_mib=... torch_tok_s=... torch_ratio=... ...
+//   pypi_torch_tok_s=... pypi_torch_ratio=... ...   (or torch=skipped / pypi_torch=skipped)
 #include <unistd.h>
 
 #include <algorithm>
@@ -474,9 +476,27 @@ int main(int argc, char** argv) {
   const bool own_dir = dir.empty();
   if (own_dir)
     dir = (fs::temp_directory_path() / ("olmosft_bench_train_" + std::to_string(getpid()))).string();
+  // The PyTorch peers, each the same bench/train_torch.py: Debian's python3-torch 1.13 and a current PyTorch
+  // from PyPI (deps/venv-reference, scripts/install-deps.sh --reference). A missing interpreter is reported
+  // as skipped.
+  struct Peer {
+    std::string name, python, key;  // key: prefix of the BENCH line's fields
+    bool present = false;
+  };
+  std::vector<Peer> peers = {
+      {"Debian python3-torch", "/usr/bin/python3", "torch"},
+      {"PyPI torch (deps/venv-reference)",
+       std::string(OLMOSFT_SOURCE_DIR) + "/deps/venv-reference/bin/python", "pypi_torch"}};
+  for (Peer& p : peers) {
+    p.present = torch && ::access(p.python.c_str(), X_OK) == 0;
+    if (torch && !p.present)
+      std::fprintf(stderr, "bench_train: PyTorch peer '%s' skipped: %s not found\n", p.name.c_str(),
+                   p.python.c_str());
+  }
   struct Result {
     const Case* cs;
-    json ours, torch;
+    json ours;
+    std::vector<json> peer;  // per peer; null when skipped or failed
   };
   std::vector<Result> results;
   const std::string load_start = loadavg3();
@@ -492,23 +512,34 @@ int main(int argc, char** argv) {
              run_json(std::string(argv[0]) + " --child " + cs.name + " --dir " + shell_quote(cdir) +
                           " --threads " + std::to_string(threads) + " --steps " + std::to_string(steps),
                       &raw),
-             json()};
+             std::vector<json>(peers.size())};
     if (!r.ours.is_object()) {
       std::fprintf(stderr, "bench_train: our run of %s failed: %s\n", cs.name.c_str(),
                    raw.substr(0, 500).c_str());
       status = 1;
       continue;
     }
-    if (torch) {
-      r.torch = run_json("/usr/bin/python3 " + std::string(OLMOSFT_SOURCE_DIR) +
-                             "/bench/train_torch.py --dir " + shell_quote(cdir) + " --threads " +
-                             std::to_string(threads) + " --steps " + std::to_string(steps) + " 2>&1",
-                         &raw);
-      if (!r.torch.is_object())
-        std::fprintf(stderr, "bench_train: PyTorch peer of %s failed: %s\n", cs.name.c_str(),
-                     raw.substr(0, 500).c_str());
+    for (size_t pi = 0; pi < peers.size(); ++pi) {
+      if (!peers[pi].present) continue;
+      r.peer[pi] = run_json(shell_quote(peers[pi].python) + " " + std::string(OLMOSFT_SOURCE_DIR) +
+                                "/bench/train_torch.py --dir " + shell_quote(cdir) + " --threads " +
+                                std::to_string(threads) + " --steps " + std::to_string(steps) + " 2>&1",
+                            &raw);
+      if (!r.peer[pi].is_object())
+        std::fprintf(stderr, "bench_train: PyTorch peer '%s' of %s failed: %s\n", peers[pi].name.c_str(),
+                     cs.name.c_str(), raw.substr(0, 500).c_str());
     }
     results.push_back(std::move(r));
+  }
+  // Peer labels with the torch version each one reported.
+  std::vector<std::string> label(peers.size());
+  for (size_t pi = 0; pi < peers.size(); ++pi) {
+    label[pi] = peers[pi].name;
+    for (const Result& r : results)
+      if (r.peer[pi].is_object()) {
+        label[pi] = "torch " + r.peer[pi].value("torch", std::string("?")) + " (" + peers[pi].name + ")";
+        break;
+      }
   }
 
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
@@ -518,6 +549,11 @@ int main(int argc, char** argv) {
       "- ours: the trainer's step calls (forward_backward per micro-batch, global_grad_norm, "
       "clip_grad_norm 1.0, adamw_step); PyTorch: bench/train_torch.py (tests/reference models, "
       "torch.optim.AdamW + clip_grad_norm_); same config, initial weights, packed batch and threads\n");
+  for (size_t pi = 0; pi < peers.size(); ++pi)
+    std::printf("- peer %c: %s, %s%s\n", char('A' + pi), label[pi].c_str(), peers[pi].python.c_str(),
+                !torch              ? ": skipped (--no-torch)"
+                : peers[pi].present ? ""
+                                    : ": skipped (interpreter not found)");
   std::printf(
       "- 1 warm-up step + %d timed steps, each implementation in a fresh process; s/step and tok/s from the "
       "best timed step, CPU s = process CPU time per step (mean); OMP_WAIT_POLICY=%s; load average at start "
@@ -528,10 +564,11 @@ int main(int argc, char** argv) {
       "(1024^3, %d threads, best of 5 before each case, max over the run): %.1f GFLOP/s\n\n",
       num_threads(), peak / 1e9);
   std::printf(
-      "| case | tokens/step (trained) | ours s/step | ours tok/s | torch s/step | torch tok/s | ratio | CPU "
-      "s "
-      "ours / torch | MFU ours / torch | step-1 loss ours / torch | peak RSS MiB ours / torch | analytic MiB "
-      "(16 B/param + act + CE tile) | ours peak / analytic | saved act MiB counted / model |\n");
+      "| case | tokens/step (trained) | ours s/step | ours tok/s | peer A / B s/step | peer A / B tok/s | "
+      "ratio ours / "
+      "A, ours / B | CPU s ours / A / B | MFU ours / A / B | step-1 loss ours / A / B | peak RSS MiB ours / "
+      "A / B | "
+      "analytic MiB (16 B/param + act + CE tile) | ours peak / analytic | saved act MiB counted / model |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> lines;
   const double mib = 1048576.0;
@@ -542,49 +579,86 @@ int main(int argc, char** argv) {
   for (const Result& r : results) {
     const Case& cs = *r.cs;
     const json& o = r.ours;
-    const json& t = r.torch;
-    const bool ht = t.is_object();
     const ModelConfig c = parse_config(cs.config, cs.name);
     const Flops fl = model_flops(c, cs.T);
     const double tokens = o["tokens_per_step"].get<double>(), trained = o["trained_per_step"].get<double>();
     const double step_flops = fl.per_token * tokens + fl.per_trained * trained;
     const double os = o["best_sec_per_step"].get<double>(), ocpu = o["cpu_sec_per_step"].get<double>();
-    const double ts = ht ? t["best_sec_per_step"].get<double>() : 0,
-                 tcpu = ht ? t["cpu_sec_per_step"].get<double>() : 0;
-    const double ours_tps = tokens / os, torch_tps = ht ? tokens / ts : 0;
-    const double mfu = step_flops / os / peak, torch_mfu = ht ? step_flops / ts / peak : 0;
+    const double ours_tps = tokens / os, mfu = step_flops / os / peak;
     const double act = saved_bytes_analytic(c, cs.rows * cs.T);
     const double analytic =
         16.0 * o["n_params"].get<double>() + act + xent_tile_bytes(c, static_cast<int64_t>(trained));
     const double ours_peak = o["peak_rss_kb"].get<double>() * 1024.0;
-    const double torch_peak = ht ? t["peak_rss_kb"].get<double>() * 1024.0 : 0;
-    const double l1o = loss_at(o["losses"], 0), l1t = ht ? loss_at(t["losses"], 0) : 0;
-    double worst = 0;  // same weights and batch: the loss trajectories agree up to fp32 drift
-    if (ht)
-      for (size_t i = 0; i < std::min(o["losses"].size(), t["losses"].size()); ++i)
-        worst = std::max(worst, std::fabs(loss_at(o["losses"], i) - loss_at(t["losses"], i)) /
-                                    std::fabs(loss_at(t["losses"], i)));
+    const double l1o = loss_at(o["losses"], 0);
+    // Per peer: the figures, "-" when skipped or failed.
+    struct PeerFig {
+      bool ok = false;
+      double s = 0, tps = 0, cpu = 0, mfu = 0, l1 = 0, peak = 0, base = 0, worst = 0;
+    };
+    std::vector<PeerFig> pf(peers.size());
+    for (size_t pi = 0; pi < peers.size(); ++pi) {
+      const json& t = r.peer[pi];
+      if (!t.is_object()) continue;
+      PeerFig& f = pf[pi];
+      f.ok = true;
+      f.s = t["best_sec_per_step"].get<double>();
+      f.cpu = t["cpu_sec_per_step"].get<double>();
+      f.tps = tokens / f.s;
+      f.mfu = step_flops / f.s / peak;
+      f.l1 = loss_at(t["losses"], 0);
+      f.peak = t["peak_rss_kb"].get<double>() * 1024.0;
+      f.base = t["base_rss_kb"].get<double>() * 1024.0;
+      for (size_t i = 0; i < std::min(o["losses"].size(), t["losses"].size()); ++i)  // same weights and batch
+        f.worst = std::max(f.worst, std::fabs(loss_at(o["losses"], i) - loss_at(t["losses"], i)) /
+                                        std::fabs(loss_at(t["losses"], i)));
+    }
+    auto cell = [&](const char* fmt, auto get) {  // "a / b" over the peers
+      std::string out;
+      for (size_t pi = 0; pi < peers.size(); ++pi) {
+        char b[64] = "-";
+        if (pf[pi].ok) std::snprintf(b, sizeof b, fmt, get(pf[pi]));
+        out += (pi ? " / " : "") + std::string(b);
+      }
+      return out;
+    };
     std::printf(
-        "| %s | %.0f (%.0f) | %.3f | %.0f | %.3f | %.0f | %.2fx | %.2f / %.2f | %.3f / %.3f | %.6f / %.6f | "
-        "%.0f / %.0f | %.0f | %.2f | %.1f / %.1f |\n",
-        cs.name.c_str(), tokens, trained, os, ours_tps, ts, torch_tps, ht ? ours_tps / torch_tps : 0.0, ocpu,
-        tcpu, mfu, torch_mfu, l1o, l1t, ours_peak / mib, torch_peak / mib, analytic / mib,
+        "| %s | %.0f (%.0f) | %.3f | %.0f | %s | %s | %s | %.2f / %s | %.3f / %s | %.6f / %s | %.0f / %s | "
+        "%.0f | "
+        "%.2f | %.1f / %.1f |\n",
+        cs.name.c_str(), tokens, trained, os, ours_tps,
+        cell("%.3f", [](const PeerFig& f) { return f.s; }).c_str(),
+        cell("%.0f", [](const PeerFig& f) { return f.tps; }).c_str(),
+        cell("%.2fx", [&](const PeerFig& f) { return ours_tps / f.tps; }).c_str(), ocpu,
+        cell("%.2f", [](const PeerFig& f) { return f.cpu; }).c_str(), mfu,
+        cell("%.3f", [](const PeerFig& f) { return f.mfu; }).c_str(), l1o,
+        cell("%.6f", [](const PeerFig& f) { return f.l1; }).c_str(), ours_peak / mib,
+        cell("%.0f", [&](const PeerFig& f) { return f.peak / mib; }).c_str(), analytic / mib,
         ours_peak / analytic, act / mib, o["saved_bytes"].get<double>() / mib);
-    char line[800];
-    std::snprintf(
-        line, sizeof line,
-        "BENCH train case=%s ours_tok_s=%.1f torch_tok_s=%.1f ratio=%.2f cpu_ratio=%.2f mfu=%.4f "
-        "torch_mfu=%.4f ours_peak_mib=%.1f torch_peak_mib=%.1f analytic_mib=%.1f ours_base_mib=%.1f "
-        "torch_base_mib=%.1f loss1_ours=%.7f loss1_torch=%.7f loss_rel_diff_max=%.2g steps=%d",
-        cs.name.c_str(), ours_tps, torch_tps, ht ? ours_tps / torch_tps : 0.0, ht ? tcpu / ocpu : 0.0, mfu,
-        torch_mfu, ours_peak / mib, torch_peak / mib, analytic / mib, o["base_rss_kb"].get<double>() / 1024.0,
-        ht ? t["base_rss_kb"].get<double>() / 1024.0 : 0.0, l1o, l1t, worst, steps + 1);
+    char line[1200];
+    int n = std::snprintf(line, sizeof line,
+                          "BENCH train case=%s ours_tok_s=%.1f mfu=%.4f ours_peak_mib=%.1f analytic_mib=%.1f "
+                          "ours_base_mib=%.1f loss1_ours=%.7f steps=%d",
+                          cs.name.c_str(), ours_tps, mfu, ours_peak / mib, analytic / mib,
+                          o["base_rss_kb"].get<double>() / 1024.0, l1o, steps + 1);
+    for (size_t pi = 0; pi < peers.size(); ++pi) {
+      const PeerFig& f = pf[pi];
+      const char* k = peers[pi].key.c_str();
+      if (!f.ok) {
+        n += std::snprintf(line + n, sizeof line - size_t(n), " %s=skipped", k);
+        continue;
+      }
+      n += std::snprintf(line + n, sizeof line - size_t(n),
+                         " %s_tok_s=%.1f %s_ratio=%.2f %s_cpu_ratio=%.2f %s_mfu=%.4f %s_peak_mib=%.1f "
+                         "%s_base_mib=%.1f loss1_%s=%.7f %s_loss_rel_diff_max=%.2g",
+                         k, f.tps, k, ours_tps / f.tps, k, f.cpu / ocpu, k, f.mfu, k, f.peak / mib, k,
+                         f.base / mib, k, f.l1, k, f.worst);
+    }
     lines.push_back(line);
   }
   std::printf("\n");
   for (const auto& l : lines) std::printf("%s\n", l.c_str());
   std::printf(
-      "\nratio = ours tok/s / torch tok/s; cpu_ratio = torch CPU s / ours CPU s per step. Peak RSS = VmHWM "
+      "\nratio = ours tok/s / peer tok/s; cpu_ratio = peer CPU s / ours CPU s per step. Peak RSS = VmHWM "
       "after the timed steps, reset to the current RSS after set-up (weights written / read): weights, "
       "grads, "
       "moments, the loop's transient memory and the process's libraries (*_base_mib = RSS before the loop). "

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every benchmark executable (build/bench_*; bench/*.cpp are compiled to bench_<name>) and collects
 # their markdown output in bench/out/<name>.md (git-ignored), plus bench/out/summary.md with the machine.
-# bench_train (training step vs PyTorch) runs its peer with /usr/bin/python3 (torch); without it the torch
-# columns are 0 and a note goes to stderr. Its cases take ~1.5-2.5 min together on 2 loaded cores.
+# bench_train (training step vs PyTorch) runs its peer bench/train_torch.py twice: with /usr/bin/python3 (Debian's
+# python3-torch 1.13) and with deps/venv-reference/bin/python (PyPI torch 2.15, CPU; scripts/install-deps.sh
+# --reference). A missing interpreter gives "skipped" in that peer's columns, its header line and the BENCH line.
+# Its cases take ~1.5-2.5 min together per peer on 2 loaded cores.
 # Usage: scripts/bench.sh [build-dir]   (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
