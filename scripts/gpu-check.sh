@@ -12,7 +12,7 @@
 # Env: BUILD (default build-gpu), OLMOSFT_GTEST_SOURCE (a GoogleTest source tree; default deps/googletest if
 # present, else an installed GoogleTest). Exit status 0 only when everything passed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 if [[ "${1:-}" == "--stage" ]]; then
   src="${OLMOSFT_GTEST_SOURCE:-/usr/src/googletest}"
