@@ -1,9 +1,8 @@
 // TensorBoard's own reader against our event writer. tests/golden/io/tb_trainer/ holds
 //   metrics.jsonl           rows `olmosft train` wrote: olmo3_tiny, 3 steps, and olmo3moe_tiny, 2 steps with
 //                           moe.buffer_factor=1.0 (so the per-layer drop counts are non-zero),
-//   events.out.tfevents.*   what TensorBoardWriter + train::tensorboard_scalars (the trainer's own path)
-//   write
-//                           for those rows with a fixed clock (wall_time = 1700000000 + 0.5 * event index),
+//   events.out.tfevents.*   the file TensorBoardWriter + train::tensorboard_scalars (the trainer's path)
+//                           write for those rows with a fixed clock (wall_time = 1700000000 + 0.5 * index),
 //   accumulator.json        what tensorboard 2.21.0's EventAccumulator (size_guidance SCALARS: 0) read from
 //                           that file (tests/reference/tb_upstream.py, deps/venv-reference).
 // (a) regenerates the event file and requires it byte for byte (so accumulator.json describes what the
