@@ -5,7 +5,8 @@
 # torch 2.15.0, tensorboard 2.21.0: deps/pypi/reference.txt, also made by `install-deps.sh --reference`).
 # The TensorBoard fixture's event file is written by our own writer, so that step needs a build
 # (BUILD=build by default: cmake --build build --target io_tb_upstream_test). The generators are seeded, so a
-# rerun reproduces the committed files byte for byte (check with `git status` afterwards). `make test` never runs this.
+# rerun reproduces the committed files byte for byte (check with `git status` afterwards). `make test` never
+# runs this.
 # Usage: scripts/make-fixtures.sh [--check]   (--check also runs each reference's slow self-checks)
 set -euo pipefail
 cd "$(dirname "$0")/.."
