@@ -485,8 +485,8 @@ int main(int argc, char** argv) {
   };
   std::vector<Peer> peers = {
       {"Debian python3-torch", "/usr/bin/python3", "torch"},
-      {"PyPI torch (deps/venv-reference)",
-       std::string(OLMOSFT_SOURCE_DIR) + "/deps/venv-reference/bin/python", "pypi_torch"}};
+      {"PyPI, deps/venv-reference", std::string(OLMOSFT_SOURCE_DIR) + "/deps/venv-reference/bin/python",
+       "pypi_torch"}};
   for (Peer& p : peers) {
     p.present = torch && ::access(p.python.c_str(), X_OK) == 0;
     if (torch && !p.present)
