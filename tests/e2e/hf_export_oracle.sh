@@ -41,7 +41,11 @@ for d in fp32 bf16; do
   got=$(cd "$tmp/$d" && for f in $(ls | LC_ALL=C sort); do sha256sum "$f"; done)
   check "$d: export is byte-identical to the one transformers loaded ($(wc -l <<<"$want") files, sha256)" \
     "[ -n \"\$want\" ] && [ \"\$want\" = \"\$got\" ]"
-  [ "$want" = "$got" ] || diff <(echo "$want") <(echo "$got")
+  if [ "$want" != "$got" ]; then
+    diff <(echo "$want") <(echo "$got")
+    echo "  (if the export format changed on purpose, rerun tests/reference/hf_olmo3.py through"
+    echo "   scripts/make-fixtures.sh so that transformers loads and checks the new bytes)"
+  fi
   "$bin" forward --model "$tmp/$d" --tokens "$in/tokens.json" --segments "$in/segments.json" --out "$tmp/$d.json" \
     >/dev/null 2>&1
   rc=$?
