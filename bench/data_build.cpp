@@ -15,7 +15,7 @@
 #include "core/threads.h"
 #include "data/build.h"
 #include "data/build_bytes_encoder.h"
-#include "data/duckdb_reader.h"
+#include "data/duckdb_cli.h"
 
 namespace fs = std::filesystem;
 using namespace olmosft;
@@ -66,13 +66,10 @@ int main(int argc, char** argv) {
     }
   }
   const std::string parquet = dir + "/convs.parquet";
-  {
-    duckdb::Database db;
-    db.exec("COPY (SELECT * FROM read_json(" + duckdb::sql_string(jsonl) +
-                ", format='newline_delimited')) TO " + duckdb::sql_string(parquet) +
-                " (FORMAT parquet, COMPRESSION zstd)",
-            "writing the bench Parquet file");
-  }
+  duckdb::run_sql("COPY (SELECT * FROM read_json(" + duckdb::sql_string(jsonl) +
+                      ", format='newline_delimited')) TO " + duckdb::sql_string(parquet) +
+                      " (FORMAT parquet, COMPRESSION zstd)",
+                  "writing the bench Parquet file", num_threads());
   std::printf(
       "bench data_build: %lld conversations, JSONL %.1f MB, Parquet %.1f MB, seq_len %lld, %d threads, "
       "encoder builtin:bytes\n",

@@ -1,21 +1,43 @@
-# Data area (src/data/{build,pack,shuffle,dataset,duckdb,source}*): DuckDB's C API for Parquet/JSONL input.
-# (SHA-256 for manifest hashes and row checksums comes from src/io/hash; cmake/io.cmake links libcrypto.)
-#
-# libduckdb.so ships (without a header) in the npm package @duckdb/node-bindings-linux-x64, installed by
-# scripts/install-deps.sh under deps/npm/node_modules. src/data/duckdb_capi.h declares the few C API functions used.
-set(OLMOSFT_DUCKDB_SO "${CMAKE_SOURCE_DIR}/deps/npm/node_modules/@duckdb/node-bindings-linux-x64/libduckdb.so"
-    CACHE FILEPATH "libduckdb.so (from the npm package @duckdb/node-bindings-linux-x64)")
-if(NOT EXISTS "${OLMOSFT_DUCKDB_SO}")
-  message(FATAL_ERROR "olmosft data: libduckdb.so not found at ${OLMOSFT_DUCKDB_SO}.\n"
-                      "Run scripts/install-deps.sh (it installs deps/npm, which ships libduckdb.so), "
-                      "or set -DOLMOSFT_DUCKDB_SO=/path/to/libduckdb.so.")
+# Data area (src/data/*): Apache Arrow C++ (libarrow + libparquet) from the pinned pyarrow wheel for Parquet
+# and compressed JSONL input, and the DuckDB CLI binary from the pinned duckdb-cli wheel for `--sql`.
+# Both live in the project's virtual environment deps/venv (scripts/install-deps.sh, deps/pypi/build.txt).
+# The wheel ships headers and versioned shared libraries (libarrow.so.<SO>) but no CMake package, so the
+# libraries are imported by path, and executables carry an rpath to the wheel's directory: no machine path is
+# written here, and nothing needs LD_LIBRARY_PATH at run time.
+set(OLMOSFT_VENV_PYTHON "${CMAKE_SOURCE_DIR}/deps/venv/bin/python"
+    CACHE FILEPATH "Python of the build virtual environment (made by scripts/install-deps.sh)")
+if(NOT EXISTS "${OLMOSFT_VENV_PYTHON}")
+  message(FATAL_ERROR "olmosft data: ${OLMOSFT_VENV_PYTHON} not found. Run scripts/install-deps.sh (it makes "
+                      "deps/venv with the pinned pyarrow and duckdb-cli wheels), or set -DOLMOSFT_VENV_PYTHON.")
 endif()
-add_library(olmosft_data_duckdb SHARED IMPORTED GLOBAL)
-set_target_properties(olmosft_data_duckdb PROPERTIES IMPORTED_LOCATION "${OLMOSFT_DUCKDB_SO}"
-                                                     IMPORTED_NO_SONAME OFF)
-get_filename_component(OLMOSFT_DUCKDB_DIR "${OLMOSFT_DUCKDB_SO}" DIRECTORY)
-
-target_link_libraries(olmosft_lib PUBLIC olmosft_data_duckdb)
-# Every executable that links olmosft_lib finds libduckdb.so without LD_LIBRARY_PATH (an explicit RUNPATH entry in
-# addition to CMake's automatic build RPATH, so it also holds for targets built with CMAKE_SKIP_BUILD_RPATH).
-target_link_options(olmosft_lib INTERFACE "LINKER:-rpath,${OLMOSFT_DUCKDB_DIR}")
+execute_process(
+  COMMAND "${OLMOSFT_VENV_PYTHON}" -c
+          "import os, pyarrow, duckdb_cli; v = pyarrow.__version__.split('.'); print(pyarrow.get_include()); print(pyarrow.get_library_dirs()[0]); print(int(v[0]) * 100 + int(v[1])); print(pyarrow.__version__); print(os.path.join(os.path.dirname(duckdb_cli.__file__), 'duckdb'))"
+  OUTPUT_VARIABLE _olmosft_pa OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _olmosft_pa_rc)
+if(NOT _olmosft_pa_rc EQUAL 0)
+  message(FATAL_ERROR "olmosft data: ${OLMOSFT_VENV_PYTHON} cannot import pyarrow and duckdb_cli; "
+                      "run scripts/install-deps.sh")
+endif()
+string(REPLACE "\n" ";" _olmosft_pa "${_olmosft_pa}")
+list(GET _olmosft_pa 0 OLMOSFT_ARROW_INCLUDE)
+list(GET _olmosft_pa 1 OLMOSFT_ARROW_LIBDIR)
+list(GET _olmosft_pa 2 OLMOSFT_ARROW_SO)
+list(GET _olmosft_pa 3 OLMOSFT_ARROW_VERSION)
+list(GET _olmosft_pa 4 OLMOSFT_DUCKDB_CLI)
+message(STATUS "olmosft data: Arrow C++ ${OLMOSFT_ARROW_VERSION} from ${OLMOSFT_ARROW_LIBDIR}; "
+               "DuckDB CLI ${OLMOSFT_DUCKDB_CLI}")
+foreach(lib arrow parquet)
+  set(_so "${OLMOSFT_ARROW_LIBDIR}/lib${lib}.so.${OLMOSFT_ARROW_SO}")
+  if(NOT EXISTS "${_so}")
+    message(FATAL_ERROR "olmosft data: ${_so} not found in the pyarrow wheel")
+  endif()
+  add_library(olmosft_${lib} SHARED IMPORTED GLOBAL)
+  set_target_properties(olmosft_${lib} PROPERTIES IMPORTED_LOCATION "${_so}" IMPORTED_SONAME
+                                                  "lib${lib}.so.${OLMOSFT_ARROW_SO}")
+  target_include_directories(olmosft_${lib} SYSTEM INTERFACE "${OLMOSFT_ARROW_INCLUDE}")
+  target_link_libraries(olmosft_lib PUBLIC olmosft_${lib})
+endforeach()
+target_compile_definitions(olmosft_lib PRIVATE OLMOSFT_DUCKDB_CLI="${OLMOSFT_DUCKDB_CLI}")
+# Every executable that links olmosft_lib finds the wheel's libraries (an explicit RUNPATH entry in addition to
+# CMake's automatic build RPATH, so it also holds for targets built with CMAKE_SKIP_BUILD_RPATH).
+target_link_options(olmosft_lib INTERFACE "LINKER:-rpath,${OLMOSFT_ARROW_LIBDIR}")

@@ -37,8 +37,8 @@ node tests/reference/tok_corpus.mjs
 "$PY" tests/reference/tok_templates.py
 node tests/reference/tok_labels.mjs
 
-# --- data: Parquet (DuckDB, hyparquet-writer, parquet-wasm) and JSONL fixtures of the same conversations
-node tests/reference/data_fixtures.mjs
+# --- data: JSONL and Parquet (DuckDB CLI, pyarrow) fixtures of the same conversations (build venv)
+deps/venv/bin/python tests/reference/data_fixtures.py
 
 # --- model (tests/golden/model/): Olmo 3 dense and Olmo 3.5 hybrid references
 "$PY" tests/reference/model_olmo3.py

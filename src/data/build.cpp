@@ -21,8 +21,8 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "data/conversation_reader.h"
 #include "data/dataset.h"
-#include "data/duckdb_reader.h"
 #include "data/pack.h"
 #include "data/shuffle.h"
 #include "data/source.h"
@@ -244,6 +244,8 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
   SourceOptions so;
   so.sql = opts.sql;
   so.source_column = opts.source_column;
+  so.work_dir = tmp;
+  so.threads = std::max(1, num_threads());
   ConversationReader reader(files, so);
   const int64_t total_rows = reader.count_rows();
 
@@ -546,7 +548,7 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
   m["format"] = "olmosft-packed-sft";
   m["format_version"] = kManifestFormatVersion;
   m["row_format_version"] = kRowsFormatVersion;
-  m["created_by"] = "olmosft data build (DuckDB " + duckdb::library_version() + ")";
+  m["created_by"] = "olmosft data build (" + reader.readers() + ")";
   m["inputs"] = inputs_json;
   m["dataset_revision"] = opts.revision;
   m["tokenizer"] = {{"spec", opts.tokenizer_spec},

@@ -7,7 +7,6 @@
 
 #include "core/error.h"
 #include "core/threads.h"
-#include "data/duckdb_reader.h"
 #include "io/hash.h"
 
 namespace olmosft {
@@ -88,111 +87,6 @@ const char* skip_name(Skip s) {
       break;
   }
   return "?";
-}
-
-ConversationReader::ConversationReader(const std::vector<InputFile>& files, const SourceOptions& opts)
-    : db_(std::make_unique<duckdb::Database>()) {
-  using duckdb::sql_ident;
-  using duckdb::sql_string;
-  OLMO_CHECK(!files.empty(), "no input files");
-  db_->exec("SET threads = " + std::to_string(std::max(1, num_threads())), "DuckDB: SET threads");
-  db_->exec("SET preserve_insertion_order = true", "DuckDB: SET preserve_insertion_order");
-  std::vector<std::string> parts;
-  for (const char* kind : {"parquet", "jsonl"}) {
-    std::string list;
-    for (const auto& f : files) {
-      if (f.kind != kind) continue;
-      list += (list.empty() ? "" : ", ") + sql_string(f.path);
-      inputs_desc_ += (inputs_desc_.empty() ? "" : ", ") + f.path;
-    }
-    if (list.empty()) continue;
-    if (std::string(kind) == "parquet") {
-      parts.push_back("SELECT * FROM read_parquet([" + list + "], filename = true, union_by_name = true)");
-    } else {
-      parts.push_back("SELECT * FROM read_json([" + list +
-                      "], format = 'newline_delimited', filename = true, union_by_name = true)");
-    }
-  }
-  std::string input_sql = parts[0];
-  if (parts.size() == 2) input_sql = "(" + parts[0] + ") UNION ALL BY NAME (" + parts[1] + ")";
-  db_->exec("CREATE VIEW input AS " + input_sql, "reading inputs (" + inputs_desc_ + ")");
-  std::string sel = opts.sql.empty() ? "SELECT * FROM input" : opts.sql;
-  db_->exec("CREATE VIEW selected AS " + sel,
-            opts.sql.empty() ? "reading inputs (" + inputs_desc_ + ")" : "--sql");
-
-  std::vector<std::string> dn;
-  auto desc = db_->query("SELECT column_name, column_type FROM (DESCRIBE selected)",
-                         "reading the schema of the inputs (" + inputs_desc_ + ")", &dn);
-  std::vector<std::pair<std::string, std::string>> cols;
-  for (size_t i = 0; i < desc[0].size(); ++i)
-    cols.emplace_back(desc[0][i].value_or(""), desc[1][i].value_or(""));
-  auto type_of = [&](const std::string& name) -> std::optional<std::string> {
-    for (const auto& [n, t] : cols) {
-      if (n == name) return t;
-    }
-    return std::nullopt;
-  };
-  std::string col_list;
-  for (const auto& [n, t] : cols) col_list += (col_list.empty() ? "" : ", ") + n + " " + t;
-  auto mt = type_of("messages");
-  OLMO_CHECK(mt, "inputs (", inputs_desc_, "): no 'messages' column; the selection has columns: ", col_list);
-  // Accept list<struct<...>> (Parquet, typed JSONL), JSON[] / JSON (heterogeneous JSONL: validated per row).
-  bool ok_type = (mt->size() > 2 && mt->substr(mt->size() - 2) == "[]") || *mt == "JSON";
-  OLMO_CHECK(ok_type, "inputs (", inputs_desc_, "): column 'messages' has type ", *mt,
-             "; expected a list of {role, content} structs (e.g. STRUCT(role VARCHAR, content VARCHAR)[])");
-
-  if (!opts.source_column.empty()) {
-    OLMO_CHECK(type_of(opts.source_column), "--source-column ", opts.source_column,
-               ": no such column; the selection has columns: ", col_list);
-    source_expr_ = "CAST(" + sql_ident(opts.source_column) + " AS VARCHAR)";
-  } else if (type_of("source_dataset")) {
-    source_expr_ = "CAST(source_dataset AS VARCHAR)";
-  } else if (type_of("source")) {
-    source_expr_ = "CAST(source AS VARCHAR)";
-  } else if (type_of("filename")) {
-    source_expr_ = "regexp_replace(CAST(filename AS VARCHAR), '^.*/', '')";
-  } else {
-    source_expr_ = "'all'";
-  }
-  std::string id_expr = type_of("id") ? "CAST(id AS VARCHAR)" : "NULL::VARCHAR";
-  std::string extra_expr = "NULL::VARCHAR";
-  std::string packs;
-  for (const auto& c : opts.extra_columns) {
-    if (!type_of(c)) continue;
-    packs += (packs.empty() ? "" : ", ") + sql_ident(c) + " := " + sql_ident(c);
-  }
-  if (!packs.empty()) extra_expr = "CAST(to_json(struct_pack(" + packs + ")) AS VARCHAR)";
-  select_sql_ = "SELECT CAST(to_json(messages) AS VARCHAR) AS m, COALESCE(" + source_expr_ + ", '') AS s, " +
-                id_expr + " AS i, " + extra_expr + " AS x FROM selected";
-}
-
-ConversationReader::~ConversationReader() = default;
-
-int64_t ConversationReader::count_rows() {
-  auto r = db_->query("SELECT CAST(count(*) AS VARCHAR) FROM selected",
-                      "counting input rows (" + inputs_desc_ + ")");
-  return std::stoll(r[0].at(0).value_or("0"));
-}
-
-bool ConversationReader::next(std::vector<RawConversation>& out, size_t max_rows) {
-  if (!stream_) stream_ = db_->stream(select_sql_, "reading inputs (" + inputs_desc_ + ")");
-  size_t added = 0;
-  while (added < max_rows) {
-    duckdb::StringColumns cols;
-    size_t n = stream_->next(cols);
-    if (n == 0) return added > 0;
-    for (size_t r = 0; r < n; ++r) {
-      RawConversation rc;
-      rc.messages_json = std::move(cols[0][r]);
-      rc.source = cols[1][r].value_or("");
-      rc.id = cols[2][r] ? *cols[2][r] : "#" + std::to_string(rows_read_);
-      rc.extra_json = cols[3][r].value_or("");
-      out.push_back(std::move(rc));
-      ++rows_read_;
-    }
-    added += n;
-  }
-  return true;
 }
 
 namespace {

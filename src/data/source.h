@@ -1,5 +1,5 @@
-// Input side of `olmosft data build`: resolving input globs, hashing the files, reading conversations from
-// Parquet and JSONL through DuckDB (with an optional user SQL selection), and validating each row into a
+// Input side of `olmosft data build`: resolving input globs, hashing the files, the reader options and the
+// raw row type (the reader itself is in data/conversation_reader.h), and validating each row into a
 // Conversation (or a counted skip reason).
 #pragma once
 #include <cstdint>
@@ -11,11 +11,6 @@
 #include "data/chat.h"
 
 namespace olmosft {
-
-namespace duckdb {
-class Database;
-class Stream;
-}  // namespace duckdb
 
 struct InputFile {
   std::string path;  // as resolved from the glob (absolute if the glob was)
@@ -32,41 +27,27 @@ std::vector<InputFile> resolve_inputs(const std::vector<std::string>& globs);
 void hash_inputs(std::vector<InputFile>& files);
 
 struct SourceOptions {
-  // Optional SELECT over the view `input` (all input files, union by column name, plus a `filename` column);
-  // its result must have a `messages` column. Empty = SELECT * FROM input.
+  // Optional SELECT over the view `input` (all input files, union by column name, plus a `filename` column),
+  // run by DuckDB; its result must have a `messages` column. Empty = every row of every input, read by Arrow.
   std::string sql;
-  // Column naming each row's source (for stats and --mix). Empty = auto: source_dataset, then source, then
-  // the input file's base name.
+  // Column naming each row's source (for stats and --mix). Empty = auto, per row: source_dataset, else
+  // source, else the input file's base name.
   std::string source_column;
   // Conversation-level columns passed to the chat template in Conversation::extra when present (null =
   // absent).
   std::vector<std::string> extra_columns = {"tools", "functions"};
+  // Directory for the --sql result (a temporary Parquet file, deleted when the scan ends). Empty = $TMPDIR.
+  std::string work_dir;
+  // Threads for DuckDB (--sql).
+  int threads = 1;
 };
 
-// One row as read (before validation). messages_json is the row's `messages` value rendered as JSON by
-// DuckDB.
+// One row as read (before validation). messages_json is the row's `messages` value as JSON text.
 struct RawConversation {
   std::optional<std::string> messages_json;
   std::string source;
   std::string id;          // the `id` column when present, else "#<row number in read order>"
   std::string extra_json;  // JSON object of the extra columns ("" if none)
-};
-
-class ConversationReader {
- public:
-  ConversationReader(const std::vector<InputFile>& files, const SourceOptions& opts);
-  ~ConversationReader();
-  // Number of rows the selection yields (runs a COUNT(*) over it).
-  int64_t count_rows();
-  // Starts (on first call) and continues the scan; appends up to about max_rows rows; false at the end.
-  bool next(std::vector<RawConversation>& out, size_t max_rows);
-  const std::string& source_expression() const { return source_expr_; }
-
- private:
-  std::unique_ptr<duckdb::Database> db_;
-  std::unique_ptr<duckdb::Stream> stream_;
-  std::string select_sql_, source_expr_, inputs_desc_;
-  int64_t rows_read_ = 0;
 };
 
 // Skip reasons (stable names recorded in manifests).

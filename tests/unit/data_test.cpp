@@ -281,7 +281,8 @@ TEST(DataBuild, ParquetWritersAndJsonlGiveIdenticalDatasets) {
   EXPECT_EQ(mref["counts"]["conversations_kept"], 41);
   for (const std::string f :
        {"convs.duckdb.zstd.parquet", "convs.hyparquet.v2.snappy.parquet", "convs.parquetwasm.v1.zstd.parquet",
-        "convs.parquetwasm.v2.snappy.parquet", "split-*.duckdb.snappy.parquet"}) {
+        "convs.parquetwasm.v2.snappy.parquet", "split-*.duckdb.snappy.parquet",
+        "convs.pyarrow.v2.lz4.parquet", "convs.jsonl.gz", "convs.jsonl.zst"}) {
     auto o = opts({f}, t.path + "/" + f.substr(0, f.find('*')) + "x");
     o.epochs = 2;
     auto m = build_dataset(o, enc);
@@ -296,6 +297,66 @@ TEST(DataBuild, ParquetWritersAndJsonlGiveIdenticalDatasets) {
   auto both = opts({"convs.jsonl", "convs.duckdb.zstd.parquet"}, t.path + "/both");
   auto mb = build_dataset(both, enc);
   EXPECT_EQ(mb["counts"]["conversations_kept"], 82);
+  EXPECT_NE(mb["created_by"].get<std::string>().find("Arrow "), std::string::npos) << mb["created_by"];
+}
+
+// The same selection through DuckDB (--sql, the duckdb-cli binary) and through Arrow gives the same rows;
+// DuckDB's features users rely on (len(messages), a join with a CSV exclude list) work; the source rule and
+// --source-column are applied per row; the temporary selection file never reaches the output.
+TEST(DataBuild, SqlThroughDuckDbMatchesArrowAndSupportsJoins) {
+  TmpDir t;
+  BytesChatEncoder enc;
+  auto arrow = opts({"convs.duckdb.zstd.parquet"}, t.path + "/arrow");
+  auto ma = build_dataset(arrow, enc);
+  auto sql = opts({"convs.duckdb.zstd.parquet"}, t.path + "/sql");
+  sql.sql = "SELECT * FROM input";
+  auto ms = build_dataset(sql, enc);
+  EXPECT_EQ(ms["counts"], ma["counts"]);
+  EXPECT_EQ(ms["stats"], ma["stats"]);
+  EXPECT_EQ(slurp(sql.out_dir + "/" + epoch_file_name(0)), slurp(arrow.out_dir + "/" + epoch_file_name(0)));
+  EXPECT_NE(ms["created_by"].get<std::string>().find("DuckDB v"), std::string::npos) << ms["created_by"];
+  for (const auto& e : fs::directory_iterator(sql.out_dir)) {
+    EXPECT_EQ(e.path().filename().string().find(".sql-selection"), std::string::npos) << e.path();
+  }
+
+  std::ofstream(t.path + "/exclude.csv") << "id\nc001\nc002\nc_dup\n";
+  auto j = opts({"convs.jsonl"}, t.path + "/join");
+  j.sql = "SELECT * FROM input WHERE len(messages) <= 4 AND id NOT IN (SELECT id FROM read_csv('" + t.path +
+          "/exclude.csv'))";
+  auto mj = build_dataset(j, enc);
+  int64_t expect = 0;
+  std::ifstream in(std::string(kG) + "convs.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto row = nlohmann::json::parse(line);
+    std::string id = row["id"];
+    expect += row["messages"].size() <= 4 && id != "c001" && id != "c002" && id != "c_dup";
+  }
+  EXPECT_GT(expect, 5);
+  EXPECT_EQ(mj["counts"]["conversations_read"], expect);
+
+  auto sc = opts({"convs.jsonl"}, t.path + "/srccol");
+  sc.source_column = "id";
+  auto msc = build_dataset(sc, enc);
+  EXPECT_EQ(msc["stats"]["sources"].size(), 41u);
+  auto bad = opts({"convs.jsonl"}, t.path + "/badcol");
+  bad.source_column = "nope";
+  try {
+    build_dataset(bad, enc);
+    ADD_FAILURE() << "expected an error for --source-column nope";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--source-column nope"), std::string::npos) << e.what();
+  }
+  bad.out_dir = t.path + "/badsql";
+  bad.source_column = "";
+  bad.sql = "SELECT * FROM inptu";
+  try {
+    build_dataset(bad, enc);
+    ADD_FAILURE() << "expected an error for a misspelt table";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--sql"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("inptu"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(bad.out_dir));
 }
 
 TEST(DataBuild, DeterministicSeededAndEveryConversationOncePerEpoch) {
@@ -420,7 +481,7 @@ TEST(DataBuild, SkipsAreCountedAndBadInputsFailClearly) {
     EXPECT_FALSE(fs::exists(out)) << "a failed build leaves no output";
   };
   expect_error("bad-no-messages.parquet", "no 'messages' column");
-  expect_error("bad-messages-string.parquet", "has type VARCHAR");
+  expect_error("bad-messages-string.parquet", "has type string");
   expect_error("bad-truncated.parquet", "bad-truncated.parquet");
   expect_error("bad-utf8.jsonl", "UTF-8");
   expect_error("bad-utf8.parquet", "not valid UTF8");

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The GPU check (docs/cuda.md): the one script to run on a lent GPU machine (H200). That machine is bare: it
+# has nvcc, CMake, ninja and g++, none of the CPU build's dependencies, and no network. So this builds the CUDA
+# area alone (tests/cuda/CMakeLists.txt: olmosft_cuda + cuda_smoke_test from cmake/cuda.cmake, sm_90 + PTX),
+# prints the GPU, and runs the CUDA test binaries (those `ctest -R cuda` runs) with OLMOSFT_REQUIRE_CUDA_DEVICE=1
+# (a test that cannot see the device fails instead of skipping). GPU_CHECK_SANITIZE=1 adds compute-sanitizer memcheck over the test binary.
+# The log goes to $OUT/gpu-check.log when OUT is set (the device tool's output folder), else to the build folder.
+#
+#   scripts/gpu-check.sh --stage   here, once: copy GoogleTest's source (/usr/src/googletest, which the GPU
+#                                  image lacks) to deps/googletest (git-ignored), to be carried
+#   scripts/gpu-check.sh           there: device tool run, carry ["deps/googletest"], timeout_s 300
+# Env: BUILD (default build-gpu), OLMOSFT_GTEST_SOURCE (a GoogleTest source tree; default deps/googletest if
+# present, else an installed GoogleTest). Exit status 0 only when everything passed.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+if [[ "${1:-}" == "--stage" ]]; then
+  src="${OLMOSFT_GTEST_SOURCE:-/usr/src/googletest}"
+  [[ -f "$src/CMakeLists.txt" ]] || { echo "gpu-check: no GoogleTest source at $src" >&2; exit 1; }
+  rm -rf deps/googletest && cp -r "$src" deps/googletest
+  echo "gpu-check: staged $src in deps/googletest ($(du -sh deps/googletest | cut -f1)); carry deps/googletest"
+  exit 0
+fi
+
+build="${BUILD:-build-gpu}"
+mkdir -p "$build"
+log="${OUT:-$build}/gpu-check.log"
+
+check() {
+  local status=0
+  echo "== gpu-check $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null || echo 'no git'), $(nproc) CPUs"
+  echo "== nvidia-smi"
+  nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.sm --format=csv || status=1
+  if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+  echo "== $(nvcc --version | tail -1); $(cmake --version | head -1); $(c++ --version | head -1)"
+
+  local gtest=()
+  if [[ -n "${OLMOSFT_GTEST_SOURCE:-}" ]]; then
+    gtest=("-DOLMOSFT_GTEST_SOURCE=$OLMOSFT_GTEST_SOURCE")
+  elif [[ -f deps/googletest/CMakeLists.txt ]]; then
+    gtest=("-DOLMOSFT_GTEST_SOURCE=$PWD/deps/googletest")
+  fi
+  echo "== configure + build (tests/cuda, CUDA required)"
+  local t0=$SECONDS
+  if ! cmake -S tests/cuda -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${gtest[@]}" >"$build/configure.log" 2>&1; then
+    tail -40 "$build/configure.log"
+    echo "== gpu-check: FAIL (configure)"
+    return 1
+  fi
+  grep -- "-- CUDA:" "$build/configure.log"
+  if ! cmake --build "$build" -j "$(nproc)" >"$build/build.log" 2>&1; then
+    grep -E -B2 -A8 "error|FAILED" "$build/build.log" | head -60
+    echo "== gpu-check: FAIL (build)"
+    return 1
+  fi
+  echo "configured and built in $((SECONDS - t0)) s"
+
+  local t
+  for t in "$build"/*_test; do
+    echo "== $t (OLMOSFT_REQUIRE_CUDA_DEVICE=1)"
+    OLMOSFT_REQUIRE_CUDA_DEVICE=1 timeout 120 "$t" || status=1
+  done
+  if [[ "${GPU_CHECK_SANITIZE:-0}" == 1 ]]; then
+    echo "== compute-sanitizer memcheck"
+    OLMOSFT_REQUIRE_CUDA_DEVICE=1 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/cuda_smoke_test" || status=1
+  fi
+  echo "== gpu-check: $([[ $status == 0 ]] && echo PASS || echo FAIL)"
+  return $status
+}
+
+check 2>&1 | tee "$log"
+exit "${PIPESTATUS[0]}"
