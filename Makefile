@@ -25,10 +25,11 @@ demo: build
 bench: build
 	scripts/bench.sh $(BUILD)
 
-# Regenerate golden fixtures with the independent references (PyTorch, Jinja2); not part of make test.
-reference:
+# Regenerate golden fixtures with the independent references (PyTorch, Jinja2) and the upstream oracles
+# (transformers; the export cross-check runs the built olmosft); not part of make test.
+reference: build
 	scripts/install-deps.sh --reference
-	scripts/make-fixtures.sh
+	OLMOSFT=$(BUILD)/olmosft scripts/make-fixtures.sh
 
 format:
 	git ls-files '*.cpp' '*.h' | xargs clang-format -i

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # Regenerate every golden fixture under tests/golden/ from the independent references in tests/reference/
 # (Debian's python3-torch / numpy / jinja2, installed by `scripts/install-deps.sh --reference`; node for
-# the npm-based ones) and from the pinned upstream oracles in deps/venv-reference (transformers 5.23.0,
-# torch 2.15.0, tensorboard 2.21.0: deps/pypi/reference.txt, also made by `install-deps.sh --reference`).
-# The TensorBoard fixture's event file is written by our own writer, so that step needs a build
-# (BUILD=build by default: cmake --build build --target io_tb_upstream_test). The generators are seeded, so a
-# rerun reproduces the committed files byte for byte (check with `git status` afterwards). `make test` never
-# runs this.
+# the npm-based ones; the upstream oracles pinned in deps/pypi/reference.txt -- transformers, PyPI torch,
+# tensorboard -- from the reference venv deps/venv-reference, made by the same command). The TensorBoard
+# fixture's event file is written by our own writer, so that step needs a build (BUILD=build by default:
+# cmake --build build --target io_tb_upstream_test). The generators are seeded, so a rerun reproduces the
+# committed files byte for byte (check with `git status` afterwards). `make test` never runs this.
 # Usage: scripts/make-fixtures.sh [--check]   (--check also runs each reference's slow self-checks)
+#   OLMOSFT=path/to/olmosft (default build/olmosft, built first by `make build`): the transformers
+#   cross-check of our HF export (tests/reference/hf_olmo3.py) runs `olmosft export hf` and `olmosft forward`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3  # Debian's interpreter (has torch/numpy/jinja2); a pyenv python3 on PATH does not
-REF=deps/venv-reference/bin/python  # the pinned upstream oracles
+REFPY=deps/venv-reference/bin/python  # pinned upstream oracles: transformers 5.23.0, torch 2.15.0, tensorboard 2.21.0
+OLMOSFT=${OLMOSFT:-build/olmosft}
 BUILD="${BUILD:-build}"
+[[ -x "$REFPY" ]] || { echo "make-fixtures: $REFPY missing: run scripts/install-deps.sh --reference" >&2; exit 1; }
+[[ -x "$OLMOSFT" ]] || { echo "make-fixtures: $OLMOSFT missing: run make build (or set OLMOSFT)" >&2; exit 1; }
+[[ -x "$BUILD/io_tb_upstream_test" ]] || {
+  echo "make-fixtures: $BUILD/io_tb_upstream_test missing (cmake --build $BUILD --target io_tb_upstream_test)" >&2
+  exit 1
+}
 check=0
 [[ "${1:-}" == "--check" ]] && check=1
 scripts/install-deps.sh >/dev/null  # the npm packages the node generators read
@@ -27,19 +35,14 @@ scripts/install-deps.sh >/dev/null  # the npm packages the node generators read
 "$PY" tests/reference/kda_reference.py
 
 # --- kda vs upstream: transformers' Kimi Linear chunk/recurrent_kimi_delta_attention, one document per call
-[[ -x "$REF" ]] || { echo "make-fixtures: $REF missing (scripts/install-deps.sh --reference)" >&2; exit 1; }
-"$REF" tests/reference/kda_upstream.py
+"$REFPY" tests/reference/kda_upstream.py
 
 # --- io: TensorBoard records through the protobuf runtime
 "$PY" tests/reference/io_tfevents.py
 "$PY" tests/reference/io_safetensors.py
 # TensorBoard's own reader: our writer's event file (fixed clock), then EventAccumulator's view of it
-[[ -x "$BUILD/io_tb_upstream_test" ]] || {
-  echo "make-fixtures: $BUILD/io_tb_upstream_test missing (cmake --build $BUILD --target io_tb_upstream_test)" >&2
-  exit 1
-}
 OLMOSFT_WRITE_TB_FIXTURE=1 "$BUILD/io_tb_upstream_test" --gtest_filter='*ByteForByte*' >/dev/null
-"$REF" tests/reference/tb_upstream.py
+"$REFPY" tests/reference/tb_upstream.py
 
 # --- tok: tokenizer corpus (gpt-tokenizer + tokenizers.js), chat templates (jinja2), label masks
 node tests/reference/tok_corpus.mjs
@@ -53,6 +56,9 @@ deps/venv/bin/python tests/reference/data_fixtures.py
 "$PY" tests/reference/model_olmo3.py
 "$PY" tests/reference/model_olmo3moe.py
 "$PY" tests/reference/model_forward_inputs.py  # e2e inputs for `olmosft forward`, from olmo3_tiny
+# upstream oracle: transformers' Olmo3ForCausalLM -> hf_olmo3_tiny (save_pretrained + logits/CE) and
+# hf_olmo3_export (sha256 + transformers' log-probs of our fp32/bf16 exports of olmo3_tiny)
+"$REFPY" tests/reference/hf_olmo3.py --olmosft "$OLMOSFT"
 if ((check)); then
   "$PY" tests/reference/model_safetensors.py --check
   "$PY" tests/reference/model_olmo3.py --check

@@ -38,5 +38,11 @@ check "bad --long: exit 2" "[ $rc -eq 2 ]"
 "$bin" data build --input "$G/convs.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --quiet \
   --sql "SELECT * FROM input WHERE source_dataset <> 'src_chat'" --mix 'src_math=0.5' --out "$dir/f" >/dev/null 2>&1; rc=$?
 check "--sql and --mix" "[ $rc -eq 0 ] && grep -q '\"conversations_per_epoch\": 20' '$dir/f/manifest.json'"
+err=$(OLMOSFT_DUCKDB=/nonexistent/duckdb "$bin" data build --input "$G/convs.jsonl" --tokenizer builtin:bytes \
+  --seq-len 512 --seed 7 --sql "SELECT * FROM input" --out "$dir/g" 2>&1); rc=$?
+check "--sql without a DuckDB binary: exit 2, names OLMOSFT_DUCKDB, no output" "[ $rc -eq 2 ] && grep -q 'OLMOSFT_DUCKDB=/nonexistent/duckdb is not an executable' <<<\"\$err\" && [ ! -e '$dir/g' ]"
+{ head -3 "$G/convs.jsonl"; echo '[1, 2]'; } >"$dir/notobj.jsonl"
+err=$("$bin" data build --input "$dir/notobj.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --out "$dir/h" 2>&1); rc=$?
+check "a JSONL line that is not an object: exit 2, names file and line 4" "[ $rc -eq 2 ] && grep -q 'notobj.jsonl, line 4: expected a JSON object' <<<\"\$err\" && [ ! -e '$dir/h' ]"
 echo "$pass passed, $fails failed"
 [ $fails -eq 0 ]
