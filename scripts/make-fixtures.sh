@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PY=/usr/bin/python3  # Debian's interpreter (has torch/numpy/jinja2); a pyenv python3 on PATH does not
 check=0
 [[ "${1:-}" == "--check" ]] && check=1
-scripts/install-deps.sh >/dev/null  # the npm packages the node generators read
+scripts/install-deps.sh >/dev/null  # deps/dolma2/allenai_dolma2.json (the tok generators read it)
 
 # --- kernels: linear/RMSNorm/SwiGLU, RoPE+YaRN, softmax CE + z-loss, clip + AdamW
 (cd tests/reference && for s in kernels_dense.py kernels_rope.py kernels_xent.py kernels_adamw.py; do "$PY" "$s"; done)
@@ -24,10 +24,16 @@ scripts/install-deps.sh >/dev/null  # the npm packages the node generators read
 "$PY" tests/reference/io_tfevents.py
 "$PY" tests/reference/io_safetensors.py
 
-# --- tok: tokenizer corpus (gpt-tokenizer + tokenizers.js), chat templates (jinja2), label masks
-node tests/reference/tok_corpus.mjs
-"$PY" tests/reference/tok_templates.py
-node tests/reference/tok_labels.mjs
+# --- tok: tokenizer corpus, chat templates, label masks: the pinned upstream oracles of deps/venv-reference
+# (HF tokenizers 0.23.3 on deps/dolma2/allenai_dolma2.json, jinja2 3.1.6)
+REF_PY=deps/venv-reference/bin/python
+if [[ ! -x "$REF_PY" ]]; then
+  echo "make-fixtures: $REF_PY not found (scripts/install-deps.sh --reference)" >&2
+  exit 1
+fi
+"$REF_PY" tests/reference/tok_corpus.py
+"$REF_PY" tests/reference/tok_templates.py
+"$REF_PY" tests/reference/tok_labels.py
 
 # --- data: JSONL and Parquet (DuckDB CLI, pyarrow) fixtures of the same conversations (build venv)
 deps/venv/bin/python tests/reference/data_fixtures.py

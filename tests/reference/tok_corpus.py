@@ -12,6 +12,7 @@ Output: tests/golden/tok/dolma2_corpus.jsonl.zst (written with the zstd CLI, lev
   {"text": "..."} or {"hex": "..."} (raw bytes, possibly invalid UTF-8; the reference encodes them after
   Python's errors="replace" decoding, U+FFFD per maximal invalid subpart: olmosft's documented policy),
   "ids": [...] (specials as text), and "ids_special": [...] only where matching special tokens changes the ids.
+Also writes tests/golden/tok/cli_probes.json: a few strings and their ids in both modes, for the e2e test.
 Usage: deps/venv-reference/bin/python tests/reference/tok_corpus.py   (scripts/make-fixtures.sh runs it)
 """
 import hashlib
@@ -20,6 +21,7 @@ import os
 import random
 import subprocess
 import sys
+import unicodedata
 
 import tokenizers
 from tokenizers import Tokenizer
@@ -29,6 +31,10 @@ TOKENIZER = os.path.join(ROOT, "deps/dolma2/allenai_dolma2.json")
 DOLMA2_SHA256 = "3ca996cca8afea58b34e95c353e859333592642a5e51d695d7a6dbbaf692dfe9"
 TOKENIZERS_VERSION = "0.23.3"
 OUT = os.path.join(ROOT, "tests/golden/tok/dolma2_corpus.jsonl.zst")
+PROBES_OUT = os.path.join(ROOT, "tests/golden/tok/cli_probes.json")
+# A few strings for tests/e2e/tok_cli.sh (`olmosft tokenize --text`), which reads their ids with jq.
+PROBES = ["9078563412", "Hello World", "I'm   here<|im_end|>東京 🌧️", "def f(x):\n\treturn x  \n\n",
+          "<|extra_id_0|>|||EMAIL_ADDRESS|||<|pad|>", " \u0085 x\ufeffy<|endoftext|>"]
 
 WORDS = (
     "the quick brown fox jumps over lazy dog I you we they it's don't can't won't we'll they're "
@@ -64,6 +70,8 @@ SPECIAL_TEXT = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>",
                 "<|endofprompt|>", "<|pad|>", "<|", "|>", "<|im_start", "<|endoftext|", "|||"]
 NONSPECIAL_TEXT = ["<|extra_id_0|>", "<|extra_id_1|>", "<|extra_id_10|>", "<|extra_id_1|>0|>", "|||PHONE_NUMBER|||",
                    "|||EMAIL_ADDRESS|||", "|||IP_ADDRESS|||", "||||IP_ADDRESS||||", "<|extra_id_11|>"]
+SEPARATORS = [chr(c) for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF and
+              (unicodedata.category(chr(c)) in ("Zs", "Zl", "Zp", "Cc", "Cf") or chr(c).isspace())]
 BAD_BYTES = [b"\x80", b"\xbf", b"\xc0\xaf", b"\xc1\xbf", b"\xe0\x80\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
              b"\xf8\x88\x80\x80\x80", b"\xff", b"\xfe", b"\xe2\x82", b"\xf0\x9f\x98", b"\xc3", b"\xe0\xa0"]
 EDGE = ["", " ", "  ", "\n", "9078563412", "Hello World", "hello world", "<|endoftext|>hi", "  leading", "trailing  ",
@@ -108,6 +116,8 @@ def make_corpus():
         rows.append({"text": pick(["\n", " ", ""]).join(pick(gens)() for _ in range(40))})
     for _ in range(120):  # special-token text mixed into ordinary text
         rows.append({"text": pick(gens[9:])() + pick(gens)()})
+    for c in SEPARATORS:  # every space, separator, control and format character of the BMP, in the contexts
+        rows.append({"text": f"a  {c}b {c}{c} x{c}\n{c} 1{c}2 !{c}! {c}"})  # where \s and [^\s...] decide
     for _ in range(160):  # invalid UTF-8: cut characters, stray continuation bytes, overlongs, surrogates, > U+10FFFF
         b = b"".join(pick(gens)().encode("utf-8") + pick(BAD_BYTES) for _ in range(rint(1, 5)))
         if r.random() < 0.3:
@@ -145,6 +155,15 @@ def main():
             "rows_with_ids_special": n_special, "text_bytes": n_bytes, "tokens": n_tokens}
     data = (json.dumps({"meta": meta}) + "\n" + "\n".join(lines) + "\n").encode("utf-8")
     subprocess.run(["zstd", "-19", "-q", "-f", "-o", OUT], input=data, check=True)
+    probes = []
+    for text in PROBES:
+        tok.encode_special_tokens = True
+        ids = tok.encode(text, add_special_tokens=False).ids
+        tok.encode_special_tokens = False
+        probes.append({"text": text, "ids": ids, "ids_special": tok.encode(text, add_special_tokens=False).ids})
+    with open(PROBES_OUT, "w", encoding="utf-8") as f:
+        f.write('{"meta": ' + json.dumps(meta) + ',\n "probes": [\n  ' +
+                ",\n  ".join(json.dumps(p, ensure_ascii=False) for p in probes) + "\n ]\n}\n")
     print(f"wrote {len(rows)} rows ({n_bytes} bytes of text, {n_tokens} tokens, {n_special} rows where matching "
           f"special tokens changes the ids) to {os.path.relpath(OUT, ROOT)}")
 
