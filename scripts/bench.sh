@@ -3,6 +3,8 @@
 # their markdown output in bench/out/<name>.md (git-ignored), plus bench/out/summary.md with the machine.
 # bench_train (training step vs PyTorch) runs its peer with /usr/bin/python3 (torch); without it the torch
 # columns are 0 and a note goes to stderr. Its cases take ~1.5-2.5 min together on 2 loaded cores.
+# bench_tokenizer runs its peer, HF tokenizers (Rust), with deps/venv-reference/bin/python
+# (scripts/install-deps.sh --reference); without it, it prints "HF tokenizers: skipped: ...".
 # Usage: scripts/bench.sh [build-dir]   (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
