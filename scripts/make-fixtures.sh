@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate every golden fixture under tests/golden/ from the independent references in tests/reference/
-# (Debian's python3-torch / numpy / jinja2, installed by `scripts/install-deps.sh --reference`; node for
-# the npm-based ones). The generators are seeded, so a rerun reproduces the committed files byte for byte
+# (Debian's python3-torch / numpy, installed by `scripts/install-deps.sh --reference`; the pinned PyPI oracles of
+# deps/venv-reference for the tokenizer; the build venv deps/venv for the data fixtures). The generators are seeded, so a rerun reproduces the committed files byte for byte
 # (check with `git status` afterwards). `make test` never runs this.
 # Usage: scripts/make-fixtures.sh [--check]   (--check also runs each reference's slow self-checks)
 set -euo pipefail
