@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -261,49 +262,29 @@ std::string format_status(const json& st) {
 
 // ---------------------------------------------------------------- log parsing
 
+namespace {
+// JSON has no NaN: non-finite values are kept as text ("nan", "inf").
+json num(double v) {
+  if (std::isfinite(v)) return v;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%f", v);
+  return buf;
+}
+}  // namespace
+
 std::optional<json> parse_loss_parts(const std::string& text) {
-  auto pos = text.find("LOSS-PARTS ");
-  if (pos == std::string::npos) return std::nullopt;
-  std::istringstream in(text.substr(pos + 11));
-  std::string tok;
-  json rec = json::object();
-  bool have_step = false;
-  while (in >> tok) {
-    auto eq = tok.find('=');
-    if (eq == std::string::npos || eq == 0) continue;
-    std::string k = tok.substr(0, eq), v = tok.substr(eq + 1);
-    if (k == "step") {
-      char* end = nullptr;
-      long long s = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || s < 0) return std::nullopt;
-      rec["step"] = s;
-      have_step = true;
-      continue;
-    }
-    char* end = nullptr;
-    double d = std::strtod(v.c_str(), &end);
-    if (!v.empty() && *end == '\0') {
-      if (std::isfinite(d))
-        rec[k] = d;
-      else
-        rec[k] = v;  // nan / inf kept as text (JSON has no NaN)
-    } else {
-      rec[k] = v;
-    }
-  }
-  if (!have_step) return std::nullopt;
-  return rec;
+  auto l = train::parse_loss_parts_line(text);
+  if (!l || l->step < 0) return std::nullopt;
+  return json{{"step", l->step},
+              {"ce", num(l->ce)},
+              {"lm_z", num(l->lm_z)},
+              {"moe_lb", num(l->moe_lb)},
+              {"router_z", num(l->router_z)},
+              {"tokens", l->tokens}};
 }
 
-std::optional<double> parse_required_rbf(const std::string& text) {
-  auto pos = text.find("REQUIRED_RBF");
-  if (pos == std::string::npos) return std::nullopt;
-  size_t i = pos + 12;
-  while (i < text.size() && (text[i] == '=' || text[i] == ':' || text[i] == ' ')) ++i;
-  char* end = nullptr;
-  double v = std::strtod(text.c_str() + i, &end);
-  if (end == text.c_str() + i) return std::nullopt;
-  return v;
+std::optional<train::RequiredRbfLine> parse_required_rbf(const std::string& text) {
+  return train::parse_required_rbf_line(text);
 }
 
 // ---------------------------------------------------------------- watch
@@ -610,10 +591,11 @@ class Watcher {
     }
     s.file->append(line + "\n", false);
     if (auto rbf = parse_required_rbf(text)) {
-      last_rbf_ = *rbf;
-      if (rules_.max_required_rbf && !(*rbf <= *rules_.max_required_rbf))
-        fire("max_required_rbf: REQUIRED_RBF " + std::to_string(*rbf) + " > " +
-             std::to_string(*rules_.max_required_rbf) + " (pod " + pod + ")");
+      last_rbf_ = rbf->value;
+      if (rules_.max_required_rbf && !(rbf->value <= *rules_.max_required_rbf))
+        fire("max_required_rbf: REQUIRED_RBF " + std::to_string(rbf->value) + " > " +
+             std::to_string(*rules_.max_required_rbf) + " at step " + std::to_string(rbf->step) + " (pod " +
+             pod + ")");
     }
     auto rec = parse_loss_parts(text);
     if (!rec) return;
@@ -642,10 +624,6 @@ class Watcher {
         }
       }
     }
-    if (rules_.max_required_rbf && rec->contains("required_rbf") && (*rec)["required_rbf"].is_number() &&
-        (*rec)["required_rbf"].get<double>() > *rules_.max_required_rbf)
-      fire("max_required_rbf: step " + std::to_string(step) +
-           " required_rbf=" + (*rec)["required_rbf"].dump());
   }
 
   void check_stall() {

@@ -11,6 +11,7 @@
 #include "cluster/kube_client.h"
 #include "cluster/manifest.h"
 #include "cluster/recipe.h"
+#include "train/log_lines.h"
 
 namespace olmosft::cluster {
 
@@ -42,10 +43,11 @@ StopResult stop_run(KubeClient& c, const std::string& ns, const std::string& job
 nlohmann::json run_status(KubeClient& c, const std::string& ns, const std::string& jobset);
 std::string format_status(const nlohmann::json& st);
 
-// One parsed "LOSS-PARTS step=N k=v ..." line (nullopt if the line has none or no integer step).
+// A trainer LOSS-PARTS line (train/log_lines.h) as a steps.jsonl record: step, ce, lm_z, moe_lb, router_z,
+// tokens; non-finite values as text ("nan"). nullopt if the text holds no well-formed LOSS-PARTS line.
 std::optional<nlohmann::json> parse_loss_parts(const std::string& text);
-// The REQUIRED_RBF value in a line ("REQUIRED_RBF=2.3", "REQUIRED_RBF: 2.3"), if any.
-std::optional<double> parse_required_rbf(const std::string& text);
+// A trainer "REQUIRED_RBF step=N value=X" line (train/log_lines.h), if the text holds one.
+std::optional<train::RequiredRbfLine> parse_required_rbf(const std::string& text);
 
 struct WatchOptions {
   std::string ns, jobset;

@@ -25,6 +25,7 @@
 #include "model/hf_dir.h"
 #include "model/params.h"
 #include "train/checkpoint.h"
+#include "train/log_lines.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
 
@@ -40,20 +41,6 @@ extern "C" void on_sigterm(int) { g_sigterm = 1; }
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string fmt6(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.6f", v);
-  return buf;
-}
-
-std::string hms(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  long t = static_cast<long>(s + 0.5);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
-  return buf;
 }
 
 double median(std::vector<double> v) {
@@ -121,16 +108,6 @@ double rss_bytes() {
   while (std::getline(f, line))
     if (line.rfind("VmRSS:", 0) == 0) return 1024.0 * std::atof(line.c_str() + 6);
   return 0;
-}
-
-std::string join(const std::vector<double>& v, size_t first, size_t stride) {
-  std::string s;
-  char buf[32];
-  for (size_t i = first; i < v.size(); i += stride) {
-    std::snprintf(buf, sizeof buf, "%.0f", v[i]);
-    s += (s.empty() ? "" : ",") + std::string(buf);
-  }
-  return s;
 }
 
 std::string bcast_string(dist::Comm& c, std::string s) {
@@ -690,14 +667,17 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     res.step_ce.push_back(ce);
     if (s == 1) carried["step1_ce"] = ce;
 
+    if (!sp.moe.empty()) {  // every step: `k8s watch`'s max_required_rbf rule reads it
+      double max_rbf = 0;
+      for (const auto& [layer, ls] : sp.moe) max_rbf = std::max(max_rbf, ls.required_buffer_factor);
+      out << format_required_rbf({s, max_rbf}) << "\n";
+    }
     if (s % recipe.i64("log.every") == 0 || s == d.steps || s == start + 1) {
-      out << "LOSS-PARTS step=" << s << " ce=" << fmt6(ce) << " lm_z=" << fmt6(lmz)
-          << " moe_lb=" << fmt6(moe_lb) << " router_z=" << fmt6(rz) << " tokens=" << total << "\n";
+      out << format_loss_parts({s, ce, lmz, moe_lb, rz, total}) << "\n";
       double elapsed = seconds_since(run_t0);
       double rate = static_cast<double>(s - start) / elapsed;
-      out << "PROGRESS step=" << s << "/" << d.steps << " steps_per_s=" << std::setprecision(4) << rate
-          << " tokens_per_s=" << tps << " elapsed=" << hms(elapsed)
-          << " eta=" << hms(static_cast<double>(d.steps - s) / rate) << std::setprecision(6) << "\n";
+      out << format_progress({s, d.steps, rate, tps, elapsed, static_cast<double>(d.steps - s) / rate})
+          << "\n";
     }
     nlohmann::json row;
     row["step"] = s;
@@ -755,17 +735,25 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     const double f = 4.0 * (world - 1) / world;
     const double min_bytes =
         shards.per_layer() ? f * (static_cast<double>(ga) * (2 * P - P_ends) + P) : 2 * f * P;
-    char minimum[32];
-    std::snprintf(minimum, sizeof minimum, "%.0f", min_bytes);
-    out << "DIST mode=" << dist::mode_name(mode) << " processes=" << world << " comm=" << comm.name()
-        << " gather="
-        << (mode == dist::ShardMode::Replicated ? "none"
-            : shards.per_layer()                ? "per-layer"
-                                                : "whole-model")
-        << " params=" << static_cast<int64_t>(P) << " sent_bytes_per_step_per_rank=" << join(all, 0, 4)
-        << " minimum_bytes=" << minimum << " persistent_bytes_per_rank=" << join(all, 1, 4)
-        << " peak_transient_bytes_per_rank=" << join(all, 2, 4) << " rss_bytes_per_rank=" << join(all, 3, 4)
-        << "\n";
+    auto per_rank = [&](size_t k) {
+      std::vector<double> v;
+      for (size_t i = k; i < all.size(); i += 4) v.push_back(all[i]);
+      return v;
+    };
+    DistLine dl;
+    dl.mode = dist::mode_name(mode);
+    dl.processes = world;
+    dl.comm = comm.name();
+    dl.gather = mode == dist::ShardMode::Replicated ? "none"
+                : shards.per_layer()                ? "per-layer"
+                                                    : "whole-model";
+    dl.params = static_cast<int64_t>(P);
+    dl.sent_bytes_per_step_per_rank = per_rank(0);
+    dl.minimum_bytes = min_bytes;
+    dl.persistent_bytes_per_rank = per_rank(1);
+    dl.peak_transient_bytes_per_rank = per_rank(2);
+    dl.rss_bytes_per_rank = per_rank(3);
+    out << format_dist(dl) << "\n";
   }
   if (stop_code == kExitNonFinite || stop_code == kExitStepGuard) {
     if (stop_code == kExitStepGuard) {
@@ -819,26 +807,22 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     }
   }
   bool checks_ok = eos_targets > 0;
-  out << "CHECK trained_eos count=" << eos_targets << " of " << trained_targets
-      << " trained targets (eos_id=" << eos_id << ") "
-      << (checks_ok ? "PASS" : "FAIL: the model never learns to stop") << "\n";
+  out << format_check_trained_eos({eos_targets, trained_targets, eos_id, checks_ok}) << "\n";
   if (!heldout.empty() && eos_id >= 0) {
     EvalCe ec;
     auto [p, n] = p_eos(model, ds, heldout, eos_id, lc, &ec);
     auto before = carried.value("p_eos_before", nlohmann::json(nullptr));
-    out << "CHECK p_eos rows=" << heldout.size() << (truly_heldout ? " (held out)" : " (seen in training)")
-        << " positions=" << n << " before=" << (before.is_number() ? fmt6(before.get<double>()) : "n/a")
-        << " after=" << (std::isfinite(p) ? fmt6(p) : "n/a") << "\n";
-    char ce_buf[64];
-    std::snprintf(ce_buf, sizeof ce_buf, "%.9g",
-                  ec.targets > 0 ? ec.ce_sum / static_cast<double>(ec.targets) : 0.0);
-    out << "CHECK eval_ce rows=" << heldout.size() << " targets=" << ec.targets
-        << " ce=" << (ec.targets > 0 ? ce_buf : "n/a") << " epoch0_rows=" << heldout.front().index << ":"
-        << heldout.back().index + 1 << " (the p_eos rows)\n";
+    CheckPEosLine pl{static_cast<int64_t>(heldout.size()), truly_heldout, n, std::nullopt, std::nullopt};
+    if (before.is_number()) pl.before = before.get<double>();
+    if (std::isfinite(p)) pl.after = p;
+    out << format_check_p_eos(pl) << "\n";
+    CheckEvalCeLine el{static_cast<int64_t>(heldout.size()), ec.targets, std::nullopt,
+                       static_cast<int64_t>(heldout.front().index),
+                       static_cast<int64_t>(heldout.back().index) + 1};
+    if (ec.targets > 0) el.ce = ec.ce_sum / static_cast<double>(ec.targets);
+    out << format_check_eval_ce(el) << "\n";
   }
-  if (carried.contains("step1_ce"))
-    out << "CHECK step1_ce=" << fmt6(carried["step1_ce"].get<double>())
-        << " (compare with a reference forward of the step-1 rows)\n";
+  if (carried.contains("step1_ce")) out << format_check_step1_ce({carried["step1_ce"].get<double>()}) << "\n";
 
   if (recipe.flag("export.hf")) {
     std::string hf = run_dir + "/hf";

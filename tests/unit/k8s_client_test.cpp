@@ -4,7 +4,9 @@
 // the JobSet, delete the pods). Also: the error messages for a bad kubeconfig, 401, 403 and missing CRDs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -20,6 +22,7 @@
 #include "cluster/recipe.h"
 #include "cluster/timeutil.h"
 #include "k8s_fake_api.h"
+#include "train/log_lines.h"
 
 using namespace olmosft::cluster;
 using json = nlohmann::json;
@@ -49,12 +52,13 @@ struct FakeCluster {
   // scenario
   std::string token = "good";
   int steps = 40;
-  int loss_pod = 2;            // the pod that logs LOSS-PARTS (not pod 0, as on the real slice)
-  int drip_ms = 4;             // a new step every 4 ms of real time
-  int drop_after_lines = 9;    // the loss pod's first log connection breaks after this many lines (0: never)
-  int nan_at = 0;              // ce=nan from this step on
-  int rbf_high_at = 0;         // REQUIRED_RBF=2.7 from this step on (1.9 before)
-  int stall_after = 0;         // every pod stops logging after this step (and keeps running)
+  int loss_pod = 2;          // the pod that logs LOSS-PARTS (not pod 0, as on the real slice)
+  int drip_ms = 4;           // a new step every 4 ms of real time
+  int drop_after_lines = 9;  // the loss pod's first log connection breaks after this many lines (0: never)
+  int nan_at = 0;            // ce=nan from this step on
+  int rbf_high_at = 0;       // REQUIRED_RBF value=2.7 from this step on (1.9 before)
+  std::vector<std::string> script;  // non-empty: the loss pod logs these lines, one per step (a real log)
+  int stall_after = 0;              // every pod stops logging after this step (and keeps running)
   bool waiting_first = false;  // each pod's first log request: 400 "waiting to start" (container creating)
   std::set<int> answered_400;
   bool watch_410 = true;  // 1st pod watch: ERROR event with a 410 Status in a 200 stream; 2nd: HTTP 410
@@ -97,15 +101,14 @@ struct FakeCluster {
     for (int s = 1; s <= n; ++s) {
       int64_t ts = base_ns + s * 250000000LL;  // 4 steps per second: sinceTime (whole seconds) overlaps
       char buf[256];
-      if (i == loss_pod) {
+      if (i == loss_pod && !script.empty()) {
+        if (static_cast<size_t>(s) <= script.size()) out.emplace_back(ts, script[static_cast<size_t>(s - 1)]);
+      } else if (i == loss_pod) {
         bool nan = nan_at && s >= nan_at;
-        std::snprintf(
-            buf, sizeof buf,
-            "LOSS-PARTS step=%d ce=%s lm_z=0.000123 moe_lb=0.010012 router_z=0.000045 tokens=812345", s,
-            nan ? "nan" : std::to_string(2.0 - s * 0.01).c_str());
-        out.emplace_back(ts, buf);
-        std::snprintf(buf, sizeof buf, "REQUIRED_RBF=%s", rbf_high_at && s >= rbf_high_at ? "2.7" : "1.9");
-        out.emplace_back(ts + 1000, buf);
+        out.emplace_back(ts, olmosft::train::format_loss_parts({s, nan ? std::nan("") : 2.0 - s * 0.01,
+                                                                0.000123, 0.010012, 0.000045, 812345}));
+        out.emplace_back(
+            ts + 1000, olmosft::train::format_required_rbf({s, rbf_high_at && s >= rbf_high_at ? 2.7 : 1.9}));
       } else {
         std::snprintf(buf, sizeof buf, "completed step: %d, loss: %.3f", s, 1.5 + 0.01 * i);
         out.emplace_back(ts, buf);
@@ -889,18 +892,102 @@ TEST(K8sLogParsing, LossPartsAndRbf) {
   EXPECT_EQ((*r)["step"], 12);
   EXPECT_DOUBLE_EQ((*r)["ce"].get<double>(), 0.912345);
   EXPECT_EQ((*r)["tokens"], 812345);
-  r = parse_loss_parts("LOSS-PARTS step=3 ce=nan");
+  r = parse_loss_parts("LOSS-PARTS step=3 ce=nan lm_z=0.000000 moe_lb=0.000000 router_z=0.000000 tokens=4");
   ASSERT_TRUE(r);
   EXPECT_EQ((*r)["ce"], "nan");
+  EXPECT_FALSE(parse_loss_parts("LOSS-PARTS step=3 ce=nan"));  // fields missing
   EXPECT_FALSE(parse_loss_parts("LOSS-PARTS ce=1"));
   EXPECT_FALSE(parse_loss_parts("LOSS-PARTS step=x ce=1"));
   EXPECT_FALSE(parse_loss_parts("completed step: 3, loss: 1.2"));
-  EXPECT_DOUBLE_EQ(*parse_required_rbf("REQUIRED_RBF=2.24"), 2.24);
-  EXPECT_DOUBLE_EQ(*parse_required_rbf("step 7 REQUIRED_RBF: 1.5"), 1.5);
-  EXPECT_FALSE(parse_required_rbf("REQUIRED_RBF=?"));
+  auto rbf = parse_required_rbf("2025-12-02T00:00:01Z REQUIRED_RBF step=7 value=2.240000");
+  ASSERT_TRUE(rbf);
+  EXPECT_EQ(rbf->step, 7);
+  EXPECT_DOUBLE_EQ(rbf->value, 2.24);
+  EXPECT_FALSE(parse_required_rbf("REQUIRED_RBF=2.24"));  // not the trainer's line
+  EXPECT_FALSE(parse_required_rbf("REQUIRED_RBF step=7 value=?"));
   EXPECT_EQ(parse_rfc3339_ns("2025-12-02T00:00:01.25Z"), 1764633601250000000LL);
   EXPECT_EQ(parse_rfc3339_ns("2025-12-02T01:00:01+01:00"), 1764633601000000000LL);
   EXPECT_EQ(parse_rfc3339_ns("2025-12-02 00:00:01Z"), -1);
   EXPECT_EQ(format_rfc3339(1764633601250000000LL), "2025-12-02T00:00:01Z");
   EXPECT_EQ(format_rfc3339(1764633601250000000LL, true), "2025-12-02T00:00:01.250000000Z");
+}
+
+// The defect this guards: `k8s watch`'s max_required_rbf rule read REQUIRED_RBF lines that no trainer
+// printed. Here the pod log is a REAL trainer log: a 2-step `olmosft train` of the tiny hybrid (MoE) fixture,
+// whose REQUIRED_RBF lines the fake API serves as the loss pod's log. The rule (from the launched recipe
+// ConfigMap) fires with a limit just below the largest logged value, and stays quiet with the largest value
+// as the limit.
+TEST(K8sCli, RequiredRbfRuleFiresOnARealTrainerLog) {
+  const fs::path d = scratch("real-trainer-log");
+  const std::string G = std::string(OLMOSFT_SOURCE_DIR) + "/tests/golden";
+  const std::string bin = std::string(OLMOSFT_BINARY) + " ";
+  int rc = 0;
+  std::string out =
+      run_cmd("OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1 " + bin + "data build --input " + G +
+                  "/data/convs.jsonl --tokenizer builtin:bytes --seq-len 256 --seed 3 --epochs 4 " +
+                  "--quiet --out " + (d / "data").string(),
+              rc);
+  ASSERT_EQ(rc, 0) << out;
+  std::ofstream(d / "recipe.yaml")
+      << "run_name: rbf\noutput_dir: " << (d / "runs").string() << "\nmodel:\n  init: " << G
+      << "/model/olmo3moe_tiny\ntokenizer: builtin:bytes\ndata:\n  path: " << (d / "data").string()
+      << "\n  epochs: 4\nseq_len: 256\nglobal_batch: 2\nper_device_batch: 2\nsteps: 2\n"
+      << "optimizer:\n  lr: 3e-3\n  schedule: constant\n  warmup_frac: 0.0\n"
+      << "loss:\n  lm_z: 1e-5\n  moe_lb: 0.01\n  router_z: 1e-5\ncompute:\n  threads: 2\n"
+      << "perf:\n  peak_tflops: 1\neval:\n  heldout: 2\nlog:\n  tensorboard: false\n";
+  out = run_cmd(
+      "OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1 " + bin + "train " + (d / "recipe.yaml").string(), rc);
+  ASSERT_EQ(rc, 0) << out;
+  std::vector<std::string> log_lines;
+  std::vector<olmosft::train::RequiredRbfLine> rbfs;
+  int loss_lines = 0;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);) {
+    log_lines.push_back(l);
+    if (auto r = olmosft::train::parse_required_rbf_line(l)) rbfs.push_back(*r);
+    loss_lines += olmosft::train::parse_loss_parts_line(l).has_value();
+  }
+  ASSERT_EQ(rbfs.size(), 2u) << out;  // one per step (MoE model)
+  ASSERT_EQ(loss_lines, 2) << out;
+  EXPECT_EQ(rbfs[0].step, 1);
+  EXPECT_EQ(rbfs[1].step, 2);
+  const auto top = std::max_element(rbfs.begin(), rbfs.end(),
+                                    [](const auto& a, const auto& b) { return a.value < b.value; });
+  EXPECT_GE(top->value, 1.0) << out;  // max expert load / balanced load
+  fs::remove_all(d);
+
+  const double lim = std::round((top->value - 1e-3) * 1e6) / 1e6;  // what "%.6f" prints and parses back
+  char limit[64];
+  std::snprintf(limit, sizeof limit, "cluster.stop_rules.max_required_rbf=%.6f", lim);
+  int64_t first_over = 0;  // the step the rule fires at: the first whose value exceeds the limit
+  for (const auto& r : rbfs)
+    if (!first_over && r.value > lim) first_over = r.step;
+  {
+    Env e("real-log-fires", {limit});
+    e.cluster.script = log_lines;
+    e.cluster.steps = static_cast<int>(log_lines.size());
+    e.cluster.drop_after_lines = 0;
+    std::ostringstream log;
+    launch(e.client, e.rendered, false, log);
+    WatchResult r = watch_run(e.client, e.watch_options(), log);
+    EXPECT_TRUE(r.stop_fired) << log.str();
+    EXPECT_NE(r.stop_reason.find("max_required_rbf: REQUIRED_RBF"), std::string::npos) << r.stop_reason;
+    EXPECT_NE(r.stop_reason.find("at step " + std::to_string(first_over)), std::string::npos)
+        << r.stop_reason;
+    EXPECT_EQ(e.cluster.workload_patches, 1);
+  }
+  std::snprintf(limit, sizeof limit, "cluster.stop_rules.max_required_rbf=%.6f", top->value);
+  {
+    Env e("real-log-quiet", {limit});
+    e.cluster.script = log_lines;
+    e.cluster.steps = static_cast<int>(log_lines.size());
+    e.cluster.drop_after_lines = 0;
+    std::ostringstream log;
+    launch(e.client, e.rendered, false, log);
+    WatchResult r = watch_run(e.client, e.watch_options(), log);
+    EXPECT_FALSE(r.stop_fired) << r.stop_reason;
+    EXPECT_EQ(r.records_written, 2) << log.str();  // the real LOSS-PARTS lines, as steps.jsonl records
+    EXPECT_EQ(r.last_step, 2);
+    EXPECT_EQ(e.cluster.workload_patches, 0);
+  }
 }

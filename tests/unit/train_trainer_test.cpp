@@ -20,6 +20,7 @@
 #include "data/dataset.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
+#include "train/log_lines.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -261,6 +262,48 @@ TEST_F(TrainTest, RunsLogsChecksAndStepOneCeMatchesAReferenceForward) {
   EXPECT_NE(log.find(" moe_lb="), std::string::npos);
   EXPECT_NE(log.find("PROGRESS step=6/6"), std::string::npos);
   EXPECT_NE(log.find("STEP-GUARD: reached step 6"), std::string::npos);
+  {
+    // Every typed line the trainer printed parses back (train/log_lines.h). BigramLM reports one stand-in MoE
+    // layer with required buffer factor 1 + 0.01 x rows per micro-batch (1 here): one REQUIRED_RBF line per
+    // step.
+    std::istringstream in(log);
+    int loss = 0, progress = 0, dist = 0, checks = 0, rbf = 0;
+    for (std::string l; std::getline(in, l);) {
+      auto starts = [&](const char* tag) { return l.rfind(tag, 0) == 0; };
+      // parse, then format again: the very line (the trainer prints with the same formatters)
+      if (starts("REQUIRED_RBF ")) {
+        ++rbf;
+        EXPECT_EQ(l, format_required_rbf({rbf, 1.01}));
+        EXPECT_EQ(parse_required_rbf_line(l), (RequiredRbfLine{rbf, 1.01}));
+      }
+      if (starts("LOSS-PARTS ")) {
+        ++loss;
+        auto p = parse_loss_parts_line(l);
+        EXPECT_EQ(p ? format_loss_parts(*p) : "(no parse)", l);
+      }
+      if (starts("PROGRESS ")) {
+        ++progress;
+        auto p = parse_progress_line(l);
+        EXPECT_EQ(p ? format_progress(*p) : "(no parse)", l);
+      }
+      if (starts("DIST ")) {
+        ++dist;
+        auto p = parse_dist_line(l);
+        EXPECT_EQ(p ? format_dist(*p) : "(no parse)", l);
+      }
+      if (starts("CHECK ")) {
+        ++checks;
+        EXPECT_TRUE(parse_check_trained_eos_line(l) || parse_check_p_eos_line(l) ||
+                    parse_check_eval_ce_line(l) || parse_check_step1_ce_line(l))
+            << l;
+      }
+    }
+    EXPECT_GE(loss, 2);
+    EXPECT_EQ(progress, loss);
+    EXPECT_EQ(dist, 1);
+    EXPECT_GE(checks, 2);
+    EXPECT_EQ(rbf, 6);
+  }
   EXPECT_NE(log.find("CHECK trained_eos count="), std::string::npos);
   EXPECT_NE(log.find("PASS"), std::string::npos);
   EXPECT_NE(log.find("CHECK p_eos rows=4 (held out)"), std::string::npos) << log;
