@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cluster/dist_env.h"
+#include "cluster/env.h"
 #include "core/error.h"
 
 namespace olmosft::cluster {

@@ -164,7 +164,7 @@ Rendered render(const Recipe& r, const RenderOptions& opt) {
       {"data",
        {{"recipe.yaml", r.effective_yaml()}, {"source.yaml", r.source_text}, {"overrides.txt", overrides}}}};
 
-  // 2. Launcher environment (everything src/cluster/dist_env.cpp reads besides the downward API).
+  // 2. Launcher environment (run facts and the pod layout, next to the downward-API variables).
   OJson cm_env = {
       {"apiVersion", "v1"},
       {"kind", "ConfigMap"},

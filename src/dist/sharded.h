@@ -22,13 +22,10 @@
 // grid, chunks summed in global order) and the AdamW update are bit-identical for 1, 2, 4, ... ranks
 // and between the two modes.
 //
-// Checkpoints (save/load) use a rank-count-independent layout: one manifest.json plus three raw
-// little-endian fp32 files (params.bin, exp_avg.bin, exp_avg_sq.bin) holding every tensor
-// unpadded, concatenated in spec order. Every rank writes (pwrite) exactly the elements it owns;
-// loading on any number of ranks re-partitions. See docs/dist.md.
+// Checkpoints: train/checkpoint.h (save_checkpoint_sharded / load_checkpoint_sharded) reads and writes
+// the elements each rank owns through owned_ranges().
 #pragma once
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -137,20 +134,11 @@ class ShardedParams {
   std::vector<OwnedRange> owned_ranges();
   Comm& comm() { return comm_; }
 
-  // Collective. Writes <dir> atomically (staging dir + rename by rank 0). `extra` is stored verbatim
-  // under "extra" in the manifest. The directory must not exist (or be empty).
-  void save(const std::string& dir, const nlohmann::json& extra = nlohmann::json::object());
-  // Collective. Validates the manifest against specs() (names, shapes, order), file sizes and, when
-  // verify is true, the SHA-256 of every file (rank 0), then reads the elements this rank owns.
-  // Returns the manifest (its "extra" and "adam_step" are restored; adam_step() returns it).
-  nlohmann::json load(const std::string& dir, bool verify = true);
-
  private:
   struct Unit {
     int64_t numel = 0;              // unpadded
     int64_t padded = 0;             // total padded length
     int64_t shard = 0;              // elements owned per rank (== padded in replicated mode)
-    int64_t logical_off = 0;        // offset of the unit's first element in the checkpoint layout
     std::vector<float> p, g, m, v;  // owned part (shard) of params, reduced grads and moments
     std::vector<float> gathered;    // full params while gathered (sharded mode)
     std::vector<float> full_grad;   // full local gradient accumulator (until reduce_grads)

@@ -12,7 +12,7 @@
 // the decay). The cumulative decay Gam is accumulated in double even for float inputs: after one very strong
 // step (g ~ -1e3) a float cumsum has lost the small later steps (ulp(1e3) ~ 6e-5), so Gam_i - Gam_j of
 // nearby tokens would be wrong; in double the difference is exact to float precision. GEMMs and the
-// unit-lower-triangular solves go to OpenBLAS (cblas ?gemm / ?trsm).
+// unit-lower-triangular solves go to OpenBLAS (kernels/gemm.h, and cblas ?trsm here).
 #include <cblas.h>
 
 #include <algorithm>
@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "kernels/gemm.h"
 #include "kernels/kda.h"
 
 namespace olmosft::kda {
@@ -30,19 +31,6 @@ namespace olmosft::kda {
 namespace {
 
 inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
-
-// Row-major C = alpha op(A) op(B) + beta C.
-template <typename T>
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-          int64_t ldb, T beta, T* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta,
-                C, (int)ldc);
-  else
-    cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta,
-                C, (int)ldc);
-}
 
 // Solves op(M) X = B in place (B: [n, N]) with M = I + strict_lower(A) (A's diagonal is not read).
 template <typename T>
@@ -239,7 +227,7 @@ void prepare(Work<T>& w, const Chunk& ch, int64_t b, int64_t h, const KdaDims& d
 template <typename T>
 void pseudo_values(Work<T>& w, int64_t n, const T* S) {
   std::copy(w.U.begin(), w.U.begin() + n * w.V, w.Vn.begin());
-  gemm<T>(false, false, n, w.V, w.K, T(-1), w.W.data(), w.K, S, w.V, T(1), w.Vn.data(), w.V);
+  gemm<T>(Trans::N, Trans::N, n, w.V, w.K, T(-1), w.W.data(), w.K, S, w.V, T(1), w.Vn.data(), w.V);
 }
 
 // S <- Diag(e^Gam_last) S + Kl^T Vn.
@@ -248,7 +236,7 @@ void advance_state(Work<T>& w, int64_t n, T* S) {
   const T* eGl = w.eG.data() + (n - 1) * w.K;
   for (int64_t c = 0; c < w.K; ++c)
     for (int64_t j = 0; j < w.V; ++j) S[c * w.V + j] *= eGl[c];
-  gemm<T>(true, false, w.K, w.V, n, T(1), w.Kl.data(), w.K, w.Vn.data(), w.V, T(1), S, w.V);
+  gemm<T>(Trans::T, Trans::N, w.K, w.V, n, T(1), w.Kl.data(), w.K, w.Vn.data(), w.V, T(1), S, w.V);
 }
 
 void check_args(const KdaDims& d, int64_t chunk, const char* what) {
@@ -280,8 +268,8 @@ void kda_chunk_forward(const T* q, const T* k, const T* v, const T* g, const T* 
         const int64_t n = ch.n;
         pseudo_values(w, n, S.data());
         // O = Qg S + Aqk Vn.
-        gemm<T>(false, false, n, V, K, T(1), w.Qg.data(), K, S.data(), V, T(0), w.O.data(), V);
-        gemm<T>(false, false, n, V, n, T(1), w.Aqk.data(), chunk, w.Vn.data(), V, T(1), w.O.data(), V);
+        gemm<T>(Trans::N, Trans::N, n, V, K, T(1), w.Qg.data(), K, S.data(), V, T(0), w.O.data(), V);
+        gemm<T>(Trans::N, Trans::N, n, V, n, T(1), w.Aqk.data(), chunk, w.Vn.data(), V, T(1), w.O.data(), V);
         for (int64_t i = 0; i < n; ++i)
           std::copy(w.O.begin() + i * V, w.O.begin() + (i + 1) * V, o + ((b * L + ch.t0 + i) * H + h) * V);
         advance_state(w, n, S.data());
@@ -339,10 +327,10 @@ void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T*
         for (int64_t i = 0; i < n; ++i)
           std::copy(dout + idx(ch.t0 + i) * V, dout + (idx(ch.t0 + i) + 1) * V, w.dO.begin() + i * V);
         // dVn = Aqk^T dO + Kl Gs;  dAqk = dO Vn^T (lower incl. diagonal);  dQg = dO S^T.
-        gemm<T>(true, false, n, V, n, T(1), w.Aqk.data(), C, w.dO.data(), V, T(0), w.dVn.data(), V);
-        gemm<T>(false, false, n, V, K, T(1), w.Kl.data(), K, Gs.data(), V, T(1), w.dVn.data(), V);
-        gemm<T>(false, true, n, n, V, T(1), w.dO.data(), V, w.Vn.data(), V, T(0), w.dA.data(), C);
-        gemm<T>(false, true, n, K, V, T(1), w.dO.data(), V, S, V, T(0), w.dQg.data(), K);
+        gemm<T>(Trans::T, Trans::N, n, V, n, T(1), w.Aqk.data(), C, w.dO.data(), V, T(0), w.dVn.data(), V);
+        gemm<T>(Trans::N, Trans::N, n, V, K, T(1), w.Kl.data(), K, Gs.data(), V, T(1), w.dVn.data(), V);
+        gemm<T>(Trans::N, Trans::T, n, n, V, T(1), w.dO.data(), V, w.Vn.data(), V, T(0), w.dA.data(), C);
+        gemm<T>(Trans::N, Trans::T, n, K, V, T(1), w.dO.data(), V, S, V, T(0), w.dQg.data(), K);
         // dS_in = Diag(e^Gam_last) Gs + Qg^T dO - W^T dVn.
         const T* eGl = w.eG.data() + (n - 1) * K;
         std::vector<T>& Sd = w.Sd;
@@ -356,17 +344,17 @@ void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T*
           }
           dGlast[c] = eGl[c] * acc;
         }
-        gemm<T>(true, false, K, V, n, T(1), w.Qg.data(), K, w.dO.data(), V, T(1), Sd.data(), V);
-        gemm<T>(true, false, K, V, n, T(-1), w.W.data(), K, w.dVn.data(), V, T(1), Sd.data(), V);
+        gemm<T>(Trans::T, Trans::N, K, V, n, T(1), w.Qg.data(), K, w.dO.data(), V, T(1), Sd.data(), V);
+        gemm<T>(Trans::T, Trans::N, K, V, n, T(-1), w.W.data(), K, w.dVn.data(), V, T(1), Sd.data(), V);
         // dW = -dVn S^T;  dKl = Vn Gs^T.
-        gemm<T>(false, true, n, K, V, T(-1), w.dVn.data(), V, S, V, T(0), w.dW.data(), K);
-        gemm<T>(false, true, n, K, V, T(1), w.Vn.data(), V, Gs.data(), V, T(0), w.dKl.data(), K);
+        gemm<T>(Trans::N, Trans::T, n, K, V, T(-1), w.dVn.data(), V, S, V, T(0), w.dW.data(), K);
+        gemm<T>(Trans::N, Trans::T, n, K, V, T(1), w.Vn.data(), V, Gs.data(), V, T(0), w.dKl.data(), K);
         // Through the UT solve: dZw = M^-T dW, dZu = M^-T dU (dU = dVn); dM = -(dZw W^T + dZu U^T).
         trsm_unit_lower(true, n, K, w.Akk.data(), C, w.dW.data(), K);
         std::copy(w.dVn.begin(), w.dVn.begin() + n * V, w.dZu.begin());
         trsm_unit_lower(true, n, V, w.Akk.data(), C, w.dZu.data(), V);
-        gemm<T>(false, true, n, n, K, T(-1), w.dW.data(), K, w.W.data(), K, T(0), w.dM.data(), C);
-        gemm<T>(false, true, n, n, V, T(-1), w.dZu.data(), V, w.U.data(), V, T(1), w.dM.data(), C);
+        gemm<T>(Trans::N, Trans::T, n, n, K, T(-1), w.dW.data(), K, w.W.data(), K, T(0), w.dM.data(), C);
+        gemm<T>(Trans::N, Trans::T, n, n, V, T(-1), w.dZu.data(), V, w.U.data(), V, T(1), w.dM.data(), C);
         // Elementwise terms.
         for (int64_t i = 0; i < n; ++i) {
           T dbi = 0;

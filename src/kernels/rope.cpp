@@ -1,7 +1,6 @@
 #include "kernels/rope.h"
 
 #include <cmath>
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/threads.h"
@@ -30,56 +29,6 @@ void RopeConfig::validate(const std::string& context) const {
       OLMO_CHECK(std::isfinite(*attention_factor) && *attention_factor > 0, context,
                  ": attention_factor must be > 0, got ", *attention_factor);
   }
-}
-
-RopeConfig rope_config_from_hf(const nlohmann::json& rs, double rope_theta, int64_t head_dim,
-                               int64_t max_position_embeddings, const std::string& context) {
-  RopeConfig c;
-  c.theta = rope_theta;
-  c.head_dim = head_dim;
-  c.max_position_embeddings = max_position_embeddings;
-  if (rs.is_null()) {
-    c.validate(context);
-    return c;
-  }
-  OLMO_CHECK(rs.is_object(), context, ": expected an object or null, got ", rs.type_name());
-  auto num = [&](const char* key) -> std::optional<double> {
-    if (!rs.contains(key) || rs[key].is_null()) return std::nullopt;
-    OLMO_CHECK(rs[key].is_number(), context, ".", key, ": expected a number, got ", rs[key].dump());
-    return rs[key].get<double>();
-  };
-  std::string type;
-  for (const char* k : {"rope_type", "type"})
-    if (rs.contains(k)) {
-      OLMO_CHECK(rs[k].is_string(), context, ".", k, ": expected a string, got ", rs[k].dump());
-      type = rs[k].get<std::string>();
-      break;
-    }
-  OLMO_CHECK(!type.empty(), context, ": missing rope_type");
-  c.rope_type = type;
-  if (auto t = num("rope_theta")) c.theta = *t;  // rope_parameters carry their own theta
-  if (type == "yarn") {
-    auto f = num("factor");
-    OLMO_CHECK(f.has_value(), context, ".factor: required for yarn");
-    c.factor = *f;
-    if (auto o = num("original_max_position_embeddings")) {
-      OLMO_CHECK(*o == std::floor(*o), context,
-                 ".original_max_position_embeddings: expected an integer, got ", *o);
-      c.original_max_position_embeddings = int64_t(*o);
-    }
-    // HF: `get("beta_fast") or 32` (a missing or zero value falls back to the default).
-    if (auto b = num("beta_fast"); b && *b != 0) c.beta_fast = *b;
-    if (auto b = num("beta_slow"); b && *b != 0) c.beta_slow = *b;
-    c.attention_factor = num("attention_factor");
-    c.mscale = num("mscale");
-    c.mscale_all_dim = num("mscale_all_dim");
-    if (rs.contains("truncate") && !rs["truncate"].is_null()) {
-      OLMO_CHECK(rs["truncate"].is_boolean(), context, ".truncate: expected a boolean");
-      c.truncate = rs["truncate"].get<bool>();
-    }
-  }
-  c.validate(context);
-  return c;
 }
 
 namespace {

@@ -13,7 +13,6 @@
 //   backward: dx = dy * cos - rotate_half(dy * sin)  (the transpose: inverse rotation times the scale)
 #pragma once
 #include <cstdint>
-#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +21,8 @@
 
 namespace olmosft {
 
+// The HF config's rope settings are parsed once, by model::parse_config (model/config.h); the model turns
+// them into a RopeConfig (model::olmo3_rope_frequencies).
 struct RopeConfig {
   std::string rope_type = "default";  // "default" or "yarn"
   double theta = 10000.0;             // rope_theta
@@ -38,11 +39,6 @@ struct RopeConfig {
   // Throws olmosft::Error naming `context` and the offending field.
   void validate(const std::string& context = "rope config") const;
 };
-
-// Builds a RopeConfig from an HF config's `rope_scaling` (or one `rope_parameters[layer_type]`) object;
-// null means default RoPE. Unknown rope types and wrongly typed fields raise errors naming `context`.
-RopeConfig rope_config_from_hf(const nlohmann::json& rope_scaling, double rope_theta, int64_t head_dim,
-                               int64_t max_position_embeddings, const std::string& context);
 
 struct RopeFreqs {
   std::vector<float> inv_freq;     // [head_dim / 2], bit-exact fp32 HF values (up to powf rounding)

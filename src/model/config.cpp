@@ -255,6 +255,11 @@ void check_heads(const ModelConfig& c, const Obj& o, int64_t width, const char* 
 
 }  // namespace
 
+RopeParams parse_rope_params(const json& rope, const std::string& context, double rope_theta,
+                             int64_t max_position_embeddings) {
+  return parse_rope(rope, context, rope_theta, max_position_embeddings);
+}
+
 ModelConfig parse_config(const json& j, const std::string& context) {
   OLMO_CHECK(j.is_object(), context, ": expected a JSON object");
   Obj o{j, context};

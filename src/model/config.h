@@ -86,7 +86,15 @@ struct ModelConfig {
 
 // Parses and validates; `context` (the file) is named in every error, together with the key.
 ModelConfig parse_config(const nlohmann::json& j, const std::string& context);
+
 ModelConfig load_config(const std::string& path);  // reads config.json
+
+// One RoPE parameter object (a `rope_scaling` object, or one `rope_parameters` entry) as parse_config reads
+// it: `rope_theta` is the config's top-level value (an entry may override it). Errors name `context`.
+// model::olmo3_rope_frequencies turns the result into the kernel's RopeFreqs.
+RopeParams parse_rope_params(const nlohmann::json& rope, const std::string& context, double rope_theta,
+                             int64_t max_position_embeddings);
+
 // The original JSON with only the necessary changes: `torch_dtype` (and `dtype` when the original has it)
 // set to the exported dtype when one is given.
 nlohmann::json config_to_json(const ModelConfig& c, std::optional<DType> export_dtype = std::nullopt);

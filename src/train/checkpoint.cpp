@@ -27,14 +27,6 @@ constexpr const char* kOptimFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
 constexpr const char* kRecipeFile = "recipe.yaml";
 constexpr const char* kSums = "SHA256SUMS";
-
-void copy_into(const Tensor& src, Tensor& dst, const std::string& what) {
-  OLMO_CHECK(src.dtype() == DType::F32, what, ": expected F32, got another dtype");
-  OLMO_CHECK(src.shape() == dst.shape(), what, ": shape ", shape_str(src.shape()),
-             " does not match the model's ", shape_str(dst.shape()));
-  Tensor c = src.contiguous();
-  std::copy(c.data<float>(), c.data<float>() + c.numel(), dst.data<float>());
-}
 }  // namespace
 
 std::string checkpoint_dir_name(int64_t step) {
@@ -318,20 +310,7 @@ CheckpointState verify_checkpoint(const std::string& dir) {
                " does not list ", f);
   }
   io::verify_sha256_manifest(dir, kSums);
-  nlohmann::json st;
-  try {
-    st = nlohmann::json::parse(io::read_file(dir + "/" + kStateFile));
-  } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint ", dir, "/", kStateFile, ": not valid JSON: ", e.what());
-  }
-  OLMO_CHECK(st.is_object() && st.value("format", "") == "olmosft-checkpoint" && st.contains("step") &&
-                 st["step"].is_number_integer() && st["step"].get<int64_t>() >= 0,
-             "checkpoint ", dir, "/", kStateFile,
-             ": expected an olmosft-checkpoint object with an integer step");
-  CheckpointState s;
-  s.step = st["step"].get<int64_t>();
-  s.info = st;
-  return s;
+  return read_checkpoint_state(dir);
 }
 
 std::string latest_valid_checkpoint(const std::string& root, std::ostream& warn) {
@@ -345,28 +324,6 @@ std::string latest_valid_checkpoint(const std::string& root, std::ostream& warn)
     }
   }
   return "";
-}
-
-CheckpointState load_checkpoint(const std::string& dir, std::vector<model::Param>& params,
-                                std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq) {
-  CheckpointState s = verify_checkpoint(dir);
-  auto w = safetensors::Reader::open(dir + "/" + kModelFile);
-  auto o = safetensors::Reader::open(dir + "/" + kOptimFile);
-  OLMO_CHECK(w->tensors().size() == params.size(), "checkpoint ", dir, "/", kModelFile, ": ",
-             w->tensors().size(), " tensors, the model has ", params.size());
-  OLMO_CHECK(o->tensors().size() == 2 * params.size(), "checkpoint ", dir, "/", kOptimFile, ": ",
-             o->tensors().size(), " tensors, expected ", 2 * params.size());
-  exp_avg.resize(params.size());
-  exp_avg_sq.resize(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    const std::string& n = params[i].name;
-    copy_into(w->view(n), params[i].value, dir + "/" + kModelFile + " tensor " + n);
-    exp_avg[i] = Tensor::zeros(params[i].value.shape());
-    exp_avg_sq[i] = Tensor::zeros(params[i].value.shape());
-    copy_into(o->view("exp_avg." + n), exp_avg[i], dir + "/" + kOptimFile + " tensor exp_avg." + n);
-    copy_into(o->view("exp_avg_sq." + n), exp_avg_sq[i], dir + "/" + kOptimFile + " tensor exp_avg_sq." + n);
-  }
-  return s;
 }
 
 }  // namespace olmosft::train

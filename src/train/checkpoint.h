@@ -9,8 +9,8 @@
 //     SHA256SUMS             sha256sum-format checksums of every other file (`sha256sum -c` verifies them)
 // A checkpoint is built in a staging directory next to its final name (io::AtomicDir), fsynced, and
 // published with one rename, so a directory named step-N is complete unless it was damaged afterwards;
-// load() re-verifies every checksum anyway. After a save, all but the newest keep_last step directories
-// are deleted.
+// verify_checkpoint() re-verifies every checksum anyway (latest_valid_checkpoint calls it before a resume).
+// After a save, all but the newest keep_last step directories are deleted.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -49,17 +49,13 @@ CheckpointState verify_checkpoint(const std::string& dir);
 // corrupt checkpoint DIR: reason"). Returns "" when none is valid.
 std::string latest_valid_checkpoint(const std::string& ckpt_root, std::ostream& warn);
 
-// Loads weights and moments into the given storage (names and shapes must match exactly).
-CheckpointState load_checkpoint(const std::string& dir, std::vector<model::Param>& params,
-                                std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq);
-
 // The same layout written by every rank of a job at once (a collective over sp.comm()): rank 0 creates the
 // staging directory and the two safetensors files (header written, data sized), every rank pwrite()s the
 // elements it owns (zero3: its shard; dp: an equal slice of the elements, in parameter order) and fsyncs,
 // then rank 0 writes state.json, recipe.yaml and SHA256SUMS, fsyncs, publishes with one rename and
 // prunes to keep_last. The files are byte-identical to save_checkpoint's whatever the rank count and
-// mode (same header, same data), so either loader reads them. Errors on any rank throw on every rank.
-// Tensor names are sp.specs() names (the model's HF names).
+// mode (same header, same data), so load_checkpoint_sharded reads either. Errors on any rank throw on every
+// rank. Tensor names are sp.specs() names (the model's HF names).
 std::string save_checkpoint_sharded(const std::string& ckpt_root, dist::ShardedParams& sp,
                                     const CheckpointState& state, const std::string& recipe_yaml,
                                     int64_t keep_last);

@@ -20,8 +20,9 @@
 #include "core/rng.h"
 #include "dist/comm.h"
 #include "dist/sharded.h"
-#include "dist/toy.h"
+#include "dist_toy.h"
 #include "io/hash.h"
+#include "train/checkpoint.h"
 
 namespace fs = std::filesystem;
 using namespace olmosft;
@@ -151,8 +152,7 @@ TEST(DistWorker, Run) {
     ShardedParams sp(*comm, toy_specs(c), parse_mode(mode));
     sp.init([&](const TensorSpec& s, float* f) { toy_init(c, s, f); });
     if (a.count("load")) {
-      auto m = sp.load(a["load"]);
-      ASSERT_EQ(m["extra"]["next_step"].get<int64_t>(), first);
+      ASSERT_EQ(train::load_checkpoint_sharded(a["load"], sp).step + 1, first);
     }
     std::vector<std::string> lines;
     for (int64_t s = first; s <= last; ++s) {
@@ -162,7 +162,8 @@ TEST(DistWorker, Run) {
       }
       auto v = run_steps(*comm, sp, c, s, s);
       lines.push_back(v[0]);
-      if (a.count("save") && s == std::stoll(a["save_at"])) sp.save(a["save"], {{"next_step", s + 1}});
+      if (a.count("save") && s == std::stoll(a["save_at"]))
+        train::save_checkpoint_sharded(a["save"], sp, {s}, "", 1);
     }
     const std::string digest = param_digest(sp);
     const MemoryStats mem = sp.memory();
@@ -294,52 +295,6 @@ TEST(DistToy, TrainsAndModesAgreeInProcess) {
                                << ", of steps 26-30 " << last / 5;
 }
 
-TEST(DistCheckpoint, RoundTripAndValidation) {
-  auto comm = make_single_comm();
-  const ToyConfig c = test_config();
-  const fs::path dir = scratch_dir("ckpt");
-  ShardedParams a(*comm, toy_specs(c), ShardMode::Sharded);
-  a.init([&](const TensorSpec& s, float* f) { toy_init(c, s, f); });
-  run_steps(*comm, a, c, 1, 2);
-  a.save((dir / "c2").string(), {{"next_step", 3}});
-  EXPECT_THROW(a.save((dir / "c2").string()), Error);  // exists, not empty
-  auto rest_a = run_steps(*comm, a, c, 3, 4);
-  ShardedParams b(*comm, toy_specs(c), ShardMode::Replicated);
-  auto m = b.load((dir / "c2").string());
-  EXPECT_EQ(m["extra"]["next_step"], 3);
-  EXPECT_EQ(b.adam_step(), 2);
-  EXPECT_EQ(run_steps(*comm, b, c, 3, 4), rest_a);
-
-  // Corrupt one byte: checksum mismatch names the file.
-  fs::copy(dir / "c2", dir / "bad", fs::copy_options::recursive);
-  {
-    std::fstream f(dir / "bad" / "exp_avg.bin", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(100);
-    f.put('\x7f');
-  }
-  try {
-    b.load((dir / "bad").string());
-    FAIL() << "corruption not detected";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("exp_avg.bin"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("SHA-256"), std::string::npos) << e.what();
-  }
-  fs::resize_file(dir / "bad" / "exp_avg.bin", 40);
-  EXPECT_THROW(b.load((dir / "bad").string(), false), Error);
-  // Another model's shapes are refused.
-  ToyConfig other = c;
-  other.hidden = 16;
-  ShardedParams o(*comm, toy_specs(other), ShardMode::Sharded);
-  try {
-    o.load((dir / "c2").string());
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("fc1.weight"), std::string::npos) << e.what();
-  }
-  EXPECT_THROW(o.load((dir / "missing").string()), Error);
-  fs::remove_all(dir);
-}
-
 TEST(DistSharded, MemoryIsAboutOneOverN) {
   // One process: the persistent state is 4 buffers of the kAlign-padded units. The per-rank figures
   // under N ranks are measured in DistMpi.LossesMatch1To4Ranks.
@@ -393,8 +348,8 @@ TEST(DistMpi, LossesMatch1To4Ranks) {
 TEST(DistMpi, SaveOn4ResumeOn2) {
   const fs::path d = scratch_dir("resume");
   const auto ref = reference_losses(ShardMode::Sharded, 6);
-  const std::string ck = (d / "ckpt-step3").string();
-  auto a = mpirun(4, "mode=zero3;last=3;save_at=3;save=" + ck + ";out=" + (d / "a").string(), d.string());
+  const std::string root = (d / "ckpt").string(), ck = root + "/" + train::checkpoint_dir_name(3);
+  auto a = mpirun(4, "mode=zero3;last=3;save_at=3;save=" + root + ";out=" + (d / "a").string(), d.string());
   ASSERT_EQ(a.rc, 0) << a.log;
   auto b = mpirun(2, "mode=zero3;first=4;last=6;load=" + ck + ";out=" + (d / "b").string(), d.string());
   ASSERT_EQ(b.rc, 0) << b.log;
@@ -407,7 +362,7 @@ TEST(DistMpi, SaveOn4ResumeOn2) {
   auto comm = make_single_comm();
   const ToyConfig c = test_config();
   ShardedParams sp(*comm, toy_specs(c), ShardMode::Replicated);
-  sp.load(ck);
+  EXPECT_EQ(train::load_checkpoint_sharded(ck, sp).step, 3);
   auto lc = run_steps(*comm, sp, c, 4, 6);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(lc[size_t(i)], ref[size_t(i + 3)]);
   fs::remove_all(d);

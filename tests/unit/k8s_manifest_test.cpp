@@ -120,7 +120,7 @@ TEST(K8sManifest, RunbookRecipeMatchesSettings) {
   std::ifstream src(kRecipe);
   std::string src_text((std::istreambuf_iterator<char>(src)), {});
   EXPECT_EQ(docs[0]["data"]["source.yaml"].as<std::string>(), src_text);
-  // The env ConfigMap: every value a string (quoted numbers), what dist_env reads.
+  // The env ConfigMap: every value a string (quoted numbers).
   const YAML::Node env = docs[1]["data"];
   EXPECT_EQ(env["OLMOSFT_NUM_PODS"].as<std::string>(), "32");
   EXPECT_EQ(env["OLMOSFT_NUM_PODS"].Tag(), "!");

@@ -1,7 +1,6 @@
-// Recipe reader, slice catalogue, batch/mesh fit checks, run names, and dist_env detection.
+// Recipe reader, slice catalogue, batch/mesh fit checks, and run names.
 #include <gtest/gtest.h>
 
-#include "cluster/dist_env.h"
 #include "cluster/manifest.h"
 #include "cluster/recipe.h"
 #include "core/error.h"
@@ -164,78 +163,4 @@ TEST(K8sNames, Dns1035AndLength) {
   EXPECT_FALSE(is_dns1035_label("1abc"));
   EXPECT_NE(error_of([] { make_jobset_name("x", "ABC", "slice", 1, 4); }).find("lowercase"),
             std::string::npos);
-}
-
-TEST(K8sDistEnv, JobSetPod) {
-  DistEnv d = detect_dist_env(map_env({{"JOB_COMPLETION_INDEX", "5"},
-                                       {"OLMOSFT_NUM_PODS", "32"},
-                                       {"OLMOSFT_PODS_PER_JOB", "32"},
-                                       {"JOB_INDEX", "0"},
-                                       {"JOBSET_NAME", "olmo35-sft-abc123"},
-                                       {"REPLICATED_JOB_NAME", "slice"},
-                                       {"OLMOSFT_SUBDOMAIN", "olmo35-sft-abc123"},
-                                       {"OLMOSFT_COORDINATOR_PORT", "29500"},
-                                       {"RESTART_ATTEMPT", "2"}}));
-  EXPECT_EQ(d.source, "jobset");
-  EXPECT_EQ(d.rank, 5);
-  EXPECT_EQ(d.world_size, 32);
-  EXPECT_EQ(d.restart_attempt, 2);
-  EXPECT_EQ(d.coordinator(), "olmo35-sft-abc123-slice-0-0.olmo35-sft-abc123:29500");
-  // Multislice: second child Job (job index 1) of 2 x 16 pods.
-  d = detect_dist_env(map_env({{"JOB_COMPLETION_INDEX", "3"},
-                               {"OLMOSFT_NUM_PODS", "32"},
-                               {"OLMOSFT_PODS_PER_JOB", "16"},
-                               {"JOB_INDEX", "1"},
-                               {"JOBSET_NAME", "js"},
-                               {"REPLICATED_JOB_NAME", "slice"}}));
-  EXPECT_EQ(d.rank, 19);
-  EXPECT_EQ(d.coordinator(), "js-slice-0-0.js:29500");  // subdomain defaults to the JobSet name
-}
-
-TEST(K8sDistEnv, MpiAndSingle) {
-  DistEnv d = detect_dist_env(map_env({{"OMPI_COMM_WORLD_RANK", "3"},
-                                       {"OMPI_COMM_WORLD_SIZE", "4"},
-                                       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-                                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
-                                       {"JOB_COMPLETION_INDEX", "0"}}));  // mpirun inside a pod: MPI wins
-  EXPECT_EQ(d.source, "ompi");
-  EXPECT_EQ(d.rank, 3);
-  EXPECT_EQ(d.world_size, 4);
-  EXPECT_EQ(d.local_rank, 1);
-  EXPECT_EQ(d.coordinator(), "");
-  d = detect_dist_env(
-      map_env({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MASTER_ADDR", "h0"}, {"MASTER_PORT", "1234"}}));
-  EXPECT_EQ(d.source, "pmi");
-  EXPECT_EQ(d.coordinator(), "h0:1234");
-  d = detect_dist_env(map_env({{"PMIX_RANK", "0"}, {"OLMOSFT_WORLD_SIZE", "2"}}));
-  EXPECT_EQ(d.source, "pmix");
-  EXPECT_EQ(d.world_size, 2);
-  d = detect_dist_env(map_env({}));
-  EXPECT_EQ(d.source, "single");
-  EXPECT_EQ(d.rank, 0);
-  EXPECT_EQ(d.world_size, 1);
-}
-
-TEST(K8sDistEnv, BadValuesNameTheVariable) {
-  auto e = error_of([] {
-    detect_dist_env(map_env({{"OMPI_COMM_WORLD_RANK", "4"}, {"OMPI_COMM_WORLD_SIZE", "4"}}));
-  });
-  EXPECT_NE(e.find("rank 4 (OMPI_COMM_WORLD_RANK) is not below the world size 4"), std::string::npos) << e;
-  e = error_of([] {
-    detect_dist_env(map_env({{"OMPI_COMM_WORLD_RANK", "x"}, {"OMPI_COMM_WORLD_SIZE", "4"}}));
-  });
-  EXPECT_NE(e.find("OMPI_COMM_WORLD_RANK='x' is not a non-negative integer"), std::string::npos) << e;
-  e = error_of([] { detect_dist_env(map_env({{"JOB_COMPLETION_INDEX", "0"}})); });
-  EXPECT_NE(e.find("OLMOSFT_NUM_PODS is not"), std::string::npos) << e;
-  e = error_of([] {
-    detect_dist_env(map_env({{"JOB_COMPLETION_INDEX", "32"},
-                             {"OLMOSFT_NUM_PODS", "32"},
-                             {"JOBSET_NAME", "a"},
-                             {"REPLICATED_JOB_NAME", "b"}}));
-  });
-  EXPECT_NE(e.find("JOB_COMPLETION_INDEX=32 is not below the pods per job 32"), std::string::npos) << e;
-  e = error_of([] { detect_dist_env(map_env({{"JOB_COMPLETION_INDEX", "1"}, {"OLMOSFT_NUM_PODS", "2"}})); });
-  EXPECT_NE(e.find("JOBSET_NAME / REPLICATED_JOB_NAME are not"), std::string::npos) << e;
-  e = error_of([] { detect_dist_env(map_env({{"OLMOSFT_COORDINATOR", "nohostport"}})); });
-  EXPECT_NE(e.find("must be host:port"), std::string::npos) << e;
 }

@@ -1,14 +1,47 @@
-#include "dist/toy.h"
-
+// Test helper, header-only (tests/unit/dist_test.cpp, bench/dist.cpp): a tiny deterministic model + dataset
+// to prove the distributed engine: a two-layer MLP classifier  logits = W2 tanh(W1 x + b1) + b2  trained
+// with mean cross-entropy, on synthetic rows (x ~ N(0,1) by Philox, label = argmax of a fixed random
+// teacher). Units: 0 = fc1.*, 1 = fc2.*.
+//
+// Data order (rank-count independent): step s (1-based) uses global rows g = (s-1)*G + r, r in [0, G);
+// rank p of N takes rows [p*G/N, (p+1)*G/N). The G rows form V equal "virtual shards" (leaves); a
+// rank's rows are exactly leaves [p*V/N, (p+1)*V/N), so N must divide V. Gradients of each leaf are
+// summed pairwise (PairwiseSum) and across ranks by the Comm tree: for power-of-two V and N the
+// per-step loss, gradients and update are bit-identical for every N (see docs/dist.md).
+//
+// ZeRO-3 schedule per step: gather fc1 -> forward -> release; gather fc2 -> logits/loss -> release;
+// gather fc2 -> backward -> release -> reduce-scatter fc2 grads; fc1 backward needs no weights (first
+// layer) -> reduce-scatter fc1 grads; clip + AdamW on the shard.
+#pragma once
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "dist/comm.h"
+#include "dist/sharded.h"
+#include "kernels/adamw.h"
 
 namespace olmosft::dist {
 
-void ToyConfig::validate(int ranks) const {
+struct ToyConfig {
+  int64_t in = 32, hidden = 64, classes = 8;
+  int64_t global_batch = 32;  // G
+  int64_t leaves = 4;         // V (virtual shards per step)
+  uint64_t seed = 1234;
+  double lr = 0.01, weight_decay = 0.01, max_norm = 1.0;
+  void validate(int ranks) const;
+};
+
+struct ToyStep {
+  double loss = 0;       // mean CE over the G rows of the step
+  double grad_norm = 0;  // pre-clip global norm
+};
+
+inline void ToyConfig::validate(int ranks) const {
   OLMO_CHECK(in > 0 && hidden > 0 && classes > 1, "toy: bad model dims");
   OLMO_CHECK(leaves > 0 && global_batch % leaves == 0, "toy: global_batch ", global_batch,
              " must be a multiple of leaves ", leaves);
@@ -16,14 +49,14 @@ void ToyConfig::validate(int ranks) const {
              " must be a multiple of the rank count ", ranks);
 }
 
-std::vector<TensorSpec> toy_specs(const ToyConfig& c) {
+inline std::vector<TensorSpec> toy_specs(const ToyConfig& c) {
   return {{"fc1.weight", {c.hidden, c.in}, 0, true},
           {"fc1.bias", {c.hidden}, 0, false},
           {"fc2.weight", {c.classes, c.hidden}, 1, true},
           {"fc2.bias", {c.classes}, 1, false}};
 }
 
-void toy_init(const ToyConfig& c, const TensorSpec& s, float* full) {
+inline void toy_init(const ToyConfig& c, const TensorSpec& s, float* full) {
   const int64_t n = s.numel();
   if (s.name.ends_with(".bias")) {
     std::memset(full, 0, size_t(n) * 4);
@@ -34,7 +67,7 @@ void toy_init(const ToyConfig& c, const TensorSpec& s, float* full) {
   for (int64_t i = 0; i < n; ++i) full[i] = scale * rng.normal(uint64_t(i));
 }
 
-void toy_row(const ToyConfig& c, int64_t g, float* x, int32_t* label) {
+inline void toy_row(const ToyConfig& c, int64_t g, float* x, int32_t* label) {
   const Rng xr{c.seed, 1}, tr{c.seed, 2};
   for (int64_t j = 0; j < c.in; ++j) x[j] = xr.normal(uint64_t(g * c.in + j));
   int32_t best = 0;
@@ -47,7 +80,8 @@ void toy_row(const ToyConfig& c, int64_t g, float* x, int32_t* label) {
   *label = best;
 }
 
-ToyStep toy_train_step(Comm& comm, ShardedParams& sp, const ToyConfig& c, int64_t step) {
+// One optimizer step (a collective). `step` is 1-based.
+inline ToyStep toy_train_step(Comm& comm, ShardedParams& sp, const ToyConfig& c, int64_t step) {
   const int N = comm.size(), p = comm.rank();
   c.validate(N);
   const int64_t G = c.global_batch, V = c.leaves, R = G / V, I = c.in, H = c.hidden, C = c.classes;
