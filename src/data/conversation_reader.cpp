@@ -56,6 +56,7 @@ struct ConversationReader::Impl {
   bool file_had_messages = false;
   bool source_column_seen = false;
   int64_t rows_read = 0;
+  int64_t parquet_rows = 0;  // from the footers read by check_parquet_schemas (no --sql)
 
   ~Impl() { remove_sql_result(); }
   void remove_sql_result() {
@@ -94,6 +95,7 @@ void ConversationReader::Impl::check_parquet_schemas() {
            "; expected a list of {role, content} structs (e.g. list<struct<role: string, content: string>>)");
     }
     source_found |= p.has(opts.source_column);
+    parquet_rows += p.num_rows();
     for (const auto& c : p.columns()) all.push_back(c);
   }
   OLMO_CHECK(source_found || any_jsonl, "--source-column ", opts.source_column,
@@ -327,9 +329,9 @@ ConversationReader::~ConversationReader() = default;
 
 int64_t ConversationReader::count_rows() {
   if (!impl_->sql_result.empty()) return ParquetInput(impl_->sql_result).num_rows();
-  int64_t n = 0;
+  int64_t n = impl_->parquet_rows;
   for (const auto& f : impl_->files) {
-    n += f.kind == "parquet" ? ParquetInput(f.path).num_rows() : JsonlInput::count_lines(f.path);
+    if (f.kind != "parquet") n += JsonlInput::count_lines(f.path);
   }
   return n;
 }

@@ -45,13 +45,16 @@ struct JsonlInput::Impl {
     in = *cs;
   }
 
-  // Fills buf until it holds a newline after pos, or the input ends.
+  // Fills buf until it holds a newline after pos, or the input ends. Only the newly read bytes are searched,
+  // so a line of L bytes costs O(L), not O(L^2 / kBlock).
   void fill() {
-    while (!eof && buf.find('\n', pos) == std::string::npos) {
+    size_t from = pos;
+    while (!eof && buf.find('\n', from) == std::string::npos) {
       if (pos > 0) {
         buf.erase(0, pos);
         pos = 0;
       }
+      from = buf.size();
       auto r = in->Read(kBlock);
       if (!r.ok()) fail("input ", path, " (after line ", line_no, "): ", r.status().ToString());
       if ((*r)->size() == 0) {

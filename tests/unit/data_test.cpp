@@ -16,6 +16,7 @@
 #include "data/build.h"
 #include "data/build_bytes_encoder.h"
 #include "data/dataset.h"
+#include "data/jsonl_input.h"
 #include "data/pack.h"
 #include "data/shuffle.h"
 #include "data/source.h"
@@ -303,6 +304,37 @@ TEST(DataBuild, ParquetWritersAndJsonlGiveIdenticalDatasets) {
 // The same selection through DuckDB (--sql, the duckdb-cli binary) and through Arrow gives the same rows;
 // DuckDB's features users rely on (len(messages), a join with a CSV exclude list) work; the source rule and
 // --source-column are applied per row; the temporary selection file never reaches the output.
+// Lines longer than the reader's 1 MiB block, lines across block boundaries, CRLF, blank lines and a missing
+// final newline: every non-blank line comes back whole, with its 1-based line number.
+TEST(DataSource, JsonlLinesOfAnyLengthAcrossBlocks) {
+  TmpDir t;
+  const std::vector<std::string> want = {
+      "a", std::string(3 << 20, 'x'),       "bc", std::string((2 << 20) + 1, 'y'),
+      "",  std::string((1 << 20) - 1, 'z'), "end"};
+  const std::string path = t.path + "/long.jsonl";
+  {
+    std::ofstream f(path, std::ios::binary);
+    for (size_t i = 0; i < want.size(); ++i)
+      f << want[i] << (i + 1 == want.size() ? "" : i == 2 ? "\r\n" : "\n");
+  }
+  JsonlInput in(path);
+  std::vector<std::string> lines;
+  std::vector<int64_t> numbers;
+  while (in.next(2, lines, numbers)) {
+  }
+  std::vector<std::string> expect_lines;
+  std::vector<int64_t> expect_numbers;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (want[i].empty()) continue;
+    expect_lines.push_back(want[i]);
+    expect_numbers.push_back(static_cast<int64_t>(i) + 1);
+  }
+  ASSERT_EQ(lines.size(), expect_lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) EXPECT_TRUE(lines[i] == expect_lines[i]) << "line " << numbers[i];
+  EXPECT_EQ(numbers, expect_numbers);
+  EXPECT_EQ(JsonlInput::count_lines(path), 6);
+}
+
 TEST(DataBuild, SqlThroughDuckDbMatchesArrowAndSupportsJoins) {
   TmpDir t;
   BytesChatEncoder enc;
