@@ -84,5 +84,8 @@ echo '{"messages": [{"role": "user", "content": "hi"}]}' >"$scratch/noasst.json"
 out=$("$bin" tokenize --tokenizer "$scratch/dolma2" --chat "$scratch/noasst.json" 2>&1); rc=$?
 check "a chat without an assistant turn is a clear error" "[ $rc -eq 2 ] && grep -q 'no assistant turn' <<<\"\$out\""
 
+out=$("$bin" tokenizer dolma2 --tokenizer-json "$dolma2" --chat-template "$scratch/missing.jinja" --out "$scratch/y" 2>&1); rc=$?
+check "a missing --chat-template file: exit 2, named, nothing written" "[ $rc -eq 2 ] && grep -q 'missing.jinja' <<<\"\$out\" && [ ! -e $scratch/y ]"
+
 echo "$passed passed, $fails failed"
 [ $fails -eq 0 ]
