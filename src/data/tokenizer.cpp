@@ -281,85 +281,91 @@ Tokenizer Tokenizer::from_hf_json_file(const std::string& path) {
   return from_hf_json(io::read_file(path), path);
 }
 
-Tokenizer Tokenizer::from_hf_json(const std::string& json_text, const std::string& origin) {
-  using nlohmann::json;
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    fail(origin, ": not valid JSON: ", e.what());
-  }
-  if (!j.is_object() || !j.contains("model")) fail(origin, ": not an HF tokenizer.json (no \"model\")");
-  Tokenizer t;
-  auto where = [&](const std::string& k) { return origin + ": " + k; };
-  // normalizer
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    const json& nz = j["normalizer"];
-    bool ok = nz.is_object() && nz.value("type", "") == "Sequence" && nz.contains("normalizers") &&
-              nz["normalizers"].is_array() && nz["normalizers"].empty();
-    if (!ok)
-      fail(where("normalizer"), ": unsupported normalizer ", nz.dump().substr(0, 200),
-           " (only null is implemented; a normalizer would change ids silently)");
-  }
-  // model
-  const json& m = j["model"];
-  std::string mtype = m.value("type", "");
-  if (mtype.empty() && m.contains("merges")) mtype = "BPE";
-  if (mtype != "BPE")
-    fail(where("model.type"), ": unsupported tokenizer model '", mtype,
-         "' (only byte-level BPE is implemented; WordPiece/Unigram/WordLevel are not)");
-  if (m.value("byte_fallback", false))
-    fail(where("model.byte_fallback"), ": byte_fallback BPE is not supported");
-  if (m.contains("dropout") && !m["dropout"].is_null())
-    fail(where("model.dropout"), ": BPE dropout is not supported");
-  if (!m.value("continuing_subword_prefix", std::string()).empty() ||
-      !m.value("end_of_word_suffix", std::string()).empty())
-    fail(where("model"), ": continuing_subword_prefix/end_of_word_suffix are not supported");
-  if (!m.contains("vocab") || !m["vocab"].is_object()) fail(where("model.vocab"), ": expected an object");
-  std::string raw;
-  for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-    if (!it.value().is_number_integer())
-      fail(where("model.vocab"), ": id of '", it.key(), "' is not an integer");
-    int64_t id = it.value().get<int64_t>();
-    if (id < 0 || id > std::numeric_limits<int32_t>::max()) fail(where("model.vocab"), ": bad id ", id);
-    if (!unbyte_level(it.key(), raw))
-      fail(where("model.vocab"), ": token '", it.key(),
-           "' is not in the byte-level alphabet (not a byte-level BPE; unsupported)");
-    t.bytes_id_[raw] = static_cast<int32_t>(id);
-  }
-  if (!m.contains("merges") || !m["merges"].is_array()) fail(where("model.merges"), ": expected an array");
-  std::string lb, rb;
-  uint32_t rank = 0;
-  for (const json& mg : m["merges"]) {
-    std::string l, r;
-    if (mg.is_string()) {
-      const std::string& s = mg.get_ref<const std::string&>();
-      size_t sp = s.find(' ');
-      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-        fail(where("model.merges"), "[", rank, "]: expected 'left right', got '", s, "'");
-      l = s.substr(0, sp);
-      r = s.substr(sp + 1);
-    } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
-      l = mg[0].get<std::string>();
-      r = mg[1].get<std::string>();
-    } else {
-      fail(where("model.merges"), "[", rank, "]: expected a string or a pair of strings");
-    }
-    if (!unbyte_level(l, lb) || !unbyte_level(r, rb))
-      fail(where("model.merges"), "[", rank, "]: not byte-level encoded");
-    auto li = t.bytes_id_.find(lb), ri = t.bytes_id_.find(rb), mi = t.bytes_id_.find(lb + rb);
-    if (li == t.bytes_id_.end() || ri == t.bytes_id_.end() || mi == t.bytes_id_.end())
-      fail(where("model.merges"), "[", rank, "]: '", l, " ", r, "' refers to a token missing from the vocab");
-    uint64_t key = (static_cast<uint64_t>(li->second) << 32) | static_cast<uint32_t>(ri->second);
-    t.merges_.emplace(key, (static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(mi->second));
-    ++rank;
-  }
-  t.whole_piece_lookup_ = m.value("ignore_merges", false);
-  // pre-tokenizer
-  std::string desc = "HF BPE (" + std::to_string(t.bytes_id_.size()) + " vocab, " + std::to_string(rank) +
-                     " merges), pre-tokenizer: ";
+// Reads the parts of an HF tokenizer.json into a Tokenizer (a friend of it: it fills the private tables).
+// Every failure names the origin and the key.
+struct HfJsonLoader {
+  using json = nlohmann::json;
+  Tokenizer& t;
+  const std::string& origin;
+  std::string desc;  // the pre-tokenizer part of the description
   bool byte_level = false;
-  auto take_split = [&](const json& p) {
+
+  std::string where(const std::string& k) const { return origin + ": " + k; }
+
+  void normalizer(const json& j) {
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+      const json& nz = j["normalizer"];
+      bool ok = nz.is_object() && nz.value("type", "") == "Sequence" && nz.contains("normalizers") &&
+                nz["normalizers"].is_array() && nz["normalizers"].empty();
+      if (!ok)
+        fail(where("normalizer"), ": unsupported normalizer ", nz.dump().substr(0, 200),
+             " (only null is implemented; a normalizer would change ids silently)");
+    }
+  }
+
+  // model.type and its flags, then model.vocab.
+  void model(const json& m) {
+    std::string mtype = m.value("type", "");
+    if (mtype.empty() && m.contains("merges")) mtype = "BPE";
+    if (mtype != "BPE")
+      fail(where("model.type"), ": unsupported tokenizer model '", mtype,
+           "' (only byte-level BPE is implemented; WordPiece/Unigram/WordLevel are not)");
+    if (m.value("byte_fallback", false))
+      fail(where("model.byte_fallback"), ": byte_fallback BPE is not supported");
+    if (m.contains("dropout") && !m["dropout"].is_null())
+      fail(where("model.dropout"), ": BPE dropout is not supported");
+    if (!m.value("continuing_subword_prefix", std::string()).empty() ||
+        !m.value("end_of_word_suffix", std::string()).empty())
+      fail(where("model"), ": continuing_subword_prefix/end_of_word_suffix are not supported");
+    if (!m.contains("vocab") || !m["vocab"].is_object()) fail(where("model.vocab"), ": expected an object");
+    std::string raw;
+    for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
+      if (!it.value().is_number_integer())
+        fail(where("model.vocab"), ": id of '", it.key(), "' is not an integer");
+      int64_t id = it.value().get<int64_t>();
+      if (id < 0 || id > std::numeric_limits<int32_t>::max()) fail(where("model.vocab"), ": bad id ", id);
+      if (!unbyte_level(it.key(), raw))
+        fail(where("model.vocab"), ": token '", it.key(),
+             "' is not in the byte-level alphabet (not a byte-level BPE; unsupported)");
+      t.bytes_id_[raw] = static_cast<int32_t>(id);
+    }
+  }
+
+  // model.merges ("left right" strings or [left, right] pairs) and model.ignore_merges; returns the count.
+  uint32_t merges(const json& m) {
+    if (!m.contains("merges") || !m["merges"].is_array()) fail(where("model.merges"), ": expected an array");
+    std::string lb, rb;
+    uint32_t rank = 0;
+    for (const json& mg : m["merges"]) {
+      std::string l, r;
+      if (mg.is_string()) {
+        const std::string& s = mg.get_ref<const std::string&>();
+        size_t sp = s.find(' ');
+        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+          fail(where("model.merges"), "[", rank, "]: expected 'left right', got '", s, "'");
+        l = s.substr(0, sp);
+        r = s.substr(sp + 1);
+      } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
+        l = mg[0].get<std::string>();
+        r = mg[1].get<std::string>();
+      } else {
+        fail(where("model.merges"), "[", rank, "]: expected a string or a pair of strings");
+      }
+      if (!unbyte_level(l, lb) || !unbyte_level(r, rb))
+        fail(where("model.merges"), "[", rank, "]: not byte-level encoded");
+      auto li = t.bytes_id_.find(lb), ri = t.bytes_id_.find(rb), mi = t.bytes_id_.find(lb + rb);
+      if (li == t.bytes_id_.end() || ri == t.bytes_id_.end() || mi == t.bytes_id_.end())
+        fail(where("model.merges"), "[", rank, "]: '", l, " ", r,
+             "' refers to a token missing from the vocab");
+      uint64_t key = (static_cast<uint64_t>(li->second) << 32) | static_cast<uint32_t>(ri->second);
+      t.merges_.emplace(key, (static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(mi->second));
+      ++rank;
+    }
+    t.whole_piece_lookup_ = m.value("ignore_merges", false);
+    return rank;
+  }
+
+  void split(const json& p) {
     if (!p.contains("pattern") || !p["pattern"].is_object() || !p["pattern"].contains("Regex"))
       fail(where("pre_tokenizer"), ": Split with a non-regex pattern is not supported");
     std::string beh = p.value("behavior", "");
@@ -375,8 +381,9 @@ Tokenizer Tokenizer::from_hf_json(const std::string& json_text, const std::strin
     if (!t.pattern_.empty()) fail(where("pre_tokenizer"), ": more than one regex split is not supported");
     t.pattern_ = p["pattern"]["Regex"].get<std::string>();
     desc += "Split(regex) + ";
-  };
-  auto take_bytelevel = [&](const json& p) {
+  }
+
+  void bytelevel(const json& p) {
     if (p.value("add_prefix_space", false))
       fail(where("pre_tokenizer"), ": ByteLevel add_prefix_space=true is not supported");
     if (p.value("use_regex", true)) {
@@ -388,63 +395,93 @@ Tokenizer Tokenizer::from_hf_json(const std::string& json_text, const std::strin
       desc += "ByteLevel";
     }
     byte_level = true;
-  };
-  const json pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
-  if (pre.is_null())
-    fail(where("pre_tokenizer"), ": missing (a byte-level BPE needs a ByteLevel pre-tokenizer)");
-  std::string ptype = pre.value("type", "");
-  if (ptype == "ByteLevel") {
-    take_bytelevel(pre);
-  } else if (ptype == "Sequence") {
-    for (const json& p : pre.value("pretokenizers", json::array())) {
-      std::string ty = p.value("type", "");
-      if (byte_level) fail(where("pre_tokenizer"), ": a pre-tokenizer after ByteLevel is not supported");
-      if (ty == "Split") {
-        take_split(p);
-      } else if (ty == "ByteLevel") {
-        take_bytelevel(p);
-      } else {
-        fail(where("pre_tokenizer"), ": unsupported pre-tokenizer '", ty, "' in Sequence");
+  }
+
+  // pre_tokenizer: ByteLevel, or a Sequence of an optional regex Split then ByteLevel.
+  void pre_tokenizer(const json& j) {
+    const json pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
+    if (pre.is_null())
+      fail(where("pre_tokenizer"), ": missing (a byte-level BPE needs a ByteLevel pre-tokenizer)");
+    std::string ptype = pre.value("type", "");
+    if (ptype == "ByteLevel") {
+      bytelevel(pre);
+    } else if (ptype == "Sequence") {
+      for (const json& p : pre.value("pretokenizers", json::array())) {
+        std::string ty = p.value("type", "");
+        if (byte_level) fail(where("pre_tokenizer"), ": a pre-tokenizer after ByteLevel is not supported");
+        if (ty == "Split") {
+          split(p);
+        } else if (ty == "ByteLevel") {
+          bytelevel(p);
+        } else {
+          fail(where("pre_tokenizer"), ": unsupported pre-tokenizer '", ty, "' in Sequence");
+        }
+      }
+    } else {
+      fail(where("pre_tokenizer"), ": unsupported pre-tokenizer '", ptype, "'");
+    }
+    if (!byte_level) fail(where("pre_tokenizer"), ": no ByteLevel step (only byte-level BPE is supported)");
+  }
+
+  void decoder(const json& j) {
+    if (j.contains("decoder") && !j["decoder"].is_null() && j["decoder"].value("type", "") != "ByteLevel")
+      fail(where("decoder"), ": unsupported decoder '", j["decoder"].value("type", ""),
+           "' (ByteLevel expected)");
+  }
+
+  void added_tokens(const json& j) {
+    if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+      size_t k = 0;
+      for (const json& a : j["added_tokens"]) {
+        AddedToken at;
+        try {
+          at.id = a.at("id").get<int32_t>();
+          at.content = a.at("content").get<std::string>();
+          at.special = a.value("special", false);
+          at.lstrip = a.value("lstrip", false);
+          at.rstrip = a.value("rstrip", false);
+        } catch (const json::exception& e) {
+          fail(where("added_tokens"), "[", k, "]: ", e.what());
+        }
+        if (a.value("single_word", false))
+          fail(where("added_tokens"), "[", k, "] '", at.content, "': single_word=true is not supported");
+        if (at.content.empty() || at.id < 0)
+          fail(where("added_tokens"), "[", k, "]: empty content or negative id");
+        // An added token whose content is also a model token with the same id is just a marker on it.
+        t.added_.push_back(at);
+        ++k;
       }
     }
-  } else {
-    fail(where("pre_tokenizer"), ": unsupported pre-tokenizer '", ptype, "'");
-  }
-  if (!byte_level) fail(where("pre_tokenizer"), ": no ByteLevel step (only byte-level BPE is supported)");
-  // decoder
-  if (j.contains("decoder") && !j["decoder"].is_null() && j["decoder"].value("type", "") != "ByteLevel")
-    fail(where("decoder"), ": unsupported decoder '", j["decoder"].value("type", ""),
-         "' (ByteLevel expected)");
-  // added tokens
-  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-    size_t k = 0;
-    for (const json& a : j["added_tokens"]) {
-      AddedToken at;
-      try {
-        at.id = a.at("id").get<int32_t>();
-        at.content = a.at("content").get<std::string>();
-        at.special = a.value("special", false);
-        at.lstrip = a.value("lstrip", false);
-        at.rstrip = a.value("rstrip", false);
-      } catch (const json::exception& e) {
-        fail(where("added_tokens"), "[", k, "]: ", e.what());
-      }
-      if (a.value("single_word", false))
-        fail(where("added_tokens"), "[", k, "] '", at.content, "': single_word=true is not supported");
-      if (at.content.empty() || at.id < 0)
-        fail(where("added_tokens"), "[", k, "]: empty content or negative id");
-      // An added token whose content is also a model token with the same id is just a marker on it.
-      t.added_.push_back(at);
-      ++k;
+    for (auto& a : t.added_) {
+      auto it = t.bytes_id_.find(a.content);
+      if (it != t.bytes_id_.end() && it->second != a.id)
+        fail(where("added_tokens"), ": '", a.content, "' has id ", a.id, " but the vocab says ", it->second);
     }
   }
-  for (auto& a : t.added_) {
-    auto it = t.bytes_id_.find(a.content);
-    if (it != t.bytes_id_.end() && it->second != a.id)
-      fail(where("added_tokens"), ": '", a.content, "' has id ", a.id, " but the vocab says ", it->second);
+};
+
+Tokenizer Tokenizer::from_hf_json(const std::string& json_text, const std::string& origin) {
+  using nlohmann::json;
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    fail(origin, ": not valid JSON: ", e.what());
   }
+  if (!j.is_object() || !j.contains("model")) fail(origin, ": not an HF tokenizer.json (no \"model\")");
+  Tokenizer t;
+  HfJsonLoader ld{t, origin, {}, false};
+  ld.normalizer(j);
+  const json& m = j["model"];
+  ld.model(m);
+  uint32_t rank = ld.merges(m);
+  std::string desc = "HF BPE (" + std::to_string(t.bytes_id_.size()) + " vocab, " + std::to_string(rank) +
+                     " merges), pre-tokenizer: ";
+  ld.pre_tokenizer(j);
+  ld.decoder(j);
+  ld.added_tokens(j);
   t.finish_setup();
-  desc += ", " + std::to_string(t.added_.size()) + " added tokens";
+  desc += ld.desc + ", " + std::to_string(t.added_.size()) + " added tokens";
   t.description_ = desc;
   return t;
 }

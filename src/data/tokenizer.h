@@ -35,6 +35,7 @@ struct BpeMerge {
 };
 
 class Regex;  // PCRE2 wrapper (tokenizer.cpp)
+struct HfJsonLoader;
 
 class Tokenizer {
  public:
@@ -70,6 +71,7 @@ class Tokenizer {
   std::vector<int32_t> bpe_bytes(std::string_view bytes, uint32_t max_rank = UINT32_MAX) const;
 
  private:
+  friend struct HfJsonLoader;  // tokenizer.cpp: fills the tables from a tokenizer.json
   Tokenizer();
   void finish_setup();
   void bpe_piece(std::string_view piece, std::vector<int32_t>& out) const;
