@@ -239,6 +239,51 @@ void advance_state(Work<T>& w, int64_t n, T* S) {
   gemm<T>(Trans::T, Trans::N, w.K, w.V, n, T(1), w.Kl.data(), w.K, w.Vn.data(), w.V, T(1), S, w.V);
 }
 
+// Backward through the pairwise terms of a chunk of n tokens: P (Akk = Diag(beta) P) and Aqk. Adds into
+// w.dk, w.dq and w.dGm from w.dM (dL/dM) and w.dA (dL/dAqk).
+template <typename T>
+void pairwise_backward(Work<T>& w, int64_t n) {
+  const int64_t K = w.K, C = w.C;
+  for (int64_t i = 0; i < n; ++i) {
+    const double* Gi = w.Gm.data() + i * K;
+    const T* ki = w.Kc.data() + i * K;
+    const T* qi = w.Qs.data() + i * K;
+    T* dki = w.dk.data() + i * K;
+    T* dqi = w.dq.data() + i * K;
+    T* dGi = w.dGm.data() + i * K;
+    for (int64_t j = 0; j < i; ++j) {
+      const T dp = w.bt[i] * w.dM[i * C + j];
+      const T da = w.dA[i * C + j];
+      if (dp == T(0) && da == T(0)) continue;
+      const double* Gj = w.Gm.data() + j * K;
+      const T* kj = w.Kc.data() + j * K;
+      T* dkj = w.dk.data() + j * K;
+      T* dGj = w.dGm.data() + j * K;
+      diff(Gi, Gj, w.xd.data(), K);
+      vexp_nonpos(w.xd.data(), w.E.data(), K);
+      const T* ev = w.E.data();
+#pragma omp simd
+      for (int64_t c = 0; c < K; ++c) {
+        const T e = ev[c];
+        const T kje = kj[c] * e;
+        dki[c] += dp * kje;
+        dqi[c] += da * kje;
+        const T s = (dp * ki[c] + da * qi[c]);
+        dkj[c] += s * e;
+        const T tt = s * kje;
+        dGi[c] += tt;
+        dGj[c] -= tt;
+      }
+    }
+    // Diagonal of Aqk (P has none): zero exponent, no dGam term.
+    const T da = w.dA[i * C + i];
+    for (int64_t c = 0; c < K; ++c) {
+      dqi[c] += da * ki[c];
+      dki[c] += da * qi[c];
+    }
+  }
+}
+
 void check_args(const KdaDims& d, int64_t chunk, const char* what) {
   OLMO_CHECK(d.B >= 0 && d.L >= 0 && d.H > 0 && d.K > 0 && d.V > 0, what, ": bad dims B=", d.B, " L=", d.L,
              " H=", d.H, " K=", d.K, " V=", d.V);
@@ -379,44 +424,7 @@ void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T*
         }
         for (int64_t c = 0; c < K; ++c) dGl[c] += dGlast[c];
         // Pairwise terms through P (Akk = Diag(beta) P) and Aqk.
-        for (int64_t i = 0; i < n; ++i) {
-          const double* Gi = w.Gm.data() + i * K;
-          const T* ki = w.Kc.data() + i * K;
-          const T* qi = w.Qs.data() + i * K;
-          T* dki = w.dk.data() + i * K;
-          T* dqi = w.dq.data() + i * K;
-          T* dGi = w.dGm.data() + i * K;
-          for (int64_t j = 0; j < i; ++j) {
-            const T dp = w.bt[i] * w.dM[i * C + j];
-            const T da = w.dA[i * C + j];
-            if (dp == T(0) && da == T(0)) continue;
-            const double* Gj = w.Gm.data() + j * K;
-            const T* kj = w.Kc.data() + j * K;
-            T* dkj = w.dk.data() + j * K;
-            T* dGj = w.dGm.data() + j * K;
-            diff(Gi, Gj, w.xd.data(), K);
-            vexp_nonpos(w.xd.data(), w.E.data(), K);
-            const T* ev = w.E.data();
-#pragma omp simd
-            for (int64_t c = 0; c < K; ++c) {
-              const T e = ev[c];
-              const T kje = kj[c] * e;
-              dki[c] += dp * kje;
-              dqi[c] += da * kje;
-              const T s = (dp * ki[c] + da * qi[c]);
-              dkj[c] += s * e;
-              const T tt = s * kje;
-              dGi[c] += tt;
-              dGj[c] -= tt;
-            }
-          }
-          // Diagonal of Aqk (P has none): zero exponent, no dGam term.
-          const T da = w.dA[i * C + i];
-          for (int64_t c = 0; c < K; ++c) {
-            dqi[c] += da * ki[c];
-            dki[c] += da * qi[c];
-          }
-        }
+        pairwise_backward(w, n);
         // Gam is a cumulative sum of g: dg = reverse cumulative sum of dGam. Scatter.
         for (int64_t i = n - 2; i >= 0; --i)
           for (int64_t c = 0; c < K; ++c) w.dGm[i * K + c] += w.dGm[(i + 1) * K + c];
