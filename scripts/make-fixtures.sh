@@ -47,6 +47,7 @@ OLMOSFT_WRITE_TB_FIXTURE=1 "$BUILD/io_tb_upstream_test" --gtest_filter='*ByteFor
 # --- tok: tokenizer corpus, chat templates, label masks: the pinned upstream oracles of deps/venv-reference
 # (HF tokenizers 0.23.3 on deps/dolma2/allenai_dolma2.json, jinja2 3.1.6)
 "$REFPY" tests/reference/tok_corpus.py
+"$REFPY" tests/reference/tok_long_runs.py
 "$REFPY" tests/reference/tok_templates.py
 "$REFPY" tests/reference/tok_labels.py
 

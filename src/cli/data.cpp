@@ -24,7 +24,7 @@ int build_main(int argc, char** argv) {
                  "or builtin:bytes (the byte-level test encoder)")
       ->required();
   app.add_option("--seq-len", o.seq_len, "tokens per packed row")->required();
-  app.add_option("--seed", o.seed, "shuffle seed")->required();
+  app.add_option("--seed", o.seed, "shuffle seed (0 .. 2^64-1)")->required()->check(CLI::NonNegativeNumber);
   app.add_option("--out", o.out_dir, "output directory (must be new or empty)")->required();
   app.add_option("--epochs", o.epochs, "epochs to lay out (each with its own conversation shuffle)");
   app.add_option("--sql", o.sql, "SELECT over the view `input` choosing/filtering rows (DuckDB SQL)");
@@ -89,8 +89,8 @@ int inspect_main(int argc, char** argv) {
   int epoch = 0;
   bool verify = false;
   app.add_option("dir", dir, "dataset directory (from data build)")->required();
-  app.add_option("--row", row, "row index to show");
-  app.add_option("--epoch", epoch, "epoch of --row");
+  app.add_option("--row", row, "row index to show")->check(CLI::NonNegativeNumber);
+  app.add_option("--epoch", epoch, "epoch of --row")->check(CLI::NonNegativeNumber);
   app.add_option("--tokenizer", tokenizer,
                  "tokenizer dir or builtin:bytes to decode (default: show token ids)");
   app.add_flag("--verify", verify, "check every row's checksum");

@@ -13,6 +13,7 @@
 #include "cli/verb.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/json.h"
 #include "kernels/attention.h"
 #include "model/model.h"
 
@@ -62,14 +63,7 @@ Rows load_rows(const std::string& path, const char* what) {
       fail(path, ": unsupported .npy dtype (expected int32, int64, uint8 or bool)");
     }
   } else {
-    std::ifstream f(path);
-    OLMO_CHECK(f, path, ": cannot open");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(f);
-    } catch (const nlohmann::json::exception& e) {
-      fail(path, ": not valid JSON (", e.what(), ")");
-    }
+    const nlohmann::json j = olmosft::io::parse_json(olmosft::io::read_file(path), path);
     OLMO_CHECK(j.is_array() && !j.empty(), path,
                ": expected a non-empty JSON array [[ids...], ...] or [ids...]");
     const bool flat = !j[0].is_array();
@@ -80,7 +74,7 @@ Rows load_rows(const std::string& path, const char* what) {
       rows.emplace_back();
       for (size_t t = 0; t < r.size(); ++t) {
         OLMO_CHECK(r[t].is_number_integer(), path, ": row ", b, ", position ", t,
-                   ": expected an integer, got ", r[t].dump());
+                   ": expected an integer, got ", olmosft::io::json_excerpt(r[t]));
         rows.back().push_back(r[t].get<int64_t>());
       }
     }

@@ -14,6 +14,7 @@
 #include "data/source.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
+#include "io/json.h"
 #include "model/config.h"
 #include "model/model.h"
 
@@ -39,12 +40,7 @@ std::vector<Prompt> read_prompts(const std::string& path) {
   while (std::getline(f, text)) {
     ++line;
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      fail(path, " line ", line, ": not valid JSON (", e.what(), ")");
-    }
+    const nlohmann::json j = olmosft::io::parse_json(text, path + " line " + std::to_string(line));
     OLMO_CHECK(j.is_object(), path, " line ", line, ": expected a JSON object {\"messages\": [...]}, got a ",
                j.type_name());
     OLMO_CHECK(j.contains("messages"), path, " line ", line, ": no \"messages\" key");
@@ -82,7 +78,8 @@ int generate_main(int argc, char** argv) {
       app.add_option("--config", config_path,
                      "config.json for a random init (as the trainer's model.config with the same --seed)");
   m->excludes(c);
-  app.add_option("--seed", seed, "seed of the random init (with --config; the recipe's seed)");
+  app.add_option("--seed", seed, "seed of the random init (with --config; the recipe's seed)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--tokenizer", tokenizer, "tokenizer directory (HF) or builtin:bytes")->required();
   app.add_option(
          "--prompts", prompts_path,

@@ -11,6 +11,7 @@
 #include "data/tokenizer_dolma2.h"
 #include "data/tokenizer_util.h"
 #include "io/atomic_file.h"
+#include "io/json.h"
 
 namespace {
 using namespace olmosft;
@@ -98,7 +99,8 @@ int check_main(int argc, char** argv) {
       check(false, "tokenizer_config.json / chat template load", e.what());
     }
     try {
-      nlohmann::json cfg = nlohmann::json::parse(io::read_file(dir + "/tokenizer_config.json"));
+      nlohmann::json cfg =
+          io::parse_json(io::read_file(dir + "/tokenizer_config.json"), dir + "/tokenizer_config.json");
       std::string cls = cfg.value("tokenizer_class", "");
       if (cls == "GPT2Tokenizer")
         std::cout << "note tokenizer_class GPT2Tokenizer: transformers may load this dir as the slow GPT-2 "
@@ -161,12 +163,7 @@ int tokenize_main(int argc, char** argv) {
   return cli::run_app(app, argc, argv, [&] {
     if (chat.empty() && !app.count("--text")) fail("give --text or --chat");
     if (!chat.empty()) {
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(io::read_file(chat));
-      } catch (const nlohmann::json::exception& e) {
-        fail(chat, ": not valid JSON: ", e.what());
-      }
+      const nlohmann::json j = io::parse_json(io::read_file(chat), chat);
       nlohmann::json msgs = j.is_array() ? j : j.value("messages", nlohmann::json());
       if (!msgs.is_array()) fail(chat, ": expected a list of messages or {\"messages\": [...]}");
       Conversation conv;

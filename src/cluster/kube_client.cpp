@@ -393,6 +393,18 @@ HttpResult KubeClient::raw(const std::string& method, const std::string& path, c
   return r;
 }
 
+// True when the server answers GET /api with a Kubernetes APIVersions object (every API server does).
+bool KubeClient::serves_core_api() {
+  const HttpResult a = raw("GET", "/api");
+  if (a.status != 200) return false;
+  try {
+    const auto j = nlohmann::json::parse(a.body);
+    return j.is_object() && j.value("kind", "") == "APIVersions";
+  } catch (...) {
+    return false;
+  }
+}
+
 std::string KubeClient::explain(const HttpResult& r, const std::string& method, const std::string& path,
                                 const std::string& what) {
   std::string msg, reason;
@@ -446,6 +458,13 @@ std::string KubeClient::explain(const HttpResult& r, const std::string& method, 
         v = v.substr(0, v.find('?'));
         group_version = g + "/" + v;
         HttpResult d = raw("GET", "/apis/" + g + "/" + v);
+        if (d.status == 404 && !serves_core_api()) {
+          o << "404 Not Found from " << cfg_.server
+            << ", which does not answer like a Kubernetes API server (GET /api gives no APIVersions); "
+               "check the server URL in "
+            << cfg_.source;
+          break;
+        }
         if (d.status == 404) {
           o << "404: the API " << group_version << " is not served by " << cfg_.server
             << " (its CRDs are missing). Fix: " << crd_hint(g);

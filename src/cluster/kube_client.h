@@ -88,6 +88,7 @@ class KubeClient {
   std::string url(const std::string& path) const { return cfg_.server + path; }
 
  private:
+  bool serves_core_api();  // GET /api answers with a Kubernetes APIVersions object
   KubeConfig cfg_;
   std::string token_;
   std::chrono::steady_clock::time_point token_read_{};

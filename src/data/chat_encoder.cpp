@@ -10,6 +10,7 @@
 #include "data/tokenizer_util.h"
 #include "io/atomic_file.h"
 #include "io/hash.h"
+#include "io/json.h"
 
 namespace olmosft {
 
@@ -31,12 +32,7 @@ class HfChatEncoder : public ChatEncoder {
     std::string cfg_path = dir + "/tokenizer_config.json";
     std::string tj = io::read_file(dir + "/tokenizer.json");
     std::string cj = io::read_file(cfg_path);
-    nlohmann::json cfg;
-    try {
-      cfg = nlohmann::json::parse(cj);
-    } catch (const nlohmann::json::exception& e) {
-      fail(cfg_path, ": not valid JSON: ", e.what());
-    }
+    const nlohmann::json cfg = io::parse_json(cj, cfg_path);
     eos_token_ = token_string(cfg, "eos_token", cfg_path);
     bos_token_ = token_string(cfg, "bos_token", cfg_path);
     pad_token_ = token_string(cfg, "pad_token", cfg_path);

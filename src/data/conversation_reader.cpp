@@ -12,6 +12,7 @@
 #include "data/duckdb_cli.h"
 #include "data/jsonl_input.h"
 #include "data/parquet_input.h"
+#include "io/json.h"
 
 namespace olmosft {
 
@@ -54,6 +55,7 @@ struct ConversationReader::Impl {
   std::unique_ptr<ParquetInput> pq;
   std::unique_ptr<JsonlInput> jl;
   bool file_had_messages = false;
+  int64_t file_rows = 0;  // JSON lines read from the current file
   bool source_column_seen = false;
   int64_t rows_read = 0;
   int64_t parquet_rows = 0;  // from the footers read by check_parquet_schemas (no --sql)
@@ -215,10 +217,12 @@ bool ConversationReader::Impl::open_next_file() {
     }
   }
   file_had_messages = false;
+  file_rows = 0;
   return true;
 }
 
 void ConversationReader::Impl::end_of_file() {
+  if (jl && file_rows == 0) fail("input ", files[file].path, ": the file has no JSON lines (empty)");
   if (jl && !file_had_messages) fail("input ", files[file].path, ": no row has a 'messages' key");
   pq.reset();
   jl.reset();
@@ -280,6 +284,11 @@ bool ConversationReader::Impl::next_jsonl(std::vector<RawConversation>& out, siz
     const size_t k = static_cast<size_t>(r);
     json row;
     try {
+      const size_t deep = io::json_depth_violation(lines[k]);
+      if (deep != std::string::npos) {
+        errors[k] = io::json_depth_message(deep);
+        continue;
+      }
       row = json::parse(lines[k]);
     } catch (const std::exception& e) {
       errors[k] = std::string("not valid JSON/UTF-8: ") + e.what();
@@ -304,6 +313,7 @@ bool ConversationReader::Impl::next_jsonl(std::vector<RawConversation>& out, siz
     file_had_messages |= has_messages[k] != 0;
   }
   rows_read += n;
+  file_rows += n;
   return true;
 }
 

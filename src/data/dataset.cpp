@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/hash.h"
+#include "io/json.h"
 
 static_assert(std::endian::native == std::endian::little, "the row file format is little-endian");
 
@@ -181,11 +182,7 @@ PackedDataset PackedDataset::open(const std::string& dir, Options opts) {
   OLMO_CHECK(in, mpath, ": cannot open (not a packed dataset, or an incomplete build)");
   std::stringstream ss;
   ss << in.rdbuf();
-  try {
-    ds.manifest_ = nlohmann::json::parse(ss.str());
-  } catch (const std::exception& e) {
-    fail(mpath, ": not valid JSON: ", e.what());
-  }
+  ds.manifest_ = io::parse_json(ss.str(), mpath);
   const auto& m = ds.manifest_;
   auto get = [&](const nlohmann::json& obj, const char* key) -> const nlohmann::json& {
     auto it = obj.find(key);
@@ -196,10 +193,10 @@ PackedDataset PackedDataset::open(const std::string& dir, Options opts) {
              ": 'format' is not \"olmosft-packed-sft\"");
   auto ver = get(m, "format_version");
   OLMO_CHECK(ver.is_number_integer() && ver.get<int64_t>() == kManifestFormatVersion, mpath,
-             ": format_version ", ver.dump(), " is not supported (this build reads version ",
+             ": format_version ", io::json_excerpt(ver), " is not supported (this build reads version ",
              kManifestFormatVersion, ")");
   auto sl = get(m, "seq_len");
-  OLMO_CHECK(sl.is_number_integer() && sl.get<int64_t>() > 0, mpath, ": bad seq_len ", sl.dump());
+  OLMO_CHECK(sl.is_number_integer() && sl.get<int64_t>() > 0, mpath, ": bad seq_len ", io::json_excerpt(sl));
   ds.seq_len_ = sl.get<int64_t>();
   const auto& files = get(m, "epoch_files");
   OLMO_CHECK(files.is_array() && !files.empty(), mpath, ": 'epoch_files' must be a non-empty list");

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "io/hash.h"
+#include "io/json.h"
 
 namespace olmosft {
 
@@ -106,6 +107,10 @@ Skip parse_conversation(const RawConversation& raw, Conversation& conv, std::str
     return Skip::kNullMessages;
   }
   nlohmann::json j;
+  if (const size_t deep = io::json_depth_violation(*raw.messages_json); deep != std::string::npos) {
+    *why = "messages: " + io::json_depth_message(deep);
+    return Skip::kMalformed;
+  }
   try {
     j = nlohmann::json::parse(*raw.messages_json);
   } catch (const std::exception& e) {

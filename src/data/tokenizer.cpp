@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -540,36 +541,58 @@ void Tokenizer::bpe_piece(std::string_view piece, std::vector<int32_t>& out) con
     cache.emplace(key, std::vector<int32_t>(out.begin() + static_cast<ptrdiff_t>(before), out.end()));
 }
 
+// Merges a piece's bytes by rank: the lowest-ranked adjacent pair first, the leftmost on ties (HF tokenizers'
+// word.rs merge order). Parts form a linked list over the byte positions and candidate pairs sit in a
+// min-heap keyed by (rank, left position), so a piece of n bytes costs O(n log n): a linear scan for the
+// best pair per merge was quadratic (a 256 KiB run of one character took minutes). A heap entry is stale
+// once either of its parts has merged; it is then skipped.
 void Tokenizer::bpe_merge(std::string_view piece, uint32_t max_rank, std::vector<int32_t>& out) const {
-  thread_local std::vector<int32_t> parts;
-  thread_local std::vector<uint64_t> pr;  // per adjacent pair: (rank<<32|merged) or kNone
-  parts.clear();
-  for (char c : piece) parts.push_back(byte_id_[static_cast<unsigned char>(c)]);
-  constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
-  auto lookup = [&](size_t i) -> uint64_t {
-    uint64_t key = (static_cast<uint64_t>(parts[i]) << 32) | static_cast<uint32_t>(parts[i + 1]);
-    auto it = merges_.find(key);
-    if (it == merges_.end() || (it->second >> 32) >= max_rank) return kNone;
-    return it->second;
+  struct Cand {
+    uint64_t key;  // rank << 32 | left position: the heap's order
+    uint32_t right;
+    int32_t left_id, right_id, merged;
+    bool operator>(const Cand& o) const { return key > o.key; }
   };
-  pr.resize(parts.size() - 1);
-  for (size_t i = 0; i + 1 < parts.size(); ++i) pr[i] = lookup(i);
-  while (parts.size() > 1) {
-    size_t best = 0;
-    uint64_t best_rank = kNone;
-    for (size_t i = 0; i < pr.size(); ++i)
-      if ((pr[i] >> 32) < (best_rank >> 32)) {
-        best_rank = pr[i];
-        best = i;
-      }
-    if (best_rank == kNone) break;
-    parts[best] = static_cast<int32_t>(best_rank & 0xFFFFFFFFu);
-    parts.erase(parts.begin() + static_cast<ptrdiff_t>(best) + 1);
-    pr.erase(pr.begin() + static_cast<ptrdiff_t>(best));
-    if (best + 1 < parts.size()) pr[best] = lookup(best);
-    if (best > 0) pr[best - 1] = lookup(best - 1);
+  thread_local std::vector<int32_t> id;
+  thread_local std::vector<uint32_t> next, prev;
+  thread_local std::vector<Cand> heap;
+  constexpr uint32_t kEnd = std::numeric_limits<uint32_t>::max();
+  const uint32_t n = static_cast<uint32_t>(piece.size());
+  id.resize(n);
+  next.resize(n);
+  prev.resize(n);
+  heap.clear();
+  for (uint32_t i = 0; i < n; ++i) {
+    id[i] = byte_id_[static_cast<unsigned char>(piece[i])];
+    next[i] = i + 1 < n ? i + 1 : kEnd;
+    prev[i] = i > 0 ? i - 1 : kEnd;
   }
-  out.insert(out.end(), parts.begin(), parts.end());
+  auto push = [&](uint32_t left) {
+    const uint32_t right = next[left];
+    if (left == kEnd || right == kEnd) return;
+    const uint64_t pair = (static_cast<uint64_t>(id[left]) << 32) | static_cast<uint32_t>(id[right]);
+    auto it = merges_.find(pair);
+    if (it == merges_.end() || (it->second >> 32) >= max_rank) return;
+    heap.push_back({(it->second & ~uint64_t{0xFFFFFFFFu}) | left, right, id[left], id[right],
+                    static_cast<int32_t>(it->second & 0xFFFFFFFFu)});
+    std::push_heap(heap.begin(), heap.end(), std::greater<Cand>());
+  };
+  for (uint32_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<Cand>());
+    const Cand c = heap.back();
+    heap.pop_back();
+    const uint32_t left = static_cast<uint32_t>(c.key & 0xFFFFFFFFu);
+    if (next[left] != c.right || id[left] != c.left_id || id[c.right] != c.right_id) continue;  // stale
+    id[left] = c.merged;
+    next[left] = next[c.right];
+    if (next[left] != kEnd) prev[next[left]] = left;
+    next[c.right] = kEnd;
+    id[c.right] = -1;  // unlinked
+    push(left);
+    if (prev[left] != kEnd) push(prev[left]);
+  }
+  for (uint32_t i = n == 0 ? kEnd : 0; i != kEnd; i = next[i]) out.push_back(id[i]);
 }
 
 void Tokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out) const {

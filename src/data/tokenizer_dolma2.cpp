@@ -8,6 +8,7 @@
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
 #include "io/hash.h"
+#include "io/json.h"
 
 namespace olmosft {
 
@@ -89,8 +90,9 @@ void check_dolma2_json(const std::string& path, const nlohmann::json& j) {
       ok = false;  // a field of the wrong type
     }
     if (!ok)
-      fail(path, ": added_tokens[", k, "] is ", a.dump(), "; dolma2 has {id ", w.id, ", content ", w.content,
-           ", special ", w.special ? "true" : "false", ", single_word/lstrip/rstrip/normalized false}");
+      fail(path, ": added_tokens[", k, "] is ", io::json_excerpt(a, 200), "; dolma2 has {id ", w.id,
+           ", content ", w.content, ", special ", w.special ? "true" : "false",
+           ", single_word/lstrip/rstrip/normalized false}");
   }
 }
 
@@ -130,12 +132,7 @@ Dolma2Source validate_dolma2_tokenizer_json(const std::string& path) {
   std::string text = io::read_file(path);
   Dolma2Source src{io::sha256_hex(text), false};
   src.pinned = src.sha256 == kDolma2Sha256;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, ": not valid JSON: ", e.what());
-  }
+  const nlohmann::json j = io::parse_json(text, path);
   Tokenizer t = Tokenizer::from_hf_json(text, path);  // rejects what the loader does not implement
   check_dolma2_json(path, j);
   check_dolma2_bpe(path, t, j["model"]["vocab"].size());

@@ -44,5 +44,11 @@ check "--sql without a DuckDB binary: exit 2, names OLMOSFT_DUCKDB, no output" "
 { head -3 "$G/convs.jsonl"; echo '[1, 2]'; } >"$dir/notobj.jsonl"
 err=$("$bin" data build --input "$dir/notobj.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --out "$dir/h" 2>&1); rc=$?
 check "a JSONL line that is not an object: exit 2, names file and line 4" "[ $rc -eq 2 ] && grep -q 'notobj.jsonl, line 4: expected a JSON object' <<<\"\$err\" && [ ! -e '$dir/h' ]"
+# A field nested a million deep (issue #17: SIGSEGV in the JSON reader) is refused, naming file and line.
+{ head -2 "$G/convs.jsonl"; printf '{"messages":[{"role":"user","content":"hi","x":'
+  head -c 1000000 /dev/zero | tr '\0' '['; head -c 1000000 /dev/zero | tr '\0' ']'
+  echo '},{"role":"assistant","content":"y"}]}'; } >"$dir/deep.jsonl"
+err=$("$bin" data build --input "$dir/deep.jsonl" --tokenizer builtin:bytes --seq-len 64 --seed 0 --out "$dir/i" 2>&1); rc=$?
+check "a row nested 1,000,000 deep: exit 2, names file, line 3 and the limit, no output" "[ $rc -eq 2 ] && grep -q 'deep.jsonl, line 3: JSON nests deeper than 256 levels' <<<\"\$err\" && [ ! -e '$dir/i' ]"
 echo "$pass passed, $fails failed"
 [ $fails -eq 0 ]

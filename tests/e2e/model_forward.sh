@@ -69,6 +69,9 @@ check "non-contiguous documents are rejected" "[ $? -eq 2 ] && grep -q 'contiguo
 printf 'not json' >"$tmp/bad.json"
 err=$("$bin" forward --model "$model" --tokens "$tmp/bad.json" --out "$tmp/x.json" 2>&1)
 check "invalid JSON is rejected naming the file" "[ $? -eq 2 ] && grep -q 'bad.json: not valid JSON' <<<\"\$err\""
+{ head -c 100000 /dev/zero | tr '\0' '['; head -c 100000 /dev/zero | tr '\0' ']'; } >"$tmp/deep.json"
+err=$("$bin" forward --model "$model" --tokens "$tmp/deep.json" --out "$tmp/x.json" 2>&1)
+check "tokens nested 100,000 deep: exit 2 naming the file and the limit (was SIGSEGV)" "[ $? -eq 2 ] && grep -q 'deep.json: JSON nests deeper than 256 levels' <<<\"\$err\""
 printf '\x93NUMPY\x01\x00\x10\x00{garbage' >"$tmp/bad.npy"
 err=$("$bin" forward --model "$model" --tokens "$tmp/bad.npy" --out "$tmp/x.json" 2>&1)
 check "a corrupt .npy is rejected naming the file" "[ $? -eq 2 ] && grep -q 'bad.npy' <<<\"\$err\""

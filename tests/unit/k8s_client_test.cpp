@@ -693,6 +693,7 @@ TEST(K8sClientErrors, ForbiddenAndMissingCrds) {
           return status(404, "NotFound", "the server could not find the requested resource");
         if (rq.path == "/api/v1/namespaces/olmo/pods/p1/log")
           return status(404, "NotFound", "pods \\\"p1\\\" not found");
+        if (rq.path == "/api") return js(200, {{"kind", "APIVersions"}, {"versions", {"v1"}}});
         return status(404, "NotFound", "the server could not find the requested resource");
       },
       30);
@@ -728,6 +729,26 @@ TEST(K8sClientErrors, ForbiddenAndMissingCrds) {
   // A plain missing object (core API) is not reported as a missing CRD.
   m = message_of([&] { c.get("/api/v1/namespaces/olmo/pods/p1/log", "read pod p1"); });
   EXPECT_NE(m.find("read pod p1: 404 Not Found: pods \"p1\" not found"), std::string::npos) << m;
+  srv.stop();
+}
+
+// A server that 404s everything (a web server, a proxy's landing page: the wrong URL in the kubeconfig) is
+// not reported as "JobSet CRDs are missing" (issue #17): the client asks GET /api first.
+TEST(K8sClientErrors, NotAKubernetesServer) {
+  fakeapi::Server srv(
+      [](const fakeapi::Request&) {
+        return fakeapi::Response{404, "<html>Not Found</html>"};
+      },
+      30);
+  KubeConfig cfg;
+  cfg.server = srv.url();
+  cfg.token = "t";
+  cfg.source = "test-kubeconfig";
+  KubeClient c(cfg);
+  const std::string m = message_of([&] { c.get(jobsets_path("olmo") + "/x", "get JobSet x"); });
+  EXPECT_NE(m.find("does not answer like a Kubernetes API server"), std::string::npos) << m;
+  EXPECT_NE(m.find("check the server URL in test-kubeconfig"), std::string::npos) << m;
+  EXPECT_EQ(m.find("CRDs are missing"), std::string::npos) << m;
   srv.stop();
 }
 

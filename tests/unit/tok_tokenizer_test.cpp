@@ -271,3 +271,29 @@ TEST(TokTokenizer, UnsupportedTokenizersAreRejected) {
     EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos) << e.what();
   }
 }
+
+// Long single-word runs (tests/reference/tok_long_runs.py, HF tokenizers on the same file): each is one
+// pre-tokenizer piece of up to 256 KiB, so the BPE merge loop runs at length. The old merge scanned every
+// pair per merge (quadratic: minutes for 256 KiB); this also catches a faster loop that merges in another
+// order, since the ids must equal HF's exactly.
+TEST(TokTokenizer, LongRunsMatchHfTokenizers) {
+  const json g = json::parse(io::read_file(std::string(OLMOSFT_GOLDEN_DIR) + "/tok/long_runs.json"));
+  ASSERT_EQ(g["meta"].value("sha256", ""), kDolma2Sha256);
+  ASSERT_GE(g["cases"].size(), 5u);
+  const Tokenizer& t = dolma2();
+  for (const auto& c : g["cases"]) {
+    std::string text;
+    const std::string unit = c["unit"].get<std::string>();
+    for (int64_t r = 0; r < c["reps"].get<int64_t>(); ++r) text += unit;
+    const std::vector<int32_t> ids = t.encode(text, /*allow_special=*/false);
+    SCOPED_TRACE("unit '" + unit + "' x " + std::to_string(c["reps"].get<int64_t>()));
+    ASSERT_EQ(static_cast<int64_t>(ids.size()), c["count"].get<int64_t>());
+    const std::vector<int32_t> head = c["head"].get<std::vector<int32_t>>();
+    EXPECT_TRUE(std::equal(head.begin(), head.end(), ids.begin()));
+    std::string le;  // ids as little-endian int32, as the generator hashes them
+    for (int32_t id : ids)
+      for (int b = 0; b < 4; ++b) le += static_cast<char>((static_cast<uint32_t>(id) >> (8 * b)) & 0xFF);
+    EXPECT_EQ(io::sha256_hex(le), c["sha256"].get<std::string>());
+    EXPECT_EQ(t.decode(ids), text);
+  }
+}
