@@ -198,12 +198,13 @@ FlopCount training_flops(const model::ModelConfig& c, const model::Batch& b, con
   return f;
 }
 
-double measure_peak_flops() {
+double measure_peak_flops(int reps) {
+  OLMO_CHECK(reps >= 1, "measure_peak_flops: reps must be >= 1, got ", reps);
   using Clock = std::chrono::steady_clock;
   const int64_t n = 1024;
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
   double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < reps; ++rep) {
     const auto t0 = Clock::now();
     gemm<float>(Trans::N, Trans::N, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -271,7 +272,7 @@ double run_peak_flops(const std::string& run_dir, double configured_tflops, std:
   }
   double peak = configured;
   if (peak <= 0) {
-    peak = measure();
+    peak = measure ? measure() : measure_peak_flops();
     OLMO_CHECK(std::isfinite(peak) && peak > 0, "measuring the peak FLOP/s for ", path, " gave ", peak);
   }
   nlohmann::json j;

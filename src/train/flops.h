@@ -64,15 +64,16 @@ struct KdaFlops {
 };
 KdaFlops kda_document_flops(int64_t n, int64_t K, int64_t V, int64_t chunk, bool recompute);
 
-// Peak fp32 FLOP/s of this process: the best of three 1024^3 SGEMMs (OpenBLAS, all its threads).
-double measure_peak_flops();
+// Peak fp32 FLOP/s of this process: the best of `reps` 1024^3 SGEMMs (OpenBLAS, all its threads).
+double measure_peak_flops(int reps = 3);
 
 // The run's peak FLOP/s per process, fixed for the whole run. On the first start it is
 // configured_tflops * 1e12 when configured_tflops > 0, else measure(); it is written atomically to
-// RUN_DIR/peak_flops.json. On a resume the file is read back and nothing is measured. Errors name the
-// file: unreadable, not JSON, not a peak-FLOP/s file, an invalid value, or a configured value that
-// differs from the stored one. `origin` (when given) receives a short note for the log.
+// RUN_DIR/peak_flops.json (`measure` defaults to measure_peak_flops()). On a resume the file is read back and
+// nothing is measured. Errors name the file: unreadable, not JSON, not a peak-FLOP/s file, an invalid value,
+// or a configured value that differs from the stored one. `origin` (when given) receives a short note for the
+// log.
 double run_peak_flops(const std::string& run_dir, double configured_tflops, std::string* origin = nullptr,
-                      const std::function<double()>& measure = measure_peak_flops);
+                      const std::function<double()>& measure = {});
 
 }  // namespace olmosft::train

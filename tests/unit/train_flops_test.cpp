@@ -396,8 +396,12 @@ TEST(TrainFlops, ConfiguredPeakIsStoredAndNotMeasured) {
   EXPECT_THROW(run_peak_flops(dir, 3.0, nullptr, never), Error);
   EXPECT_THROW(run_peak_flops(dir, -1.0, nullptr, never), Error);
   EXPECT_THROW(run_peak_flops(temp_run("nan"), NAN, nullptr, never), Error);
-  // The real measurement gives a positive rate.
-  EXPECT_GT(measure_peak_flops(), 0.0);
+  // The real measurement (the default) gives a positive rate.
+  const std::string real = temp_run("real");
+  EXPECT_GT(run_peak_flops(real, 0), 0.0);
+  EXPECT_TRUE(fs::exists(real + "/peak_flops.json"));
+  EXPECT_THROW(measure_peak_flops(0), Error);
+  fs::remove_all(real);
 }
 
 TEST(TrainFlops, BadPeakFilesAreClearErrors) {
