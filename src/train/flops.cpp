@@ -176,19 +176,21 @@ FlopCount training_flops(const model::ModelConfig& c, const model::Batch& b, con
   // (4D + 4Dv) backward; the backward recomputes S (+2D). Dv = D in both models.
   const double D = static_cast<double>(c.head_dim), H = static_cast<double>(c.num_attention_heads);
   const double per_pair = H * (12 * D + (o.recompute ? 2 * D : 0.0));
-  const double Kh = static_cast<double>(c.linear_num_key_heads);
+  double kda_layers = 0, full_layers = 0, sliding_layers = 0;
   for (model::LayerType t : c.layer_types) {
-    if (t == model::LayerType::LinearAttention) {
-      for (int64_t n : lay.docs) {
-        const KdaFlops kf =
-            kda_document_flops(n, c.linear_key_head_dim, c.linear_value_head_dim, o.kda_chunk, o.recompute);
-        f.kda += Kh * (kf.gemm + kf.other);
-        f.kda_gemm += Kh * kf.gemm;
-      }
-      continue;
-    }
-    const int64_t window = t == model::LayerType::SlidingAttention ? c.sliding_window : 0;
-    for (int64_t n : lay.docs) f.attention += per_pair * attention_pairs(n, window);
+    kda_layers += t == model::LayerType::LinearAttention;
+    full_layers += t == model::LayerType::FullAttention;
+    sliding_layers += t == model::LayerType::SlidingAttention;
+  }
+  const double Kh = static_cast<double>(c.linear_num_key_heads);
+  for (int64_t n : lay.docs) {
+    f.attention += per_pair * (full_layers * attention_pairs(n, 0) +
+                               sliding_layers * attention_pairs(n, c.sliding_window));
+    if (kda_layers == 0) continue;
+    const KdaFlops kf =
+        kda_document_flops(n, c.linear_key_head_dim, c.linear_value_head_dim, o.kda_chunk, o.recompute);
+    f.kda += kda_layers * Kh * (kf.gemm + kf.other);
+    f.kda_gemm += kda_layers * Kh * kf.gemm;
   }
 
   // 6N: N = active parameters less the input embedding (a lookup); the LM head matrix stays in N.
