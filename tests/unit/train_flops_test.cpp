@@ -202,6 +202,30 @@ TEST(TrainFlops, PaddingCountsNothing) {
   }
 }
 
+TEST(TrainFlops, MicroBatchesAddUp) {
+  // A step's FLOPs are the sum over its micro-batches: two rows counted together or one at a time agree.
+  const model::ModelConfig c = preset("olmo3moe-tiny");
+  std::mt19937 rng(21);
+  const PackedBatch p = random_batch(rng, 2, 90, 50, c.vocab_size);
+  FlopCount sum;
+  for (int64_t r = 0; r < 2; ++r) {
+    model::Batch one = p.view();
+    one.B = 1;
+    const size_t off = static_cast<size_t>(r * p.T);
+    one.tokens += off, one.segments += off, one.positions += off, one.targets += off, one.trained += off;
+    sum += training_flops(c, one);
+  }
+  const FlopCount all = training_flops(c, p.view());
+  EXPECT_DOUBLE_EQ(sum.total(), all.total());
+  EXPECT_DOUBLE_EQ(sum.kda_gemm, all.kda_gemm);
+  EXPECT_DOUBLE_EQ(sum.conventional, all.conventional);
+  EXPECT_EQ(sum.tokens, all.tokens);
+  EXPECT_EQ(sum.trained, all.trained);
+  EXPECT_EQ(sum.documents, all.documents);
+  EXPECT_GT(all.kda, 0.0);
+  EXPECT_GT(all.attention, 0.0);
+}
+
 // An independent count of the chunked delta rule for one (row, head): the chunks are enumerated token by
 // token as kernels/kda_chunk.cpp cuts them, each GEMM the kernel calls is listed with its (M, N, K), and
 // the triangular solves and pairwise loops are counted by looping over their entries.
