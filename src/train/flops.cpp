@@ -260,7 +260,8 @@ double run_peak_flops(const std::string& run_dir, double configured_tflops, std:
              "perf.peak_tflops must be finite and >= 0 (0 = measure), got ", configured_tflops);
   const std::string path = run_dir + "/peak_flops.json";
   const double configured = configured_tflops * 1e12;
-  if (fs::exists(path)) {
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
     const StoredPeak p = read_peak_file(path);
     if (configured > 0) {
       OLMO_CHECK(p.origin == "configured" && std::fabs(p.flops - configured) <= 1e-9 * configured, path,
@@ -272,6 +273,7 @@ double run_peak_flops(const std::string& run_dir, double configured_tflops, std:
     if (origin) *origin = p.origin + " at the run's first start, read from " + path;
     return p.flops;
   }
+  OLMO_CHECK(!ec, "cannot check whether ", path, " exists: ", ec.message());
   double peak = configured;
   if (peak <= 0) {
     peak = measure ? measure() : measure_peak_flops();
@@ -286,7 +288,8 @@ double run_peak_flops(const std::string& run_dir, double configured_tflops, std:
   j["method"] = configured > 0 ? "perf.peak_tflops" : "best of three 1024^3 SGEMMs, all BLAS threads";
   j["threads"] = num_threads();
   j["blas"] = blas_description();
-  fs::create_directories(run_dir);
+  fs::create_directories(run_dir, ec);
+  OLMO_CHECK(!ec, "cannot create the run directory ", run_dir, " for ", path, ": ", ec.message());
   io::write_file_atomic(path, j.dump(2) + "\n");
   if (origin)
     *origin = (configured > 0 ? std::string("configured") : std::string("measured")) + ", stored in " + path;

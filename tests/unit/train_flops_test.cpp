@@ -420,6 +420,12 @@ TEST(TrainFlops, ConfiguredPeakIsStoredAndNotMeasured) {
   EXPECT_THROW(run_peak_flops(dir, 3.0, nullptr, never), Error);
   EXPECT_THROW(run_peak_flops(dir, -1.0, nullptr, never), Error);
   EXPECT_THROW(run_peak_flops(temp_run("nan"), NAN, nullptr, never), Error);
+  // A run directory that cannot be created (a file is in the way) is an error naming it.
+  const std::string blocked = temp_run("blocked");
+  std::ofstream(blocked + "/file") << "x";
+  const std::string e = error_of([&] { run_peak_flops(blocked + "/file/run", 1.0, nullptr, never); });
+  EXPECT_NE(e.find(blocked + "/file/run"), std::string::npos) << e;
+  fs::remove_all(blocked);
   // The real measurement (the default) gives a positive rate.
   const std::string real = temp_run("real");
   EXPECT_GT(run_peak_flops(real, 0), 0.0);
