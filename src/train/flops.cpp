@@ -150,54 +150,59 @@ KdaFlops kda_document_flops(int64_t n, int64_t K, int64_t V, int64_t chunk, bool
   return f;
 }
 
-FlopCount training_flops(const model::ModelConfig& c, const model::Batch& b, const FlopOptions& o) {
+FlopModel::FlopModel(const model::ModelConfig& c, const FlopOptions& o) : o_(o) {
   OLMO_CHECK(o.kda_chunk > 0, "training_flops: kda_chunk must be > 0, got ", o.kda_chunk);
   OLMO_CHECK(static_cast<int64_t>(c.layer_types.size()) == c.num_hidden_layers, "training_flops: config has ",
              c.layer_types.size(), " layer_types for ", c.num_hidden_layers, " layers");
+  const TokenWeights w = token_weights(c);
+  per_token_ = w.per_token;
+  per_routed_ = w.per_routed;
+  top_k_ = c.is_moe() ? static_cast<double>(c.num_experts_per_tok) : 0.0;
+  vd_ = static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
+  // Attention per visible pair and query head: S = QK^T (2D) and O = PV (2Dv) forward; dV, dP, dK, dQ
+  // (4D + 4Dv) backward; the backward recomputes S (+2D). Dv = D in both models.
+  const double D = static_cast<double>(c.head_dim);
+  per_pair_ = static_cast<double>(c.num_attention_heads) * (12 * D + (o.recompute ? 2 * D : 0.0));
+  for (model::LayerType t : c.layer_types) {
+    kda_layers_ += t == model::LayerType::LinearAttention;
+    full_layers_ += t == model::LayerType::FullAttention;
+    sliding_layers_ += t == model::LayerType::SlidingAttention;
+  }
+  kda_heads_ = static_cast<double>(c.linear_num_key_heads);
+  window_ = c.sliding_window;
+  dk_ = c.linear_key_head_dim;
+  dv_ = c.linear_value_head_dim;
+  // 6N: N = active parameters less the input embedding (a lookup); the LM head matrix stays in N.
+  n_params_ = static_cast<double>(model::count_params(c).active) - (c.tie_word_embeddings ? 0.0 : vd_);
+}
+
+FlopCount FlopModel::count(const model::Batch& b) const {
   const Layout lay = batch_layout(b);
   FlopCount f;
   f.tokens = lay.tokens;
   f.trained = lay.trained;
   f.documents = static_cast<int64_t>(lay.docs.size());
   const double tokens = static_cast<double>(lay.tokens);
-  const double rows = o.count_padding ? static_cast<double>(b.B * b.T) : tokens;
-
+  const double rows = o_.count_padding ? static_cast<double>(b.B * b.T) : tokens;
   // Per-token GEMMs: 2 forward (y = x W^T) + 4 backward (dx = dy W, dW += dy^T x). The routed experts'
   // forward is recomputed in the backward (kernels/moe.cpp), +2.
-  const TokenWeights w = token_weights(c);
-  const double k = c.is_moe() ? static_cast<double>(c.num_experts_per_tok) : 0.0;
-  f.dense = 6 * w.per_token * rows + (o.recompute ? 8 : 6) * w.per_routed * k * tokens;
-
+  f.dense = 6 * per_token_ * rows + (o_.recompute ? 8 : 6) * per_routed_ * top_k_ * tokens;
   // LM head: logits 2Vd forward; dh and dW 4Vd backward; the backward recomputes the logits (+2Vd).
-  const double Vd = static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
-  f.lm_head = (o.recompute ? 8 : 6) * Vd * static_cast<double>(lay.trained);
-
-  // Attention per visible pair and query head: S = QK^T (2D) and O = PV (2Dv) forward; dV, dP, dK, dQ
-  // (4D + 4Dv) backward; the backward recomputes S (+2D). Dv = D in both models.
-  const double D = static_cast<double>(c.head_dim), H = static_cast<double>(c.num_attention_heads);
-  const double per_pair = H * (12 * D + (o.recompute ? 2 * D : 0.0));
-  double kda_layers = 0, full_layers = 0, sliding_layers = 0;
-  for (model::LayerType t : c.layer_types) {
-    kda_layers += t == model::LayerType::LinearAttention;
-    full_layers += t == model::LayerType::FullAttention;
-    sliding_layers += t == model::LayerType::SlidingAttention;
-  }
-  const double Kh = static_cast<double>(c.linear_num_key_heads);
+  f.lm_head = (o_.recompute ? 8 : 6) * vd_ * static_cast<double>(lay.trained);
   for (int64_t n : lay.docs) {
-    f.attention += per_pair * (full_layers * attention_pairs(n, 0) +
-                               sliding_layers * attention_pairs(n, c.sliding_window));
-    if (kda_layers == 0) continue;
-    const KdaFlops kf =
-        kda_document_flops(n, c.linear_key_head_dim, c.linear_value_head_dim, o.kda_chunk, o.recompute);
-    f.kda += kda_layers * Kh * (kf.gemm + kf.other);
-    f.kda_gemm += kda_layers * Kh * kf.gemm;
+    f.attention +=
+        per_pair_ * (full_layers_ * attention_pairs(n, 0) + sliding_layers_ * attention_pairs(n, window_));
+    if (kda_layers_ == 0) continue;
+    const KdaFlops kf = kda_document_flops(n, dk_, dv_, o_.kda_chunk, o_.recompute);
+    f.kda += kda_layers_ * kda_heads_ * (kf.gemm + kf.other);
+    f.kda_gemm += kda_layers_ * kda_heads_ * kf.gemm;
   }
-
-  // 6N: N = active parameters less the input embedding (a lookup); the LM head matrix stays in N.
-  double n_params = static_cast<double>(model::count_params(c).active);
-  if (!c.tie_word_embeddings) n_params -= Vd;
-  f.conventional = 6 * n_params * tokens;
+  f.conventional = 6 * n_params_ * tokens;
   return f;
+}
+
+FlopCount training_flops(const model::ModelConfig& c, const model::Batch& b, const FlopOptions& o) {
+  return FlopModel(c, o).count(b);
 }
 
 double measure_peak_flops(int reps) {
