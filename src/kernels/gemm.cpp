@@ -3,12 +3,16 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <type_traits>
 
 namespace olmosft {
 
 namespace {
+std::atomic<bool> g_count_flops{false};
+std::atomic<uint64_t> g_flops{0};
+
 const char* tname(Trans t) { return t == Trans::N ? "N" : "T"; }
 
 void check_gemm_args(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
@@ -41,6 +45,8 @@ void gemm_unchecked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
     return;
   }
+  if (g_count_flops.load(std::memory_order_relaxed))
+    g_flops.fetch_add(2 * uint64_t(M) * uint64_t(N) * uint64_t(K), std::memory_order_relaxed);
   const CBLAS_TRANSPOSE cta = ta == Trans::N ? CblasNoTrans : CblasTrans;
   const CBLAS_TRANSPOSE ctb = tb == Trans::N ? CblasNoTrans : CblasTrans;
   if constexpr (std::is_same_v<T, float>) {
@@ -193,6 +199,14 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, Tensor&
                             dx.defined() ? dx.data<double>() : nullptr,
                             dW.defined() ? dW.data<double>() : nullptr, d.N, d.in, d.out, accumulate_dx);
 }
+
+GemmFlopCounter::GemmFlopCounter() {
+  bool expected = false;
+  OLMO_CHECK(g_count_flops.compare_exchange_strong(expected, true), "GemmFlopCounter: one is already active");
+  g_flops.store(0);
+}
+GemmFlopCounter::~GemmFlopCounter() { g_count_flops.store(false); }
+uint64_t GemmFlopCounter::flops() const { return g_flops.load(); }
 
 std::string blas_description() {
   std::string cfg = openblas_get_config(), core = openblas_get_corename();

@@ -49,6 +49,19 @@ void linear_forward(const Tensor& x, const Tensor& W, Tensor& y);
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, Tensor& dx, Tensor& dW,
                      bool accumulate_dx = false);
 
+// Test-only FLOP counter. While a GemmFlopCounter is alive, every GEMM that reaches BLAS through this
+// header (gemm, gemm_strided_batched, linear_*, from any thread) adds 2*M*N*K to it. Off, the cost is one
+// relaxed atomic load per call; results never change. One counter at a time (a second one throws).
+// Not counted: attention's tile products and KDA's triangular solves, which call cblas directly.
+class GemmFlopCounter {
+ public:
+  GemmFlopCounter();
+  ~GemmFlopCounter();
+  GemmFlopCounter(const GemmFlopCounter&) = delete;
+  GemmFlopCounter& operator=(const GemmFlopCounter&) = delete;
+  uint64_t flops() const;  // counted since construction
+};
+
 // The BLAS in use, e.g. "OpenBLAS 0.3.21 ... core=Haswell", plus a hint when the CPU has AVX-512 but
 // OpenBLAS picked an AVX2 core (OpenBLAS 0.3.21 does not know AMD family 26; OPENBLAS_CORETYPE=SkylakeX
 // set before the process starts selects its AVX-512 kernels, see bench/RESULTS.md). Empty hint otherwise.

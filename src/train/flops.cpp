@@ -1,0 +1,304 @@
+#include "train/flops.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "io/atomic_file.h"
+#include "kernels/gemm.h"
+#include "model/params.h"
+
+namespace fs = std::filesystem;
+
+namespace olmosft::train {
+
+FlopCount& FlopCount::operator+=(const FlopCount& o) {
+  dense += o.dense;
+  attention += o.attention;
+  kda += o.kda;
+  lm_head += o.lm_head;
+  kda_gemm += o.kda_gemm;
+  conventional += o.conventional;
+  tokens += o.tokens;
+  trained += o.trained;
+  documents += o.documents;
+  return *this;
+}
+
+double attention_pairs(int64_t n, int64_t window) {
+  const double N = static_cast<double>(n);
+  if (window <= 0 || window >= n) return N * (N + 1) / 2;
+  const double W = static_cast<double>(window);
+  return W * (W + 1) / 2 + (N - W) * W;  // t < W sees t + 1 keys, every later query sees W
+}
+
+namespace {
+
+// One chunk of n tokens, per (row, head), as kernels/kda_chunk.cpp does it. Terms that grow as n*K*V,
+// n^2*K or n^2*V are counted; O(n*K), O(n*V), O(K*V) and O(n^2) elementwise terms and exponentials are not.
+//   forward:  Vn = U - W S, O = Qg S + Aqk Vn, S += Kl^T Vn (GEMMs 6nKV + 2n^2 V); two unit-lower solves
+//             (n(n-1)(K+V)); P and Aqk pairwise over j <= i (5K per pair: k_j e, two dot products).
+//   backward: 7 GEMMs of n x K x V, dVn / dA / dM (6n^2 V + 2n^2 K), two transposed solves, the pairwise
+//             gradients (13K per pair j < i, 4K per diagonal entry).
+//   recompute (backward): the chunk preparation (solves, pairwise) and Vn again for every chunk, and one
+//             more preparation + Vn + state update for each chunk followed by another of its document.
+KdaFlops kda_chunk_flops(double n, double K, double V, bool has_next, bool recompute) {
+  const double solves = n * (n - 1) * (K + V), prep = 5 * K * n * (n + 1) / 2 + solves;
+  KdaFlops f;
+  f.gemm = (6 * n * K * V + 2 * n * n * V) + (12 * n * K * V + 6 * n * n * V + 2 * n * n * K);
+  f.other = prep + (solves + 13 * K * n * (n - 1) / 2 + 4 * K * n);
+  if (recompute) {
+    f.gemm += 2 * n * K * V + (has_next ? 4 * n * K * V : 0.0);
+    f.other += has_next ? 2 * prep : prep;
+  }
+  return f;
+}
+
+// Per-token weight elements of the GEMMs that run once per token (dense bucket), and per routed
+// (token, expert) assignment.
+struct TokenWeights {
+  double per_token = 0, per_routed = 0;
+};
+
+TokenWeights token_weights(const model::ModelConfig& c) {
+  const double d = static_cast<double>(c.hidden_size);
+  const double H = static_cast<double>(c.num_attention_heads),
+               Hkv = static_cast<double>(c.num_key_value_heads), D = static_cast<double>(c.head_dim);
+  TokenWeights w;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const model::LayerType t = c.layer_types.at(static_cast<size_t>(l));
+    if (t == model::LayerType::LinearAttention) {
+      const double Hl = static_cast<double>(c.linear_num_key_heads),
+                   KD = Hl * static_cast<double>(c.linear_key_head_dim),
+                   R = static_cast<double>(c.linear_value_head_dim), VD = Hl * R;
+      // q, k, v, f_proj_1/2 (rank R = value head dim), beta, g_proj_1/2, o.
+      w.per_token += d * (2 * KD + VD) + (d * R + R * KD) + d * Hl + (d * R + R * VD) + VD * d;
+    } else {
+      w.per_token += d * H * D + 2 * d * Hkv * D + H * D * d;
+      if (c.is_moe() && c.attention_gate_type == "elementwise") w.per_token += d * H * D;
+    }
+    if (!c.is_moe()) {
+      w.per_token += 3 * d * static_cast<double>(c.intermediate_size);
+    } else if (c.is_dense_layer(l)) {
+      w.per_token += 3 * d * static_cast<double>(c.dense_mlp_intermediate_size);
+    } else {
+      const double Lt = c.latent_moe_dim > 0 ? static_cast<double>(c.latent_moe_dim) : d;
+      w.per_token += d * static_cast<double>(c.n_routed_experts);
+      if (c.latent_moe_dim > 0) w.per_token += 2 * d * Lt;
+      w.per_token += 3 * d * static_cast<double>(c.shared_expert_intermediate_size);
+      w.per_routed += 3 * Lt * static_cast<double>(c.moe_intermediate_size);
+    }
+  }
+  return w;
+}
+
+// Documents of a batch as (length) runs, and the token / trained counts.
+struct Layout {
+  std::vector<int64_t> docs;
+  int64_t tokens = 0, trained = 0;
+};
+
+Layout batch_layout(const model::Batch& b) {
+  OLMO_CHECK(b.B >= 0 && b.T >= 0, "training_flops: batch has B=", b.B, " T=", b.T, " (expected >= 0)");
+  Layout L;
+  for (int64_t r = 0; r < b.B; ++r) {
+    int64_t run = 0;
+    for (int64_t t = 0; t < b.T; ++t) {
+      const int64_t i = r * b.T + t;
+      const int32_t s = b.segments ? b.segments[i] : 0;
+      const bool cont = t > 0 && (b.segments ? b.segments[i - 1] : 0) == s;
+      if (run > 0 && (!cont || s < 0)) {
+        L.docs.push_back(run);
+        run = 0;
+      }
+      if (s < 0) continue;
+      ++run;
+      ++L.tokens;
+      if (b.targets && (!b.trained || b.trained[i] != 0) && b.targets[i] != -100) ++L.trained;
+    }
+    if (run > 0) L.docs.push_back(run);
+  }
+  return L;
+}
+
+}  // namespace
+
+KdaFlops kda_document_flops(int64_t n, int64_t K, int64_t V, int64_t chunk, bool recompute) {
+  OLMO_CHECK(chunk > 0, "kda_document_flops: chunk must be > 0, got ", chunk);
+  KdaFlops f;
+  if (n <= 0) return f;
+  const int64_t full = n / chunk, rest = n % chunk;
+  const double k = static_cast<double>(K), v = static_cast<double>(V);
+  if (full > 0) {
+    // Every full chunk but the document's last has a successor.
+    const KdaFlops mid = kda_chunk_flops(static_cast<double>(chunk), k, v, true, recompute);
+    const KdaFlops last = kda_chunk_flops(static_cast<double>(chunk), k, v, rest > 0, recompute);
+    f.gemm = static_cast<double>(full - 1) * mid.gemm + last.gemm;
+    f.other = static_cast<double>(full - 1) * mid.other + last.other;
+  }
+  if (rest > 0) {
+    const KdaFlops tail = kda_chunk_flops(static_cast<double>(rest), k, v, false, recompute);
+    f.gemm += tail.gemm;
+    f.other += tail.other;
+  }
+  return f;
+}
+
+FlopModel::FlopModel(const model::ModelConfig& c, const FlopOptions& o) : o_(o) {
+  OLMO_CHECK(o.kda_chunk > 0, "training_flops: kda_chunk must be > 0, got ", o.kda_chunk);
+  OLMO_CHECK(static_cast<int64_t>(c.layer_types.size()) == c.num_hidden_layers, "training_flops: config has ",
+             c.layer_types.size(), " layer_types for ", c.num_hidden_layers, " layers");
+  const TokenWeights w = token_weights(c);
+  per_token_ = w.per_token;
+  per_routed_ = w.per_routed;
+  top_k_ = c.is_moe() ? static_cast<double>(c.num_experts_per_tok) : 0.0;
+  vd_ = static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
+  // Attention per visible pair and query head: S = QK^T (2D) and O = PV (2Dv) forward; dV, dP, dK, dQ
+  // (4D + 4Dv) backward; the backward recomputes S (+2D). Dv = D in both models.
+  const double D = static_cast<double>(c.head_dim);
+  per_pair_ = static_cast<double>(c.num_attention_heads) * (12 * D + (o.recompute ? 2 * D : 0.0));
+  for (model::LayerType t : c.layer_types) {
+    kda_layers_ += t == model::LayerType::LinearAttention;
+    full_layers_ += t == model::LayerType::FullAttention;
+    sliding_layers_ += t == model::LayerType::SlidingAttention;
+  }
+  kda_heads_ = static_cast<double>(c.linear_num_key_heads);
+  window_ = c.sliding_window;
+  dk_ = c.linear_key_head_dim;
+  dv_ = c.linear_value_head_dim;
+  // 6N: N = active parameters less the input embedding (a lookup); the LM head matrix stays in N.
+  n_params_ = static_cast<double>(model::count_params(c).active) - (c.tie_word_embeddings ? 0.0 : vd_);
+}
+
+FlopCount FlopModel::count(const model::Batch& b) const {
+  const Layout lay = batch_layout(b);
+  FlopCount f;
+  f.tokens = lay.tokens;
+  f.trained = lay.trained;
+  f.documents = static_cast<int64_t>(lay.docs.size());
+  const double tokens = static_cast<double>(lay.tokens);
+  const double rows = o_.count_padding ? static_cast<double>(b.B * b.T) : tokens;
+  // Per-token GEMMs: 2 forward (y = x W^T) + 4 backward (dx = dy W, dW += dy^T x). The routed experts'
+  // forward is recomputed in the backward (kernels/moe.cpp), +2.
+  f.dense = 6 * per_token_ * rows + (o_.recompute ? 8 : 6) * per_routed_ * top_k_ * tokens;
+  // LM head: logits 2Vd forward; dh and dW 4Vd backward; the backward recomputes the logits (+2Vd).
+  f.lm_head = (o_.recompute ? 8 : 6) * vd_ * static_cast<double>(lay.trained);
+  for (int64_t n : lay.docs) {
+    f.attention +=
+        per_pair_ * (full_layers_ * attention_pairs(n, 0) + sliding_layers_ * attention_pairs(n, window_));
+    if (kda_layers_ == 0) continue;
+    const KdaFlops kf = kda_document_flops(n, dk_, dv_, o_.kda_chunk, o_.recompute);
+    f.kda += kda_layers_ * kda_heads_ * (kf.gemm + kf.other);
+    f.kda_gemm += kda_layers_ * kda_heads_ * kf.gemm;
+  }
+  f.conventional = 6 * n_params_ * tokens;
+  return f;
+}
+
+FlopCount training_flops(const model::ModelConfig& c, const model::Batch& b, const FlopOptions& o) {
+  return FlopModel(c, o).count(b);
+}
+
+double measure_peak_flops(int reps) {
+  OLMO_CHECK(reps >= 1, "measure_peak_flops: reps must be >= 1, got ", reps);
+  using Clock = std::chrono::steady_clock;
+  const int64_t n = 1024;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+  double best = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    const auto t0 = Clock::now();
+    gemm<float>(Trans::N, Trans::N, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (dt > 0) best = std::max(best, 2.0 * n * n * n / dt);
+  }
+  return best;
+}
+
+namespace {
+
+constexpr const char* kPeakFormat = "olmosft-peak-flops";
+
+struct StoredPeak {
+  double flops = 0;
+  std::string origin;
+};
+
+StoredPeak read_peak_file(const std::string& path) {
+  const std::string text = io::read_file(path);
+  const std::string again = "; delete it to measure the peak again (the run's MFU denominator then changes)";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, " is not valid JSON (", e.what(), ")", again);
+  }
+  OLMO_CHECK(j.is_object() && j.value("format", std::string()) == kPeakFormat, path,
+             " is not an olmosft peak-FLOP/s file (expected an object with \"format\": \"", kPeakFormat,
+             "\")", again);
+  OLMO_CHECK(j.contains("version") && j["version"].is_number_integer() && j["version"].get<int64_t>() == 1,
+             path, ": \"version\" must be 1", again);
+  StoredPeak p;
+  OLMO_CHECK(j.contains("peak_flops") && j["peak_flops"].is_number(), path,
+             ": \"peak_flops\" must be a number (FLOP/s per process)", again);
+  p.flops = j["peak_flops"].get<double>();
+  OLMO_CHECK(std::isfinite(p.flops) && p.flops > 0, path, ": \"peak_flops\" must be finite and > 0, got ",
+             p.flops, again);
+  OLMO_CHECK(j.contains("origin") && j["origin"].is_string(), path,
+             ": \"origin\" must be \"measured\" or \"configured\"", again);
+  p.origin = j["origin"].get<std::string>();
+  OLMO_CHECK(p.origin == "measured" || p.origin == "configured", path,
+             ": \"origin\" must be \"measured\" or \"configured\", got \"", p.origin, "\"", again);
+  return p;
+}
+
+}  // namespace
+
+double run_peak_flops(const std::string& run_dir, double configured_tflops, std::string* origin,
+                      const std::function<double()>& measure) {
+  OLMO_CHECK(std::isfinite(configured_tflops) && configured_tflops >= 0,
+             "perf.peak_tflops must be finite and >= 0 (0 = measure), got ", configured_tflops);
+  const std::string path = run_dir + "/peak_flops.json";
+  const double configured = configured_tflops * 1e12;
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    const StoredPeak p = read_peak_file(path);
+    if (configured > 0) {
+      OLMO_CHECK(p.origin == "configured" && std::fabs(p.flops - configured) <= 1e-9 * configured, path,
+                 " holds the run's peak ", p.flops, " FLOP/s (", p.origin,
+                 " at its first start) but perf.peak_tflops=", configured_tflops,
+                 "; a resumed run keeps its MFU denominator: restore perf.peak_tflops, set it "
+                 "to 0 to use the stored value, or delete the file to start over");
+    }
+    if (origin) *origin = p.origin + " at the run's first start, read from " + path;
+    return p.flops;
+  }
+  OLMO_CHECK(!ec, "cannot check whether ", path, " exists: ", ec.message());
+  double peak = configured;
+  if (peak <= 0) {
+    peak = measure ? measure() : measure_peak_flops();
+    OLMO_CHECK(std::isfinite(peak) && peak > 0, "measuring the peak FLOP/s for ", path, " gave ", peak);
+  }
+  nlohmann::json j;
+  j["format"] = kPeakFormat;
+  j["version"] = 1;
+  j["peak_flops"] = peak;
+  j["origin"] = configured > 0 ? "configured" : "measured";
+  j["per"] = "process";
+  j["method"] = configured > 0 ? "perf.peak_tflops" : "best of three 1024^3 SGEMMs, all BLAS threads";
+  j["threads"] = num_threads();
+  j["blas"] = blas_description();
+  fs::create_directories(run_dir, ec);
+  OLMO_CHECK(!ec, "cannot create the run directory ", run_dir, " for ", path, ": ", ec.message());
+  io::write_file_atomic(path, j.dump(2) + "\n");
+  if (origin)
+    *origin = (configured > 0 ? std::string("configured") : std::string("measured")) + ", stored in " + path;
+  return peak;
+}
+
+}  // namespace olmosft::train
