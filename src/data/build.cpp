@@ -1,6 +1,7 @@
 #include "data/build.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -98,13 +99,18 @@ struct Encoded {
 };
 
 // Removes the temporary build directory unless released.
+// The build's temporary directory. While the build runs it holds an exclusive flock on the directory
+// itself, so a later build can tell a live build's directory (locked) from one a killed build left behind
+// (unlocked; removed by remove_leftover_builds). The lock goes with the process, however it ends.
 struct TempDirGuard {
   std::string path;
+  int lock_fd = -1;
   ~TempDirGuard() {
     if (!path.empty()) {
       std::error_code ec;
       fs::remove_all(path, ec);
     }
+    if (lock_fd >= 0) ::close(lock_fd);
   }
 };
 
@@ -191,12 +197,41 @@ void check_options(const BuildOptions& opts) {
              ": expected first-fit or best-fit-decreasing");
 }
 
-// Creates the temporary build directory next to the output (published by rename when complete); guard owns
-// it. Returns the normalised output path.
-fs::path make_build_dir(const std::string& out_dir, TempDirGuard& guard) {
+// Removes ".NAME.building-*" directories next to the output that no running build holds (left by a build
+// that was killed: SIGTERM, SIGKILL, a lost node), one log line each; refuses to start while another build
+// for the same output is running.
+void remove_leftover_builds(const fs::path& out, std::ostream* log) {
+  const std::string prefix = "." + out.filename().string() + ".building-";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out.parent_path(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0 || !e.is_directory(ec) || e.is_symlink(ec)) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_DIRECTORY);
+    if (fd < 0) continue;
+    const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (!free) {
+      ::close(fd);
+      fail("another data build is writing ", out.string(), " (its temporary directory ", e.path().string(),
+           " is in use); wait for it or choose another --out");
+    }
+    uintmax_t bytes = 0;
+    for (const auto& f : fs::recursive_directory_iterator(e.path(), ec))
+      if (f.is_regular_file(ec)) bytes += f.file_size(ec);
+    fs::remove_all(e.path(), ec);
+    ::close(fd);
+    if (log)
+      *log << "data-build removed-leftover dir=" << e.path().string() << " bytes=" << bytes
+           << (ec ? " (not all of it: " + ec.message() + ")" : std::string()) << "\n";
+  }
+}
+
+// Creates the temporary build directory next to the output (published by rename when complete) and locks
+// it; guard owns it. Returns the normalised output path.
+fs::path make_build_dir(const std::string& out_dir, TempDirGuard& guard, std::ostream* log) {
   fs::path out = fs::absolute(out_dir).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();  // "dir/" -> "dir"
   fs::create_directories(out.parent_path());
+  remove_leftover_builds(out, log);
   std::string tmpl = (out.parent_path() / ("." + out.filename().string() + ".building-XXXXXX")).string();
   std::vector<char> tb(tmpl.begin(), tmpl.end());
   tb.push_back('\0');
@@ -204,6 +239,9 @@ fs::path make_build_dir(const std::string& out_dir, TempDirGuard& guard) {
              ": ", std::strerror(errno));
   guard.path = tb.data();
   ::chmod(guard.path.c_str(), 0755);  // mkdtemp creates 0700
+  guard.lock_fd = ::open(guard.path.c_str(), O_RDONLY | O_DIRECTORY);
+  OLMO_CHECK(guard.lock_fd >= 0 && ::flock(guard.lock_fd, LOCK_EX | LOCK_NB) == 0, "cannot lock ", guard.path,
+             ": ", std::strerror(errno));
   return out;
 }
 
@@ -652,7 +690,7 @@ nlohmann::json build_dataset(const BuildOptions& opts, const ChatEncoder& enc) {
     p.update(static_cast<int64_t>(files.size()), true);
   }
   TempDirGuard guard;
-  const fs::path out = make_build_dir(opts.out_dir, guard);
+  const fs::path out = make_build_dir(opts.out_dir, guard, log);
   const std::string tmp = guard.path;
 
   SourceOptions so;

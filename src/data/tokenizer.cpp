@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "data/tokenizer_util.h"
 #include "io/atomic_file.h"
+#include "io/json.h"
 
 namespace olmosft {
 
@@ -463,12 +464,7 @@ struct HfJsonLoader {
 
 Tokenizer Tokenizer::from_hf_json(const std::string& json_text, const std::string& origin) {
   using nlohmann::json;
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    fail(origin, ": not valid JSON: ", e.what());
-  }
+  const json j = io::parse_json(json_text, origin);
   if (!j.is_object() || !j.contains("model")) fail(origin, ": not an HF tokenizer.json (no \"model\")");
   Tokenizer t;
   HfJsonLoader ld{t, origin, {}, false};

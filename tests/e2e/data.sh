@@ -50,5 +50,13 @@ check "a JSONL line that is not an object: exit 2, names file and line 4" "[ $rc
   echo '},{"role":"assistant","content":"y"}]}'; } >"$dir/deep.jsonl"
 err=$("$bin" data build --input "$dir/deep.jsonl" --tokenizer builtin:bytes --seq-len 64 --seed 0 --out "$dir/i" 2>&1); rc=$?
 check "a row nested 1,000,000 deep: exit 2, names file, line 3 and the limit, no output" "[ $rc -eq 2 ] && grep -q 'deep.jsonl, line 3: JSON nests deeper than 256 levels' <<<\"\$err\" && [ ! -e '$dir/i' ]"
+# A killed build's temporary directory (no process holds its lock) is removed by the next build, with a
+# line; while a build holds it, a second build for the same --out is refused (issue #17).
+mkdir -p "$dir/.j.building-Ab12Cd" && head -c 3000000 /dev/zero >"$dir/.j.building-Ab12Cd/tokens.spill"
+"$bin" data build --input "$G/convs.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --out "$dir/j" >/dev/null 2>"$dir/j.err"; rc=$?
+check "a leftover .j.building-* is removed with a line naming it and its size" "[ $rc -eq 0 ] && [ ! -e '$dir/.j.building-Ab12Cd' ] && grep -q '^data-build removed-leftover dir=.*/.j.building-Ab12Cd bytes=3000000' '$dir/j.err'"
+mkdir -p "$dir/.k.building-Zz99Yy"
+err=$(flock "$dir/.k.building-Zz99Yy" "$bin" data build --input "$G/convs.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --out "$dir/k" 2>&1); rc=$?
+check "a locked (live) .k.building-* refuses a second build: exit 2, kept" "[ $rc -eq 2 ] && grep -q 'another data build is writing' <<<\"\$err\" && [ -d '$dir/.k.building-Zz99Yy' ] && [ ! -e '$dir/k' ]"
 echo "$pass passed, $fails failed"
 [ $fails -eq 0 ]
