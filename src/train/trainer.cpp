@@ -149,12 +149,6 @@ std::pair<double, int64_t> p_eos(model::CausalLM& m, const PackedDataset& ds, co
   return {n ? sum / static_cast<double>(n) : std::nan(""), n};
 }
 
-std::string recipe_yaml(const Recipe& r) {
-  std::ostringstream os;
-  r.write_yaml(os);
-  return os.str();
-}
-
 }  // namespace
 
 bool sigterm_requested() { return g_sigterm != 0; }
@@ -233,20 +227,20 @@ HostBatch make_batch(const PackedDataset& ds, const std::vector<RowRef>& rows) {
 
 // ---- the run ------------------------------------------------------------------------------------------
 
-RunPlan plan_run(const Recipe& recipe, std::ostream& err) {
-  const std::string& src = recipe.source();
+RunPlan plan_run(const TrainConfig& cfg, std::ostream& err) {
+  const std::string& src = cfg.source;
   RunPlan p;
-  p.d = derive(recipe);
+  p.d = cfg.batch;
   const Derived& d = p.d;
-  if (recipe.i64("compute.threads") > 0) set_threads(static_cast<int>(recipe.i64("compute.threads")));
-  const std::string data_path = recipe.str("data.path");
+  if (cfg.compute.threads > 0) set_threads(static_cast<int>(cfg.compute.threads));
+  const std::string data_path = cfg.data.path;
   OLMO_CHECK(!data_path.empty(), src, ": data.path is required (a dataset written by `olmosft data build`)");
   p.ds = std::make_shared<PackedDataset>(PackedDataset::open(data_path));
   const PackedDataset& ds = *p.ds;
   const nlohmann::json& man = ds.manifest();
   OLMO_CHECK(ds.seq_len() == d.seq_len, src, ": seq_len=", d.seq_len, " but dataset ", data_path,
              " was built with seq_len ", ds.seq_len(), " (rebuild it or set seq_len=", ds.seq_len(), ")");
-  const int64_t epochs = p.epochs = recipe.i64("data.epochs");
+  const int64_t epochs = p.epochs = cfg.data.epochs;
   OLMO_CHECK(epochs <= ds.epochs(), src, ": data.epochs=", epochs, " but dataset ", data_path, " holds ",
              ds.epochs(), " epoch(s) (build it with --epochs ", epochs, ")");
   OLMO_CHECK(man.contains("tokenizer") && man["tokenizer"].is_object(), "dataset ", data_path,
@@ -254,7 +248,7 @@ RunPlan plan_run(const Recipe& recipe, std::ostream& err) {
   const nlohmann::json& mtok = man["tokenizer"];
   p.eos_id = mtok.value("eos_id", -1);
   p.data_vocab = mtok.value("vocab_size", static_cast<int64_t>(0));
-  p.tokenizer = recipe.str("tokenizer");
+  p.tokenizer = cfg.tokenizer;
   const std::string& tok_spec = p.tokenizer;
   if (!tok_spec.empty()) {
     std::unique_ptr<ChatEncoder> enc = open_chat_encoder(tok_spec);
@@ -281,7 +275,7 @@ RunPlan plan_run(const Recipe& recipe, std::ostream& err) {
   return p;
 }
 
-TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const TrainOptions& opts) {
+TrainResult run_training(const TrainConfig& cfg, model::CausalLM& model, const TrainOptions& opts) {
   std::unique_ptr<dist::Comm> own_comm;
   if (!opts.comm) own_comm = dist::make_single_comm();
   dist::Comm& comm = opts.comm ? *opts.comm : *own_comm;
@@ -290,11 +284,11 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
   std::ostream null_stream(nullptr);
   std::ostream& out = rank != 0 ? null_stream : opts.out ? *opts.out : std::cout;
   std::ostream& err = rank != 0 ? null_stream : opts.err ? *opts.err : std::cerr;
-  const std::string& src = recipe.source();
+  const std::string& src = cfg.source;
   TrainResult res;
 
   // ---- preflight: everything below is checked before any compute ----
-  RunPlan plan = plan_run(recipe, err);
+  RunPlan plan = plan_run(cfg, err);
   const Derived& d = plan.d;
   const PackedDataset& ds = *plan.ds;
   const DataOrder& order = *plan.order;
@@ -310,7 +304,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
   // A step's rows are cut into `leaves` micro-batches of mb_rows rows, whatever N; rank p runs leaves
   // [p*leaves/N, (p+1)*leaves/N). Leaf gradients are summed pairwise and then across ranks in a fixed tree,
   // the loss parts per leaf in leaf order: per-step losses and updates do not depend on N.
-  const dist::ShardMode mode = dist::parse_mode(recipe.str("dist.mode"));
+  const dist::ShardMode mode = dist::parse_mode(cfg.dist.mode);
   OLMO_CHECK(world == 1 || d.devices == world, src, ": devices=", d.devices, " but ", world,
              " processes were started (mpirun -np ", world, "); set devices=", world,
              " (`olmosft train` sets it to the process count when the recipe leaves it unset)");
@@ -322,27 +316,27 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
   const int64_t leaves = ga * world;        // leaves per step
 
   model::LossConfig lc;
-  lc.lm_z = recipe.f64("loss.lm_z");
-  lc.moe_lb = recipe.f64("loss.moe_lb");
-  lc.router_z = recipe.f64("loss.router_z");
-  lc.moe_buffer_factor = recipe.f64("moe.buffer_factor");
-  lc.vocab_tile = recipe.i64("compute.vocab_tile");
+  lc.lm_z = cfg.loss.lm_z;
+  lc.moe_lb = cfg.loss.moe_lb;
+  lc.router_z = cfg.loss.router_z;
+  lc.moe_buffer_factor = cfg.moe.buffer_factor;
+  lc.vocab_tile = cfg.compute.vocab_tile;
   Schedule sched;
-  sched.kind = recipe.str("optimizer.schedule");
-  sched.lr = recipe.f64("optimizer.lr");
+  sched.kind = cfg.optimizer.schedule;
+  sched.lr = cfg.optimizer.lr;
   sched.warmup_steps = d.warmup_steps;
   sched.horizon = d.schedule_steps;
-  sched.final_frac = recipe.f64("optimizer.final_lr_frac");
+  sched.final_frac = cfg.optimizer.final_lr_frac;
   AdamWConfig acfg;
-  acfg.beta1 = recipe.f64("optimizer.beta1");
-  acfg.beta2 = recipe.f64("optimizer.beta2");
-  acfg.eps = recipe.f64("optimizer.eps");
-  acfg.weight_decay = recipe.f64("optimizer.weight_decay");
+  acfg.beta1 = cfg.optimizer.beta1;
+  acfg.beta2 = cfg.optimizer.beta2;
+  acfg.eps = cfg.optimizer.eps;
+  acfg.weight_decay = cfg.optimizer.weight_decay;
   acfg.lr = sched.lr;
   acfg.validate();
-  const double clip = recipe.f64("optimizer.clip_grad_norm");
+  const double clip = cfg.optimizer.clip_grad_norm;
 
-  recipe.write_yaml(out);
+  out << cfg.resolved_yaml;
   print_derived(out, d);
   out << "PREFLIGHT dataset=" << data_path << " epochs_used=" << epochs << " rows=" << order.total_rows()
       << " max_steps=" << order.max_steps() << " micro_batch_rows=" << mb_rows << " processes=" << world
@@ -351,7 +345,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
       << " tokenizer=" << (tok_spec.empty() ? "unchecked" : "match") << "\n";
 
   // ---- run directory, resume ----
-  const std::string run_dir = recipe.str("output_dir") + "/" + recipe.str("run_name");
+  const std::string run_dir = cfg.run_dir();
   res.run_dir = run_dir;
   const std::string ckpt_root = run_dir + "/checkpoints";
   if (rank == 0) {
@@ -364,15 +358,15 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
   }
   comm.barrier();
   const std::string manifest_sha = io::sha256_file(ds.dir() + "/manifest.json");
-  const std::string snapshot = recipe_yaml(recipe);
+  const std::string snapshot = cfg.resolved_yaml;
   std::vector<model::Param>& params = model.params();
   const ModelFlops flops = model_flops(model, params, d.seq_len);
   // Weights, gradients and AdamW moments live in the shards from here on (the model sees views).
-  dist::ModelShards shards(comm, model, mode, recipe.str("dist.gather") == "layer");
+  dist::ModelShards shards(comm, model, mode, cfg.dist.gather == "layer");
   dist::ShardedParams& master = shards.params();
   nlohmann::json carried = nlohmann::json::object();  // facts carried across resumes (p_eos_before, step1_ce)
   int64_t start = 0;
-  if (recipe.flag("checkpoint.resume")) {
+  if (cfg.checkpoint.resume) {
     std::string dir;
     if (rank == 0) dir = latest_valid_checkpoint(ckpt_root, err);  // verifies every checksum
     dir = bcast_string(comm, dir);
@@ -398,10 +392,10 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
   res.start_step = start;
   res.last_step = start;
 
-  double peak = recipe.f64("perf.peak_tflops") * 1e12;
+  double peak = cfg.perf.peak_tflops * 1e12;
   if (peak <= 0) peak = measure_peak_flops();
   out << "PREFLIGHT peak_flops=" << peak << (world > 1 ? " per process" : "")
-      << (recipe.f64("perf.peak_tflops") > 0 ? " (configured)" : " (measured)")
+      << (cfg.perf.peak_tflops > 0 ? " (configured)" : " (measured)")
       << " model_flops_per_token=" << flops.per_token
       << " lm_head_flops_per_trained_target=" << flops.per_trained << "\n";
 
@@ -409,7 +403,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
   std::vector<RowRef> heldout;
   bool truly_heldout = false;
   {
-    int64_t h = recipe.i64("eval.heldout");
+    int64_t h = cfg.eval.heldout;
     int64_t used0 = std::min(ds.rows(0), d.steps * d.global_batch);
     int64_t first = used0 < ds.rows(0) ? used0 : 0;
     truly_heldout = used0 < ds.rows(0);
@@ -450,7 +444,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     OLMO_CHECK(metrics.good(), "cannot open ", metrics_path, " for appending");
   }
   std::unique_ptr<io::TensorBoardWriter> tb;
-  if (rank == 0 && recipe.flag("log.tensorboard"))
+  if (rank == 0 && cfg.log.tensorboard)
     tb = std::make_unique<io::TensorBoardWriter>(run_dir + "/tensorboard");
 
   struct sigaction old_sa {};
@@ -470,9 +464,9 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     }
   } restore{handler_installed, old_sa};
 
-  const int64_t keep_last = recipe.i64("checkpoint.keep_last");
-  const int64_t every = recipe.i64("checkpoint.every");
-  const double grace = static_cast<double>(recipe.i64("checkpoint.grace_seconds"));
+  const int64_t keep_last = cfg.checkpoint.keep_last;
+  const int64_t every = cfg.checkpoint.every;
+  const double grace = static_cast<double>(cfg.checkpoint.grace_seconds);
   auto state_info = [&](int64_t step) {
     nlohmann::json j;
     j["data_position"] = {
@@ -485,7 +479,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
     j["dataset_manifest_sha256"] = manifest_sha;
     j["recipe_sha256"] = io::sha256_hex(snapshot);
     j["rng"] = {{"kind", "philox"},
-                {"seed", recipe.i64("seed")},
+                {"seed", cfg.seed},
                 {"note", "training draws no random numbers; the seed only initialises a fresh model"}};
     j["carried"] = carried;
     return j;
@@ -672,7 +666,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
       for (const auto& [layer, ls] : sp.moe) max_rbf = std::max(max_rbf, ls.required_buffer_factor);
       out << format_required_rbf({s, max_rbf}) << "\n";
     }
-    if (s % recipe.i64("log.every") == 0 || s == d.steps || s == start + 1) {
+    if (s % cfg.log.every == 0 || s == d.steps || s == start + 1) {
       out << format_loss_parts({s, ce, lmz, moe_lb, rz, total}) << "\n";
       double elapsed = seconds_since(run_t0);
       double rate = static_cast<double>(s - start) / elapsed;
@@ -824,7 +818,7 @@ TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const Tra
   }
   if (carried.contains("step1_ce")) out << format_check_step1_ce({carried["step1_ce"].get<double>()}) << "\n";
 
-  if (recipe.flag("export.hf")) {
+  if (cfg.export_.hf) {
     std::string hf = run_dir + "/hf";
     if (fs::exists(hf)) fs::remove_all(hf);
     std::string side = tok_spec.rfind("builtin:", 0) == 0 ? "" : tok_spec;

@@ -80,7 +80,7 @@ struct TrainResult {
   std::string run_dir;
 };
 
-// The model-independent preflight: derive() (batch arithmetic, schedule), the dataset opened and checked
+// The model-independent preflight: the config's batch arithmetic, the dataset opened and checked
 // against the recipe (seq_len, epochs, tokenizer and chat-template hashes when a tokenizer is given) and
 // the step count against the rows the epochs hold. The CLI runs it before loading the model.
 struct RunPlan {
@@ -92,11 +92,11 @@ struct RunPlan {
   int64_t data_vocab = 0;
   std::string tokenizer;
 };
-RunPlan plan_run(const Recipe& recipe, std::ostream& err);
+RunPlan plan_run(const TrainConfig& cfg, std::ostream& err);
 
 // Runs (or resumes) training of `model` according to the recipe. Errors in the inputs throw olmosft::Error
 // before any compute; guards and preemption are reported through TrainResult::exit_code.
-TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const TrainOptions& opts);
+TrainResult run_training(const TrainConfig& cfg, model::CausalLM& model, const TrainOptions& opts);
 
 // The SIGTERM flag (set by the handler the trainer installs; exposed for tests).
 bool sigterm_requested();

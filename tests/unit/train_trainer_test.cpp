@@ -169,7 +169,7 @@ class TrainTest : public ::testing::Test {
     o.out = &out_;
     o.err = &err_;
     o.after_step = std::move(after);
-    TrainResult res = run_training(r, m, o);
+    TrainResult res = run_training(r.config(), m, o);
     clear_sigterm();
     return res;
   }
@@ -248,7 +248,7 @@ TEST_F(TrainTest, RunsLogsChecksAndStepOneCeMatchesAReferenceForward) {
     EXPECT_EQ(dir, run_dir("basic") + "/hf");
     EXPECT_EQ(side, "");  // builtin:bytes has no tokenizer files
   };
-  TrainResult res = run_training(r, m, o);
+  TrainResult res = run_training(r.config(), m, o);
   std::string log = out_.str();
   ASSERT_EQ(res.exit_code, kExitOk) << res.reason << "\n" << log << err_.str();
   EXPECT_TRUE(exported);
@@ -478,7 +478,7 @@ TEST_F(TrainTest, PreflightRefusesBadRecipesAndMismatchedDatasets) {
   auto err = [&](const Recipe& r) { return error_of([&] { train(r, m); }); };
   EXPECT_NE(error_of([&] {
               recipe("z", {"steps=0"});
-              derive(recipe("z", {"steps=0"}));
+              (void)recipe("z", {"steps=0"}).config();
             }).find("zero steps"),
             std::string::npos);
   std::string e = err(recipe("many", {"steps=1000"}));
