@@ -7,20 +7,20 @@
 // (/usr/bin/python3), B = a current PyPI torch (2.15, CPU) from deps/venv-reference (scripts/install-deps.sh
 // --reference); a missing interpreter is reported as "skipped".
 //
-// Our side runs the trainer's step sequence (src/train/trainer.cpp run_training's loop body): zero grads;
-// per micro-batch CausalLM::forward_backward(batch, loss, 1 / trained targets of the step, 1 / grad_accum);
-// global_grad_norm; clip_grad_norm; adamw_step (kernels/adamw.h). Not through run_training itself, which
-// needs a dataset on disk; its step time also includes assembling the micro-batches from the dataset rows
-// and the log lines, which this bench leaves out.
+// Our side runs the trainer's step sequence (src/train/step.cpp, the body of run_training's loop): zero
+// grads; per micro-batch CausalLM::forward_backward(batch, loss, 1 / trained targets of the step, 1 /
+// grad_accum); global_grad_norm; clip_grad_norm; adamw_step (kernels/adamw.h). Not through run_training
+// itself, which needs a dataset on disk; its step time also includes assembling the micro-batches from the
+// dataset rows and the log lines, which this bench leaves out.
 //
 // Each implementation runs in a fresh process (ours: this binary with --child), so its peak RSS (VmHWM,
 // reset after set-up where /proc/self/clear_refs allows) is the training loop's. The analytic figure is
 // 16 bytes per parameter (fp32 weights, grads, AdamW m and v) + the activations saved for the backward
 // (counted from olmo3.cpp / olmo3moe.cpp for one micro-batch) + the cross-entropy tile.
 // MFU = model FLOPs per step / step time / measured SGEMM peak, with the trainer's FLOP convention
-// (trainer.cpp model_flops: 6 x non-embedding active params per token + 12 x heads x head_dim x ctx per
-// attention layer with ctx = T/2 (sliding: min(window, T/2); KDA layers 0) + 6 x vocab x hidden per trained
-// target).
+// (train/perf.h model_flops, called from here: 6 x non-embedding active params per token + 12 x heads x
+// head_dim x ctx per attention layer with ctx = T/2 (sliding: min(window, T/2); KDA layers 0) + 6 x vocab x
+// hidden per trained target).
 //
 // Usage: bench_train [--threads N] [--steps S] [--cases a,b,...] [--no-torch] [--dir D]
 //        bench_train --child CASE --dir D --threads N --steps S     (internal)
@@ -45,11 +45,11 @@
 #include "core/threads.h"
 #include "io/safetensors.h"
 #include "kernels/adamw.h"
-#include "kernels/gemm.h"
 #include "model/model.h"
 #include "model/olmo3.h"
 #include "model/olmo3moe.h"
 #include "model/params.h"
+#include "train/perf.h"
 
 using namespace olmosft;
 using namespace olmosft::model;
@@ -208,24 +208,10 @@ Batch micro_view(const Packed& p, int64_t rows, int64_t m) {
   return b;
 }
 
-// trainer.cpp model_flops (copied: it is file-local there).
-struct Flops {
-  double per_token = 0, per_trained = 0;
-};
-Flops model_flops(const ModelConfig& c, int64_t T) {
+// The trainer's FLOP convention (train/perf.h) over the config's active parameters.
+train::ModelFlops model_flops(const ModelConfig& c, int64_t T) {
   const ParamCounts pc = count_params(c);
-  const double n_active = static_cast<double>(c.is_moe() ? pc.active : pc.total);
-  const double head = static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
-  const double n_body = std::max(0.0, n_active - 2.0 * head);
-  double attn = 0;
-  const double hd = static_cast<double>(c.num_attention_heads * c.head_dim);
-  for (LayerType lt : c.layer_types) {
-    double ctx = 0.5 * static_cast<double>(T);
-    if (lt == LayerType::SlidingAttention) ctx = std::min(static_cast<double>(c.sliding_window), ctx);
-    if (lt == LayerType::LinearAttention) ctx = 0;
-    attn += 12.0 * hd * ctx;
-  }
-  return {6.0 * n_body + attn, 6.0 * head};
+  return train::model_flops(c, static_cast<double>(c.is_moe() ? pc.active : pc.total), T);
 }
 
 // Activation bytes kept for the backward of one micro-batch of N tokens, counted from the model code.
@@ -407,20 +393,6 @@ json run_json(const std::string& cmd, std::string* raw) {
   return res;
 }
 
-// trainer.cpp measure_peak_flops, best of 5: 1024^3 SGEMM with the process's threads.
-double measure_peak_flops() {
-  const int64_t n = 1024;
-  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const double t0 = bench::now();
-    gemm<float>(Trans::N, Trans::N, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    const double dt = bench::now() - t0;
-    if (dt > 0) best = std::max(best, 2.0 * n * n * n / dt);
-  }
-  return best;
-}
-
 // The 1, 5 and 15 minute load averages.
 std::string loadavg3() {
   std::ifstream f("/proc/loadavg");
@@ -505,7 +477,7 @@ int main(int argc, char** argv) {
   const std::vector<Case> cases = all_cases();
   for (const Case& cs : cases) {
     if (!only.empty() && ("," + only + ",").find("," + cs.name + ",") == std::string::npos) continue;
-    peak = std::max(peak, measure_peak_flops());
+    peak = std::max(peak, train::measure_peak_flops(5));  // the trainer's SGEMM probe, best of 5
     const std::string cdir = dir + "/" + cs.name;
     std::string raw;
     Result r{&cs,
@@ -580,7 +552,7 @@ int main(int argc, char** argv) {
     const Case& cs = *r.cs;
     const json& o = r.ours;
     const ModelConfig c = parse_config(cs.config, cs.name);
-    const Flops fl = model_flops(c, cs.T);
+    const train::ModelFlops fl = model_flops(c, cs.T);
     const double tokens = o["tokens_per_step"].get<double>(), trained = o["trained_per_step"].get<double>();
     const double step_flops = fl.per_token * tokens + fl.per_trained * trained;
     const double os = o["best_sec_per_step"].get<double>(), ocpu = o["cpu_sec_per_step"].get<double>();

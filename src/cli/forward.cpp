@@ -16,6 +16,7 @@
 #include "io/json.h"
 #include "kernels/attention.h"
 #include "model/model.h"
+#include "train/batch.h"
 
 namespace {
 
@@ -162,14 +163,7 @@ int forward_main(int argc, char** argv) {
         mask[size_t(i)] = tr.empty() ? 1 : uint8_t(tr[size_t(b)][size_t(t + 1)]);
       }
     }
-    model::Batch batch;
-    batch.B = B;
-    batch.T = T;
-    batch.tokens = ids.data();
-    batch.segments = sg.data();
-    batch.positions = ps.data();
-    batch.targets = tg.data();
-    batch.trained = mask.data();
+    const model::Batch batch = train::batch_view(B, T, ids, sg, ps, tg, mask);
     std::vector<float> lp(static_cast<size_t>(N));
     model::LossConfig lc;
     auto parts = model->forward(batch, lc, nullptr, lp.data());

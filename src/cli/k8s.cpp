@@ -34,10 +34,12 @@ void print_summary(const Recipe& r, const Rendered& out, std::ostream& os) {
      << "  slice " << s.text << ": " << s.hosts << " pods x " << s.devices_per_host << " "
      << (s.kind == SliceSpec::Kind::Tpu ? "chips" : "GPUs") << " = " << s.devices() << " devices"
      << (r.cluster.host_network ? ", hostNetwork" : "") << "\n"
-     << "  batch: " << s.devices() << " devices x " << r.per_device_batch << " = " << r.rows_per_step
-     << " rows per micro-step, gradient accumulation " << r.grad_accum << ", global batch " << r.global_batch
-     << " rows x " << r.seq_len << " tokens = " << r.global_batch * r.seq_len << " tokens per step\n"
-     << "  coordinator " << out.coordinator << ", termination grace " << r.grace_seconds << " s\n";
+     << "  batch: " << s.devices() << " devices x " << r.train.batch.per_device_batch << " = "
+     << r.train.batch.slots << " rows per micro-step, gradient accumulation " << r.train.batch.grad_accum
+     << ", global batch " << r.train.batch.global_batch << " rows x " << r.train.batch.seq_len
+     << " tokens = " << r.train.batch.tokens_per_step << " tokens per step\n"
+     << "  coordinator " << out.coordinator << ", termination grace " << r.train.checkpoint.grace_seconds
+     << " s\n";
 }
 
 int render_main(int argc, char** argv) {

@@ -16,8 +16,9 @@ int recipe_show(int argc, char** argv) {
   app.add_option("overrides", overrides, "key=value overrides (win over the file)");
   return olmosft::cli::run_app(app, argc, argv, [&] {
     olmosft::Recipe r = olmosft::Recipe::load(path, overrides);
-    r.write_yaml(std::cout);
-    olmosft::print_derived(std::cout, olmosft::derive(r));
+    const olmosft::TrainConfig cfg = r.config();
+    std::cout << cfg.resolved_yaml;
+    olmosft::print_derived(std::cout, cfg.batch);
     return 0;
   });
 }

@@ -13,13 +13,14 @@
 namespace {
 
 // The model factory hook: an HF directory to fine-tune (model.init) or a config.json to initialise.
-std::unique_ptr<olmosft::model::CausalLM> build_model(const olmosft::Recipe& r) {
-  const std::string init = r.str("model.init"), cfg = r.str("model.config");
-  OLMO_CHECK(init.empty() || cfg.empty(), r.source(), ": set only one of model.init and model.config");
+std::unique_ptr<olmosft::model::CausalLM> build_model(const olmosft::TrainConfig& c) {
+  const std::string& init = c.model.init;
+  const std::string& cfg = c.model.config;
+  OLMO_CHECK(init.empty() || cfg.empty(), c.source, ": set only one of model.init and model.config");
   if (!init.empty()) return olmosft::model::load_model(init);
-  OLMO_CHECK(!cfg.empty(), r.source(),
+  OLMO_CHECK(!cfg.empty(), c.source,
              ": model.init (HF directory) or model.config (config.json for a random init) is required");
-  return olmosft::model::make_model(olmosft::model::load_config(cfg), static_cast<uint64_t>(r.i64("seed")));
+  return olmosft::model::make_model(olmosft::model::load_config(cfg), static_cast<uint64_t>(c.seed));
 }
 
 int train_main(int argc, char** argv) {
@@ -35,16 +36,17 @@ int train_main(int argc, char** argv) {
   auto body = [&] {
     olmosft::Recipe r = olmosft::Recipe::load(path, overrides);
     // devices = processes on CPU: under mpirun an unset `devices` becomes the process count.
-    if (multi && !r.is_set("devices"))
-      r.set("devices", std::to_string(comm->size()), "mpirun -np " + std::to_string(comm->size()));
+    if (multi)
+      r.set_default("devices", std::to_string(comm->size()), "mpirun -np " + std::to_string(comm->size()));
+    const olmosft::TrainConfig cfg = r.config();
     // Batch arithmetic, dataset and tokenizer checks before the model is even loaded.
     // (Its warnings are printed once, by run_training's own preflight.)
     std::ostringstream quiet;
-    (void)olmosft::train::plan_run(r, quiet);
-    std::unique_ptr<olmosft::model::CausalLM> m = build_model(r);
+    (void)olmosft::train::plan_run(cfg, quiet);
+    std::unique_ptr<olmosft::model::CausalLM> m = build_model(cfg);
     olmosft::train::TrainOptions opts;
     opts.comm = comm.get();
-    olmosft::train::TrainResult res = olmosft::train::run_training(r, *m, opts);
+    olmosft::train::TrainResult res = olmosft::train::run_training(cfg, *m, opts);
     if (res.exit_code != 0 && comm->rank() == 0)
       std::cerr << "olmosft train: exit " << res.exit_code << ": " << res.reason << "\n";
     return res.exit_code;

@@ -146,7 +146,7 @@ Rendered render(const Recipe& r, const RenderOptions& opt) {
     suffix = buf;
   }
   const int replicas = 1;
-  out.jobset_name = make_jobset_name(r.run_name, suffix, out.replicated_job, replicas, s.hosts);
+  out.jobset_name = make_jobset_name(r.train.run_name, suffix, out.replicated_job, replicas, s.hosts);
   out.subdomain = out.jobset_name;
   const std::string& js = out.jobset_name;
   out.coordinator =
@@ -170,16 +170,16 @@ Rendered render(const Recipe& r, const RenderOptions& opt) {
       {"kind", "ConfigMap"},
       {"metadata", {{"name", js + "-env"}, {"namespace", c.namespace_}, {"labels", common_labels}}},
       {"data",
-       {{"RUN_NAME", r.run_name},
+       {{"RUN_NAME", r.train.run_name},
         {"OLMOSFT_RUN_ID", js},
-        {"OUTPUT_DIR", r.output_dir},
+        {"OUTPUT_DIR", r.train.output_dir},
         {"OLMOSFT_RECIPE", "/etc/olmosft/recipe.yaml"},
         {"OLMOSFT_NUM_PODS", std::to_string(s.hosts * replicas)},
         {"OLMOSFT_PODS_PER_JOB", std::to_string(s.hosts)},
         {"OLMOSFT_DEVICES_PER_POD", std::to_string(s.devices_per_host)},
         {"OLMOSFT_SUBDOMAIN", out.subdomain},
         {"OLMOSFT_COORDINATOR_PORT", std::to_string(c.coordinator_port)},
-        {"OLMOSFT_CHECKPOINT_GRACE_SECONDS", std::to_string(r.grace_seconds)}}}};
+        {"OLMOSFT_CHECKPOINT_GRACE_SECONDS", std::to_string(r.train.checkpoint.grace_seconds)}}}};
 
   // 3. The JobSet.
   OJson container = {
@@ -207,7 +207,7 @@ Rendered render(const Recipe& r, const RenderOptions& opt) {
 
   OJson pod_spec = OJson::object();
   pod_spec["restartPolicy"] = "Never";
-  pod_spec["terminationGracePeriodSeconds"] = r.grace_seconds;
+  pod_spec["terminationGracePeriodSeconds"] = r.train.checkpoint.grace_seconds;
   if (!c.service_account.empty()) pod_spec["serviceAccountName"] = c.service_account;
   if (c.host_network) {
     pod_spec["hostNetwork"] = true;

@@ -43,47 +43,57 @@ bool parse_int(const std::string& s, int64_t& v) {
   return true;
 }
 
+// Reads the raw `cluster.*` values the trainer's reader passed through (TrainConfig::cluster).
 struct Reader {
   const std::string& origin;
+  const std::map<std::string, std::string>& raw;  // key below `cluster.` -> text
   std::string where(const std::string& key) const { return origin + ": key '" + key + "'"; }
 
-  int64_t integer(const YAML::Node& n, const std::string& key, int64_t lo, int64_t hi) const {
-    OLMO_CHECK(n.IsScalar(), where(key), ": expected an integer, got a ", n.IsMap() ? "map" : "list");
+  // The value of cluster.<key>; nullopt when absent or null.
+  std::optional<std::string> get(const std::string& key) const {
+    auto it = raw.find(key);
+    if (it == raw.end() || it->second.empty()) return std::nullopt;
+    return it->second;
+  }
+  int64_t integer(const std::string& key, int64_t lo, int64_t hi) const {
+    const std::string s = *get(key);
     int64_t v = 0;
-    OLMO_CHECK(parse_int(n.Scalar(), v), where(key), ": expected an integer, got '", n.Scalar(), "'");
-    OLMO_CHECK(v >= lo && v <= hi, where(key), ": ", v, " is out of range [", lo, ", ", hi, "]");
+    OLMO_CHECK(parse_int(s, v), where("cluster." + key), ": expected an integer, got '", s, "'");
+    OLMO_CHECK(v >= lo && v <= hi, where("cluster." + key), ": ", v, " is out of range [", lo, ", ", hi, "]");
     return v;
   }
-  double number(const YAML::Node& n, const std::string& key) const {
-    OLMO_CHECK(n.IsScalar(), where(key), ": expected a number");
-    const std::string& s = n.Scalar();
+  double number(const std::string& key) const {
+    const std::string s = *get(key);
     char* end = nullptr;
     double v = std::strtod(s.c_str(), &end);
-    OLMO_CHECK(!s.empty() && end == s.c_str() + s.size() && std::isfinite(v), where(key),
+    OLMO_CHECK(!s.empty() && end == s.c_str() + s.size() && std::isfinite(v), where("cluster." + key),
                ": expected a finite number, got '", s, "'");
     return v;
   }
-  std::string string(const YAML::Node& n, const std::string& key) const {
-    OLMO_CHECK(n.IsScalar(), where(key), ": expected a string");
-    return n.Scalar();
-  }
-  bool boolean(const YAML::Node& n, const std::string& key) const {
-    OLMO_CHECK(n.IsScalar(), where(key), ": expected true or false");
-    std::string s = n.Scalar();
+  bool boolean(const std::string& key) const {
+    std::string s = *get(key);
     std::transform(s.begin(), s.end(), s.begin(), ::tolower);
     if (s == "true" || s == "yes" || s == "on") return true;
     if (s == "false" || s == "no" || s == "off") return false;
-    fail(where(key), ": expected true or false, got '", n.Scalar(), "'");
+    fail(where("cluster." + key), ": expected true or false, got '", *get(key), "'");
   }
-  void only_keys(const YAML::Node& map, const std::string& key, const std::set<std::string>& allowed) const {
-    OLMO_CHECK(map.IsMap(), where(key), ": expected a map");
-    for (const auto& kv : map) {
-      const std::string k = kv.first.Scalar();
-      if (!allowed.count(k)) {
-        std::string list;
-        for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-        fail(where(key + "." + k), ": unknown key (allowed under '", key, "': ", list, ")");
-      }
+  // Every key is a known one; a value under a key that expects a single value is refused.
+  void only_known(const std::set<std::string>& top, const std::set<std::string>& stop) const {
+    auto list = [](const std::set<std::string>& allowed) {
+      std::string l;
+      for (const auto& a : allowed) l += (l.empty() ? "" : ", ") + a;
+      return l;
+    };
+    for (const auto& [k, v] : raw) {
+      const std::string head = k.substr(0, k.find('.'));
+      if (!top.count(head))
+        fail(where("cluster." + head), ": unknown key (allowed under 'cluster': ", list(top), ")");
+      if (head != "stop_rules" && head != k)
+        fail(where("cluster." + head), ": expected a single value, not a map");
+      if (head == "stop_rules" && head == k && !v.empty())
+        fail(where("cluster.stop_rules"), ": expected a map (", list(stop), ")");
+      if (head == "stop_rules" && head != k && !stop.count(k.substr(11)))
+        fail(where("cluster." + k), ": unknown key (allowed under 'cluster.stop_rules': ", list(stop), ")");
     }
   }
 };
@@ -221,7 +231,7 @@ std::string Recipe::effective_yaml() const {
 void check_fits(Recipe& r) {
   const SliceSpec& s = r.cluster.slice;
   const int64_t devices = s.devices();
-  const double p = r.per_device_batch;
+  const double p = r.train.batch.per_device_batch;
   const std::string what = r.origin + ": batch does not fit slice " + s.text + " (" +
                            std::to_string(s.hosts) + " hosts x " + std::to_string(s.devices_per_host) +
                            " devices = " + std::to_string(devices) + " devices)";
@@ -235,21 +245,22 @@ void check_fits(Recipe& r) {
                " is fractional but not 1/k for an integer k");
     OLMO_CHECK(devices % ki == 0, what, ": per_device_batch ", p, " puts one row on ", ki,
                " devices, which does not divide ", devices);
-    r.rows_per_step = devices / ki;
   } else {
     const int64_t pi = std::llround(p);
     OLMO_CHECK(std::fabs(p - static_cast<double>(pi)) < 1e-9 * p, what, ": per_device_batch ", p,
                " above 1 must be an integer");
-    r.rows_per_step = devices * pi;
   }
-  OLMO_CHECK(r.global_batch % r.rows_per_step == 0, what, ": global_batch ", r.global_batch,
-             " is not a multiple of devices x per_device_batch = ", devices, " x ", p, " = ",
-             r.rows_per_step);
-  r.grad_accum = r.global_batch / r.rows_per_step;
-  if (!r.mesh.empty()) {
+  // The batch arithmetic is the trainer's (train/recipe.cpp derive_batch) over the slice's devices.
+  r.train.batch.devices = devices;
+  try {
+    derive_batch(r.train);
+  } catch (const Error& e) {
+    fail(what, ": ", e.what());
+  }
+  if (!r.train.mesh.empty()) {
     int64_t prod = 1;
     std::string axes;
-    for (const auto& [k, v] : r.mesh) {
+    for (const auto& [k, v] : r.train.mesh) {
       prod *= v;
       axes += (axes.empty() ? "" : " x ") + k + "=" + std::to_string(v);
     }
@@ -257,6 +268,74 @@ void check_fits(Recipe& r) {
                " has ", devices);
   }
 }
+
+namespace {
+
+ClusterSpec read_cluster(const std::string& origin, const std::map<std::string, std::string>& raw) {
+  Reader rd{origin, raw};
+  OLMO_CHECK(!raw.empty(), rd.where("cluster"), ": missing (required)");
+  rd.only_known(kClusterKeys, kStopKeys);
+  auto need = [&](const std::string& key) {
+    auto v = rd.get(key);
+    OLMO_CHECK(v.has_value(), rd.where("cluster." + key), ": missing (required)");
+    return *v;
+  };
+  ClusterSpec c;
+  if (auto v = rd.get("namespace")) c.namespace_ = *v;
+  OLMO_CHECK(dns1123_label(c.namespace_), rd.where("cluster.namespace"), ": '", c.namespace_,
+             "' is not a valid namespace name (lowercase letters, digits, '-', at most 63)");
+  c.queue = need("queue");
+  OLMO_CHECK(dns1123_label(c.queue), rd.where("cluster.queue"), ": '", c.queue,
+             "' is not a valid LocalQueue name");
+  c.image = need("image");
+  OLMO_CHECK(c.image.find(' ') == std::string::npos, rd.where("cluster.image"),
+             ": expected an image reference");
+  try {
+    c.slice = parse_slice(need("slice"));
+  } catch (const Error& e) {
+    fail(rd.where("cluster.slice"), ": ", e.what());
+  }
+  c.host_network = c.slice.multi_host_tpu();
+  if (rd.get("host_network")) c.host_network = rd.boolean("host_network");
+  if (auto v = rd.get("node_pool")) c.node_pool = *v;
+  if (c.slice.kind == SliceSpec::Kind::Tpu) c.exclusive_topology = "cloud.google.com/gke-nodepool";
+  if (raw.count("exclusive_topology")) c.exclusive_topology = raw.at("exclusive_topology");  // null: none
+  if (rd.get("max_restarts")) c.max_restarts = static_cast<int>(rd.integer("max_restarts", 0, 1000));
+  if (auto v = rd.get("service_account")) c.service_account = *v;
+  if (auto v = rd.get("container")) c.container = *v;
+  OLMO_CHECK(dns1123_label(c.container), rd.where("cluster.container"), ": not a valid container name");
+  if (auto v = rd.get("command")) {
+    YAML::Node list;
+    try {
+      list = YAML::Load(*v);
+    } catch (const YAML::Exception&) {
+    }
+    OLMO_CHECK(list.IsSequence() && list.size() > 0, rd.where("cluster.command"),
+               ": expected a non-empty list of strings");
+    for (const auto& a : list) {
+      OLMO_CHECK(a.IsScalar(), rd.where("cluster.command[]"), ": expected a string");
+      c.command.push_back(a.Scalar());
+    }
+  } else {
+    c.command = {"olmosft", "train", "/etc/olmosft/recipe.yaml"};
+  }
+  if (rd.get("coordinator_port"))
+    c.coordinator_port = static_cast<int>(rd.integer("coordinator_port", 1, 65535));
+  if (rd.get("stop_rules.nan_loss")) c.stop_rules.nan_loss = rd.boolean("stop_rules.nan_loss");
+  if (rd.get("stop_rules.max_required_rbf")) {
+    double v = rd.number("stop_rules.max_required_rbf");
+    OLMO_CHECK(v > 0, rd.where("cluster.stop_rules.max_required_rbf"), ": must be > 0");
+    c.stop_rules.max_required_rbf = v;
+  }
+  if (rd.get("stop_rules.stall_minutes")) {
+    double v = rd.number("stop_rules.stall_minutes");
+    OLMO_CHECK(v > 0, rd.where("cluster.stop_rules.stall_minutes"), ": must be > 0");
+    c.stop_rules.stall_minutes = v;
+  }
+  return c;
+}
+
+}  // namespace
 
 Recipe parse_recipe(const std::string& text, const std::string& origin,
                     const std::vector<std::string>& overrides) {
@@ -272,105 +351,28 @@ Recipe parse_recipe(const std::string& text, const std::string& origin,
   if (!r.root || r.root.IsNull()) r.root = YAML::Node(YAML::NodeType::Map);
   OLMO_CHECK(r.root.IsMap(), origin, ": the recipe must be a YAML map of keys");
   for (const auto& o : overrides) apply_override(r.root, o);
-
-  Reader rd{origin};
-  const YAML::Node& R = r.root;
-  auto need = [&](const YAML::Node& parent, const std::string& key, const std::string& full) {
-    YAML::Node n = parent[key];
-    OLMO_CHECK(n && !n.IsNull(), rd.where(full), ": missing (required)");
-    return n;
-  };
-  r.run_name = rd.string(need(R, "run_name", "run_name"), "run_name");
-  OLMO_CHECK(!r.run_name.empty(), rd.where("run_name"), ": must not be empty");
-  r.seq_len = rd.integer(need(R, "seq_len", "seq_len"), "seq_len", 1, int64_t{1} << 24);
-  r.global_batch = rd.integer(need(R, "global_batch", "global_batch"), "global_batch", 1, int64_t{1} << 24);
-  r.per_device_batch = rd.number(need(R, "per_device_batch", "per_device_batch"), "per_device_batch");
-  r.steps = rd.integer(need(R, "steps", "steps"), "steps", 1, int64_t{1} << 40);
-  r.output_dir = rd.string(need(R, "output_dir", "output_dir"), "output_dir");
-  if (R["checkpoint"]) {
-    OLMO_CHECK(R["checkpoint"].IsMap(), rd.where("checkpoint"), ": expected a map");
-    if (R["checkpoint"]["grace_seconds"])
-      r.grace_seconds = static_cast<int>(
-          rd.integer(R["checkpoint"]["grace_seconds"], "checkpoint.grace_seconds", 1, 24 * 3600));
+  // Keys the trainer defaults but a cluster run must state (an output_dir of "runs" would be pod-local).
+  for (const char* key : {"run_name", "seq_len", "global_batch", "per_device_batch", "steps", "output_dir"}) {
+    OLMO_CHECK(r.root[key] && !r.root[key].IsNull(), origin, ": key '", key, "': missing (required)");
   }
-  if (R["mesh"] && !R["mesh"].IsNull()) {
-    OLMO_CHECK(R["mesh"].IsMap(), rd.where("mesh"),
-               ": expected a map of axis: size (e.g. {fsdp: 16, expert: 8})");
-    for (const auto& kv : R["mesh"])
-      r.mesh[kv.first.Scalar()] = rd.integer(kv.second, "mesh." + kv.first.Scalar(), 1, 1 << 20);
-  }
-
-  const YAML::Node C = need(R, "cluster", "cluster");
-  rd.only_keys(C, "cluster", kClusterKeys);
-  ClusterSpec& c = r.cluster;
-  if (C["namespace"]) c.namespace_ = rd.string(C["namespace"], "cluster.namespace");
-  OLMO_CHECK(dns1123_label(c.namespace_), rd.where("cluster.namespace"), ": '", c.namespace_,
-             "' is not a valid namespace name (lowercase letters, digits, '-', at most 63)");
-  c.queue = rd.string(need(C, "queue", "cluster.queue"), "cluster.queue");
-  OLMO_CHECK(dns1123_label(c.queue), rd.where("cluster.queue"), ": '", c.queue,
-             "' is not a valid LocalQueue name");
-  c.image = rd.string(need(C, "image", "cluster.image"), "cluster.image");
-  OLMO_CHECK(!c.image.empty() && c.image.find(' ') == std::string::npos, rd.where("cluster.image"),
-             ": expected an image reference");
-  try {
-    c.slice = parse_slice(rd.string(need(C, "slice", "cluster.slice"), "cluster.slice"));
-  } catch (const Error& e) {
-    fail(rd.where("cluster.slice"), ": ", e.what());
-  }
-  c.host_network = c.slice.multi_host_tpu();
-  if (C["host_network"]) c.host_network = rd.boolean(C["host_network"], "cluster.host_network");
-  if (C["node_pool"] && !C["node_pool"].IsNull())
-    c.node_pool = rd.string(C["node_pool"], "cluster.node_pool");
-  if (c.slice.kind == SliceSpec::Kind::Tpu) c.exclusive_topology = "cloud.google.com/gke-nodepool";
-  if (C["exclusive_topology"])
-    c.exclusive_topology = C["exclusive_topology"].IsNull()
-                               ? ""
-                               : rd.string(C["exclusive_topology"], "cluster.exclusive_topology");
-  if (C["max_restarts"])
-    c.max_restarts = static_cast<int>(rd.integer(C["max_restarts"], "cluster.max_restarts", 0, 1000));
-  if (C["service_account"]) c.service_account = rd.string(C["service_account"], "cluster.service_account");
-  if (C["container"]) c.container = rd.string(C["container"], "cluster.container");
-  OLMO_CHECK(dns1123_label(c.container), rd.where("cluster.container"), ": not a valid container name");
-  if (C["command"]) {
-    OLMO_CHECK(C["command"].IsSequence() && C["command"].size() > 0, rd.where("cluster.command"),
-               ": expected a non-empty list of strings");
-    for (const auto& a : C["command"]) c.command.push_back(rd.string(a, "cluster.command[]"));
-  } else {
-    c.command = {"olmosft", "train", "/etc/olmosft/recipe.yaml"};
-  }
-  if (C["coordinator_port"])
-    c.coordinator_port =
-        static_cast<int>(rd.integer(C["coordinator_port"], "cluster.coordinator_port", 1, 65535));
-  if (C["stop_rules"] && !C["stop_rules"].IsNull()) {
-    const YAML::Node S = C["stop_rules"];
-    rd.only_keys(S, "cluster.stop_rules", kStopKeys);
-    if (S["nan_loss"]) c.stop_rules.nan_loss = rd.boolean(S["nan_loss"], "cluster.stop_rules.nan_loss");
-    if (S["max_required_rbf"] && !S["max_required_rbf"].IsNull()) {
-      double v = rd.number(S["max_required_rbf"], "cluster.stop_rules.max_required_rbf");
-      OLMO_CHECK(v > 0, rd.where("cluster.stop_rules.max_required_rbf"), ": must be > 0");
-      c.stop_rules.max_required_rbf = v;
-    }
-    if (S["stall_minutes"] && !S["stall_minutes"].IsNull()) {
-      double v = rd.number(S["stall_minutes"], "cluster.stop_rules.stall_minutes");
-      OLMO_CHECK(v > 0, rd.where("cluster.stop_rules.stall_minutes"), ": must be > 0");
-      c.stop_rules.stall_minutes = v;
-    }
-  }
-  check_fits(r);
-  // The pod runs `olmosft train` on this same file: the devices the trainer divides the batch by are the
-  // slice's, and every trainer key is validated now with the trainer's own reader (unknown keys, types,
-  // batch arithmetic), so a typo fails the launch instead of a pod after scheduling.
-  const int64_t devices = c.slice.devices();
-  if (R["devices"] && !R["devices"].IsNull()) {
-    const int64_t d = rd.integer(R["devices"], "devices", 1, int64_t{1} << 24);
-    OLMO_CHECK(d == devices, rd.where("devices"), ": ", d, " but slice ", c.slice.text, " has ", devices,
+  // The pod runs `olmosft train` on this same file: every trainer key is read now with the trainer's own
+  // reader (unknown keys, types, ranges), so a typo fails the launch instead of a pod after scheduling.
+  const std::string as_trainer = origin + " (as `olmosft train` reads it)";
+  r.train = olmosft::Recipe::parse(r.effective_yaml(), as_trainer).fields();
+  OLMO_CHECK(!r.train.run_name.empty(), origin, ": key 'run_name': must not be empty");
+  r.cluster = read_cluster(origin, r.train.cluster);
+  // The devices the trainer divides the batch by are the slice's: set in the mounted recipe.
+  const int64_t devices = r.cluster.slice.devices();
+  if (r.train.given.count("devices")) {
+    OLMO_CHECK(r.train.batch.devices == devices, origin, ": key 'devices': ", r.train.batch.devices,
+               " but slice ", r.cluster.slice.text, " has ", devices,
                " devices (drop the key: the launcher sets it from the slice)");
   } else {
     r.root["devices"] = devices;
   }
-  const olmosft::Recipe trainer_view =
-      olmosft::Recipe::parse(r.effective_yaml(), origin + " (as `olmosft train` reads it)");
-  (void)olmosft::derive(trainer_view);
+  check_fits(r);
+  // What the pods will read, read back (devices included).
+  r.train = olmosft::Recipe::parse(r.effective_yaml(), as_trainer).config();
   return r;
 }
 

@@ -1,7 +1,7 @@
 // The trainer recipe as far as the cluster launcher needs it: a YAML file plus `key=value` overrides
-// (dotted keys, e.g. cluster.stop_rules.nan_loss=false). The trainer reads the same file and more keys;
-// this reader checks the keys listed in docs/k8s.md, ignores other top-level keys, and is strict inside
-// `cluster:` (an unknown key there is an error, as it is most likely a typo).
+// (dotted keys, e.g. cluster.stop_rules.nan_loss=false; values are YAML, so mesh={fsdp: 16} works). The
+// whole file is read with the trainer's reader into a TrainConfig (cluster -> train is the layering); this
+// reader adds the slice checks and is strict inside `cluster:` (an unknown key there is most likely a typo).
 #pragma once
 #include <yaml-cpp/yaml.h>
 
@@ -10,6 +10,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "train/recipe.h"
 
 namespace olmosft::cluster {
 
@@ -58,21 +60,13 @@ struct Recipe {
   std::string origin;  // file path (for messages)
   std::string source_text;
   std::vector<std::string> overrides;
-  YAML::Node root;  // effective recipe (overrides applied)
+  YAML::Node root;  // effective recipe (overrides applied; devices set from the slice)
 
-  std::string run_name;
-  int64_t seq_len = 0;
-  int64_t global_batch = 0;
-  double per_device_batch = 0;
-  int64_t steps = 0;
-  std::string output_dir;
-  int grace_seconds = 600;  // checkpoint.grace_seconds
-  std::map<std::string, int64_t> mesh;
-  ClusterSpec cluster;
-
-  // Derived (computed once by the reader and checked against the slice):
-  int64_t rows_per_step = 0;  // devices x per_device_batch
-  int64_t grad_accum = 0;     // global_batch / rows_per_step
+  // The trainer's typed view of the effective recipe, read with its own reader (src/train/recipe.h): run
+  // name, batch arithmetic over the slice's devices (train.batch.slots rows per micro-step,
+  // train.batch.grad_accum), checkpoint.grace_seconds, mesh, and the raw cluster section.
+  TrainConfig train;
+  ClusterSpec cluster;  // read from train.cluster
 
   std::string effective_yaml() const;  // the recipe after overrides, as YAML
 };
@@ -84,7 +78,9 @@ Recipe parse_recipe(const std::string& text, const std::string& origin,
                     const std::vector<std::string>& overrides);
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides);
 
-// Throws unless the batch and mesh fit the slice (called by parse_recipe; exposed for tests).
+// Throws unless the batch and mesh fit the slice: per_device_batch 1/k with k dividing the devices (or a
+// whole number), the trainer's batch arithmetic over the slice's devices, the mesh covering them. Sets
+// r.train.batch (devices and the derived numbers). Called by parse_recipe; exposed for tests.
 void check_fits(Recipe& r);
 
 }  // namespace olmosft::cluster

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "train/batch.h"
 
 namespace olmosft::train {
 
@@ -71,14 +72,7 @@ std::vector<Generation> greedy_generate(model::CausalLM& model,
         }
         last[static_cast<size_t>(b)] = b * T + t - 1;
       }
-      model::Batch batch;
-      batch.B = B;
-      batch.T = T;
-      batch.tokens = ids.data();
-      batch.segments = seg.data();
-      batch.positions = pos.data();
-      batch.targets = tgt.data();
-      batch.trained = trained.data();
+      const model::Batch batch = batch_view(B, T, ids, seg, pos, tgt, trained);
       logits.resize(N * static_cast<size_t>(V));
       model.forward(batch, lc, logits.data(), nullptr);
       ++st.forwards;

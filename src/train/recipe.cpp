@@ -224,8 +224,6 @@ Recipe Recipe::load(const std::string& path, const std::vector<std::string>& ove
   return parse(ss.str(), path, overrides);
 }
 
-bool Recipe::is_set(const std::string& key) const { return values_.count(key) > 0; }
-
 std::string Recipe::str(const std::string& key) const {
   auto it = values_.find(key);
   if (it != values_.end()) return it->second;
@@ -238,39 +236,140 @@ int64_t Recipe::i64(const std::string& key) const { return std::stoll(str(key));
 double Recipe::f64(const std::string& key) const { return std::stod(str(key)); }
 bool Recipe::flag(const std::string& key) const { return str(key) == "true"; }
 
-std::map<std::string, std::string> Recipe::section(const std::string& prefix) const {
-  std::map<std::string, std::string> out;
-  for (const auto& [k, v] : values_) {
-    if (k.rfind(prefix, 0) == 0) out[k.substr(prefix.size())] = v;
-  }
-  return out;
+void Recipe::set_default(const std::string& key, const std::string& value, const std::string& origin) {
+  if (values_.count(key) == 0) set(key, value, origin);
 }
 
 void Recipe::write_yaml(std::ostream& os) const {
   for (const auto& k : recipe_keys()) {
     std::string v = str(k.name);
-    os << k.name << ": " << (v.empty() ? "\"\"" : v) << "  # " << (is_set(k.name) ? "" : "default; ") << k.doc
-       << "\n";
+    os << k.name << ": " << (v.empty() ? "\"\"" : v) << "  # " << (values_.count(k.name) ? "" : "default; ")
+       << k.doc << "\n";
   }
   for (const auto& [k, v] : values_) {
     if (passthrough(k)) os << k << ": " << v << "\n";
   }
 }
 
-Derived derive(const Recipe& r) {
-  Derived d;
-  const std::string& src = r.source();
-  d.global_batch = r.i64("global_batch");
-  d.devices = r.i64("devices");
-  d.per_device_batch = r.f64("per_device_batch");
-  d.seq_len = r.i64("seq_len");
-  d.steps = r.i64("steps");
+TrainConfig Recipe::fields() const {
+  TrainConfig c;
+  const std::string& src = source_;
+  c.source = src;
+  std::ostringstream yaml;
+  write_yaml(yaml);
+  c.resolved_yaml = yaml.str();
+  for (const auto& [k, v] : values_) c.given.insert(k);
+  c.run_name = str("run_name");
+  c.output_dir = str("output_dir");
+  c.seed = i64("seed");
+  c.tokenizer = str("tokenizer");
+  c.model.init = str("model.init");
+  c.model.config = str("model.config");
+  c.data.path = str("data.path");
+  c.data.epochs = i64("data.epochs");
+  OLMO_CHECK(c.data.epochs >= 1, src, ": data.epochs must be >= 1");
+
+  Derived& d = c.batch;
+  d.global_batch = i64("global_batch");
+  d.devices = i64("devices");
+  d.per_device_batch = f64("per_device_batch");
+  d.seq_len = i64("seq_len");
+  d.steps = i64("steps");
+  d.schedule_steps = i64("lr_schedule_steps");
   OLMO_CHECK(d.global_batch >= 1, src, ": global_batch must be >= 1, got ", d.global_batch);
   OLMO_CHECK(d.devices >= 1, src, ": devices must be >= 1, got ", d.devices);
   OLMO_CHECK(d.per_device_batch > 0, src, ": per_device_batch must be > 0, got ", d.per_device_batch);
   OLMO_CHECK(d.seq_len >= 2, src, ": seq_len must be >= 2, got ", d.seq_len);
   OLMO_CHECK(d.steps >= 1, src, ": steps must be >= 1 (a run that trains zero steps is an error), got ",
              d.steps);
+  OLMO_CHECK(d.schedule_steps >= 0, src, ": lr_schedule_steps must be >= 1 or 0 (= steps), got ",
+             d.schedule_steps);
+
+  c.dist.mode = str("dist.mode");
+  OLMO_CHECK(c.dist.mode == "dp" || c.dist.mode == "zero3", src, ": dist.mode must be dp or zero3, got '",
+             c.dist.mode, "'");
+  c.dist.gather = str("dist.gather");
+  OLMO_CHECK(c.dist.gather == "layer" || c.dist.gather == "step", src,
+             ": dist.gather must be layer or step, got '", c.dist.gather, "'");
+  read_optimizer(c);
+
+  c.loss.lm_z = f64("loss.lm_z");
+  c.loss.moe_lb = f64("loss.moe_lb");
+  c.loss.router_z = f64("loss.router_z");
+  c.moe.buffer_factor = f64("moe.buffer_factor");
+  OLMO_CHECK(c.moe.buffer_factor == -1 || c.moe.buffer_factor >= 1, src,
+             ": moe.buffer_factor must be -1 (dropless) or >= 1, got ", c.moe.buffer_factor);
+  c.compute.vocab_tile = i64("compute.vocab_tile");
+  OLMO_CHECK(c.compute.vocab_tile >= 0, src, ": compute.vocab_tile must be >= 0");
+  c.compute.threads = i64("compute.threads");
+
+  c.checkpoint.every = i64("checkpoint.every");
+  c.checkpoint.keep_last = i64("checkpoint.keep_last");
+  c.checkpoint.grace_seconds = i64("checkpoint.grace_seconds");
+  c.checkpoint.resume = flag("checkpoint.resume");
+  OLMO_CHECK(c.checkpoint.keep_last >= 1, src, ": checkpoint.keep_last must be >= 1");
+  OLMO_CHECK(c.checkpoint.every >= 0, src, ": checkpoint.every must be >= 0");
+  OLMO_CHECK(c.checkpoint.grace_seconds >= 1, src, ": checkpoint.grace_seconds must be >= 1");
+  c.log.every = i64("log.every");
+  OLMO_CHECK(c.log.every >= 1, src, ": log.every must be >= 1");
+  c.log.tensorboard = flag("log.tensorboard");
+  c.eval.heldout = i64("eval.heldout");
+  OLMO_CHECK(c.eval.heldout >= 0, src, ": eval.heldout must be >= 0");
+  c.export_.hf = flag("export.hf");
+  c.perf.peak_tflops = f64("perf.peak_tflops");
+  OLMO_CHECK(c.perf.peak_tflops >= 0, src, ": perf.peak_tflops must be >= 0 (0 = measure)");
+
+  for (const auto& [k, v] : values_) {
+    if (k.rfind("cluster.", 0) == 0) c.cluster[k.substr(8)] = v;
+    if (k.rfind("mesh.", 0) != 0) continue;
+    size_t pos = 0;
+    int64_t n = 0;
+    try {
+      n = std::stoll(v, &pos);
+    } catch (...) {
+      pos = 0;
+    }
+    OLMO_CHECK(pos == v.size() && !v.empty() && n >= 1, src, ": key '", k,
+               "' expects an integer >= 1 (devices along that mesh axis), got '", v, "'");
+    c.mesh[k.substr(5)] = n;
+  }
+  return c;
+}
+
+void Recipe::read_optimizer(TrainConfig& c) const {
+  const std::string& src = source_;
+  TrainConfig::Optimizer& o = c.optimizer;
+  o.schedule = str("optimizer.schedule");
+  o.lr = f64("optimizer.lr");
+  o.warmup_frac = f64("optimizer.warmup_frac");
+  o.final_lr_frac = f64("optimizer.final_lr_frac");
+  o.beta1 = f64("optimizer.beta1");
+  o.beta2 = f64("optimizer.beta2");
+  o.eps = f64("optimizer.eps");
+  o.weight_decay = f64("optimizer.weight_decay");
+  o.clip_grad_norm = f64("optimizer.clip_grad_norm");
+  OLMO_CHECK(o.warmup_frac >= 0 && o.warmup_frac < 1, src, ": optimizer.warmup_frac must be in [0, 1), got ",
+             o.warmup_frac);
+  OLMO_CHECK(o.schedule == "linear" || o.schedule == "constant", src,
+             ": optimizer.schedule must be linear or constant, got '", o.schedule, "'");
+  OLMO_CHECK(o.final_lr_frac >= 0 && o.final_lr_frac <= 1, src,
+             ": optimizer.final_lr_frac must be in [0, 1], got ", o.final_lr_frac);
+  OLMO_CHECK(o.lr > 0, src, ": optimizer.lr must be > 0");
+  OLMO_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, src,
+             ": optimizer.beta1/beta2 must be in [0, 1)");
+  OLMO_CHECK(o.eps > 0, src, ": optimizer.eps must be > 0");
+  OLMO_CHECK(o.clip_grad_norm >= 0, src, ": optimizer.clip_grad_norm must be >= 0 (0 = off)");
+}
+
+TrainConfig Recipe::config() const {
+  TrainConfig c = fields();
+  derive_batch(c);
+  return c;
+}
+
+void derive_batch(TrainConfig& c) {
+  Derived& d = c.batch;
+  const std::string& src = c.source;
   double slots = static_cast<double>(d.devices) * d.per_device_batch;
   double rounded = std::round(slots);
   OLMO_CHECK(rounded >= 1 && std::fabs(slots - rounded) < 1e-9, src,
@@ -282,39 +381,9 @@ Derived derive(const Recipe& r) {
              " (gradient accumulation must be a whole number of micro-steps)");
   d.grad_accum = d.global_batch / d.slots;
   d.tokens_per_step = d.global_batch * d.seq_len;
-  d.schedule_steps = r.i64("lr_schedule_steps");
   if (d.schedule_steps == 0) d.schedule_steps = d.steps;
-  OLMO_CHECK(d.schedule_steps >= 1, src, ": lr_schedule_steps must be >= 1 or 0 (= steps), got ",
-             d.schedule_steps);
-  double wf = r.f64("optimizer.warmup_frac");
-  OLMO_CHECK(wf >= 0 && wf < 1, src, ": optimizer.warmup_frac must be in [0, 1), got ", wf);
-  d.warmup_steps = static_cast<int64_t>(std::floor(static_cast<double>(d.schedule_steps) * wf));
-  std::string sched = r.str("optimizer.schedule");
-  OLMO_CHECK(sched == "linear" || sched == "constant", src,
-             ": optimizer.schedule must be linear or constant, got '", sched, "'");
-  double ff = r.f64("optimizer.final_lr_frac");
-  OLMO_CHECK(ff >= 0 && ff <= 1, src, ": optimizer.final_lr_frac must be in [0, 1], got ", ff);
-  OLMO_CHECK(r.f64("optimizer.lr") > 0, src, ": optimizer.lr must be > 0");
-  double b1 = r.f64("optimizer.beta1"), b2 = r.f64("optimizer.beta2");
-  OLMO_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, src, ": optimizer.beta1/beta2 must be in [0, 1)");
-  OLMO_CHECK(r.f64("optimizer.eps") > 0, src, ": optimizer.eps must be > 0");
-  OLMO_CHECK(r.f64("optimizer.clip_grad_norm") >= 0, src,
-             ": optimizer.clip_grad_norm must be >= 0 (0 = off)");
-  double bf = r.f64("moe.buffer_factor");
-  OLMO_CHECK(bf == -1 || bf >= 1, src, ": moe.buffer_factor must be -1 (dropless) or >= 1, got ", bf);
-  OLMO_CHECK(r.i64("checkpoint.keep_last") >= 1, src, ": checkpoint.keep_last must be >= 1");
-  OLMO_CHECK(r.i64("checkpoint.every") >= 0, src, ": checkpoint.every must be >= 0");
-  OLMO_CHECK(r.i64("data.epochs") >= 1, src, ": data.epochs must be >= 1");
-  OLMO_CHECK(r.i64("log.every") >= 1, src, ": log.every must be >= 1");
-  OLMO_CHECK(r.i64("compute.vocab_tile") >= 0, src, ": compute.vocab_tile must be >= 0");
-  OLMO_CHECK(r.i64("eval.heldout") >= 0, src, ": eval.heldout must be >= 0");
-  OLMO_CHECK(r.f64("perf.peak_tflops") >= 0, src, ": perf.peak_tflops must be >= 0 (0 = measure)");
-  const std::string dm = r.str("dist.mode");
-  OLMO_CHECK(dm == "dp" || dm == "zero3", src, ": dist.mode must be dp or zero3, got '", dm, "'");
-  const std::string dg = r.str("dist.gather");
-  OLMO_CHECK(dg == "layer" || dg == "step", src, ": dist.gather must be layer or step, got '", dg, "'");
-  OLMO_CHECK(r.i64("checkpoint.grace_seconds") >= 1, src, ": checkpoint.grace_seconds must be >= 1");
-  return d;
+  d.warmup_steps =
+      static_cast<int64_t>(std::floor(static_cast<double>(d.schedule_steps) * c.optimizer.warmup_frac));
 }
 
 void print_derived(std::ostream& os, const Derived& d) {

@@ -1,11 +1,12 @@
 // Training recipes: a YAML file plus key=value overrides (command line wins). Every key has a type, a
 // documented default and a description (recipe_keys()); an unknown key is an error that names it and the
-// closest known key. Derived values (gradient accumulation, warmup steps, tokens per step) are computed
-// once by derive() and checked before any compute.
+// closest known key. Recipe::config() reads it once into a typed, validated TrainConfig (derived values:
+// gradient accumulation, warmup steps, tokens per step), checked before any compute.
 #pragma once
 #include <cstdint>
 #include <map>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,33 +24,6 @@ struct RecipeKey {
 // All known keys (the `cluster.*` section is passed through for the k8s tooling, validated there).
 const std::vector<RecipeKey>& recipe_keys();
 
-class Recipe {
- public:
-  // Reads a YAML recipe (nested maps flatten to dotted keys) and applies key=value overrides in order.
-  static Recipe load(const std::string& yaml_path, const std::vector<std::string>& overrides = {});
-  // Parses YAML text; `source` names it in errors.
-  static Recipe parse(const std::string& yaml_text, const std::string& source,
-                      const std::vector<std::string>& overrides = {});
-
-  std::string str(const std::string& key) const;
-  int64_t i64(const std::string& key) const;
-  double f64(const std::string& key) const;
-  bool flag(const std::string& key) const;
-  bool is_set(const std::string& key) const;  // given in the file or an override (not a default)
-  // Pass-through keys under a prefix (e.g. "cluster."), as raw strings.
-  std::map<std::string, std::string> section(const std::string& prefix) const;
-  const std::string& source() const { return source_; }
-
-  // Sets one key from "key=value" text (validated); `origin` names where it came from in errors.
-  void set(const std::string& key, const std::string& value, const std::string& origin);
-  // Writes the fully resolved recipe (every key, defaults included) as YAML.
-  void write_yaml(std::ostream& os) const;
-
- private:
-  std::string source_;
-  std::map<std::string, std::string> values_;  // only keys that were set
-};
-
 // Values derived from a recipe, computed once and checked (batch arithmetic, schedule horizon).
 struct Derived {
   int64_t global_batch = 0;     // rows per optimizer step
@@ -64,8 +38,103 @@ struct Derived {
   int64_t warmup_steps = 0;     // floor(schedule_steps x warmup_frac)
 };
 
-// Throws olmosft::Error naming the keys when the numbers do not divide or are out of range.
-Derived derive(const Recipe& r);
+// The recipe, typed and validated: every key of recipe_keys() as a field (named after the key and its
+// section), the batch arithmetic derived, the pass-through sections kept. Made once by Recipe::config();
+// the trainer, the CLI and the k8s launcher read these fields, never keys.
+struct TrainConfig {
+  std::string source;           // the recipe file (names it in errors)
+  std::string resolved_yaml;    // Recipe::write_yaml: printed at start, hashed into checkpoints
+  std::set<std::string> given;  // keys set in the file or an override (not defaults)
+  std::string run_name, output_dir;
+  int64_t seed = 0;
+  std::string tokenizer;
+  struct Model {
+    std::string init, config;  // model.init (HF directory) / model.config (config.json, random init)
+  } model;
+  struct Data {
+    std::string path;
+    int64_t epochs = 1;
+  } data;
+  // global_batch, devices, per_device_batch, seq_len, steps, lr_schedule_steps and what derive_batch makes
+  Derived batch;
+  struct Dist {
+    std::string mode = "dp";       // dp | zero3
+    std::string gather = "layer";  // layer | step
+  } dist;
+  struct Optimizer {
+    std::string schedule = "linear";  // linear | constant
+    double lr = 0, warmup_frac = 0, final_lr_frac = 0;
+    double beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, clip_grad_norm = 0;
+  } optimizer;
+  struct Loss {
+    double lm_z = 0, moe_lb = 0, router_z = 0;
+  } loss;
+  struct Moe {
+    double buffer_factor = -1;  // -1 = dropless
+  } moe;
+  struct Compute {
+    int64_t vocab_tile = 0, threads = 0;
+  } compute;
+  struct Checkpoint {
+    int64_t every = 0, keep_last = 1, grace_seconds = 1;
+    bool resume = true;
+  } checkpoint;
+  struct Log {
+    int64_t every = 1;
+    bool tensorboard = true;
+  } log;
+  struct Eval {
+    int64_t heldout = 0;
+  } eval;
+  struct Export {
+    bool hf = true;
+  } export_;
+  struct Perf {
+    double peak_tflops = 0;  // 0 = measure
+  } perf;
+  std::map<std::string, int64_t> mesh;         // mesh.<axis>: size (each >= 1)
+  std::map<std::string, std::string> cluster;  // cluster.<key> (dotted below it) as raw text, for src/cluster
+
+  std::string run_dir() const { return output_dir + "/" + run_name; }
+};
+
+class Recipe {
+ public:
+  // Reads a YAML recipe (nested maps flatten to dotted keys) and applies key=value overrides in order.
+  static Recipe load(const std::string& yaml_path, const std::vector<std::string>& overrides = {});
+  // Parses YAML text; `source` names it in errors.
+  static Recipe parse(const std::string& yaml_text, const std::string& source,
+                      const std::vector<std::string>& overrides = {});
+
+  const std::string& source() const { return source_; }
+
+  // Sets one key from "key=value" text (validated); `origin` names where it came from in errors.
+  void set(const std::string& key, const std::string& value, const std::string& origin);
+  // set() unless the file or an override gave the key (e.g. devices from the process count).
+  void set_default(const std::string& key, const std::string& value, const std::string& origin);
+  // Writes the fully resolved recipe (every key, defaults included) as YAML.
+  void write_yaml(std::ostream& os) const;
+
+  // The typed config: fields() and then derive_batch(). Throws olmosft::Error naming the file and the key.
+  TrainConfig config() const;
+  // Every key read, typed and range-checked, without the batch arithmetic (batch holds the given numbers
+  // only): for a reader that checks the batch against something first (the k8s launcher, its slice).
+  TrainConfig fields() const;
+
+ private:
+  std::string str(const std::string& key) const;
+  int64_t i64(const std::string& key) const;
+  double f64(const std::string& key) const;
+  bool flag(const std::string& key) const;
+  void read_optimizer(TrainConfig& c) const;
+
+  std::string source_;
+  std::map<std::string, std::string> values_;  // only keys that were set
+};
+
+// The batch arithmetic and the schedule horizon of c.batch (slots, grad_accum, tokens_per_step,
+// schedule_steps, warmup_steps). Throws olmosft::Error naming the keys when the numbers do not divide.
+void derive_batch(TrainConfig& c);
 void print_derived(std::ostream& os, const Derived& d);
 
 }  // namespace olmosft

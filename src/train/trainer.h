@@ -13,6 +13,7 @@
 #include "data/dataset.h"
 #include "dist/comm.h"
 #include "model/model.h"
+#include "train/batch.h"
 #include "train/recipe.h"
 
 namespace olmosft::train {
@@ -24,36 +25,6 @@ inline constexpr int kExitStepGuard = 3;    // fewer steps completed than asked 
 inline constexpr int kExitNonFinite = 4;    // NaN/inf loss or grad norm: last good step checkpointed
 inline constexpr int kExitCheckFailed = 5;  // training done, but an end-of-run CHECK failed (no trained EOS)
 inline constexpr int kExitPreempted = 143;  // SIGTERM: checkpoint written, restart to resume (128 + 15)
-
-// Which rows make step s (1-based): global row g = (s-1) * global_batch + r, r in [0, global_batch).
-// Rank p of P processes takes rows r in [p * global_batch / P, (p+1) * global_batch / P).
-struct RowRef {
-  int epoch = 0;
-  int64_t index = 0;
-};
-class DataOrder {
- public:
-  // rows_per_epoch[e] = rows of epoch e usable by the run (epochs in order).
-  DataOrder(std::vector<int64_t> rows_per_epoch, int64_t global_batch);
-  int64_t total_rows() const { return total_; }
-  int64_t max_steps() const { return total_ / global_batch_; }  // whole steps the epochs hold
-  RowRef locate(int64_t g) const;                               // g in [0, total_rows())
-  std::vector<RowRef> step_rows(int64_t step, int rank = 0, int world = 1) const;
-
- private:
-  std::vector<int64_t> rows_, start_;
-  int64_t total_ = 0, global_batch_ = 0;
-};
-
-// One micro-batch materialised from packed rows (owning arrays; Batch points into them).
-struct HostBatch {
-  int64_t B = 0, T = 0;
-  std::vector<int32_t> tokens, segments, positions, targets;
-  std::vector<uint8_t> trained;
-  int64_t trained_count = 0;  // positions with a training target
-  model::Batch view() const;
-};
-HostBatch make_batch(const PackedDataset& ds, const std::vector<RowRef>& rows);
 
 struct TrainOptions {
   std::ostream* out = nullptr;  // PREFLIGHT / LOSS-PARTS / PROGRESS / CHECK / STEP-GUARD lines (std::cout)
@@ -80,7 +51,7 @@ struct TrainResult {
   std::string run_dir;
 };
 
-// The model-independent preflight: derive() (batch arithmetic, schedule), the dataset opened and checked
+// The model-independent preflight: the config's batch arithmetic, the dataset opened and checked
 // against the recipe (seq_len, epochs, tokenizer and chat-template hashes when a tokenizer is given) and
 // the step count against the rows the epochs hold. The CLI runs it before loading the model.
 struct RunPlan {
@@ -92,11 +63,11 @@ struct RunPlan {
   int64_t data_vocab = 0;
   std::string tokenizer;
 };
-RunPlan plan_run(const Recipe& recipe, std::ostream& err);
+RunPlan plan_run(const TrainConfig& cfg, std::ostream& err);
 
 // Runs (or resumes) training of `model` according to the recipe. Errors in the inputs throw olmosft::Error
 // before any compute; guards and preemption are reported through TrainResult::exit_code.
-TrainResult run_training(const Recipe& recipe, model::CausalLM& model, const TrainOptions& opts);
+TrainResult run_training(const TrainConfig& cfg, model::CausalLM& model, const TrainOptions& opts);
 
 // The SIGTERM flag (set by the handler the trainer installs; exposed for tests).
 bool sigterm_requested();

@@ -114,7 +114,7 @@ TEST(K8sManifest, RunbookRecipeMatchesSettings) {
   EXPECT_EQ(docs[0]["metadata"]["name"].as<std::string>(), "olmo35-sft-h045-tpu-abc123-recipe");
   Recipe back = parse_recipe(docs[0]["data"]["recipe.yaml"].as<std::string>(), "cm", {});
   EXPECT_EQ(back.cluster.slice.hosts, 32);
-  EXPECT_EQ(back.rows_per_step, 16);
+  EXPECT_EQ(back.train.batch.slots, 16);
   EXPECT_DOUBLE_EQ(*back.cluster.stop_rules.max_required_rbf, 2.5);
   EXPECT_DOUBLE_EQ(*back.cluster.stop_rules.stall_minutes, 30);
   std::ifstream src(kRecipe);
@@ -163,7 +163,7 @@ TEST(K8sManifest, CliRenderRefusesBeforeWriting) {
                             (dir / "m").string(),
                         rc);
   EXPECT_NE(rc, 0);
-  EXPECT_NE(out.find("global_batch 20 is not a multiple"), std::string::npos) << out;
+  EXPECT_NE(out.find("global_batch=20 is not divisible"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(dir / "m"));
   out = run(
       std::string(OLMOSFT_BINARY) + " k8s render " + kRecipe + " --suffix s1 --out " + (dir / "m").string(),

@@ -64,15 +64,20 @@ TEST(K8sSlice, Catalogue) {
 
 TEST(K8sRecipe, RunbookBatchFits) {
   Recipe r = parse_recipe(kBase, "r.yaml", {});
-  EXPECT_EQ(r.rows_per_step, 16);  // 128 chips x 0.125
-  EXPECT_EQ(r.grad_accum, 1);
+  // The trainer's typed view, over the slice's devices.
+  EXPECT_EQ(r.train.batch.devices, 128);
+  EXPECT_EQ(r.train.batch.tokens_per_step, 16 * 65536);
+  EXPECT_EQ(r.train.run_name, "test-run");
+  EXPECT_EQ(r.cluster.command, (std::vector<std::string>{"olmosft", "train", "/etc/olmosft/recipe.yaml"}));
+  EXPECT_EQ(r.train.batch.slots, 16);  // 128 chips x 0.125
+  EXPECT_EQ(r.train.batch.grad_accum, 1);
   EXPECT_TRUE(r.cluster.host_network);  // multi-host TPU default
   EXPECT_EQ(r.cluster.exclusive_topology, "cloud.google.com/gke-nodepool");
   EXPECT_TRUE(r.cluster.stop_rules.nan_loss);
   EXPECT_FALSE(r.cluster.stop_rules.stall_minutes.has_value());
   // Gradient accumulation: 32 = 2 x 16.
   Recipe r2 = parse_recipe(kBase, "r.yaml", {"global_batch=32"});
-  EXPECT_EQ(r2.grad_accum, 2);
+  EXPECT_EQ(r2.train.batch.grad_accum, 2);
 }
 
 TEST(K8sRecipe, RefusesBatchThatDoesNotFit) {
@@ -80,8 +85,8 @@ TEST(K8sRecipe, RefusesBatchThatDoesNotFit) {
   EXPECT_NE(e.find("r.yaml: batch does not fit slice tpu-v4-4x4x8 (32 hosts x 4 devices = 128 devices)"),
             std::string::npos)
       << e;
-  EXPECT_NE(e.find("global_batch 20 is not a multiple of devices x per_device_batch = 128 x 0.125 = 16"),
-            std::string::npos)
+  // The batch arithmetic is the trainer's, over the slice's devices.
+  EXPECT_NE(e.find("global_batch=20 is not divisible by devices x per_device_batch = 16"), std::string::npos)
       << e;
   e = error_of([] { parse_recipe(kBase, "r.yaml", {"per_device_batch=0.3"}); });
   EXPECT_NE(e.find("not 1/k"), std::string::npos) << e;
@@ -100,8 +105,8 @@ TEST(K8sRecipe, RefusesBatchThatDoesNotFit) {
   // GPU: 2 nodes x 8 GPUs x 2 rows = 32 rows per micro-step.
   Recipe g =
       parse_recipe(kBase, "r.yaml", {"cluster.slice=gpu-h100-2x8", "per_device_batch=2", "global_batch=64"});
-  EXPECT_EQ(g.rows_per_step, 32);
-  EXPECT_EQ(g.grad_accum, 2);
+  EXPECT_EQ(g.train.batch.slots, 32);
+  EXPECT_EQ(g.train.batch.grad_accum, 2);
   EXPECT_FALSE(g.cluster.host_network);
   EXPECT_EQ(g.cluster.exclusive_topology, "");
 }
@@ -111,10 +116,11 @@ TEST(K8sRecipe, OverridesAndValidation) {
       parse_recipe(kBase, "r.yaml",
                    {"steps=7", "cluster.stop_rules.nan_loss=false", "cluster.stop_rules.stall_minutes=2.5",
                     "checkpoint.grace_seconds=120", "optimizer.lr=1e-5"});
-  EXPECT_EQ(r.steps, 7);
+  EXPECT_EQ(r.train.batch.steps, 7);
   EXPECT_FALSE(r.cluster.stop_rules.nan_loss);
   EXPECT_DOUBLE_EQ(*r.cluster.stop_rules.stall_minutes, 2.5);
-  EXPECT_EQ(r.grace_seconds, 120);
+  EXPECT_EQ(r.train.checkpoint.grace_seconds, 120);
+  EXPECT_DOUBLE_EQ(r.train.optimizer.lr, 1e-5);
   EXPECT_EQ(r.root["optimizer"]["lr"].Scalar(), "1e-5");  // trainer keys are kept for the trainer
   EXPECT_NE(r.effective_yaml().find("steps: 7"), std::string::npos);
   // The pod's trainer divides the batch by the slice's devices: set in the mounted recipe.
@@ -123,7 +129,9 @@ TEST(K8sRecipe, OverridesAndValidation) {
   std::string e = error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.qeue=x"}); });
   EXPECT_NE(e.find("r.yaml: key 'cluster.qeue': unknown key"), std::string::npos) << e;
   e = error_of([] { parse_recipe(kBase, "r.yaml", {"steps=ten"}); });
-  EXPECT_NE(e.find("key 'steps': expected an integer, got 'ten'"), std::string::npos) << e;
+  EXPECT_NE(e.find("r.yaml (as `olmosft train` reads it): key 'steps' expects an integer, got 'ten'"),
+            std::string::npos)
+      << e;
   e = error_of([] { parse_recipe(kBase, "r.yaml", {"steps"}); });
   EXPECT_NE(e.find("expected key=value"), std::string::npos) << e;
   e = error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.stop_rules.max_required_rbf=-1"}); });
@@ -144,6 +152,19 @@ TEST(K8sRecipe, OverridesAndValidation) {
   e = error_of([] { parse_recipe(kBase, "r.yaml", {"devices=64"}); });
   EXPECT_NE(e.find("key 'devices': 64 but slice tpu-v4-4x4x8 has 128 devices"), std::string::npos) << e;
   EXPECT_EQ(error_of([] { parse_recipe(kBase, "r.yaml", {"devices=128"}); }), "");
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.stop_rules.nan_los=false"}); });
+  EXPECT_NE(
+      e.find("r.yaml: key 'cluster.stop_rules.nan_los': unknown key (allowed under 'cluster.stop_rules'"),
+      std::string::npos)
+      << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.queue={a: b}"}); });
+  EXPECT_NE(e.find("key 'cluster.queue': expected a single value"), std::string::npos) << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.max_restarts=many"}); });
+  EXPECT_NE(e.find("key 'cluster.max_restarts': expected an integer, got 'many'"), std::string::npos) << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.command=olmosft"}); });
+  EXPECT_NE(e.find("key 'cluster.command': expected a non-empty list"), std::string::npos) << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"mesh={fsdp: 0}"}); });
+  EXPECT_NE(e.find("key 'mesh.fsdp' expects an integer >= 1"), std::string::npos) << e;
   e = error_of([] { parse_recipe(kBase, "r.yaml", {"steps.x=1"}); });
   EXPECT_NE(e.find("'steps' is not a map"), std::string::npos) << e;
 }

@@ -18,29 +18,31 @@ std::string error_of(const std::function<void()>& f) {
   }
   return "";
 }
+Derived cfg(const Recipe& r) { return r.config().batch; }
 }  // namespace
 
 TEST(Recipe, RunbookRecipeDerivesTheRunbookNumbers) {
-  Recipe r = Recipe::load(std::string(OLMOSFT_SOURCE_DIR) + "/recipes/olmo35-small-sft.yaml");
-  Derived d = derive(r);
+  TrainConfig c = Recipe::load(std::string(OLMOSFT_SOURCE_DIR) + "/recipes/olmo35-small-sft.yaml").config();
+  const Derived& d = c.batch;
   EXPECT_EQ(d.slots, 16);
   EXPECT_EQ(d.grad_accum, 1);
   EXPECT_EQ(d.tokens_per_step, 16 * 65536);
   EXPECT_EQ(d.steps, 600);
   EXPECT_EQ(d.schedule_steps, 11768);
   EXPECT_EQ(d.warmup_steps, 353);
-  EXPECT_DOUBLE_EQ(r.f64("optimizer.beta2"), 0.95);
-  EXPECT_DOUBLE_EQ(r.f64("moe.buffer_factor"), 2.5);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c.moe.buffer_factor, 2.5);
 }
 
 TEST(Recipe, OverridesWinAndAreValidated) {
-  Recipe r =
-      Recipe::parse("steps: 10\noptimizer:\n  lr: 1e-4\n", "t.yaml", {"optimizer.lr=3e-4", "global_batch=8"});
-  EXPECT_DOUBLE_EQ(r.f64("optimizer.lr"), 3e-4);
-  EXPECT_EQ(r.i64("global_batch"), 8);
-  EXPECT_TRUE(r.is_set("steps"));
-  EXPECT_FALSE(r.is_set("seq_len"));
-  EXPECT_EQ(r.i64("seq_len"), 4096);  // documented default
+  TrainConfig c =
+      Recipe::parse("steps: 10\noptimizer:\n  lr: 1e-4\n", "t.yaml", {"optimizer.lr=3e-4", "global_batch=8"})
+          .config();
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_EQ(c.batch.global_batch, 8);
+  EXPECT_TRUE(c.given.count("steps"));
+  EXPECT_FALSE(c.given.count("seq_len"));
+  EXPECT_EQ(c.batch.seq_len, 4096);  // documented default
   std::string e = error_of([] { Recipe::parse("steps: 10\n", "t.yaml", {"optimizer.lr=fast"}); });
   EXPECT_NE(e.find("optimizer.lr"), std::string::npos) << e;
   EXPECT_NE(e.find("expects a number"), std::string::npos) << e;
@@ -59,13 +61,13 @@ TEST(Recipe, OverridesWinAndAreValidated) {
 }
 
 TEST(Recipe, BatchArithmeticRefusesWhatDoesNotDivide) {
-  auto d = derive(Recipe::parse("steps: 5\nglobal_batch: 16\ndevices: 2\nper_device_batch: 2\n", "t"));
+  auto d = cfg(Recipe::parse("steps: 5\nglobal_batch: 16\ndevices: 2\nper_device_batch: 2\n", "t"));
   EXPECT_EQ(d.grad_accum, 4);
-  std::string e = error_of([] { derive(Recipe::parse("steps: 5\nglobal_batch: 16\ndevices: 3\n", "t")); });
+  std::string e = error_of([] { cfg(Recipe::parse("steps: 5\nglobal_batch: 16\ndevices: 3\n", "t")); });
   EXPECT_NE(e.find("global_batch=16 is not divisible"), std::string::npos) << e;
-  e = error_of([] { derive(Recipe::parse("steps: 5\ndevices: 3\nper_device_batch: 0.5\n", "t")); });
+  e = error_of([] { cfg(Recipe::parse("steps: 5\ndevices: 3\nper_device_batch: 0.5\n", "t")); });
   EXPECT_NE(e.find("not a whole number"), std::string::npos) << e;
-  e = error_of([] { derive(Recipe::parse("global_batch: 16\n", "t")); });
+  e = error_of([] { cfg(Recipe::parse("global_batch: 16\n", "t")); });
   EXPECT_NE(e.find("zero steps"), std::string::npos) << e;
 }
 
@@ -84,4 +86,67 @@ TEST(Schedule, MatchesTheOlmoCoreLinearWithWarmup) {
   EXPECT_DOUBLE_EQ(f.at(10), 0.1);
   EXPECT_NEAR(f.at(5), 0.1 + 0.9 * 0.5, 1e-12);
   EXPECT_THROW(s.at(0), Error);
+}
+
+TEST(Recipe, ConfigIsTypedOnceWithSectionsAndPassThrough) {
+  TrainConfig c =
+      Recipe::parse(
+          "run_name: r\noutput_dir: /o\nsteps: 3\nglobal_batch: 8\nper_device_batch: 2\ndevices: 2\n"
+          "optimizer:\n  lr: 2e-4\n  schedule: constant\nloss:\n  lm_z: 0\ncheckpoint:\n  resume: false\n"
+          "mesh:\n  fsdp: 2\ncluster:\n  queue: q\n  stop_rules:\n    nan_loss: false\n"
+          "  command: [a, b]\n",
+          "t.yaml", {"log.tensorboard=false", "dist.mode=zero3"})
+          .config();
+  EXPECT_EQ(c.source, "t.yaml");
+  EXPECT_EQ(c.run_dir(), "/o/r");
+  EXPECT_EQ(c.batch.slots, 4);
+  EXPECT_EQ(c.batch.grad_accum, 2);
+  EXPECT_EQ(c.batch.schedule_steps, 3);  // 0 = steps
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 2e-4);
+  EXPECT_EQ(c.optimizer.schedule, "constant");
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);  // default
+  EXPECT_DOUBLE_EQ(c.loss.lm_z, 0);
+  EXPECT_DOUBLE_EQ(c.loss.moe_lb, 0.01);
+  EXPECT_FALSE(c.checkpoint.resume);
+  EXPECT_FALSE(c.log.tensorboard);
+  EXPECT_TRUE(c.export_.hf);
+  EXPECT_EQ(c.dist.mode, "zero3");
+  EXPECT_EQ(c.mesh.at("fsdp"), 2);
+  EXPECT_EQ(c.cluster.at("queue"), "q");
+  EXPECT_EQ(c.cluster.at("stop_rules.nan_loss"), "false");
+  EXPECT_NE(c.cluster.at("command").find("a"), std::string::npos);
+  // The resolved YAML is the one printed at start and hashed into checkpoints.
+  std::ostringstream os;
+  Recipe::parse("steps: 3\n", "t.yaml").write_yaml(os);
+  EXPECT_EQ(Recipe::parse("steps: 3\n", "t.yaml").config().resolved_yaml, os.str());
+}
+
+TEST(Recipe, SetDefaultKeepsAGivenValue) {
+  Recipe r = Recipe::parse("steps: 3\nglobal_batch: 4\n", "t.yaml");
+  r.set_default("devices", "4", "mpirun -np 4");
+  EXPECT_EQ(r.config().batch.devices, 4);
+  Recipe g = Recipe::parse("steps: 3\nglobal_batch: 4\ndevices: 2\n", "t.yaml");
+  g.set_default("devices", "4", "mpirun -np 4");
+  EXPECT_EQ(g.config().batch.devices, 2);
+}
+
+TEST(Recipe, FieldsAreRangeCheckedWithTheKeyNamed) {
+  auto e = [](const std::string& yaml, const std::vector<std::string>& ov = {}) {
+    return error_of([&] { (void)Recipe::parse(yaml, "t.yaml", ov).config(); });
+  };
+  EXPECT_NE(e("steps: 3\n", {"checkpoint.resume=yes"}).find("key 'checkpoint.resume' expects true or false"),
+            std::string::npos);
+  EXPECT_NE(e("steps: 3\n", {"seed=1.5"}).find("key 'seed' expects an integer"), std::string::npos);
+  EXPECT_NE(e("steps: 3\n", {"dist.mode=fsdp"}).find("dist.mode must be dp or zero3, got 'fsdp'"),
+            std::string::npos);
+  EXPECT_NE(e("steps: 3\n", {"optimizer.warmup_frac=1"}).find("optimizer.warmup_frac must be in [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(e("steps: 3\n", {"lr_schedule_steps=-1"}).find("lr_schedule_steps must be >= 1 or 0"),
+            std::string::npos);
+  EXPECT_NE(e("steps: 3\nmesh:\n  fsdp: two\n").find("t.yaml: key 'mesh.fsdp' expects an integer >= 1"),
+            std::string::npos);
+  EXPECT_NE(e("steps: 3\nmesh:\n  fsdp: 0\n").find("key 'mesh.fsdp'"), std::string::npos);
+  // Batch numbers that do not divide name the keys whatever the other keys say.
+  EXPECT_NE(e("steps: 3\nglobal_batch: 6\nper_device_batch: 4\n").find("global_batch=6 is not divisible"),
+            std::string::npos);
 }

@@ -17,6 +17,7 @@
 #include "data/tokenizer.h"
 #include "data/tokenizer_dolma2.h"
 #include "model/model.h"
+#include "train/batch.h"
 #include "train/generate.h"
 
 using namespace olmosft;
@@ -38,14 +39,7 @@ std::vector<int32_t> reference(model::CausalLM& m, std::vector<int32_t> seq, int
         tgt(static_cast<size_t>(T), -100);
     std::vector<uint8_t> tr(static_cast<size_t>(T), 0);
     for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(t);
-    model::Batch b;
-    b.B = 1;
-    b.T = T;
-    b.tokens = seq.data();
-    b.segments = seg.data();
-    b.positions = pos.data();
-    b.targets = tgt.data();
-    b.trained = tr.data();
+    const model::Batch b = train::batch_view(1, T, seq, seg, pos, tgt, tr);
     std::vector<float> logits(static_cast<size_t>(T * V));
     m.forward(b, model::LossConfig{}, logits.data(), nullptr);
     const float* row = logits.data() + (T - 1) * V;

@@ -21,6 +21,7 @@
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/log_lines.h"
+#include "train/step.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -169,7 +170,7 @@ class TrainTest : public ::testing::Test {
     o.out = &out_;
     o.err = &err_;
     o.after_step = std::move(after);
-    TrainResult res = run_training(r, m, o);
+    TrainResult res = run_training(r.config(), m, o);
     clear_sigterm();
     return res;
   }
@@ -248,7 +249,7 @@ TEST_F(TrainTest, RunsLogsChecksAndStepOneCeMatchesAReferenceForward) {
     EXPECT_EQ(dir, run_dir("basic") + "/hf");
     EXPECT_EQ(side, "");  // builtin:bytes has no tokenizer files
   };
-  TrainResult res = run_training(r, m, o);
+  TrainResult res = run_training(r.config(), m, o);
   std::string log = out_.str();
   ASSERT_EQ(res.exit_code, kExitOk) << res.reason << "\n" << log << err_.str();
   EXPECT_TRUE(exported);
@@ -478,7 +479,7 @@ TEST_F(TrainTest, PreflightRefusesBadRecipesAndMismatchedDatasets) {
   auto err = [&](const Recipe& r) { return error_of([&] { train(r, m); }); };
   EXPECT_NE(error_of([&] {
               recipe("z", {"steps=0"});
-              derive(recipe("z", {"steps=0"}));
+              (void)recipe("z", {"steps=0"}).config();
             }).find("zero steps"),
             std::string::npos);
   std::string e = err(recipe("many", {"steps=1000"}));
@@ -525,4 +526,57 @@ TEST_F(TrainTest, DataErrorMidRunTripsTheStepGuard) {
   EXPECT_NE(out_.str().find("STEP-GUARD: step 6 never completed (last completed step 2): error at step 3"),
             std::string::npos)
       << out_.str() << err_.str();
+}
+
+TEST(TrainLossParts, PackUnpackRoundTripsAndAddsLeavesInOrder) {
+  model::LossParts a;
+  a.ce_sum = 12.345678901234567, a.z_sum = 0.1 + 0.2, a.moe_lb = 1e-3 / 3, a.router_z = 7e-7,
+  a.tokens = 812345;
+  a.moe_layers = {{3, 1.25, 0.5, 1.875, 17}, {7, 1.0 / 3, 2e-5, 2.5, 0}};
+  std::vector<double> buf(packed_loss_parts_size(2), -1.0);
+  ASSERT_EQ(buf.size(), 15u);
+  pack_loss_parts(a, buf.data());
+  model::LossParts b = unpack_loss_parts(buf.data(), 2);
+  EXPECT_EQ(std::memcmp(&a.ce_sum, &b.ce_sum, sizeof(double)), 0);
+  EXPECT_EQ(b.z_sum, a.z_sum);
+  EXPECT_EQ(b.moe_lb, a.moe_lb);
+  EXPECT_EQ(b.router_z, a.router_z);
+  EXPECT_EQ(b.tokens, a.tokens);
+  ASSERT_EQ(b.moe_layers.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(b.moe_layers[k].layer, a.moe_layers[k].layer);
+    EXPECT_EQ(b.moe_layers[k].lb_loss, a.moe_layers[k].lb_loss);
+    EXPECT_EQ(b.moe_layers[k].router_z, a.moe_layers[k].router_z);
+    EXPECT_EQ(b.moe_layers[k].required_buffer_factor, a.moe_layers[k].required_buffer_factor);
+    EXPECT_EQ(b.moe_layers[k].dropped_tokens, a.moe_layers[k].dropped_tokens);
+  }
+  // A dense leaf packs to the 5 head values only.
+  model::LossParts dense;
+  dense.ce_sum = 2, dense.tokens = 3;
+  std::vector<double> d(packed_loss_parts_size(0));
+  pack_loss_parts(dense, d.data());
+  EXPECT_EQ(d, (std::vector<double>{2, 0, 0, 0, 3}));
+  EXPECT_TRUE(unpack_loss_parts(d.data(), 0).moe_layers.empty());
+
+  // Two leaves: sums in order, dropped tokens summed, buffer factor max, layer losses averaged.
+  model::LossParts c = a;
+  c.moe_layers[0].required_buffer_factor = 3.0, c.moe_layers[0].dropped_tokens = 5;
+  StepParts sp;
+  sp.add_leaf(a, 2);
+  sp.add_leaf(c, 2);
+  EXPECT_EQ(sp.ce_sum, a.ce_sum + c.ce_sum);
+  EXPECT_EQ(sp.tokens, 2 * a.tokens);
+  EXPECT_EQ(sp.moe.at(3).dropped_tokens, 22);
+  EXPECT_EQ(sp.moe.at(3).required_buffer_factor, 3.0);
+  EXPECT_EQ(sp.moe.at(3).lb_loss, 1.25 / 2 + 1.25 / 2);
+  EXPECT_EQ(sp.moe.at(7).required_buffer_factor, 2.5);
+
+  // One process: the gather is the leaves themselves.
+  auto comm = dist::make_single_comm();
+  StepParts g = gather_loss_parts(*comm, {a, c}, 2, 1);
+  EXPECT_EQ(g.ce_sum, sp.ce_sum);
+  EXPECT_EQ(g.moe.at(3).lb_loss, sp.moe.at(3).lb_loss);
+  const StepLosses l = step_losses(g, g.tokens, 2, 1e-5);
+  EXPECT_EQ(l.ce, g.ce_sum / static_cast<double>(g.tokens));
+  EXPECT_EQ(l.loss, l.ce + l.lm_z + l.moe_lb + l.router_z);
 }

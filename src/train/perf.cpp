@@ -1,0 +1,125 @@
+#include "train/perf.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <ostream>
+#include <string>
+
+#include "core/error.h"
+#include "kernels/gemm.h"
+
+namespace olmosft::train {
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double measure_peak_flops(int reps) {
+  const int64_t n = 1024;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+  double best = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    auto t0 = Clock::now();
+    gemm<float>(Trans::N, Trans::N, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    double dt = seconds_since(t0);
+    if (dt > 0) best = std::max(best, 2.0 * n * n * n / dt);
+  }
+  return best;
+}
+
+ModelFlops model_flops(const model::ModelConfig& c, double n_active, int64_t T) {
+  const double head = static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
+  const double n_body = std::max(0.0, n_active - 2.0 * head);
+  double attn = 0;
+  double hd = static_cast<double>(c.num_attention_heads * c.head_dim);
+  for (model::LayerType lt : c.layer_types) {
+    double ctx = 0.5 * static_cast<double>(T);
+    if (lt == model::LayerType::SlidingAttention) ctx = std::min(static_cast<double>(c.sliding_window), ctx);
+    if (lt == model::LayerType::LinearAttention) ctx = 0;
+    attn += 12.0 * hd * ctx;
+  }
+  return {6.0 * n_body + attn, 6.0 * head};
+}
+
+ModelFlops model_flops(const model::CausalLM& m, const std::vector<model::Param>& params, int64_t T) {
+  const model::ModelConfig& c = m.config();
+  double n_active = 0;
+  for (const auto& p : params) n_active += static_cast<double>(p.value.numel());
+  if (c.is_moe()) {
+    try {
+      n_active = static_cast<double>(model::count_params(c).active);
+    } catch (const Error&) {
+    }
+  }
+  return model_flops(c, n_active, T);
+}
+
+double rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return 1024.0 * std::atof(line.c_str() + 6);
+  return 0;
+}
+
+bool StepTimes::add(int64_t s, double step_time, std::ostream& err) {
+  bool is_stalled = false;
+  if (times_.size() >= 3 && step_time > 3.0 * median(times_)) {
+    is_stalled = true;
+    ++stalled_;
+    err << "WARNING: step " << s << " stalled: " << step_time << " s vs running median " << median(times_)
+        << " s\n";
+  }
+  times_.push_back(step_time);
+  return is_stalled;
+}
+
+DistLine dist_facts(dist::Comm& comm, dist::ModelShards& shards, int64_t leaves_per_rank, double steps_run,
+                    double rss) {
+  const int world = comm.size();
+  dist::ShardedParams& master = shards.params();
+  const dist::MemoryStats ms = master.memory();
+  double mine[4] = {static_cast<double>(comm.stats().total()) / steps_run,
+                    static_cast<double>(ms.persistent_bytes), static_cast<double>(ms.peak_transient_bytes),
+                    rss};
+  std::vector<double> all(4 * static_cast<size_t>(world));
+  comm.all_gather(mine, all.data(), 4);
+  double P = 0, P_ends = 0;  // all parameters; those of the first and last unit (gathered once per leaf)
+  for (const auto& t : master.specs()) {
+    P += static_cast<double>(t.numel());
+    if (t.unit == 0 || t.unit == master.units() - 1) P_ends += static_cast<double>(t.numel());
+  }
+  // Minimum bytes per rank per step: all-reduce (dp) = reduce-scatter + all-gather = 2(N-1)/N x 4P; zero3
+  // whole-model: the same; zero3 per layer: the forward and backward all-gathers of every leaf + one
+  // reduce-scatter = (N-1)/N x 4 x (leaves_per_rank x (2P - P_ends) + P).
+  const double f = 4.0 * (world - 1) / world;
+  const double min_bytes =
+      shards.per_layer() ? f * (static_cast<double>(leaves_per_rank) * (2 * P - P_ends) + P) : 2 * f * P;
+  auto per_rank = [&](size_t k) {
+    std::vector<double> v;
+    for (size_t i = k; i < all.size(); i += 4) v.push_back(all[i]);
+    return v;
+  };
+  const dist::ShardMode mode = shards.mode();
+  DistLine dl;
+  dl.mode = dist::mode_name(mode);
+  dl.processes = world;
+  dl.comm = comm.name();
+  dl.gather = mode == dist::ShardMode::Replicated ? "none" : shards.per_layer() ? "per-layer" : "whole-model";
+  dl.params = static_cast<int64_t>(P);
+  dl.sent_bytes_per_step_per_rank = per_rank(0);
+  dl.minimum_bytes = min_bytes;
+  dl.persistent_bytes_per_rank = per_rank(1);
+  dl.peak_transient_bytes_per_rank = per_rank(2);
+  dl.rss_bytes_per_rank = per_rank(3);
+  return dl;
+}
+
+}  // namespace olmosft::train

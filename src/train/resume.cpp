@@ -1,0 +1,112 @@
+#include "train/resume.h"
+
+#include <filesystem>
+#include <iomanip>
+#include <ostream>
+#include <vector>
+
+#include "core/error.h"
+#include "io/hash.h"
+#include "train/checkpoint.h"
+#include "train/perf.h"
+
+namespace fs = std::filesystem;
+
+namespace olmosft::train {
+
+namespace {
+
+std::string bcast_string(dist::Comm& c, std::string s) {
+  int64_t n = static_cast<int64_t>(s.size());
+  c.broadcast(&n, 8, 0);
+  s.resize(static_cast<size_t>(n));
+  if (n > 0) c.broadcast(s.data(), n, 0);
+  return s;
+}
+
+}  // namespace
+
+void prepare_checkpoint_root(dist::Comm& comm, const std::string& ckpt_root) {
+  if (comm.rank() == 0) {
+    fs::create_directories(ckpt_root);
+    std::vector<fs::path> stale;  // staging dirs of interrupted saves
+    for (const auto& e : fs::directory_iterator(ckpt_root)) {
+      if (e.path().filename().string().find(".tmp-") != std::string::npos) stale.push_back(e.path());
+    }
+    for (const auto& p : stale) fs::remove_all(p);
+  }
+  comm.barrier();
+}
+
+Resumed resume(const TrainConfig& cfg, dist::Comm& comm, dist::ShardedParams& master,
+               const std::string& ckpt_root, const std::string& dataset_dir, const std::string& manifest_sha,
+               std::ostream& out, std::ostream& err) {
+  Resumed r;
+  const Derived& d = cfg.batch;
+  if (!cfg.checkpoint.resume) {
+    if (comm.rank() == 0 && !list_checkpoints(ckpt_root).empty())
+      err << "WARNING: checkpoint.resume=false: ignoring the checkpoints in " << ckpt_root << "\n";
+    return r;
+  }
+  std::string dir;
+  if (comm.rank() == 0) dir = latest_valid_checkpoint(ckpt_root, err);  // verifies every checksum
+  dir = bcast_string(comm, dir);
+  if (dir.empty()) return r;
+  CheckpointState st = read_checkpoint_state(dir);
+  const std::string ck_man = st.info.value("dataset_manifest_sha256", "");
+  OLMO_CHECK(ck_man == manifest_sha, "checkpoint ", dir, " was written for dataset manifest sha256 ", ck_man,
+             " but ", dataset_dir, "/manifest.json has sha256 ", manifest_sha,
+             "; the data position would be meaningless (use a new run_name or checkpoint.resume=false)");
+  OLMO_CHECK(st.info.value("global_batch", int64_t{0}) == d.global_batch, "checkpoint ", dir,
+             " was written with global_batch ", st.info.value("global_batch", int64_t{0}), ", recipe has ",
+             d.global_batch, "; the data position would differ (use a new run_name)");
+  OLMO_CHECK(st.step <= d.steps, "checkpoint ", dir, " is at step ", st.step, ", past steps=", d.steps);
+  st = load_checkpoint_sharded(dir, master);
+  r.start = st.step;
+  r.carried = st.info.value("carried", nlohmann::json::object());
+  out << "RESUME from=" << dir << " step=" << r.start << " next_global_row=" << r.start * d.global_batch
+      << "\n";
+  return r;
+}
+
+Checkpointer::Checkpointer(const TrainConfig& cfg, dist::ShardedParams& master, std::string ckpt_root,
+                           std::string dataset_dir, std::string manifest_sha, std::ostream& out)
+    : cfg_(cfg),
+      master_(master),
+      ckpt_root_(std::move(ckpt_root)),
+      dataset_dir_(std::move(dataset_dir)),
+      manifest_sha_(std::move(manifest_sha)),
+      out_(out) {}
+
+nlohmann::json Checkpointer::state_info(int64_t step, const nlohmann::json& carried) const {
+  const Derived& d = cfg_.batch;
+  nlohmann::json j;
+  j["data_position"] = {
+      {"step", step},
+      {"next_global_row", step * d.global_batch},
+      {"rule", "row r of step s = global row (s-1)*global_batch + r over the epochs in order"}};
+  j["global_batch"] = d.global_batch;
+  j["seq_len"] = d.seq_len;
+  j["dataset_dir"] = dataset_dir_;
+  j["dataset_manifest_sha256"] = manifest_sha_;
+  j["recipe_sha256"] = io::sha256_hex(cfg_.resolved_yaml);
+  j["rng"] = {{"kind", "philox"},
+              {"seed", cfg_.seed},
+              {"note", "training draws no random numbers; the seed only initialises a fresh model"}};
+  j["carried"] = carried;
+  return j;
+}
+
+std::string Checkpointer::save(int64_t step, const nlohmann::json& carried) {
+  auto t0 = Clock::now();
+  CheckpointState st;
+  st.step = step;
+  st.info = state_info(step, carried);
+  std::string dir =
+      save_checkpoint_sharded(ckpt_root_, master_, st, cfg_.resolved_yaml, cfg_.checkpoint.keep_last);
+  out_ << "CHECKPOINT step=" << step << " dir=" << dir << " seconds=" << std::setprecision(3)
+       << seconds_since(t0) << std::setprecision(6) << "\n";
+  return dir;
+}
+
+}  // namespace olmosft::train

@@ -1,0 +1,188 @@
+#include "train/step.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "train/trainer.h"
+
+namespace olmosft::train {
+
+bool any_rank(dist::Comm& c, bool local) { return c.size() > 1 ? !c.all_ok(!local) : local; }
+
+// ---- loss parts ---------------------------------------------------------------------------------------
+
+namespace {
+constexpr size_t kHead = 5, kPerLayer = 5;  // the packed layout of step.h
+}  // namespace
+
+size_t packed_loss_parts_size(size_t moe_layers) { return kHead + kPerLayer * moe_layers; }
+
+void pack_loss_parts(const model::LossParts& lp, double* r) {
+  r[0] = lp.ce_sum, r[1] = lp.z_sum, r[2] = lp.moe_lb, r[3] = lp.router_z;
+  r[4] = static_cast<double>(lp.tokens);
+  for (size_t k = 0; k < lp.moe_layers.size(); ++k) {
+    const model::MoeLayerStats& ls = lp.moe_layers[k];
+    double* q = r + kHead + kPerLayer * k;
+    q[0] = static_cast<double>(ls.layer), q[1] = ls.lb_loss, q[2] = ls.router_z;
+    q[3] = ls.required_buffer_factor, q[4] = static_cast<double>(ls.dropped_tokens);
+  }
+}
+
+model::LossParts unpack_loss_parts(const double* r, size_t moe_layers) {
+  model::LossParts lp;
+  lp.ce_sum = r[0], lp.z_sum = r[1], lp.moe_lb = r[2], lp.router_z = r[3];
+  lp.tokens = static_cast<int64_t>(r[4]);
+  lp.moe_layers.resize(moe_layers);
+  for (size_t k = 0; k < moe_layers; ++k) {
+    const double* q = r + kHead + kPerLayer * k;
+    model::MoeLayerStats& ls = lp.moe_layers[k];
+    ls.layer = static_cast<int64_t>(q[0]), ls.lb_loss = q[1], ls.router_z = q[2];
+    ls.required_buffer_factor = q[3], ls.dropped_tokens = static_cast<int64_t>(q[4]);
+  }
+  return lp;
+}
+
+void StepParts::add_leaf(const model::LossParts& lp, int64_t leaves) {
+  ce_sum += lp.ce_sum;
+  z_sum += lp.z_sum;
+  moe_lb += lp.moe_lb;
+  router_z += lp.router_z;
+  tokens += lp.tokens;
+  for (const model::MoeLayerStats& ls : lp.moe_layers) {
+    model::MoeLayerStats& acc = moe[ls.layer];
+    acc.layer = ls.layer;
+    acc.dropped_tokens += ls.dropped_tokens;
+    acc.required_buffer_factor = std::max(acc.required_buffer_factor, ls.required_buffer_factor);
+    acc.lb_loss += ls.lb_loss / static_cast<double>(leaves);
+    acc.router_z += ls.router_z / static_cast<double>(leaves);
+  }
+}
+
+StepParts gather_loss_parts(dist::Comm& comm, const std::vector<model::LossParts>& mine, int64_t leaves,
+                            int64_t step) {
+  const size_t world = static_cast<size_t>(comm.size());
+  double nm = static_cast<double>(mine[0].moe_layers.size());
+  std::vector<double> nms(world);
+  comm.all_gather(&nm, nms.data(), 1);
+  for (double x : nms) OLMO_CHECK(x == nm, "step ", step, ": ranks report different numbers of MoE layers");
+  const size_t moe_layers = static_cast<size_t>(nm), R = packed_loss_parts_size(moe_layers);
+  std::vector<double> packed(mine.size() * R), all(static_cast<size_t>(leaves) * R);
+  for (size_t m = 0; m < mine.size(); ++m) {
+    OLMO_CHECK(mine[m].moe_layers.size() == moe_layers, "step ", step,
+               ": leaves report different numbers of MoE layers");
+    pack_loss_parts(mine[m], &packed[m * R]);
+  }
+  comm.all_gather(packed.data(), all.data(), static_cast<int64_t>(packed.size()));
+  StepParts sp;
+  for (int64_t l = 0; l < leaves; ++l)
+    sp.add_leaf(unpack_loss_parts(&all[static_cast<size_t>(l) * R], moe_layers), leaves);
+  return sp;
+}
+
+StepLosses step_losses(const StepParts& sp, int64_t total, int64_t leaves, double lm_z_coef) {
+  StepLosses l;
+  const double dt = static_cast<double>(total);
+  l.ce = sp.ce_sum / dt;
+  l.lm_z = lm_z_coef * sp.z_sum / dt;
+  l.moe_lb = sp.moe_lb / static_cast<double>(leaves);
+  l.router_z = sp.router_z / static_cast<double>(leaves);
+  l.loss = l.ce + l.lm_z + l.moe_lb + l.router_z;
+  return l;
+}
+
+// ---- the step ------------------------------------------------------------------------------------------
+
+namespace {
+
+// This rank's rows of step s cut into its leaves (a data error on any rank stops every rank), and the
+// trained targets of the whole step (the loss denominator).
+std::vector<HostBatch> load_leaves(const StepContext& c, int64_t s, StepOutcome& o) {
+  std::vector<HostBatch> micro;
+  int64_t local_total = 0;
+  try {
+    std::vector<RowRef> rows = c.order.step_rows(s, c.comm.rank(), c.comm.size());
+    for (int64_t m = 0; m < c.ga; ++m) {
+      std::vector<RowRef> mr(rows.begin() + m * c.mb_rows, rows.begin() + (m + 1) * c.mb_rows);
+      micro.push_back(make_batch(c.ds, mr));
+      local_total += micro.back().trained_count;
+    }
+  } catch (const Error& e) {
+    o.error = e.what();
+  }
+  if (any_rank(c.comm, !o.error.empty()) && o.error.empty()) o.error = "a data error on another rank";
+  if (o.error.empty()) {
+    double t = static_cast<double>(local_total);  // exact: integer counts < 2^53
+    c.comm.all_reduce_sum(&t, 1);
+    o.total = static_cast<int64_t>(t);
+    if (o.total <= 0)
+      o.error = "step " + std::to_string(s) + ": no trained targets in its " +
+                std::to_string(c.global_batch) + " rows";
+  }
+  return micro;
+}
+
+// Forward + backward of each leaf. After SIGTERM, a leaf is started only while the rest of the step fits in
+// half the grace period (decided on every rank alike); otherwise the step is abandoned.
+std::vector<model::LossParts> run_leaves(const StepContext& c, const std::vector<HostBatch>& micro,
+                                         Clock::time_point t0, StepOutcome& o) {
+  std::vector<model::LossParts> parts(static_cast<size_t>(c.ga));
+  Clock::time_point sig_seen{};
+  bool sig_noted = false;
+  for (int64_t m = 0; m < c.ga; ++m) {
+    if (m > 0) {
+      bool want = false;
+      if (sigterm_requested()) {
+        if (!sig_noted) {
+          sig_seen = Clock::now();
+          sig_noted = true;
+        }
+        double per_micro = seconds_since(t0) / static_cast<double>(m);
+        want = seconds_since(sig_seen) + per_micro * static_cast<double>(c.ga - m) > 0.5 * c.grace;
+      }
+      if (any_rank(c.comm, want)) {
+        o.abandoned = true;
+        break;
+      }
+    }
+    if (!o.error.empty()) continue;  // keep taking part in the collectives
+    try {
+      c.shards.begin_leaf();
+      parts[static_cast<size_t>(m)] =
+          c.model.forward_backward(micro[static_cast<size_t>(m)].view(), c.lc,
+                                   1.0 / static_cast<double>(o.total), 1.0 / static_cast<double>(c.leaves));
+      c.shards.end_leaf();
+    } catch (const Error& e) {
+      o.error = e.what();
+    }
+  }
+  if (any_rank(c.comm, !o.error.empty()) && o.error.empty()) o.error = "an error on another rank";
+  return parts;
+}
+
+}  // namespace
+
+StepOutcome run_step(const StepContext& c, int64_t s, Clock::time_point t0) {
+  StepOutcome o;
+  std::vector<HostBatch> micro = load_leaves(c, s, o);
+  if (!o.error.empty()) return o;
+  c.shards.bind_for_step();  // zero3: whole-model all-gather, unless the model gathers per layer
+  c.shards.begin_step(c.ga);
+  std::vector<model::LossParts> parts = run_leaves(c, micro, t0, o);
+  if (o.error.empty() && !o.abandoned) {
+    // Loss parts of every leaf, gathered in leaf order and added in that order (any process count).
+    o.parts = gather_loss_parts(c.comm, parts, c.leaves, s);
+    c.shards.reduce();  // leaf sums -> reduce-scatter (zero3) / all-reduce (dp)
+  }
+  c.shards.release_params();
+  return o;
+}
+
+double apply_update(dist::ShardedParams& master, AdamWConfig& acfg, const Schedule& sched, double clip,
+                    int64_t s, double gnorm) {
+  const double lr = sched.at(s);
+  acfg.lr = lr;
+  master.clip_and_step(acfg, clip, s, gnorm);  // clip, then AdamW on what this rank owns
+  return lr;
+}
+
+}  // namespace olmosft::train

@@ -1,0 +1,80 @@
+// One optimizer step of the trainer: this rank's rows cut into leaves (micro-batches), forward + backward of
+// each leaf, the loss parts of every leaf gathered across ranks and added in leaf order, the gradient
+// reduce, then the update (clip + AdamW at the schedule's LR). Per-step losses and updates do not depend on
+// the process count (docs/dist.md).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "dist/comm.h"
+#include "dist/model_shards.h"
+#include "kernels/adamw.h"
+#include "model/model.h"
+#include "train/batch.h"
+#include "train/perf.h"
+#include "train/schedule.h"
+
+namespace olmosft::train {
+
+// True on every rank iff `local` is true on some rank (a collective when world > 1).
+bool any_rank(dist::Comm& c, bool local);
+
+// One leaf's model::LossParts as doubles for the all-gather (exact: counts and layer ids are integers
+// < 2^53). Layout: ce_sum z_sum moe_lb router_z tokens, then per MoE layer: layer lb_loss router_z
+// required_buffer_factor dropped_tokens.
+size_t packed_loss_parts_size(size_t moe_layers);
+void pack_loss_parts(const model::LossParts& lp, double* out);  // writes packed_loss_parts_size(...) doubles
+model::LossParts unpack_loss_parts(const double* in, size_t moe_layers);
+
+// The loss parts of a step: the leaves' sums added in leaf order; per MoE layer the dropped tokens summed,
+// the required buffer factor the max, the layer losses averaged over the leaves.
+struct StepParts {
+  double ce_sum = 0, z_sum = 0, moe_lb = 0, router_z = 0;
+  int64_t tokens = 0;
+  std::map<int64_t, model::MoeLayerStats> moe;  // by layer
+  void add_leaf(const model::LossParts& lp, int64_t leaves);
+};
+
+// Collective: every rank's leaves' parts, gathered in leaf order and added (`step` names it in errors).
+StepParts gather_loss_parts(dist::Comm& comm, const std::vector<model::LossParts>& mine, int64_t leaves,
+                            int64_t step);
+
+// The step's loss terms: token means over the `total` trained targets, MoE terms averaged over leaves.
+struct StepLosses {
+  double ce = 0, lm_z = 0, moe_lb = 0, router_z = 0, loss = 0;
+};
+StepLosses step_losses(const StepParts& sp, int64_t total, int64_t leaves, double lm_z_coef);
+
+// What a step needs, fixed for the run.
+struct StepContext {
+  dist::Comm& comm;
+  dist::ModelShards& shards;
+  model::CausalLM& model;
+  const PackedDataset& ds;
+  const DataOrder& order;
+  const model::LossConfig& lc;
+  int64_t global_batch = 0;
+  int64_t mb_rows = 0;  // rows of one leaf
+  int64_t ga = 0;       // leaves per rank per step
+  int64_t leaves = 0;   // leaves per step (ga x processes)
+  double grace = 0;     // checkpoint.grace_seconds
+};
+
+struct StepOutcome {
+  std::string error;       // a data or model error on some rank (every rank stops)
+  bool abandoned = false;  // SIGTERM: finishing the step would exceed half the grace period
+  int64_t total = 0;       // trained targets of the global step
+  StepParts parts;         // valid when error is empty and the step was not abandoned
+};
+
+// Collective: data, forward + backward of each leaf, loss parts, gradient reduce for step s (started at t0).
+StepOutcome run_step(const StepContext& c, int64_t s, Clock::time_point t0);
+
+// Clip (global norm `gnorm`) and AdamW with the LR of step s; returns that LR.
+double apply_update(dist::ShardedParams& master, AdamWConfig& acfg, const Schedule& sched, double clip,
+                    int64_t s, double gnorm);
+
+}  // namespace olmosft::train
