@@ -17,10 +17,9 @@
 // reset after set-up where /proc/self/clear_refs allows) is the training loop's. The analytic figure is
 // 16 bytes per parameter (fp32 weights, grads, AdamW m and v) + the activations saved for the backward
 // (counted from olmo3.cpp / olmo3moe.cpp for one micro-batch) + the cross-entropy tile.
-// MFU = model FLOPs per step / step time / measured SGEMM peak, with the trainer's FLOP convention
-// (train/perf.h model_flops, called from here: 6 x non-embedding active params per token + 12 x heads x
-// head_dim x ctx per attention layer with ctx = T/2 (sliding: min(window, T/2); KDA layers 0) + 6 x vocab x
-// hidden per trained target).
+// MFU = model FLOPs per step / step time / measured SGEMM peak, with the trainer's FLOP count (train/flops.h
+// FlopModel over the step's micro-batches: projections and MLP/active experts, attention per document and
+// window, KDA's chunked delta rule, the LM head over trained targets; docs/train.md "MFU accounting").
 //
 // Usage: bench_train [--threads N] [--steps S] [--cases a,b,...] [--no-torch] [--dir D]
 //        bench_train --child CASE --dir D --threads N --steps S     (internal)
@@ -49,6 +48,7 @@
 #include "model/olmo3.h"
 #include "model/olmo3moe.h"
 #include "model/params.h"
+#include "train/flops.h"
 #include "train/perf.h"
 
 using namespace olmosft;
@@ -208,12 +208,6 @@ Batch micro_view(const Packed& p, int64_t rows, int64_t m) {
   return b;
 }
 
-// The trainer's FLOP convention (train/perf.h) over the config's active parameters.
-train::ModelFlops model_flops(const ModelConfig& c, int64_t T) {
-  const ParamCounts pc = count_params(c);
-  return train::model_flops(c, static_cast<double>(c.is_moe() ? pc.active : pc.total), T);
-}
-
 // Activation bytes kept for the backward of one micro-batch of N tokens, counted from the model code.
 // Dense: Olmo3's workspace (activation_floats_per_token: saved tensors + shared scratch, olmo3.cpp).
 // Hybrid: olmo3moe.cpp LayerCache / KdaCache / AttnCache / moe::MoeCache sizes per token:
@@ -346,7 +340,11 @@ int child(const std::string& name, const std::string& dir, int steps) {
     cpu += bench::cpu_now() - c0;
   }
   const int64_t tokens = p.R * p.T;
+  const train::FlopModel fm(m->config());
+  double step_flops = 0;
+  for (int64_t mi = 0; mi < cs.ga; ++mi) step_flops += fm.count(micro_view(p, cs.rows, mi)).total();
   json out = {{"impl", "olmosft"},
+              {"model_flops_per_step", step_flops},
               {"threads", num_threads()},
               {"tokens_per_step", tokens},
               {"trained_per_step", p.n_trained},
@@ -552,9 +550,8 @@ int main(int argc, char** argv) {
     const Case& cs = *r.cs;
     const json& o = r.ours;
     const ModelConfig c = parse_config(cs.config, cs.name);
-    const train::ModelFlops fl = model_flops(c, cs.T);
     const double tokens = o["tokens_per_step"].get<double>(), trained = o["trained_per_step"].get<double>();
-    const double step_flops = fl.per_token * tokens + fl.per_trained * trained;
+    const double step_flops = o["model_flops_per_step"].get<double>();
     const double os = o["best_sec_per_step"].get<double>(), ocpu = o["cpu_sec_per_step"].get<double>();
     const double ours_tps = tokens / os, mfu = step_flops / os / peak;
     const double act = saved_bytes_analytic(c, cs.rows * cs.T);

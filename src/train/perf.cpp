@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "kernels/gemm.h"
+#include "train/flops.h"
 
 namespace olmosft::train {
 
@@ -21,44 +21,22 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double measure_peak_flops(int reps) {
-  const int64_t n = 1024;
-  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
-  double best = 0;
-  for (int rep = 0; rep < reps; ++rep) {
-    auto t0 = Clock::now();
-    gemm<float>(Trans::N, Trans::N, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    double dt = seconds_since(t0);
-    if (dt > 0) best = std::max(best, 2.0 * n * n * n / dt);
-  }
-  return best;
-}
-
-ModelFlops model_flops(const model::ModelConfig& c, double n_active, int64_t T) {
-  const double head = static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
-  const double n_body = std::max(0.0, n_active - 2.0 * head);
-  double attn = 0;
-  double hd = static_cast<double>(c.num_attention_heads * c.head_dim);
-  for (model::LayerType lt : c.layer_types) {
-    double ctx = 0.5 * static_cast<double>(T);
-    if (lt == model::LayerType::SlidingAttention) ctx = std::min(static_cast<double>(c.sliding_window), ctx);
-    if (lt == model::LayerType::LinearAttention) ctx = 0;
-    attn += 12.0 * hd * ctx;
-  }
-  return {6.0 * n_body + attn, 6.0 * head};
-}
-
-ModelFlops model_flops(const model::CausalLM& m, const std::vector<model::Param>& params, int64_t T) {
-  const model::ModelConfig& c = m.config();
-  double n_active = 0;
-  for (const auto& p : params) n_active += static_cast<double>(p.value.numel());
-  if (c.is_moe()) {
+double run_peak(dist::Comm& comm, const std::string& run_dir, double configured_tflops, std::ostream& out) {
+  double peak = 0;
+  std::string origin, error;
+  if (comm.rank() == 0) {
     try {
-      n_active = static_cast<double>(model::count_params(c).active);
-    } catch (const Error&) {
+      peak = run_peak_flops(run_dir, configured_tflops, &origin);
+    } catch (const Error& e) {
+      error = e.what();
     }
   }
-  return model_flops(c, n_active, T);
+  const bool failed = comm.size() > 1 ? !comm.all_ok(error.empty()) : !error.empty();
+  if (failed) fail(error.empty() ? "the peak FLOP/s of the run could not be read on rank 0" : error);
+  comm.broadcast(&peak, sizeof(peak), 0);
+  out << "PREFLIGHT peak_flops=" << peak << (comm.size() > 1 ? " per process" : "") << " (" << origin
+      << ") mfu=model FLOPs per step (train/flops.h, per document) / step time / (peak x processes)\n";
+  return peak;
 }
 
 double rss_bytes() {

@@ -1,10 +1,10 @@
-// Throughput facts of a run: model FLOPs per step (for MFU), the fp32 peak, per-step timing (stall
+// Throughput facts of a run: the run's fp32 peak (FLOPs per step: train/flops.h), per-step timing (stall
 // detection), the resident set size, and the DIST line's per-rank communication and memory figures.
-// (A finer FLOP count is planned in train/flops.h; this is the convention the logs have used so far.)
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <iosfwd>
+#include <string>
 #include <vector>
 
 #include "dist/comm.h"
@@ -19,22 +19,10 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0);
 double median(std::vector<double> v);
 
-// Model FLOPs (forward + backward), counted as the implementation does the work:
-//   per token:          6 x N_body + attention (12 x heads x head_dim x ctx per layer; ctx = T/2 for full
-//                       causal layers, min(window, T/2) for sliding ones; KDA/linear layers not counted)
-//   per trained target: 6 x vocab x hidden for the LM head (the tiled cross-entropy skips untrained tokens)
-// N_body = active parameters less the embedding (a lookup, no FLOPs) and the LM head.
-struct ModelFlops {
-  double per_token = 0, per_trained = 0;
-  double step(double tokens, double trained) const { return per_token * tokens + per_trained * trained; }
-};
-// n_active: the parameters a token uses (dense: all; MoE: model::count_params(c).active).
-ModelFlops model_flops(const model::ModelConfig& c, double n_active, int64_t T);
-// The trainer's: n_active = the model's parameters (MoE: count_params(c).active where it can count them).
-ModelFlops model_flops(const model::CausalLM& m, const std::vector<model::Param>& params, int64_t T);
-
-// Measured fp32 peak of this process: the best of `reps` 1024^3 SGEMMs (OpenBLAS, all threads).
-double measure_peak_flops(int reps = 3);
+// The run's peak FLOP/s per process (train/flops.h run_peak_flops: measured or configured on the first start,
+// stored in RUN_DIR/peak_flops.json, read back on a resume), found on rank 0 and broadcast (collective);
+// prints the PREFLIGHT peak_flops line. An error on rank 0 throws on every rank.
+double run_peak(dist::Comm& comm, const std::string& run_dir, double configured_tflops, std::ostream& out);
 
 // Resident set size of this process in bytes (VmRSS of /proc/self/status; 0 when unavailable).
 double rss_bytes();

@@ -74,7 +74,8 @@ const std::vector<RecipeKey>& recipe_keys() {
        "rows for the P(EOS) check before and after training (untrained rows of epoch 0 when there are any)"},
       {"export.hf", KeyType::Bool, "true", "export the final weights as an HF directory into RUN_DIR/hf"},
       {"perf.peak_tflops", KeyType::Float, "0",
-       "peak fp32 TFLOP/s of the whole run for MFU (0 = measure an SGEMM on this machine at start)"},
+       "peak fp32 TFLOP/s per process for MFU (0 = measure an SGEMM at the run's first start; kept in "
+       "RUN_DIR/peak_flops.json for resumes)"},
   };
   return keys;
 }

@@ -29,6 +29,7 @@ nlohmann::json metrics_row(const StepReport& r) {
   row["tokens_per_s"] = r.tokens_per_s;
   row["trained_tokens_per_s"] = r.trained_tokens_per_s;
   row["step_time"] = r.step_time;
+  row["model_flops"] = r.model_flops;
   row["mfu"] = r.mfu;
   row["stalled"] = r.stalled;
   nlohmann::json dropped = nlohmann::json::array(), rbf = nlohmann::json::array();

@@ -22,6 +22,7 @@ struct StepReport {
   int64_t tokens = 0;         // trained targets (the loss denominator)
   int64_t padded_tokens = 0;  // global_batch x seq_len
   double tokens_per_s = 0, trained_tokens_per_s = 0, step_time = 0, mfu = 0;
+  double model_flops = 0;  // of the step, all ranks (train/flops.h)
   bool stalled = false;
   std::map<int64_t, model::MoeLayerStats> moe;  // by layer (MoE models)
 };

@@ -99,21 +99,24 @@ namespace {
 std::vector<HostBatch> load_leaves(const StepContext& c, int64_t s, StepOutcome& o) {
   std::vector<HostBatch> micro;
   int64_t local_total = 0;
+  double local_flops = 0;
   try {
     std::vector<RowRef> rows = c.order.step_rows(s, c.comm.rank(), c.comm.size());
     for (int64_t m = 0; m < c.ga; ++m) {
       std::vector<RowRef> mr(rows.begin() + m * c.mb_rows, rows.begin() + (m + 1) * c.mb_rows);
       micro.push_back(make_batch(c.ds, mr));
       local_total += micro.back().trained_count;
+      if (c.flops) local_flops += c.flops->count(micro.back().view()).total();
     }
   } catch (const Error& e) {
     o.error = e.what();
   }
   if (any_rank(c.comm, !o.error.empty()) && o.error.empty()) o.error = "a data error on another rank";
   if (o.error.empty()) {
-    double t = static_cast<double>(local_total);  // exact: integer counts < 2^53
-    c.comm.all_reduce_sum(&t, 1);
-    o.total = static_cast<int64_t>(t);
+    double t[2] = {static_cast<double>(local_total), local_flops};  // t[0] exact: integer counts < 2^53
+    c.comm.all_reduce_sum(t, 2);
+    o.total = static_cast<int64_t>(t[0]);
+    o.flops = t[1];
     if (o.total <= 0)
       o.error = "step " + std::to_string(s) + ": no trained targets in its " +
                 std::to_string(c.global_batch) + " rows";

@@ -14,6 +14,7 @@
 #include "kernels/adamw.h"
 #include "model/model.h"
 #include "train/batch.h"
+#include "train/flops.h"
 #include "train/perf.h"
 #include "train/schedule.h"
 
@@ -57,16 +58,18 @@ struct StepContext {
   const DataOrder& order;
   const model::LossConfig& lc;
   int64_t global_batch = 0;
-  int64_t mb_rows = 0;  // rows of one leaf
-  int64_t ga = 0;       // leaves per rank per step
-  int64_t leaves = 0;   // leaves per step (ga x processes)
-  double grace = 0;     // checkpoint.grace_seconds
+  int64_t mb_rows = 0;               // rows of one leaf
+  int64_t ga = 0;                    // leaves per rank per step
+  int64_t leaves = 0;                // leaves per step (ga x processes)
+  double grace = 0;                  // checkpoint.grace_seconds
+  const FlopModel* flops = nullptr;  // counts each leaf's model FLOPs (MFU); nullptr = not counted
 };
 
 struct StepOutcome {
   std::string error;       // a data or model error on some rank (every rank stops)
   bool abandoned = false;  // SIGTERM: finishing the step would exceed half the grace period
   int64_t total = 0;       // trained targets of the global step
+  double flops = 0;        // model FLOPs of the global step (train/flops.h), summed over ranks
   StepParts parts;         // valid when error is empty and the step was not abandoned
 };
 

@@ -144,7 +144,8 @@ class Run {
                           mb_rows_,
                           ga_,
                           leaves_,
-                          static_cast<double>(cfg_.checkpoint.grace_seconds)};
+                          static_cast<double>(cfg_.checkpoint.grace_seconds),
+                          flops_.get()};
     log_->begin();
     comm_.reset_stats();
     for (int64_t s = start_ + 1; s <= plan_.d.steps; ++s)
@@ -184,7 +185,7 @@ class Run {
   AdamWConfig acfg_;
   double clip_ = 0;
   std::string run_dir_, ckpt_root_;
-  ModelFlops flops_;
+  std::unique_ptr<FlopModel> flops_;
   double peak_ = 0;
   std::unique_ptr<dist::ModelShards> shards_;
   nlohmann::json carried_ =
@@ -259,7 +260,7 @@ void Run::setup() {
   ckpt_root_ = run_dir_ + "/checkpoints";
   prepare_checkpoint_root(comm_, ckpt_root_);
   const std::string manifest_sha = io::sha256_file(ds.dir() + "/manifest.json");
-  flops_ = model_flops(model_, model_.params(), d.seq_len);
+  flops_ = std::make_unique<FlopModel>(model_.config());
   // Weights, gradients and AdamW moments live in the shards from here on (the model sees views).
   shards_ = std::make_unique<dist::ModelShards>(comm_, model_, mode_, cfg_.dist.gather == "layer");
   Resumed r = resume(cfg_, comm_, shards_->params(), ckpt_root_, ds.dir(), manifest_sha, out_, err_);
@@ -268,12 +269,7 @@ void Run::setup() {
   res_.start_step = start_;
   res_.last_step = start_;
 
-  peak_ = cfg_.perf.peak_tflops * 1e12;
-  if (peak_ <= 0) peak_ = measure_peak_flops();
-  out_ << "PREFLIGHT peak_flops=" << peak_ << (world_ > 1 ? " per process" : "")
-       << (cfg_.perf.peak_tflops > 0 ? " (configured)" : " (measured)")
-       << " model_flops_per_token=" << flops_.per_token
-       << " lm_head_flops_per_trained_target=" << flops_.per_trained << "\n";
+  peak_ = run_peak(comm_, run_dir_, cfg_.perf.peak_tflops, out_);
 
   // Held-out rows for P(EOS): untrained rows of epoch 0 when the run does not reach them.
   heldout_ = heldout_rows(ds, cfg_.eval.heldout, d.steps, d.global_batch);
@@ -328,8 +324,8 @@ bool Run::step(const StepContext& ctx, int64_t s) {
   const double padded_tokens = static_cast<double>(d.tokens_per_step), dt = static_cast<double>(o.total);
   r.tokens_per_s = padded_tokens / r.step_time;
   r.trained_tokens_per_s = dt / r.step_time;
-  r.mfu =
-      peak_ > 0 ? flops_.step(padded_tokens, dt) / r.step_time / (peak_ * static_cast<double>(world_)) : 0.0;
+  r.model_flops = o.flops;
+  r.mfu = peak_ > 0 ? o.flops / r.step_time / (peak_ * static_cast<double>(world_)) : 0.0;
   res_.last_step = s;
   res_.step_loss.push_back(l.loss);
   res_.step_ce.push_back(l.ce);

@@ -72,6 +72,8 @@ else
   check "SIGTERM: exit 143 (or 0 if it had already finished)" "[ $rc -eq 143 ] || [ $rc -eq 0 ]"
   "$bin" train "$dir/recipe.yaml" run_name=pre >"$dir/res.out" 2>"$dir/res.err"; rc=$?
   check "resume exits 0" "[ $rc -eq 0 ]"
+  check "the resume reads the run's stored peak (MFU denominator fixed per run)" "grep -q '^PREFLIGHT peak_flops=.*read from .*/runs/pre/peak_flops.json' '$dir/res.out'"
+  check "metrics rows carry the step's model FLOPs" "tail -1 '$dir/runs/pre/metrics.jsonl' | grep -q '\"model_flops\":[1-9]'"
   cat "$dir/pre.out" "$dir/res.out" | grep '^LOSS-PARTS' | sort -u -V >"$dir/pre.loss"
   grep '^LOSS-PARTS' "$dir/ref.out" >"$dir/ref.loss"
   check "preempted + resumed LOSS-PARTS equal the uninterrupted run's" "cmp -s '$dir/pre.loss' '$dir/ref.loss'"
