@@ -68,6 +68,9 @@ const std::vector<RecipeKey>& recipe_keys() {
        "budget to write a checkpoint after SIGTERM (preemption)"},
       {"checkpoint.resume", KeyType::Bool, "true",
        "resume from the latest valid checkpoint in the run directory"},
+      {"checkpoint.allow_recipe_change", KeyType::Bool, "false",
+       "resume even when keys that change the run's numbers (data, model, optimizer, losses, batch, steps) "
+       "differ from the checkpoint's recipe; the differences are printed either way"},
       {"log.every", KeyType::Int, "1", "log a LOSS-PARTS line every N steps"},
       {"log.tensorboard", KeyType::Bool, "true", "write TensorBoard event files next to metrics.jsonl"},
       {"eval.heldout", KeyType::Int, "32",
@@ -308,6 +311,7 @@ TrainConfig Recipe::fields() const {
   c.checkpoint.keep_last = i64("checkpoint.keep_last");
   c.checkpoint.grace_seconds = i64("checkpoint.grace_seconds");
   c.checkpoint.resume = flag("checkpoint.resume");
+  c.checkpoint.allow_recipe_change = flag("checkpoint.allow_recipe_change");
   OLMO_CHECK(c.checkpoint.keep_last >= 1, src, ": checkpoint.keep_last must be >= 1");
   OLMO_CHECK(c.checkpoint.every >= 0, src, ": checkpoint.every must be >= 0");
   OLMO_CHECK(c.checkpoint.grace_seconds >= 1, src, ": checkpoint.grace_seconds must be >= 1");
@@ -366,6 +370,40 @@ TrainConfig Recipe::config() const {
   TrainConfig c = fields();
   derive_batch(c);
   return c;
+}
+
+std::vector<Recipe::Change> Recipe::diff(const Recipe& before, const Recipe& after) {
+  std::vector<Change> out;
+  auto value = [](const Recipe& r, const std::string& key) {
+    auto it = r.values_.find(key);
+    if (it != r.values_.end()) return it->second;
+    const RecipeKey* k = find_key(key);
+    return k ? k->default_value : std::string();
+  };
+  std::set<std::string> keys;
+  for (const auto& k : recipe_keys()) keys.insert(k.name);
+  for (const auto& [k, v] : before.values_) keys.insert(k);
+  for (const auto& [k, v] : after.values_) keys.insert(k);
+  for (const auto& k : keys) {
+    std::string a = value(before, k), b = value(after, k);
+    if (a != b) out.push_back({k, a, b});
+  }
+  return out;
+}
+
+bool recipe_key_operational(const std::string& key) {
+  static const char* const kPrefixes[] = {"log.", "eval.", "export.", "perf.", "cluster.", "mesh.", "dist."};
+  static const std::set<std::string> kKeys = {"devices",
+                                              "per_device_batch",
+                                              "compute.threads",
+                                              "checkpoint.every",
+                                              "checkpoint.keep_last",
+                                              "checkpoint.grace_seconds",
+                                              "checkpoint.resume",
+                                              "checkpoint.allow_recipe_change"};
+  for (const char* p : kPrefixes)
+    if (key.rfind(p, 0) == 0) return true;
+  return kKeys.count(key) > 0;
 }
 
 void derive_batch(TrainConfig& c) {

@@ -78,6 +78,7 @@ struct TrainConfig {
   struct Checkpoint {
     int64_t every = 0, keep_last = 1, grace_seconds = 1;
     bool resume = true;
+    bool allow_recipe_change = false;  // resume although keys that change the run's numbers differ
   } checkpoint;
   struct Log {
     int64_t every = 1;
@@ -115,6 +116,12 @@ class Recipe {
   // Writes the fully resolved recipe (every key, defaults included) as YAML.
   void write_yaml(std::ostream& os) const;
 
+  // Keys whose values differ between two recipes (defaults included), in key order.
+  struct Change {
+    std::string key, before, after;
+  };
+  static std::vector<Change> diff(const Recipe& before, const Recipe& after);
+
   // The typed config: fields() and then derive_batch(). Throws olmosft::Error naming the file and the key.
   TrainConfig config() const;
   // Every key read, typed and range-checked, without the batch arithmetic (batch holds the given numbers
@@ -131,6 +138,11 @@ class Recipe {
   std::string source_;
   std::map<std::string, std::string> values_;  // only keys that were set
 };
+
+// True for keys a resumed run may change without changing what it computes beyond summation order: the
+// process layout, threads, logging, evaluation, export, checkpoint cadence, cluster and mesh settings.
+// Everything else (data, model, optimizer, losses, seq_len, global_batch, steps, ...) is a different run.
+bool recipe_key_operational(const std::string& key);
 
 // The batch arithmetic and the schedule horizon of c.batch (slots, grad_accum, tokens_per_step,
 // schedule_steps, warmup_steps). Throws olmosft::Error naming the keys when the numbers do not divide.

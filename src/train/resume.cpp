@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/hash.h"
 #include "train/checkpoint.h"
 #include "train/perf.h"
@@ -22,6 +23,36 @@ std::string bcast_string(dist::Comm& c, std::string s) {
   s.resize(static_cast<size_t>(n));
   if (n > 0) c.broadcast(s.data(), n, 0);
   return s;
+}
+
+// A resume with a recipe that differs from the checkpoint's (RUN_DIR/checkpoints/step-N/recipe.yaml):
+// operational changes (train/recipe.h recipe_key_operational) are listed in a RESUME-RECIPE line; any other
+// change is an error unless checkpoint.allow_recipe_change=true (then a WARNING lists it). Every rank reads
+// the same files and decides alike.
+void check_recipe_change(const TrainConfig& cfg, const std::string& dir, std::ostream& out,
+                         std::ostream& err) {
+  const std::string path = dir + "/recipe.yaml";
+  const bool allow = cfg.checkpoint.allow_recipe_change;
+  std::vector<Recipe::Change> changes;
+  try {
+    changes =
+        Recipe::diff(Recipe::parse(io::read_file(path), path), Recipe::parse(cfg.resolved_yaml, cfg.source));
+  } catch (const Error& e) {
+    OLMO_CHECK(allow, path, ": cannot compare the checkpoint's recipe with ", cfg.source, " (", e.what(),
+               "); set checkpoint.allow_recipe_change=true to resume anyway");
+    err << "WARNING: checkpoint.allow_recipe_change=true: resuming without comparing recipes (" << e.what()
+        << ")\n";
+    return;
+  }
+  std::string ops, math;
+  for (const auto& c : changes)
+    (recipe_key_operational(c.key) ? ops : math) += " " + c.key + "=" + c.before + "->" + c.after;
+  if (!ops.empty()) out << "RESUME-RECIPE operational changes:" << ops << "\n";
+  if (math.empty()) return;
+  OLMO_CHECK(allow, cfg.source, ": resuming from ", dir, " with a recipe that changes the run:", math,
+             " (the checkpoint's recipe is ", path,
+             "); restore these values, use a new run_name, or set checkpoint.allow_recipe_change=true");
+  err << "WARNING: checkpoint.allow_recipe_change=true: resuming with changed keys:" << math << "\n";
 }
 
 }  // namespace
@@ -48,9 +79,19 @@ Resumed resume(const TrainConfig& cfg, dist::Comm& comm, dist::ShardedParams& ma
       err << "WARNING: checkpoint.resume=false: ignoring the checkpoints in " << ckpt_root << "\n";
     return r;
   }
-  std::string dir;
-  if (comm.rank() == 0) dir = latest_valid_checkpoint(ckpt_root, err);  // verifies every checksum
+  std::string dir, refuse;
+  if (comm.rank() == 0) {
+    dir = latest_valid_checkpoint(ckpt_root, err);  // verifies every checksum
+    const size_t found = list_checkpoints(ckpt_root).size();
+    if (dir.empty() && found > 0)
+      refuse =
+          "all " + std::to_string(found) + " checkpoint(s) in " + ckpt_root +
+          " are corrupt (see the WARNING lines); refusing to start over at step 1 and overwrite them: move "
+          "them away to start afresh, or use a new run_name";
+  }
   dir = bcast_string(comm, dir);
+  refuse = bcast_string(comm, refuse);
+  OLMO_CHECK(refuse.empty(), refuse);
   if (dir.empty()) return r;
   CheckpointState st = read_checkpoint_state(dir);
   const std::string ck_man = st.info.value("dataset_manifest_sha256", "");
@@ -61,6 +102,7 @@ Resumed resume(const TrainConfig& cfg, dist::Comm& comm, dist::ShardedParams& ma
              " was written with global_batch ", st.info.value("global_batch", int64_t{0}), ", recipe has ",
              d.global_batch, "; the data position would differ (use a new run_name)");
   OLMO_CHECK(st.step <= d.steps, "checkpoint ", dir, " is at step ", st.step, ", past steps=", d.steps);
+  check_recipe_change(cfg, dir, out, err);
   st = load_checkpoint_sharded(dir, master);
   r.start = st.step;
   r.carried = st.info.value("carried", nlohmann::json::object());

@@ -434,6 +434,55 @@ TEST_F(TrainTest, SigtermThenResumeIsBitIdenticalAndCorruptCheckpointsAreSkipped
   }
 }
 
+// Issue #17: a resume compares the recipe with the checkpoint's snapshot. Operational keys may change (a
+// RESUME-RECIPE line lists them); a key that changes the run's numbers is refused unless
+// checkpoint.allow_recipe_change=true; and when every checkpoint is corrupt the run does not silently start
+// over at step 1 on top of them.
+TEST_F(TrainTest, ResumeComparesTheRecipeAndRefusesWhenEveryCheckpointIsCorrupt) {
+  BigramLM m1(260, 5);
+  TrainResult r1 = train(recipe("chg", {"checkpoint.every=2"}), m1, [](int64_t s) {
+    if (s == 2) std::raise(SIGTERM);
+  });
+  ASSERT_EQ(r1.exit_code, kExitPreempted) << r1.reason;
+  const std::string ck = list_checkpoints(run_dir("chg") + "/checkpoints")[0].second;
+
+  BigramLM m2(260, 5);
+  std::string e = error_of([&] { train(recipe("chg", {"checkpoint.every=2", "optimizer.lr=0.07"}), m2); });
+  EXPECT_NE(e.find("resuming from " + ck + " with a recipe that changes the run: optimizer.lr=0.05->0.07"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("checkpoint.allow_recipe_change=true"), std::string::npos) << e;
+
+  BigramLM m3(260, 5);  // operational keys only: resumes, and says what changed
+  TrainResult r3 = train(recipe("chg", {"checkpoint.every=3", "log.every=2"}), m3, [](int64_t s) {
+    if (s == 3) std::raise(SIGTERM);
+  });
+  ASSERT_EQ(r3.exit_code, kExitPreempted) << r3.reason << err_.str();
+  EXPECT_EQ(r3.start_step, 2);
+  EXPECT_NE(out_.str().find("RESUME-RECIPE operational changes: checkpoint.every=2->3 log.every=1->2"),
+            std::string::npos)
+      << out_.str();
+
+  BigramLM m4(260, 5);  // allowed: resumes with a WARNING naming the key
+  TrainResult r4 = train(recipe("chg", {"checkpoint.every=3", "log.every=2", "optimizer.lr=0.07",
+                                        "checkpoint.allow_recipe_change=true"}),
+                         m4);
+  ASSERT_EQ(r4.exit_code, 0) << r4.reason;
+  EXPECT_EQ(r4.start_step, 3);
+  EXPECT_NE(err_.str().find("WARNING: checkpoint.allow_recipe_change=true: resuming with changed keys: "
+                            "optimizer.lr=0.05->0.07"),
+            std::string::npos)
+      << err_.str();
+
+  for (const auto& [step, dir] : list_checkpoints(run_dir("chg") + "/checkpoints"))
+    fs::resize_file(dir + "/model.safetensors", 10);
+  BigramLM m5(260, 5);
+  e = error_of([&] { train(recipe("chg", {"checkpoint.every=3", "log.every=2"}), m5); });
+  EXPECT_NE(e.find("checkpoint(s) in " + run_dir("chg") + "/checkpoints are corrupt"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("refusing to start over at step 1"), std::string::npos) << e;
+}
+
 TEST_F(TrainTest, KeepLastPrunesOldCheckpoints) {
   BigramLM m(260, 1);
   TrainResult r = train(recipe("keep", {"checkpoint.every=1", "checkpoint.keep_last=2"}), m);
