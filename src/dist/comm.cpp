@@ -17,6 +17,14 @@ void Comm::set_timeout_seconds(double s) {
   timeout_s_ = s;
 }
 
+std::string Comm::broadcast_string(std::string s, int root) {
+  int64_t n = static_cast<int64_t>(s.size());
+  broadcast(&n, 8, root);
+  s.resize(static_cast<size_t>(n));
+  if (n > 0) broadcast(s.data(), n, root);
+  return s;
+}
+
 bool Comm::all_ok(bool ok) {
   double v = ok ? 0.0 : 1.0;
   all_reduce_sum(&v, 1);

@@ -64,6 +64,8 @@ class Comm {
 
   // Convenience: true on every rank iff `ok` is true on every rank (a collective).
   bool all_ok(bool ok);
+  // Convenience: rank `root`'s string on every rank (a collective; s is ignored elsewhere).
+  std::string broadcast_string(std::string s, int root = 0);
 
  protected:
   CommStats stats_;

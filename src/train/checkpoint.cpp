@@ -142,14 +142,6 @@ void pwrite_all(int fd, const std::string& path, const void* data, size_t n, uin
   }
 }
 
-std::string bcast_string(dist::Comm& c, std::string s) {
-  int64_t n = int64_t(s.size());
-  c.broadcast(&n, 8, 0);
-  s.resize(size_t(n));
-  if (n > 0) c.broadcast(s.data(), n, 0);
-  return s;
-}
-
 // Runs f on rank 0 (or every rank when all_ranks), then agrees: every rank throws if any failed.
 template <typename F>
 void agreed(dist::Comm& c, const std::string& what, bool all_ranks, F&& f) {
@@ -200,7 +192,7 @@ std::string save_checkpoint_sharded(const std::string& root, dist::ShardedParams
                  ": cannot size it: ", std::strerror(errno));
     }
   });
-  staging = bcast_string(comm, staging);
+  staging = comm.broadcast_string(staging);
 
   // Which elements this rank writes: zero3 = what it owns; dp = an equal slice of the parameter-order
   // concatenation of all tensors (every rank owns everything).

@@ -1,5 +1,12 @@
 #include "train/resume.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <iomanip>
 #include <ostream>
@@ -16,14 +23,6 @@ namespace fs = std::filesystem;
 namespace olmosft::train {
 
 namespace {
-
-std::string bcast_string(dist::Comm& c, std::string s) {
-  int64_t n = static_cast<int64_t>(s.size());
-  c.broadcast(&n, 8, 0);
-  s.resize(static_cast<size_t>(n));
-  if (n > 0) c.broadcast(s.data(), n, 0);
-  return s;
-}
 
 // A resume with a recipe that differs from the checkpoint's (RUN_DIR/checkpoints/step-N/recipe.yaml):
 // operational changes (train/recipe.h recipe_key_operational) are listed in a RESUME-RECIPE line; any other
@@ -57,6 +56,43 @@ void check_recipe_change(const TrainConfig& cfg, const std::string& dir, std::os
 
 }  // namespace
 
+RunDirLock::RunDirLock(dist::Comm& comm, const std::string& run_dir) {
+  std::string error;
+  if (comm.rank() == 0) {
+    const std::string path = run_dir + "/run.lock";
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      error = "cannot open " + path + ": " + std::strerror(errno);
+    } else if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      std::string holder = io::read_file(path);
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      error = "run directory " + run_dir + " is in use by another olmosft train (" +
+              (holder.empty() ? std::string("holder unknown") : holder) + ", lock " + path +
+              "); two runs in one directory would overwrite each other's checkpoints and metrics: stop the "
+              "other run or use another run_name";
+      ::close(fd_);
+      fd_ = -1;
+    } else {
+      char host[256] = {0};
+      ::gethostname(host, sizeof(host) - 1);
+      const std::string who = "host " + std::string(host) + ", pid " + std::to_string(::getpid()) +
+                              ", started " + std::to_string(static_cast<long long>(::time(nullptr))) +
+                              " (unix time)\n";
+      if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) < 0) {
+        // The lock is what matters; the text only helps the message of a second run.
+      }
+    }
+  }
+  error = comm.broadcast_string(error);
+  OLMO_CHECK(error.empty(), error);
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
 void prepare_checkpoint_root(dist::Comm& comm, const std::string& ckpt_root) {
   if (comm.rank() == 0) {
     fs::create_directories(ckpt_root);
@@ -89,8 +125,8 @@ Resumed resume(const TrainConfig& cfg, dist::Comm& comm, dist::ShardedParams& ma
           " are corrupt (see the WARNING lines); refusing to start over at step 1 and overwrite them: move "
           "them away to start afresh, or use a new run_name";
   }
-  dir = bcast_string(comm, dir);
-  refuse = bcast_string(comm, refuse);
+  dir = comm.broadcast_string(dir);
+  refuse = comm.broadcast_string(refuse);
   OLMO_CHECK(refuse.empty(), refuse);
   if (dir.empty()) return r;
   CheckpointState st = read_checkpoint_state(dir);

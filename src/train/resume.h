@@ -13,6 +13,21 @@
 
 namespace olmosft::train {
 
+// One run per run directory: rank 0 holds an exclusive flock on RUN_DIR/run.lock (holder's host, pid and
+// start time written in it) for the run's life; the kernel releases it however the process ends. A second
+// `olmosft train` on the same directory (a restarted pod meeting a lingering one, two launches) fails on
+// every rank naming the holder, before it touches checkpoints or metrics. Collective.
+class RunDirLock {
+ public:
+  RunDirLock(dist::Comm& comm, const std::string& run_dir);
+  ~RunDirLock();
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // Collective: rank 0 creates RUN_DIR/checkpoints and removes staging dirs of interrupted saves.
 void prepare_checkpoint_root(dist::Comm& comm, const std::string& ckpt_root);
 

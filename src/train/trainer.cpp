@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <csignal>
@@ -28,8 +30,23 @@ namespace olmosft::train {
 
 namespace {
 
-volatile std::sig_atomic_t g_sigterm = 0;
-extern "C" void on_sigterm(int) { g_sigterm = 1; }
+volatile std::sig_atomic_t g_sigterm = 0;  // the stop signal received (SIGTERM or SIGINT), 0 = none
+
+// SIGTERM (preemption) and a first SIGINT (Ctrl-C) ask the run to stop after the current step with a
+// checkpoint; a second SIGINT ends the process at once (the default action).
+extern "C" void on_stop_signal(int sig) {
+  if (sig == SIGINT && g_sigterm == SIGINT) {
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+    return;
+  }
+  g_sigterm = sig;
+  if (sig == SIGINT) {
+    static const char kMsg[] =
+        "\nINTERRUPT: stopping after this step with a checkpoint (Ctrl-C again to quit at once, losing it)\n";
+    [[maybe_unused]] auto n = ::write(2, kMsg, sizeof(kMsg) - 1);
+  }
+}
 
 }  // namespace
 
@@ -88,26 +105,29 @@ RunPlan plan_run(const TrainConfig& cfg, std::ostream& err) {
 
 namespace {
 
-// The SIGTERM handler of a run, restored when the run returns.
+// The SIGTERM and SIGINT handlers of a run, restored when the run returns.
 class SigtermHandler {
  public:
   explicit SigtermHandler(bool install) {
     if (!install) return;
     struct sigaction sa {};
-    sa.sa_handler = on_sigterm;
+    sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = 0;
-    on_ = sigaction(SIGTERM, &sa, &old_) == 0;
+    on_term_ = sigaction(SIGTERM, &sa, &old_term_) == 0;
+    on_int_ = sigaction(SIGINT, &sa, &old_int_) == 0;
   }
   ~SigtermHandler() {
-    if (on_) sigaction(SIGTERM, &old_, nullptr);
+    if (on_term_) sigaction(SIGTERM, &old_term_, nullptr);
+    if (on_int_) sigaction(SIGINT, &old_int_, nullptr);
   }
   SigtermHandler(const SigtermHandler&) = delete;
   SigtermHandler& operator=(const SigtermHandler&) = delete;
 
  private:
-  bool on_ = false;
-  struct sigaction old_ {};
+  bool on_term_ = false, on_int_ = false;
+  struct sigaction old_term_ {
+  }, old_int_{};
 };
 
 // One run of run_training: preflight, set-up (run directory, resume, evaluation before), the step loop and
@@ -185,6 +205,7 @@ class Run {
   AdamWConfig acfg_;
   double clip_ = 0;
   std::string run_dir_, ckpt_root_;
+  std::unique_ptr<RunDirLock> lock_;
   std::unique_ptr<FlopModel> flops_;
   double peak_ = 0;
   std::unique_ptr<dist::ModelShards> shards_;
@@ -258,6 +279,7 @@ void Run::setup() {
   run_dir_ = cfg_.run_dir();
   res_.run_dir = run_dir_;
   ckpt_root_ = run_dir_ + "/checkpoints";
+  lock_ = std::make_unique<RunDirLock>(comm_, run_dir_);  // before anything in the run dir is touched
   prepare_checkpoint_root(comm_, ckpt_root_);
   const std::string manifest_sha = io::sha256_file(ds.dir() + "/manifest.json");
   flops_ = std::make_unique<FlopModel>(model_.config());
@@ -364,10 +386,13 @@ TrainResult Run::finish() {
     const double took = seconds_since(t0), grace = static_cast<double>(cfg_.checkpoint.grace_seconds);
     if (took > grace)
       err_ << "WARNING: the preemption checkpoint took " << took << " s > grace " << grace << " s\n";
-    out_ << "PREEMPTED: SIGTERM; checkpoint of step " << res_.last_step << " written; exit " << kExitPreempted
-         << " (restart to resume)\n";
-    res_.exit_code = kExitPreempted;
-    res_.reason = "preempted (SIGTERM) after step " + std::to_string(res_.last_step);
+    const bool interrupted = g_sigterm == SIGINT;  // this rank's signal (others: forwarded by mpirun)
+    const char* sig = interrupted ? "SIGINT" : "SIGTERM";
+    res_.exit_code = interrupted ? kExitInterrupted : kExitPreempted;
+    out_ << "PREEMPTED: " << sig << "; checkpoint of step " << res_.last_step << " written; exit "
+         << res_.exit_code << " (restart to resume)\n";
+    res_.reason = std::string(interrupted ? "interrupted" : "preempted") + " (" + sig + ") after step " +
+                  std::to_string(res_.last_step);
     shards_->finish();
     return res_;
   }

@@ -25,6 +25,7 @@ inline constexpr int kExitStepGuard = 3;    // fewer steps completed than asked 
 inline constexpr int kExitNonFinite = 4;    // NaN/inf loss or grad norm: last good step checkpointed
 inline constexpr int kExitCheckFailed = 5;  // training done, but an end-of-run CHECK failed (no trained EOS)
 inline constexpr int kExitPreempted = 143;  // SIGTERM: checkpoint written, restart to resume (128 + 15)
+inline constexpr int kExitInterrupted = 130;  // SIGINT (Ctrl-C): checkpoint written, restart to resume
 
 struct TrainOptions {
   std::ostream* out = nullptr;  // PREFLIGHT / LOSS-PARTS / PROGRESS / CHECK / STEP-GUARD lines (std::cout)
@@ -69,7 +70,7 @@ RunPlan plan_run(const TrainConfig& cfg, std::ostream& err);
 // before any compute; guards and preemption are reported through TrainResult::exit_code.
 TrainResult run_training(const TrainConfig& cfg, model::CausalLM& model, const TrainOptions& opts);
 
-// The SIGTERM flag (set by the handler the trainer installs; exposed for tests).
+// The stop flag: SIGTERM or a first SIGINT (set by the handlers the trainer installs; exposed for tests).
 bool sigterm_requested();
 void clear_sigterm();
 

@@ -21,6 +21,7 @@
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/log_lines.h"
+#include "train/resume.h"
 #include "train/step.h"
 #include "train/trainer.h"
 
@@ -481,6 +482,36 @@ TEST_F(TrainTest, ResumeComparesTheRecipeAndRefusesWhenEveryCheckpointIsCorrupt)
   EXPECT_NE(e.find("checkpoint(s) in " + run_dir("chg") + "/checkpoints are corrupt"), std::string::npos)
       << e;
   EXPECT_NE(e.find("refusing to start over at step 1"), std::string::npos) << e;
+}
+
+// Issue #17: Ctrl-C (SIGINT) stops like a preemption, with a checkpoint and exit 130; and a second run on a
+// run directory that a live run holds fails before touching it.
+TEST_F(TrainTest, SigintCheckpointsAndARunDirectoryHasOneRun) {
+  BigramLM m1(260, 5);
+  TrainResult r1 = train(recipe("int"), m1, [](int64_t s) {
+    if (s == 2) std::raise(SIGINT);
+  });
+  ASSERT_EQ(r1.exit_code, kExitInterrupted) << r1.reason;
+  EXPECT_EQ(r1.last_step, 2);
+  EXPECT_NE(out_.str().find("PREEMPTED: SIGINT; checkpoint of step 2 written; exit 130"), std::string::npos)
+      << out_.str();
+  ASSERT_EQ(list_checkpoints(run_dir("int") + "/checkpoints").size(), 1u);
+
+  auto comm = dist::make_single_comm();
+  {
+    RunDirLock held(*comm, run_dir("int"));  // a live run in the directory
+    BigramLM m2(260, 5);
+    const std::string e = error_of([&] { train(recipe("int"), m2); });
+    EXPECT_NE(e.find("run directory " + run_dir("int") + " is in use by another olmosft train (host "),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("pid " + std::to_string(::getpid())), std::string::npos) << e;
+    EXPECT_EQ(list_checkpoints(run_dir("int") + "/checkpoints").size(), 1u);  // untouched
+  }
+  BigramLM m3(260, 5);  // released: resumes
+  TrainResult r3 = train(recipe("int"), m3);
+  ASSERT_EQ(r3.exit_code, 0) << r3.reason;
+  EXPECT_EQ(r3.start_step, 2);
 }
 
 TEST_F(TrainTest, KeepLastPrunesOldCheckpoints) {
