@@ -37,6 +37,8 @@ LossParts olmo3moe_run(const ModelConfig& c, const Olmo3MoeOptions& opts, const 
 // Checks that the config is one this implementation supports (throws olmosft::Error naming the field).
 void olmo3moe_check_supported(const ModelConfig& c);
 
+struct HybridUnits;  // olmo3moe.cpp: the layer units of a config
+
 class Olmo3MoeModel : public CausalLM {
  public:
   Olmo3MoeModel(const ModelConfig& c, uint64_t seed, const Olmo3MoeOptions& opts);
@@ -45,14 +47,20 @@ class Olmo3MoeModel : public CausalLM {
   LossParts forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,
                              double aux_scale) override;
   LossParts forward(const Batch& batch, const LossConfig& loss, float* logits, float* logprobs) override;
+  // Honours the hooks: groups 0 (embedding, embedding norm), 1 + l (block l), L + 1 (final norm, LM head).
+  bool set_param_residency(ParamResidency hooks) override;
   Olmo3MoeOptions& options() { return opts_; }
   const Olmo3MoeRunInfo& last_run() const { return info_; }
 
  private:
+  LossParts run(const Batch& batch, const LossConfig& loss, double grad_scale, double aux_scale,
+                bool backward, float* logits, float* logprobs);
   ModelConfig config_;
   Olmo3MoeOptions opts_;
   std::vector<Param> params_;
   Olmo3MoeRunInfo info_;
+  ParamResidency res_;
+  std::shared_ptr<const HybridUnits> units_;  // resolved once, on the first call
 };
 
 // Initialisation (seeded Philox, parameter i uses stream i): A_log = log U[1,16], dt_bias 0, norm gains 1,
