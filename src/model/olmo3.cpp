@@ -58,18 +58,6 @@ struct Olmo3::Work {
   size_t attn_ws_bytes = 0;
 };
 
-namespace {
-
-bool is_norm(const std::string& name) {
-  auto ends = [&](const char* s) {
-    size_t n = std::strlen(s);
-    return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
-  };
-  return ends("norm.weight") || ends("layernorm.weight");
-}
-
-}  // namespace
-
 Olmo3::Olmo3(const ModelConfig& config, Olmo3Options options) : cfg_(config), opt_(options) {
   OLMO_CHECK(cfg_.model_type == ModelType::Olmo3, "Olmo3: config has model_type '", cfg_.model_type_name,
              "', expected olmo3");
@@ -79,16 +67,7 @@ Olmo3::Olmo3(const ModelConfig& config, Olmo3Options options) : cfg_(config), op
   OLMO_CHECK(cfg_.num_attention_heads % cfg_.num_key_value_heads == 0, "Olmo3: num_attention_heads ",
              cfg_.num_attention_heads, " is not a multiple of num_key_value_heads ",
              cfg_.num_key_value_heads);
-  auto reg = param_registry(cfg_);
-  params_.reserve(reg.size());
-  for (const auto& p : reg) {
-    Param q;
-    q.name = p.name;
-    q.value = Tensor::zeros(p.shape);
-    q.grad = Tensor::zeros(p.shape);
-    q.decay = !is_norm(p.name) && p.shape.size() >= 2;
-    params_.push_back(std::move(q));
-  }
+  params_ = allocate_params(cfg_);
   unit::ParamIndex idx(cfg_);
   idx.who = "Olmo3";
   embed_ = idx.get("model.embed_tokens.weight");

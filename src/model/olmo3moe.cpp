@@ -7,7 +7,6 @@
 #include <string>
 
 #include "core/error.h"
-#include "core/rng.h"
 #include "kernels/attention.h"
 #include "kernels/kda.h"
 #include "model/params.h"
@@ -206,42 +205,9 @@ template LossParts olmo3moe_run<double>(const ModelConfig&, const Olmo3MoeOption
 
 // ---------------------------------------------------------------------------------------------------------
 
-Olmo3MoeModel::Olmo3MoeModel(const ModelConfig& c, uint64_t seed, const Olmo3MoeOptions& opts)
-    : config_(c), opts_(opts) {
+Olmo3MoeModel::Olmo3MoeModel(const ModelConfig& c, const Olmo3MoeOptions& opts) : config_(c), opts_(opts) {
   olmo3moe_check_supported(c);
-  const auto reg = param_registry(c);
-  params_.reserve(reg.size());
-  for (size_t i = 0; i < reg.size(); ++i) {
-    const ParamSpec& s = reg[i];
-    Param p;
-    p.name = s.name;
-    p.value = Tensor::zeros(s.shape, DType::F32);
-    p.grad = Tensor::zeros(s.shape, DType::F32);
-    const std::string& n = s.name;
-    auto ends = [&](const std::string& suf) {
-      return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0;
-    };
-    const bool is_norm = ends("layernorm.weight") || ends("norm.weight");  // incl. q_norm/k_norm/o_norm
-    const bool is_bias = ends(".bias");
-    const Rng rng{seed, static_cast<uint64_t>(i)};
-    if (ends("A_log")) {
-      fill_uniform(p.value, rng, 1.0f, 16.0f);
-      float* v = p.value.data<float>();
-      for (int64_t j = 0; j < p.value.numel(); ++j) v[j] = std::log(v[j]);
-      p.decay = false;
-    } else if (ends("dt_bias") || is_bias) {
-      p.decay = false;  // zeros
-    } else if (is_norm) {
-      p.value.fill(1.0f);
-      p.decay = false;
-    } else if (ends("ssmax_scale")) {
-      p.value.fill(1.0f);
-      p.decay = false;
-    } else {
-      fill_normal(p.value, rng, 0.0f, static_cast<float>(c.initializer_range));
-    }
-    params_.push_back(std::move(p));
-  }
+  params_ = allocate_params(c);
 }
 
 bool Olmo3MoeModel::set_param_residency(ParamResidency hooks) {
@@ -285,7 +251,9 @@ LossParts Olmo3MoeModel::forward(const Batch& batch, const LossConfig& loss, flo
 }
 
 std::unique_ptr<CausalLM> make_olmo3moe(const ModelConfig& c, uint64_t seed, const Olmo3MoeOptions& opts) {
-  return std::make_unique<Olmo3MoeModel>(c, seed, opts);
+  auto m = std::make_unique<Olmo3MoeModel>(c, opts);
+  init_params(m->params(), c, seed);
+  return m;
 }
 
 }  // namespace olmosft::model

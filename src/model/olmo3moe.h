@@ -41,7 +41,8 @@ struct HybridUnits;  // olmo3moe.cpp: the layer units of a config
 
 class Olmo3MoeModel : public CausalLM {
  public:
-  Olmo3MoeModel(const ModelConfig& c, uint64_t seed, const Olmo3MoeOptions& opts);
+  // Allocates the parameters (values and gradients zero); make_olmo3moe / make_model / load_model fill them.
+  explicit Olmo3MoeModel(const ModelConfig& c, const Olmo3MoeOptions& opts = {});
   const ModelConfig& config() const override { return config_; }
   std::vector<Param>& params() override { return params_; }
   LossParts forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,
@@ -63,8 +64,8 @@ class Olmo3MoeModel : public CausalLM {
   std::shared_ptr<const HybridUnits> units_;  // resolved once, on the first call
 };
 
-// Initialisation (seeded Philox, parameter i uses stream i): A_log = log U[1,16], dt_bias 0, norm gains 1,
-// biases 0, everything else N(0, initializer_range). The factory's load_model overwrites the values.
+// A model initialised by init_params (model.h), the factory's one initialisation: the same values as
+// make_model(c, seed) with default options.
 std::unique_ptr<CausalLM> make_olmo3moe(const ModelConfig& c, uint64_t seed = 0,
                                         const Olmo3MoeOptions& opts = {});
 

@@ -4,10 +4,15 @@ namespace olmosft::model {
 
 namespace {
 
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 struct Builder {
   std::vector<ParamSpec> out;
   void add(std::string name, Shape shape, int64_t layer = -1, bool routed = false, bool fp32 = false) {
-    out.push_back({std::move(name), std::move(shape), layer, routed, fp32});
+    const bool decay = shape.size() >= 2 && !ends_with(name, "norm.weight");
+    out.push_back({std::move(name), std::move(shape), layer, routed, fp32, decay});
   }
 };
 

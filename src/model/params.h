@@ -17,6 +17,7 @@ struct ParamSpec {
   int64_t layer = -1;             // -1 for global tensors
   bool routed_expert = false;     // olmo3moe routed-expert weight (counts top_k/E towards active params)
   bool fp32_master_only = false;  // kept in fp32 by the reference exporter (KDA A_log, dt_bias)
+  bool decay = true;              // AdamW weight decay: matrices yes; norm gains and 1-D tensors no
 };
 
 std::vector<ParamSpec> param_registry(const ModelConfig& c);
