@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "io/atomic_file.h"
+#include "model/model.h"
 
 namespace olmosft::model {
 
@@ -455,13 +456,16 @@ ModelConfig parse_config(const json& j, const std::string& context) {
   c.original = j;
   o.require("model_type");
   c.model_type_name = o.string("model_type", "");
-  if (c.model_type_name == "olmo3") {
-    c.model_type = ModelType::Olmo3;
-  } else if (c.model_type_name == "olmo3moe") {
-    c.model_type = ModelType::Olmo3Moe;
-  } else {
-    fail(context, ": unsupported model_type '", c.model_type_name, "' (expected olmo3 or olmo3moe)");
+  std::string known;
+  bool found = false;
+  for (const ModelFamily& f : model_families()) {
+    known += (known.empty() ? "" : " or ") + std::string(f.model_type);
+    if (c.model_type_name == f.model_type) {
+      c.model_type = f.type;
+      found = true;
+    }
   }
+  OLMO_CHECK(found, context, ": unsupported model_type '", c.model_type_name, "' (expected ", known, ")");
   read_shared(o, c);
   read_token_ids(o, c);
   read_dtype(o, c);

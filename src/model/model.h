@@ -93,6 +93,16 @@ class CausalLM {
 // gains 1, biases 0; seeded Philox, the same whatever the thread count), or loaded from an HF dir.
 std::unique_ptr<CausalLM> make_model(const ModelConfig& config, uint64_t seed);
 
+// A model family: what parse_config, make_model and load_model dispatch on. Adding a family takes its
+// config keys (model/config.cpp), its assembly (a CausalLM composed of the layer units, src/model/unit_*.h)
+// and one entry in model_families() (model_factory.cpp).
+struct ModelFamily {
+  ModelType type;
+  const char* model_type;                                      // HF config.json "model_type"
+  std::unique_ptr<CausalLM> (*construct)(const ModelConfig&);  // allocates; parameters zero
+};
+const std::vector<ModelFamily>& model_families();
+
 // What the model constructors call: zero values and gradients in registry order, with the weight-decay
 // flags of the registry (model/params.h).
 std::vector<Param> allocate_params(const ModelConfig& config);

@@ -15,12 +15,8 @@ namespace {
 
 // Allocates the model (parameters zero); make_model initialises, load_model loads.
 std::unique_ptr<CausalLM> construct(const ModelConfig& c) {
-  switch (c.model_type) {
-    case ModelType::Olmo3:
-      return std::make_unique<Olmo3>(c);
-    case ModelType::Olmo3Moe:
-      return std::make_unique<Olmo3MoeModel>(c);
-  }
+  for (const ModelFamily& f : model_families())
+    if (f.type == c.model_type) return f.construct(c);
   fail("make_model: unknown model type '", c.model_type_name, "'");
 }
 
@@ -41,6 +37,16 @@ uint64_t name_stream(const std::string& name) {
 }
 
 }  // namespace
+
+const std::vector<ModelFamily>& model_families() {
+  static const std::vector<ModelFamily> families = {
+      {ModelType::Olmo3, "olmo3",
+       [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Olmo3>(c); }},
+      {ModelType::Olmo3Moe, "olmo3moe",
+       [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Olmo3MoeModel>(c); }},
+  };
+  return families;
+}
 
 std::vector<Param> allocate_params(const ModelConfig& config) {
   const auto reg = param_registry(config);
@@ -65,11 +71,11 @@ void init_params(std::vector<Param>& params, const ModelConfig& config, uint64_t
     Param& p = params[i];
     // HF Olmo3PreTrainedModel._init_weights: Linear/Embedding ~ N(0, initializer_range), RMSNorm gains 1,
     // biases 0; the hybrid's KDA decay A_log = log U[1, 16], dt_bias 0, SSMax scale 1 (docs/hybrid.md).
-    if (ends_with(p.name, "norm.weight") || ends_with(p.name, "ssmax_scale")) {
+    if (ends_with(p.name, "norm.weight") || ends_with(p.name, hf::kSsmaxScale)) {
       p.value.fill(1.0f);
-    } else if (ends_with(p.name, ".bias") || ends_with(p.name, "dt_bias")) {
+    } else if (ends_with(p.name, ".bias") || ends_with(p.name, hf::kDtBias)) {
       p.value.zero();
-    } else if (ends_with(p.name, "A_log")) {
+    } else if (ends_with(p.name, hf::kALog)) {
       fill_uniform(p.value, Rng{seed, static_cast<uint64_t>(i)}, 1.0f, 16.0f);
       float* v = p.value.data<float>();
       for (int64_t j = 0; j < p.value.numel(); ++j) v[j] = std::log(v[j]);

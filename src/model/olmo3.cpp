@@ -70,9 +70,9 @@ Olmo3::Olmo3(const ModelConfig& config, Olmo3Options options) : cfg_(config), op
   params_ = allocate_params(cfg_);
   unit::ParamIndex idx(cfg_);
   idx.who = "Olmo3";
-  embed_ = idx.get("model.embed_tokens.weight");
-  norm_ = idx.get("model.norm.weight");
-  lm_head_ = idx.get("lm_head.weight");
+  embed_ = idx.get(hf::kEmbedTokens);
+  norm_ = idx.get(hf::kFinalNorm);
+  lm_head_ = idx.get(hf::kLmHead);
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     const LayerType t = cfg_.layer_types.at(size_t(l));
     OLMO_CHECK(t == LayerType::SlidingAttention || t == LayerType::FullAttention, "Olmo3: layer ", l,

@@ -19,12 +19,12 @@ int ParamIndex::get(const std::string& name, bool required) const {
 
 void resolve_attention(const ParamIndex& idx, const std::string& a, int* q, int* k, int* v, int* o,
                        int* qnorm, int* knorm) {
-  *q = idx.get(a + "q_proj.weight");
-  *k = idx.get(a + "k_proj.weight");
-  *v = idx.get(a + "v_proj.weight");
-  *o = idx.get(a + "o_proj.weight");
-  *qnorm = idx.get(a + "q_norm.weight");
-  *knorm = idx.get(a + "k_norm.weight");
+  *q = idx.get(a + hf::kQProj);
+  *k = idx.get(a + hf::kKProj);
+  *v = idx.get(a + hf::kVProj);
+  *o = idx.get(a + hf::kOProj);
+  *qnorm = idx.get(a + hf::kQNorm);
+  *knorm = idx.get(a + hf::kKNorm);
 }
 
 namespace {

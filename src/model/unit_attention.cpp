@@ -5,6 +5,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
+#include "model/params.h"
 
 namespace olmosft::model::unit {
 
@@ -82,8 +83,8 @@ SoftmaxAttentionUnit SoftmaxAttentionUnit::resolve(const ParamIndex& idx, const 
                                                    const ModelConfig& c, LayerType type) {
   SoftmaxAttentionUnit u;
   resolve_attention(idx, a, &u.q, &u.k, &u.v, &u.o, &u.qnorm, &u.knorm);
-  u.gate = idx.get(a + "g_proj.weight", false);
-  u.ssmax_scale = idx.get(a + "ssmax_scale", false);
+  u.gate = idx.get(a + hf::kGProj, false);
+  u.ssmax_scale = idx.get(a + hf::kSsmaxScale, false);
   u.window = type == LayerType::SlidingAttention ? c.sliding_window : 0;
   return u;
 }

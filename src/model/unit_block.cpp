@@ -3,28 +3,29 @@
 
 #include "core/threads.h"
 #include "kernels/rmsnorm.h"
+#include "model/params.h"
 
 namespace olmosft::model::unit {
 
 PeriLnBlock PeriLnBlock::resolve(const ParamIndex& idx, const ModelConfig& c, int64_t l) {
   PeriLnBlock u;
-  const std::string p = "model.layers." + std::to_string(l) + ".";
+  const std::string p = hf::layer(l);
   u.layer = l;
   u.kda = c.layer_types[static_cast<size_t>(l)] == LayerType::LinearAttention;
   u.dense = c.is_dense_layer(l);
-  u.pre_attn = idx.get(p + "pre_attention_layernorm.weight");
-  u.post_attn = idx.get(p + "post_attention_layernorm.weight");
-  u.pre_ffn = idx.get(p + "pre_feedforward_layernorm.weight");
-  u.post_ffn = idx.get(p + "post_feedforward_layernorm.weight");
+  u.pre_attn = idx.get(p + hf::kPreAttnNorm);
+  u.post_attn = idx.get(p + hf::kPostAttnNorm);
+  u.pre_ffn = idx.get(p + hf::kPreFfnNorm);
+  u.post_ffn = idx.get(p + hf::kPostFfnNorm);
   if (u.kda)
-    u.kda_unit = KdaUnit::resolve(idx, p + "self_attn.");
+    u.kda_unit = KdaUnit::resolve(idx, p + hf::kSelfAttn);
   else
     u.attn_unit =
-        SoftmaxAttentionUnit::resolve(idx, p + "self_attn.", c, c.layer_types[static_cast<size_t>(l)]);
+        SoftmaxAttentionUnit::resolve(idx, p + hf::kSelfAttn, c, c.layer_types[static_cast<size_t>(l)]);
   if (u.dense)
-    u.mlp_unit = SwiGluMlpUnit::resolve(idx, p + "mlp.");
+    u.mlp_unit = SwiGluMlpUnit::resolve(idx, p + hf::kMlp);
   else
-    u.moe_unit = MoeUnit::resolve(idx, p + "mlp.", c);
+    u.moe_unit = MoeUnit::resolve(idx, p + hf::kMlp, c);
   return u;
 }
 
@@ -127,11 +128,11 @@ OLMOSFT_PERI_LN_BLOCK(double)
 
 PostNormBlock PostNormBlock::resolve(const ParamIndex& idx, const ModelConfig& c, int64_t l) {
   PostNormBlock u;
-  const std::string p = "model.layers." + std::to_string(l) + ".";
-  u.attn = RopeAttentionUnit::resolve(idx, p + "self_attn.", c.layer_types.at(static_cast<size_t>(l)));
-  u.mlp = RecomputedSwiGluMlpUnit::resolve(idx, p + "mlp.");
-  u.post_attn = idx.get(p + "post_attention_layernorm.weight");
-  u.post_ffn = idx.get(p + "post_feedforward_layernorm.weight");
+  const std::string p = hf::layer(l);
+  u.attn = RopeAttentionUnit::resolve(idx, p + hf::kSelfAttn, c.layer_types.at(static_cast<size_t>(l)));
+  u.mlp = RecomputedSwiGluMlpUnit::resolve(idx, p + hf::kMlp);
+  u.post_attn = idx.get(p + hf::kPostAttnNorm);
+  u.post_ffn = idx.get(p + hf::kPostFfnNorm);
   return u;
 }
 

@@ -2,13 +2,14 @@
 #include "model/unit_embedding.h"
 
 #include "kernels/rmsnorm.h"
+#include "model/params.h"
 
 namespace olmosft::model::unit {
 
 ScaledEmbeddingUnit ScaledEmbeddingUnit::resolve(const ParamIndex& idx) {
   ScaledEmbeddingUnit u;
-  u.embed = idx.get("model.embed_tokens.weight");
-  u.embed_norm = idx.get("model.embed_norm.weight", false);
+  u.embed = idx.get(hf::kEmbedTokens);
+  u.embed_norm = idx.get(hf::kEmbedNorm, false);
   return u;
 }
 

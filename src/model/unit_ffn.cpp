@@ -5,6 +5,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/swiglu.h"
+#include "model/params.h"
 
 namespace olmosft::model::unit {
 
@@ -69,9 +70,9 @@ moe::MoeGrads<T> moe_grads(const MoeUnit& u, const Ctx<T>& ctx) {
 
 SwiGluMlpUnit SwiGluMlpUnit::resolve(const ParamIndex& idx, const std::string& m) {
   SwiGluMlpUnit u;
-  u.gate = idx.get(m + "gate_proj.weight");
-  u.up = idx.get(m + "up_proj.weight");
-  u.down = idx.get(m + "down_proj.weight");
+  u.gate = idx.get(m + hf::kGateProj);
+  u.up = idx.get(m + hf::kUpProj);
+  u.down = idx.get(m + hf::kDownProj);
   return u;
 }
 
@@ -94,9 +95,9 @@ void SwiGluMlpUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, c
 
 RecomputedSwiGluMlpUnit RecomputedSwiGluMlpUnit::resolve(const ParamIndex& idx, const std::string& m) {
   RecomputedSwiGluMlpUnit u;
-  u.gate = idx.get(m + "gate_proj.weight");
-  u.up = idx.get(m + "up_proj.weight");
-  u.down = idx.get(m + "down_proj.weight");
+  u.gate = idx.get(m + hf::kGateProj);
+  u.up = idx.get(m + hf::kUpProj);
+  u.down = idx.get(m + hf::kDownProj);
   return u;
 }
 
@@ -132,18 +133,18 @@ void RecomputedSwiGluMlpUnit::backward(const Ctx<float>& ctx, const float* x, co
 
 MoeUnit MoeUnit::resolve(const ParamIndex& idx, const std::string& m, const ModelConfig& c) {
   MoeUnit u;
-  u.router = idx.get(m + "router.gate.weight");
-  u.ldown = idx.get(m + "latent_down_proj.weight", false);
-  u.lup = idx.get(m + "latent_up_proj.weight", false);
+  u.router = idx.get(m + hf::kRouter);
+  u.ldown = idx.get(m + hf::kLatentDown, false);
+  u.lup = idx.get(m + hf::kLatentUp, false);
   for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-    const std::string x = m + "experts." + std::to_string(e) + ".";
-    u.eg.push_back(idx.get(x + "gate_proj.weight"));
-    u.eu.push_back(idx.get(x + "up_proj.weight"));
-    u.ed.push_back(idx.get(x + "down_proj.weight"));
+    const std::string x = m + hf::expert(e);
+    u.eg.push_back(idx.get(x + hf::kGateProj));
+    u.eu.push_back(idx.get(x + hf::kUpProj));
+    u.ed.push_back(idx.get(x + hf::kDownProj));
   }
-  u.sh_g = idx.get(m + "shared_expert.gate_proj.weight", false);
-  u.sh_u = idx.get(m + "shared_expert.up_proj.weight", false);
-  u.sh_d = idx.get(m + "shared_expert.down_proj.weight", false);
+  u.sh_g = idx.get(m + hf::shared_expert(hf::kGateProj), false);
+  u.sh_u = idx.get(m + hf::shared_expert(hf::kUpProj), false);
+  u.sh_d = idx.get(m + hf::shared_expert(hf::kDownProj), false);
   return u;
 }
 

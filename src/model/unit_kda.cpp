@@ -6,6 +6,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/kda.h"
+#include "model/params.h"
 
 namespace olmosft::model::unit {
 
@@ -26,22 +27,22 @@ kda::KdaDims kdims(const Ctx<T>& ctx) {
 
 KdaUnit KdaUnit::resolve(const ParamIndex& idx, const std::string& a) {
   KdaUnit u;
-  u.q = idx.get(a + "q_proj.weight");
-  u.k = idx.get(a + "k_proj.weight");
-  u.v = idx.get(a + "v_proj.weight");
-  u.o = idx.get(a + "o_proj.weight");
-  u.f1 = idx.get(a + "f_proj_1.weight");
-  u.f2 = idx.get(a + "f_proj_2.weight");
-  u.bproj = idx.get(a + "beta_proj.weight");
-  u.A_log = idx.get(a + "A_log");
-  u.dt_bias = idx.get(a + "dt_bias");
-  u.qconv = idx.get(a + "q_conv1d.weight");
-  u.kconv = idx.get(a + "k_conv1d.weight");
-  u.vconv = idx.get(a + "v_conv1d.weight");
-  u.g1 = idx.get(a + "g_proj_1.weight");
-  u.g2 = idx.get(a + "g_proj_2.weight");
-  u.g2b = idx.get(a + "g_proj_2.bias");
-  u.onorm = idx.get(a + "o_norm.weight");
+  u.q = idx.get(a + hf::kQProj);
+  u.k = idx.get(a + hf::kKProj);
+  u.v = idx.get(a + hf::kVProj);
+  u.o = idx.get(a + hf::kOProj);
+  u.f1 = idx.get(a + hf::kFProj1);
+  u.f2 = idx.get(a + hf::kFProj2);
+  u.bproj = idx.get(a + hf::kBetaProj);
+  u.A_log = idx.get(a + hf::kALog);
+  u.dt_bias = idx.get(a + hf::kDtBias);
+  u.qconv = idx.get(a + hf::kQConv);
+  u.kconv = idx.get(a + hf::kKConv);
+  u.vconv = idx.get(a + hf::kVConv);
+  u.g1 = idx.get(a + hf::kGProj1);
+  u.g2 = idx.get(a + hf::kGProj2);
+  u.g2b = idx.get(a + hf::kGProj2Bias);
+  u.onorm = idx.get(a + hf::kONorm);
   return u;
 }
 

@@ -4,13 +4,14 @@
 #include "core/error.h"
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
+#include "model/params.h"
 
 namespace olmosft::model::unit {
 
 LmHeadUnit LmHeadUnit::resolve(const ParamIndex& idx, const ModelConfig& c) {
   LmHeadUnit u;
-  u.norm = idx.get("model.norm.weight");
-  u.lm_head = c.tie_word_embeddings ? idx.get("model.embed_tokens.weight") : idx.get("lm_head.weight");
+  u.norm = idx.get(hf::kFinalNorm);
+  u.lm_head = c.tie_word_embeddings ? idx.get(hf::kEmbedTokens) : idx.get(hf::kLmHead);
   return u;
 }
 
