@@ -9,8 +9,9 @@
 //              h = h' + RMSNorm_post_ffn(SwiGLU(h'))
 //   logits = RMSNorm_final(h) Wlm^T (untied); loss by the tiled cross-entropy (valid_vocab = vocab_size).
 //
-// Memory: one workspace sized for the B*T of the call (reused while B*T does not grow), holding the
-// activations the backward needs plus shared scratch; see activation_floats_per_token() and docs/model.md.
+// Layers are unit::PostNormBlock (a RopeAttentionUnit and a RecomputedSwiGluMlpUnit; src/model/unit_*.h).
+// Memory: one workspace sized for the B*T of the call (reused while B*T does not grow), planned from the
+// units' Saved / Scratch declarations; see activation_floats_per_token() and docs/model.md.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -1,8 +1,10 @@
 // Olmo 3.5 hybrid (HF "olmo3moe"): KDA + softmax-attention mixers, dense SwiGLU and latent MoE FFNs,
 // peri-LN blocks (architecture.md Part B; conventions in docs/model_reference.md; docs/hybrid.md).
 //
-// The forward/backward is one templated function (olmo3moe_run) over weight/gradient pointers in
-// parameter-registry order, instantiated for float (the CausalLM) and double (finite-difference tests).
+// The forward/backward (olmo3moe_run) composes the layer units of src/model/unit_*.h (embedding, one
+// peri-LN block per layer with a KDA or attention mixer and a SwiGLU or MoE FFN, LM head) over weight /
+// gradient pointers in parameter-registry order, instantiated for float (the CausalLM) and double
+// (finite-difference tests).
 #pragma once
 #include <cstdint>
 #include <memory>

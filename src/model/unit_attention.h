@@ -27,17 +27,17 @@ struct SoftmaxAttentionUnit {
     size_t bytes() const;
   };
 
+  // The mixer interface (as KdaUnit): forward x [N, d] -> a [N, d]; backward da -> dx, both overwritten;
+  // the backward accumulates the parameter gradients.
+  template <typename T>
+  void forward(const Ctx<T>& ctx, const T* x, T* a, Saved<T>& s) const;
+  template <typename T>
+  void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx) const;
+
   // prefix = "model.layers.<l>.self_attn."
   static SoftmaxAttentionUnit resolve(const ParamIndex& idx, const std::string& prefix, const ModelConfig& c,
                                       LayerType type);
   static int64_t saved_floats_per_token(const ModelConfig& c);
-
-  // x [N, d] -> a [N, d] (overwritten).
-  template <typename T>
-  void forward(const Ctx<T>& ctx, const T* x, T* a, Saved<T>& s) const;
-  // da [N, d] -> dx [N, d] (overwritten); parameter gradients accumulated.
-  template <typename T>
-  void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx) const;
 };
 
 }  // namespace olmosft::model::unit
