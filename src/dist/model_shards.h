@@ -11,10 +11,10 @@
 //   zero3: value -> a gathered copy that exists only between bind_params() and release_params(); in
 //          between steps the model holds no parameter or gradient storage (undefined tensors), so the
 //          persistent per-rank memory is params + grads + moments / N (ShardedParams::memory()).
-// Gathering (zero3). Per layer when the model honours model::ParamResidency (Olmo 3 dense): each unit is
-// all-gathered right before the model reads it and released after its last use, in the forward and again
+// Gathering (zero3). Per layer when the model honours model::ParamResidency (Olmo 3, the hybrid): each unit
+// is all-gathered right before the model reads it and released after its last use, in the forward and again
 // in the backward of every leaf, so at most one block (plus the LM-head unit across the loss) is resident.
-// Otherwise (the hybrid, test models) per step and whole-model: every unit is gathered once before the
+// Otherwise (test models) per step and whole-model: every unit is gathered once before the
 // step's first leaf and released after its last. Gradients are full-size per unit during the step in both
 // cases (needed to sum several leaves pairwise before the reduce-scatter).
 //

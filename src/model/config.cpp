@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "io/atomic_file.h"
+#include "model/model.h"
 
 namespace olmosft::model {
 
@@ -253,27 +254,11 @@ void check_heads(const ModelConfig& c, const Obj& o, int64_t width, const char* 
   }
 }
 
-}  // namespace
+// Per-section readers of parse_config (each reads its keys from o into c; o.ctx names the file).
 
-RopeParams parse_rope_params(const json& rope, const std::string& context, double rope_theta,
-                             int64_t max_position_embeddings) {
-  return parse_rope(rope, context, rope_theta, max_position_embeddings);
-}
-
-ModelConfig parse_config(const json& j, const std::string& context) {
-  OLMO_CHECK(j.is_object(), context, ": expected a JSON object");
-  Obj o{j, context};
-  ModelConfig c;
-  c.original = j;
-  o.require("model_type");
-  c.model_type_name = o.string("model_type", "");
-  if (c.model_type_name == "olmo3") {
-    c.model_type = ModelType::Olmo3;
-  } else if (c.model_type_name == "olmo3moe") {
-    c.model_type = ModelType::Olmo3Moe;
-  } else {
-    fail(context, ": unsupported model_type '", c.model_type_name, "' (expected olmo3 or olmo3moe)");
-  }
+// Sizes, activation, norms, dropout, initialisation, layer types.
+void read_shared(const Obj& o, ModelConfig& c) {
+  const std::string& context = o.ctx;
   c.vocab_size = o.req_positive("vocab_size");
   c.hidden_size = o.req_positive("hidden_size");
   c.num_hidden_layers = o.req_positive("num_hidden_layers");
@@ -294,6 +279,12 @@ ModelConfig parse_config(const json& j, const std::string& context) {
              ": 'attention_dropout' must be in [0, 1)");
   c.initializer_range = o.number("initializer_range", 0.02);
   c.layer_types = parse_layer_types(o, c);
+}
+
+// eos / bos / pad token ids, validated against the vocabulary.
+void read_token_ids(const Obj& o, ModelConfig& c) {
+  const std::string& context = o.ctx;
+  const json& j = o.j;
   auto token_id = [&](const std::string& k, const json& v) {
     OLMO_CHECK(v.is_number_integer(), context, ": key '", k, "' must be an integer token id, got ", v.dump());
     int64_t id = v.get<int64_t>();
@@ -311,6 +302,11 @@ ModelConfig parse_config(const json& j, const std::string& context) {
   }
   if (o.has("bos_token_id")) c.bos_token_id = token_id("bos_token_id", j.at("bos_token_id"));
   if (o.has("pad_token_id")) c.pad_token_id = token_id("pad_token_id", j.at("pad_token_id"));
+}
+
+// torch_dtype / dtype (they must agree when both are given).
+void read_dtype(const Obj& o, ModelConfig& c) {
+  const std::string& context = o.ctx;
   for (const char* k : {"torch_dtype", "dtype"}) {
     if (!o.has(k)) continue;
     std::string d = o.string(k, "");
@@ -326,23 +322,11 @@ ModelConfig parse_config(const json& j, const std::string& context) {
     OLMO_CHECK(!c.torch_dtype || *c.torch_dtype == *t, context, ": 'torch_dtype' and 'dtype' disagree");
     c.torch_dtype = t;
   }
-  bool any_sliding = false;
-  for (auto t : c.layer_types) any_sliding |= t == LayerType::SlidingAttention;
-  if (any_sliding) {
-    c.sliding_window = o.positive("sliding_window", 4096);
-  } else {
-    c.sliding_window = o.integer("sliding_window", 4096);
-  }
-  parse_rope_settings(c, o);
+}
 
-  if (!c.is_moe()) {
-    c.intermediate_size = o.req_positive("intermediate_size");
-    c.head_dim = o.positive("head_dim", c.hidden_size / c.num_attention_heads);
-    check_heads(c, o, c.hidden_size, "hidden_size");
-    return c;
-  }
-
-  // ---- olmo3moe ----
+// olmo3moe: the softmax-attention layers.
+void read_hybrid_attention(const Obj& o, ModelConfig& c) {
+  const std::string& context = o.ctx;
   c.attention_hidden_size = o.positive("attention_hidden_size", c.hidden_size);
   check_heads(c, o, c.attention_hidden_size, "attention_hidden_size");
   c.head_dim = o.positive("head_dim", c.attention_hidden_size / c.num_attention_heads);
@@ -359,7 +343,11 @@ ModelConfig parse_config(const json& j, const std::string& context) {
       c.use_head_qk_norm == c.qk_norm_per_head_gains, context,
       ": use_head_qk_norm and qk_norm_per_head_gains must both be true (per-head gains [heads, head_dim], as "
       "Olmo 3.5) or both false (whole-vector q/k norms); the mixed layout has no verified tensor shapes");
+}
 
+// olmo3moe: the KDA (linear_attention) layers.
+void read_kda(const Obj& o, ModelConfig& c) {
+  const std::string& context = o.ctx;
   bool any_linear = false;
   for (auto t : c.layer_types) any_linear |= t == LayerType::LinearAttention;
   c.linear_conv_kernel_dim = o.positive("linear_conv_kernel_dim", 4);
@@ -375,7 +363,12 @@ ModelConfig parse_config(const json& j, const std::string& context) {
     c.linear_key_head_dim = o.req_positive("linear_key_head_dim");
     c.linear_value_head_dim = o.req_positive("linear_value_head_dim");
   }
+}
 
+// olmo3moe: routed and shared experts, latent projection, dense layers, gating.
+void read_moe(const Obj& o, ModelConfig& c) {
+  const std::string& context = o.ctx;
+  const json& j = o.j;
   c.n_routed_experts = o.positive("n_routed_experts", 64);
   c.num_experts_per_tok = o.positive("num_experts_per_tok", 4);
   OLMO_CHECK(c.num_experts_per_tok <= c.n_routed_experts, context, ": num_experts_per_tok (",
@@ -420,6 +413,11 @@ ModelConfig parse_config(const json& j, const std::string& context) {
       c.dense_layers_indices.push_back(v);
     }
   }
+}
+
+// olmo3moe: embedding scale and norm, block layout, EMO routing.
+void read_hybrid_block(const Obj& o, ModelConfig& c) {
+  const std::string& context = o.ctx;
   c.embed_scale = o.number("embed_scale", 1.0);
   OLMO_CHECK(c.embed_scale > 0, context, ": key 'embed_scale' must be positive");
   c.embed_norm = o.boolean("embed_norm", false);
@@ -442,6 +440,54 @@ ModelConfig parse_config(const json& j, const std::string& context) {
                "emo_max_document_expert_pool <= n_routed_experts, got ",
                lo, ", ", hi);
   }
+}
+
+}  // namespace
+
+RopeParams parse_rope_params(const json& rope, const std::string& context, double rope_theta,
+                             int64_t max_position_embeddings) {
+  return parse_rope(rope, context, rope_theta, max_position_embeddings);
+}
+
+ModelConfig parse_config(const json& j, const std::string& context) {
+  OLMO_CHECK(j.is_object(), context, ": expected a JSON object");
+  Obj o{j, context};
+  ModelConfig c;
+  c.original = j;
+  o.require("model_type");
+  c.model_type_name = o.string("model_type", "");
+  std::string known;
+  bool found = false;
+  for (const ModelFamily& f : model_families()) {
+    known += (known.empty() ? "" : " or ") + std::string(f.model_type);
+    if (c.model_type_name == f.model_type) {
+      c.model_type = f.type;
+      found = true;
+    }
+  }
+  OLMO_CHECK(found, context, ": unsupported model_type '", c.model_type_name, "' (expected ", known, ")");
+  read_shared(o, c);
+  read_token_ids(o, c);
+  read_dtype(o, c);
+  bool any_sliding = false;
+  for (auto t : c.layer_types) any_sliding |= t == LayerType::SlidingAttention;
+  if (any_sliding) {
+    c.sliding_window = o.positive("sliding_window", 4096);
+  } else {
+    c.sliding_window = o.integer("sliding_window", 4096);
+  }
+  parse_rope_settings(c, o);
+
+  if (!c.is_moe()) {
+    c.intermediate_size = o.req_positive("intermediate_size");
+    c.head_dim = o.positive("head_dim", c.hidden_size / c.num_attention_heads);
+    check_heads(c, o, c.hidden_size, "hidden_size");
+    return c;
+  }
+  read_hybrid_attention(o, c);
+  read_kda(o, c);
+  read_moe(o, c);
+  read_hybrid_block(o, c);
   return c;
 }
 

@@ -92,6 +92,26 @@ class CausalLM {
 // Builds the model for a config with fp32 parameters initialised from N(0, initializer_range) (norm
 // gains 1, biases 0; seeded Philox, the same whatever the thread count), or loaded from an HF dir.
 std::unique_ptr<CausalLM> make_model(const ModelConfig& config, uint64_t seed);
+
+// A model family: what parse_config, make_model and load_model dispatch on. Adding a family takes its
+// config keys (model/config.cpp), its assembly (a CausalLM composed of the layer units, src/model/unit_*.h)
+// and one entry in model_families() (model_factory.cpp).
+struct ModelFamily {
+  ModelType type;
+  const char* model_type;                                      // HF config.json "model_type"
+  std::unique_ptr<CausalLM> (*construct)(const ModelConfig&);  // allocates; parameters zero
+};
+const std::vector<ModelFamily>& model_families();
+
+// What the model constructors call: zero values and gradients in registry order, with the weight-decay
+// flags of the registry (model/params.h).
+std::vector<Param> allocate_params(const ModelConfig& config);
+// The one initialisation (make_model; make_olmo3moe), the same for both families; each tensor draws from
+// its own Philox stream, so its values depend on neither the thread count nor the other tensors:
+//   "*norm.weight" = 1;  "*.bias", "*dt_bias" = 0;  "*ssmax_scale" = 1;
+//   A_log = log U[1, 16] (stream = registry index);  other tensors of >= 2 dims ~ N(0, initializer_range)
+//   (stream = FNV-1a of the name). Gradients are zeroed.
+void init_params(std::vector<Param>& params, const ModelConfig& config, uint64_t seed);
 std::unique_ptr<CausalLM> load_model(const std::string& hf_dir);
 
 // The model's current parameters as (HF name, tensor) pairs in registry order, for export_hf_dir /

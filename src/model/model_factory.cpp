@@ -7,20 +7,16 @@
 #include "model/model.h"
 #include "model/olmo3.h"
 #include "model/olmo3moe.h"
+#include "model/params.h"
 
 namespace olmosft::model {
 
 namespace {
 
-// The hybrid initialises its own 1-D tensors (A_log, dt_bias, ssmax_scale) from `seed`; make_model then
-// overwrites matrices, norm gains and biases the same way for both families.
-std::unique_ptr<CausalLM> construct(const ModelConfig& c, uint64_t seed) {
-  switch (c.model_type) {
-    case ModelType::Olmo3:
-      return std::make_unique<Olmo3>(c);
-    case ModelType::Olmo3Moe:
-      return make_olmo3moe(c, seed);
-  }
+// Allocates the model (parameters zero); make_model initialises, load_model loads.
+std::unique_ptr<CausalLM> construct(const ModelConfig& c) {
+  for (const ModelFamily& f : model_families())
+    if (f.type == c.model_type) return f.construct(c);
   fail("make_model: unknown model type '", c.model_type_name, "'");
 }
 
@@ -42,29 +38,63 @@ uint64_t name_stream(const std::string& name) {
 
 }  // namespace
 
-std::unique_ptr<CausalLM> make_model(const ModelConfig& config, uint64_t seed) {
-  auto m = construct(config, seed);
+const std::vector<ModelFamily>& model_families() {
+  static const std::vector<ModelFamily> families = {
+      {ModelType::Olmo3, "olmo3",
+       [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Olmo3>(c); }},
+      {ModelType::Olmo3Moe, "olmo3moe",
+       [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Olmo3MoeModel>(c); }},
+  };
+  return families;
+}
+
+std::vector<Param> allocate_params(const ModelConfig& config) {
+  const auto reg = param_registry(config);
+  std::vector<Param> params;
+  params.reserve(reg.size());
+  for (const auto& s : reg) {
+    Param p;
+    p.name = s.name;
+    p.value = Tensor::zeros(s.shape, DType::F32);
+    p.grad = Tensor::zeros(s.shape, DType::F32);
+    p.decay = s.decay;
+    params.push_back(std::move(p));
+  }
+  return params;
+}
+
+void init_params(std::vector<Param>& params, const ModelConfig& config, uint64_t seed) {
   const float stdev = float(config.initializer_range);
   OLMO_CHECK(stdev >= 0 && std::isfinite(stdev),
              "make_model: initializer_range must be finite and >= 0, got ", config.initializer_range);
-  for (auto& p : m->params()) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params[i];
     // HF Olmo3PreTrainedModel._init_weights: Linear/Embedding ~ N(0, initializer_range), RMSNorm gains 1,
-    // biases 0. Other 1-D tensors (the hybrid's A_log, dt_bias, ssmax_scale) keep the constructor's values.
-    if (ends_with(p.name, "norm.weight")) {
+    // biases 0; the hybrid's KDA decay A_log = log U[1, 16], dt_bias 0, SSMax scale 1 (docs/hybrid.md).
+    if (ends_with(p.name, "norm.weight") || ends_with(p.name, hf::kSsmaxScale)) {
       p.value.fill(1.0f);
-    } else if (ends_with(p.name, ".bias")) {
+    } else if (ends_with(p.name, ".bias") || ends_with(p.name, hf::kDtBias)) {
       p.value.zero();
+    } else if (ends_with(p.name, hf::kALog)) {
+      fill_uniform(p.value, Rng{seed, static_cast<uint64_t>(i)}, 1.0f, 16.0f);
+      float* v = p.value.data<float>();
+      for (int64_t j = 0; j < p.value.numel(); ++j) v[j] = std::log(v[j]);
     } else if (p.value.ndim() >= 2) {
       fill_normal(p.value, Rng{seed, name_stream(p.name)}, 0.0f, stdev);
     }
     p.grad.zero();
   }
+}
+
+std::unique_ptr<CausalLM> make_model(const ModelConfig& config, uint64_t seed) {
+  auto m = construct(config);
+  init_params(m->params(), config, seed);
   return m;
 }
 
 std::unique_ptr<CausalLM> load_model(const std::string& hf_dir) {
   HfModel hf = load_hf_dir(hf_dir);  // validated against the registry (names, shapes, dtypes)
-  auto m = construct(hf.config, 0);
+  auto m = construct(hf.config);
   for (auto& p : m->params()) {
     const Tensor& src = hf.at(p.name);
     OLMO_CHECK(src.shape() == p.value.shape(), hf_dir, ": tensor ", p.name, " has shape ",

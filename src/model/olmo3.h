@@ -9,8 +9,9 @@
 //              h = h' + RMSNorm_post_ffn(SwiGLU(h'))
 //   logits = RMSNorm_final(h) Wlm^T (untied); loss by the tiled cross-entropy (valid_vocab = vocab_size).
 //
-// Memory: one workspace sized for the B*T of the call (reused while B*T does not grow), holding the
-// activations the backward needs plus shared scratch; see activation_floats_per_token() and docs/model.md.
+// Layers are unit::PostNormBlock (a RopeAttentionUnit and a RecomputedSwiGluMlpUnit; src/model/unit_*.h).
+// Memory: one workspace sized for the B*T of the call (reused while B*T does not grow), planned from the
+// units' Saved / Scratch declarations; see activation_floats_per_token() and docs/model.md.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "core/tensor.h"
 #include "kernels/rope.h"
 #include "model/model.h"
+#include "model/unit_block.h"
 
 namespace olmosft::model {
 
@@ -51,27 +53,27 @@ class Olmo3 : public CausalLM {
   size_t workspace_bytes() const;
 
  private:
-  struct Layer;
   struct Work;
   void run_forward(const Batch& batch);
   LossParts loss_forward(const Batch& batch, const LossConfig& loss);
   void run_backward(const Batch& batch, const LossConfig& loss, double grad_scale, const LossParts& parts);
   void prepare(const Batch& batch);
+  unit::Ctx<float> context(const Batch& batch) const;
+  // Residency: calls the hook, then refreshes the group's value pointers (wp_).
+  void need(int64_t g);
+  void done(int64_t g);
 
   ModelConfig cfg_;
   Olmo3Options opt_;
   std::vector<Param> params_;
-  std::vector<Layer> layers_;
-  int64_t embed_ = -1, norm_ = -1, lm_head_ = -1;  // indices into params_
+  std::vector<unit::PostNormBlock> blocks_;
+  int embed_ = -1, norm_ = -1, lm_head_ = -1;  // indices into params_
+  std::vector<int> group_;                     // residency group per parameter
+  std::vector<const float*> wp_;               // value pointers of the current call (registry order)
+  std::vector<float*> gp_;                     // gradient pointers
   RopeFreqs rope_sliding_, rope_full_;
   Work* w_ = nullptr;
   ParamResidency res_;
-  void need(int64_t g) {
-    if (res_.need) res_.need(int(g));
-  }
-  void done(int64_t g) {
-    if (res_.done) res_.done(int(g));
-  }
 };
 
 // Converts the config's per-layer-type RoPE parameters to the kernel's frequencies (default, linear or

@@ -1,8 +1,10 @@
 // Olmo 3.5 hybrid (HF "olmo3moe"): KDA + softmax-attention mixers, dense SwiGLU and latent MoE FFNs,
 // peri-LN blocks (architecture.md Part B; conventions in docs/model_reference.md; docs/hybrid.md).
 //
-// The forward/backward is one templated function (olmo3moe_run) over weight/gradient pointers in
-// parameter-registry order, instantiated for float (the CausalLM) and double (finite-difference tests).
+// The forward/backward (olmo3moe_run) composes the layer units of src/model/unit_*.h (embedding, one
+// peri-LN block per layer with a KDA or attention mixer and a SwiGLU or MoE FFN, LM head) over weight /
+// gradient pointers in parameter-registry order, instantiated for float (the CausalLM) and double
+// (finite-difference tests).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -37,26 +39,35 @@ LossParts olmo3moe_run(const ModelConfig& c, const Olmo3MoeOptions& opts, const 
 // Checks that the config is one this implementation supports (throws olmosft::Error naming the field).
 void olmo3moe_check_supported(const ModelConfig& c);
 
+struct HybridUnits;  // olmo3moe.cpp: the layer units of a config
+
 class Olmo3MoeModel : public CausalLM {
  public:
-  Olmo3MoeModel(const ModelConfig& c, uint64_t seed, const Olmo3MoeOptions& opts);
+  // Allocates the parameters (values and gradients zero); make_olmo3moe / make_model / load_model fill them.
+  explicit Olmo3MoeModel(const ModelConfig& c, const Olmo3MoeOptions& opts = {});
   const ModelConfig& config() const override { return config_; }
   std::vector<Param>& params() override { return params_; }
   LossParts forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,
                              double aux_scale) override;
   LossParts forward(const Batch& batch, const LossConfig& loss, float* logits, float* logprobs) override;
+  // Honours the hooks: groups 0 (embedding, embedding norm), 1 + l (block l), L + 1 (final norm, LM head).
+  bool set_param_residency(ParamResidency hooks) override;
   Olmo3MoeOptions& options() { return opts_; }
   const Olmo3MoeRunInfo& last_run() const { return info_; }
 
  private:
+  LossParts run(const Batch& batch, const LossConfig& loss, double grad_scale, double aux_scale,
+                bool backward, float* logits, float* logprobs);
   ModelConfig config_;
   Olmo3MoeOptions opts_;
   std::vector<Param> params_;
   Olmo3MoeRunInfo info_;
+  ParamResidency res_;
+  std::shared_ptr<const HybridUnits> units_;  // resolved once, on the first call
 };
 
-// Initialisation (seeded Philox, parameter i uses stream i): A_log = log U[1,16], dt_bias 0, norm gains 1,
-// biases 0, everything else N(0, initializer_range). The factory's load_model overwrites the values.
+// A model initialised by init_params (model.h), the factory's one initialisation: the same values as
+// make_model(c, seed) with default options.
 std::unique_ptr<CausalLM> make_olmo3moe(const ModelConfig& c, uint64_t seed = 0,
                                         const Olmo3MoeOptions& opts = {});
 

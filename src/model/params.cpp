@@ -2,102 +2,111 @@
 
 namespace olmosft::model {
 
+std::string hf::layer(int64_t l) { return std::string(kLayersPrefix) + std::to_string(l) + "."; }
+std::string hf::expert(int64_t e) { return "experts." + std::to_string(e) + "."; }
+std::string hf::shared_expert(const char* proj) { return std::string("shared_expert.") + proj; }
+
 namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 
 struct Builder {
   std::vector<ParamSpec> out;
   void add(std::string name, Shape shape, int64_t layer = -1, bool routed = false, bool fp32 = false) {
-    out.push_back({std::move(name), std::move(shape), layer, routed, fp32});
+    const bool decay = shape.size() >= 2 && !ends_with(name, "norm.weight");
+    out.push_back({std::move(name), std::move(shape), layer, routed, fp32, decay});
   }
 };
 
 void olmo3_layer(Builder& b, const ModelConfig& c, int64_t i) {
-  const std::string p = "model.layers." + std::to_string(i) + ".";
+  const std::string p = hf::layer(i);
   int64_t d = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
   int64_t f = c.intermediate_size;
-  b.add(p + "self_attn.q_proj.weight", {q, d}, i);
-  b.add(p + "self_attn.k_proj.weight", {kv, d}, i);
-  b.add(p + "self_attn.v_proj.weight", {kv, d}, i);
-  b.add(p + "self_attn.o_proj.weight", {d, q}, i);
-  b.add(p + "self_attn.q_norm.weight", {q}, i);
-  b.add(p + "self_attn.k_norm.weight", {kv}, i);
-  b.add(p + "mlp.gate_proj.weight", {f, d}, i);
-  b.add(p + "mlp.up_proj.weight", {f, d}, i);
-  b.add(p + "mlp.down_proj.weight", {d, f}, i);
-  b.add(p + "post_attention_layernorm.weight", {d}, i);
-  b.add(p + "post_feedforward_layernorm.weight", {d}, i);
+  b.add(p + hf::kSelfAttn + hf::kQProj, {q, d}, i);
+  b.add(p + hf::kSelfAttn + hf::kKProj, {kv, d}, i);
+  b.add(p + hf::kSelfAttn + hf::kVProj, {kv, d}, i);
+  b.add(p + hf::kSelfAttn + hf::kOProj, {d, q}, i);
+  b.add(p + hf::kSelfAttn + hf::kQNorm, {q}, i);
+  b.add(p + hf::kSelfAttn + hf::kKNorm, {kv}, i);
+  b.add(p + hf::kMlp + hf::kGateProj, {f, d}, i);
+  b.add(p + hf::kMlp + hf::kUpProj, {f, d}, i);
+  b.add(p + hf::kMlp + hf::kDownProj, {d, f}, i);
+  b.add(p + hf::kPostAttnNorm, {d}, i);
+  b.add(p + hf::kPostFfnNorm, {d}, i);
 }
 
 void moe_layer(Builder& b, const ModelConfig& c, int64_t i) {
-  const std::string p = "model.layers." + std::to_string(i) + ".";
-  const std::string a = p + "self_attn.";
+  const std::string p = hf::layer(i);
+  const std::string a = p + hf::kSelfAttn;
   int64_t d = c.hidden_size;
   // Peri-LN: four block norms.
-  b.add(p + "pre_attention_layernorm.weight", {d}, i);
-  b.add(p + "post_attention_layernorm.weight", {d}, i);
-  b.add(p + "pre_feedforward_layernorm.weight", {d}, i);
-  b.add(p + "post_feedforward_layernorm.weight", {d}, i);
+  b.add(p + hf::kPreAttnNorm, {d}, i);
+  b.add(p + hf::kPostAttnNorm, {d}, i);
+  b.add(p + hf::kPreFfnNorm, {d}, i);
+  b.add(p + hf::kPostFfnNorm, {d}, i);
   if (c.layer_types[static_cast<size_t>(i)] == LayerType::LinearAttention) {
     int64_t H = c.linear_num_key_heads, dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
     int64_t K = c.linear_conv_kernel_dim, kd = H * dk, vd = H * dv;
-    b.add(a + "q_proj.weight", {kd, d}, i);
-    b.add(a + "k_proj.weight", {kd, d}, i);
-    b.add(a + "v_proj.weight", {vd, d}, i);
-    b.add(a + "f_proj_1.weight", {dv, d}, i);
-    b.add(a + "f_proj_2.weight", {kd, dv}, i);
-    b.add(a + "beta_proj.weight", {H, d}, i);
-    b.add(a + "A_log", {H}, i, false, true);
-    b.add(a + "dt_bias", {kd}, i, false, true);
-    b.add(a + "q_conv1d.weight", {kd, 1, K}, i);
-    b.add(a + "k_conv1d.weight", {kd, 1, K}, i);
-    b.add(a + "v_conv1d.weight", {vd, 1, K}, i);
-    b.add(a + "g_proj_1.weight", {dv, d}, i);
-    b.add(a + "g_proj_2.weight", {vd, dv}, i);
-    b.add(a + "g_proj_2.bias", {vd}, i);
-    b.add(a + "o_norm.weight", {dv}, i);
-    b.add(a + "o_proj.weight", {d, vd}, i);
+    b.add(a + hf::kQProj, {kd, d}, i);
+    b.add(a + hf::kKProj, {kd, d}, i);
+    b.add(a + hf::kVProj, {vd, d}, i);
+    b.add(a + hf::kFProj1, {dv, d}, i);
+    b.add(a + hf::kFProj2, {kd, dv}, i);
+    b.add(a + hf::kBetaProj, {H, d}, i);
+    b.add(a + hf::kALog, {H}, i, false, true);
+    b.add(a + hf::kDtBias, {kd}, i, false, true);
+    b.add(a + hf::kQConv, {kd, 1, K}, i);
+    b.add(a + hf::kKConv, {kd, 1, K}, i);
+    b.add(a + hf::kVConv, {vd, 1, K}, i);
+    b.add(a + hf::kGProj1, {dv, d}, i);
+    b.add(a + hf::kGProj2, {vd, dv}, i);
+    b.add(a + hf::kGProj2Bias, {vd}, i);
+    b.add(a + hf::kONorm, {dv}, i);
+    b.add(a + hf::kOProj, {d, vd}, i);
   } else {
     int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
-    b.add(a + "q_proj.weight", {H * D, d}, i);
-    b.add(a + "k_proj.weight", {Hkv * D, d}, i);
-    b.add(a + "v_proj.weight", {Hkv * D, d}, i);
-    b.add(a + "o_proj.weight", {d, H * D}, i);
+    b.add(a + hf::kQProj, {H * D, d}, i);
+    b.add(a + hf::kKProj, {Hkv * D, d}, i);
+    b.add(a + hf::kVProj, {Hkv * D, d}, i);
+    b.add(a + hf::kOProj, {d, H * D}, i);
     if (c.qk_norm_per_head_gains) {
-      b.add(a + "q_norm.weight", {H, D}, i);
-      b.add(a + "k_norm.weight", {Hkv, D}, i);
+      b.add(a + hf::kQNorm, {H, D}, i);
+      b.add(a + hf::kKNorm, {Hkv, D}, i);
     } else {
-      b.add(a + "q_norm.weight", {H * D}, i);
-      b.add(a + "k_norm.weight", {Hkv * D}, i);
+      b.add(a + hf::kQNorm, {H * D}, i);
+      b.add(a + hf::kKNorm, {Hkv * D}, i);
     }
-    if (c.attention_gate_type == "elementwise") b.add(a + "g_proj.weight", {H * D, d}, i);
-    if (c.scalable_softmax) b.add(a + "ssmax_scale", {H}, i);
+    if (c.attention_gate_type == "elementwise") b.add(a + hf::kGProj, {H * D, d}, i);
+    if (c.scalable_softmax) b.add(a + hf::kSsmaxScale, {H}, i);
   }
-  const std::string m = p + "mlp.";
+  const std::string m = p + hf::kMlp;
   if (c.is_dense_layer(i)) {
     int64_t f = c.dense_mlp_intermediate_size;
-    b.add(m + "gate_proj.weight", {f, d}, i);
-    b.add(m + "up_proj.weight", {f, d}, i);
-    b.add(m + "down_proj.weight", {d, f}, i);
+    b.add(m + hf::kGateProj, {f, d}, i);
+    b.add(m + hf::kUpProj, {f, d}, i);
+    b.add(m + hf::kDownProj, {d, f}, i);
     return;
   }
   int64_t E = c.n_routed_experts, h = c.moe_intermediate_size;
   int64_t in = c.latent_moe_dim > 0 ? c.latent_moe_dim : d;  // width the experts run in
-  b.add(m + "router.gate.weight", {E, d}, i);
+  b.add(m + hf::kRouter, {E, d}, i);
   if (c.latent_moe_dim > 0) {
-    b.add(m + "latent_down_proj.weight", {c.latent_moe_dim, d}, i);
-    b.add(m + "latent_up_proj.weight", {d, c.latent_moe_dim}, i);
+    b.add(m + hf::kLatentDown, {c.latent_moe_dim, d}, i);
+    b.add(m + hf::kLatentUp, {d, c.latent_moe_dim}, i);
   }
   for (int64_t e = 0; e < E; ++e) {
-    const std::string x = m + "experts." + std::to_string(e) + ".";
-    b.add(x + "gate_proj.weight", {h, in}, i, true);
-    b.add(x + "up_proj.weight", {h, in}, i, true);
-    b.add(x + "down_proj.weight", {in, h}, i, true);
+    const std::string x = m + hf::expert(e);
+    b.add(x + hf::kGateProj, {h, in}, i, true);
+    b.add(x + hf::kUpProj, {h, in}, i, true);
+    b.add(x + hf::kDownProj, {in, h}, i, true);
   }
   if (c.shared_expert_intermediate_size > 0) {
     int64_t s = c.shared_expert_intermediate_size;
-    b.add(m + "shared_expert.gate_proj.weight", {s, d}, i);
-    b.add(m + "shared_expert.up_proj.weight", {s, d}, i);
-    b.add(m + "shared_expert.down_proj.weight", {d, s}, i);
+    b.add(m + hf::shared_expert(hf::kGateProj), {s, d}, i);
+    b.add(m + hf::shared_expert(hf::kUpProj), {s, d}, i);
+    b.add(m + hf::shared_expert(hf::kDownProj), {d, s}, i);
   }
 }
 
@@ -106,16 +115,16 @@ void moe_layer(Builder& b, const ModelConfig& c, int64_t i) {
 std::vector<ParamSpec> param_registry(const ModelConfig& c) {
   Builder b;
   int64_t V = c.vocab_size, d = c.hidden_size;
-  b.add("model.embed_tokens.weight", {V, d});
-  if (c.is_moe() && c.embed_norm) b.add("model.embed_norm.weight", {d});
+  b.add(hf::kEmbedTokens, {V, d});
+  if (c.is_moe() && c.embed_norm) b.add(hf::kEmbedNorm, {d});
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     if (c.is_moe())
       moe_layer(b, c, i);
     else
       olmo3_layer(b, c, i);
   }
-  b.add("model.norm.weight", {d});
-  if (!c.tie_word_embeddings) b.add("lm_head.weight", {V, d});
+  b.add(hf::kFinalNorm, {d});
+  if (!c.tie_word_embeddings) b.add(hf::kLmHead, {V, d});
   return std::move(b.out);
 }
 

@@ -11,12 +11,58 @@
 
 namespace olmosft::model {
 
+// HF tensor names, spelled only here: the registry below, the layer units (model/unit_*.cpp) and the
+// models build every name from these (architecture.md A.5, B.9).
+namespace hf {
+inline constexpr const char* kLayersPrefix = "model.layers.";
+std::string layer(int64_t l);                           // "model.layers.<l>."
+inline constexpr const char* kSelfAttn = "self_attn.";  // under layer(l): the mixer
+inline constexpr const char* kMlp = "mlp.";             // under layer(l): the FFN
+std::string expert(int64_t e);                          // under kMlp: "experts.<e>."
+inline constexpr const char* kEmbedTokens = "model.embed_tokens.weight";
+inline constexpr const char* kEmbedNorm = "model.embed_norm.weight";
+inline constexpr const char* kFinalNorm = "model.norm.weight";
+inline constexpr const char* kLmHead = "lm_head.weight";
+inline constexpr const char* kPreAttnNorm = "pre_attention_layernorm.weight";
+inline constexpr const char* kPostAttnNorm = "post_attention_layernorm.weight";
+inline constexpr const char* kPreFfnNorm = "pre_feedforward_layernorm.weight";
+inline constexpr const char* kPostFfnNorm = "post_feedforward_layernorm.weight";
+inline constexpr const char* kQProj = "q_proj.weight";
+inline constexpr const char* kKProj = "k_proj.weight";
+inline constexpr const char* kVProj = "v_proj.weight";
+inline constexpr const char* kOProj = "o_proj.weight";
+inline constexpr const char* kQNorm = "q_norm.weight";
+inline constexpr const char* kKNorm = "k_norm.weight";
+inline constexpr const char* kGProj = "g_proj.weight";
+inline constexpr const char* kSsmaxScale = "ssmax_scale";
+inline constexpr const char* kFProj1 = "f_proj_1.weight";
+inline constexpr const char* kFProj2 = "f_proj_2.weight";
+inline constexpr const char* kBetaProj = "beta_proj.weight";
+inline constexpr const char* kALog = "A_log";
+inline constexpr const char* kDtBias = "dt_bias";
+inline constexpr const char* kQConv = "q_conv1d.weight";
+inline constexpr const char* kKConv = "k_conv1d.weight";
+inline constexpr const char* kVConv = "v_conv1d.weight";
+inline constexpr const char* kGProj1 = "g_proj_1.weight";
+inline constexpr const char* kGProj2 = "g_proj_2.weight";
+inline constexpr const char* kGProj2Bias = "g_proj_2.bias";
+inline constexpr const char* kONorm = "o_norm.weight";
+inline constexpr const char* kGateProj = "gate_proj.weight";
+inline constexpr const char* kUpProj = "up_proj.weight";
+inline constexpr const char* kDownProj = "down_proj.weight";
+inline constexpr const char* kRouter = "router.gate.weight";
+inline constexpr const char* kLatentDown = "latent_down_proj.weight";
+inline constexpr const char* kLatentUp = "latent_up_proj.weight";
+std::string shared_expert(const char* proj);  // under kMlp: "shared_expert.<proj>"
+}  // namespace hf
+
 struct ParamSpec {
   std::string name;  // HF name, e.g. "model.layers.3.self_attn.q_proj.weight"
   Shape shape;
   int64_t layer = -1;             // -1 for global tensors
   bool routed_expert = false;     // olmo3moe routed-expert weight (counts top_k/E towards active params)
   bool fp32_master_only = false;  // kept in fp32 by the reference exporter (KDA A_log, dt_bias)
+  bool decay = true;              // AdamW weight decay: matrices yes; norm gains and 1-D tensors no
 };
 
 std::vector<ParamSpec> param_registry(const ModelConfig& c);

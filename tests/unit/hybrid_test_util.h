@@ -76,7 +76,7 @@ inline FixtureBatch load_batch() {
 // The fixture model as an Olmo3MoeModel (fp32 params loaded by name, as the factory's load_model does).
 inline std::unique_ptr<Olmo3MoeModel> load_model_f32(const Olmo3MoeOptions& opts) {
   HfModel hf = load_hf_dir(fixture_dir());
-  auto m = std::make_unique<Olmo3MoeModel>(hf.config, 1, opts);
+  auto m = std::make_unique<Olmo3MoeModel>(hf.config, opts);
   for (auto& p : m->params()) p.value.copy_from(hf.at(p.name));
   return m;
 }

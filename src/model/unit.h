@@ -1,0 +1,89 @@
+// Layer units: the common pieces. A unit is one layer kind (embedding, a mixer, an FFN, the LM head) with
+// its forward and backward side by side, like the kernels of src/kernels. Each unit
+//   - holds its parameters as indices into the parameter registry (model/params.h), resolved by name once;
+//   - keeps what its backward needs in a `Saved<T>` struct and declares its size per token
+//     (saved_floats_per_token; integer and byte fields count as one float each);
+//   - documents in its header what it saves and what its backward recomputes.
+// Units are templated on the value type T where the hybrid needs its float64 path (finite-difference
+// tests). docs/model.md, "Layer units", lists them.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/model.h"
+
+namespace olmosft::model::unit {
+
+template <typename T>
+using Vec = std::vector<T>;
+
+template <typename T>
+void add_into(T* dst, const T* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+template <typename T>
+size_t vec_bytes(const Vec<T>& v) {
+  return v.size() * sizeof(T);
+}
+
+// HF tensor name -> registry index, for resolving a unit's parameters once.
+class ParamIndex {
+ public:
+  explicit ParamIndex(const ModelConfig& c);
+  // Index of `name`; -1 when absent and !required, otherwise absence throws naming `who` and the tensor.
+  int get(const std::string& name, bool required = true) const;
+  size_t size() const { return size_; }
+  std::string who = "model";
+
+ private:
+  std::map<std::string, int> by_;
+  size_t size_ = 0;
+};
+
+// The q/k/v/o projections and q/k norms of an attention layer (prefix "model.layers.<l>.self_attn.").
+void resolve_attention(const ParamIndex& idx, const std::string& prefix, int* q, int* k, int* v, int* o,
+                       int* qnorm, int* knorm);
+
+// What the units of one call read: the batch, derived per-token arrays, and the weight / gradient
+// pointers in registry order (g == nullptr: forward only).
+template <typename T>
+struct Ctx {
+  const ModelConfig& c;
+  const Batch& b;
+  const std::vector<const T*>& w;
+  const std::vector<T*>* g = nullptr;
+  int64_t N = 0, d = 0;              // B*T tokens, hidden size
+  const int32_t* seg = nullptr;      // [N] document id per token (< 0 = padding)
+  const uint8_t* valid = nullptr;    // [N] 1 = not padding
+  const T* logpos = nullptr;         // [N] log(position + 1) (scalable softmax)
+  const LossConfig* loss = nullptr;  // MoE capacity and auxiliary-loss coefficients
+  double aux_scale = 1.0;            // multiplies the MoE auxiliary losses' gradients
+  int64_t kda_chunk = 64;            // KDA chunk size
+  bool kda_recurrent = false;        // KDA: token-by-token recurrence instead of the chunked form
+
+  const T* W(int idx) const { return w[static_cast<size_t>(idx)]; }
+  T* G(int idx) const { return (g == nullptr || idx < 0) ? nullptr : (*g)[static_cast<size_t>(idx)]; }
+};
+
+// A workspace plan: (pointer, float count) requests carved from one block, each rounded up to 64 bytes.
+// Units add their Saved / Scratch buffers; the model allocates total() floats once and carves them, and
+// keeps the block while the token count does not grow.
+class FloatPlan {
+ public:
+  void add(float** ptr, int64_t n) { items_.push_back({ptr, n}); }
+  int64_t total() const;
+  void carve(float* base) const;
+
+ private:
+  std::vector<std::pair<float**, int64_t>> items_;
+};
+
+// Residency group of every registry tensor (model.h ParamResidency): 0 = before block 0, 1 + l = block l,
+// L + 1 = after the last block.
+std::vector<int> residency_groups(const ModelConfig& c);
+
+}  // namespace olmosft::model::unit

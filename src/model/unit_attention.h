@@ -1,0 +1,43 @@
+// Softmax attention mixer unit of the hybrid (full_attention / sliding_attention layers of olmo3moe;
+// architecture.md B.4). NoPE (no RoPE):
+//
+//   q, k, v = x Wq^T, x Wk^T, x Wv^T;  q, k = RMSNorm per head (use_head_qk_norm) or over the whole vector
+//   q *= ssmax_scale[h] * log(pos + 1)          (scalable softmax, when configured)
+//   o = softmax attention within the document (GQA; sliding window on sliding layers)
+//   o *= sigmoid(x Wg^T)                        (elementwise gate, when configured);  a = o Wo^T
+//
+// Parameters (self_attn.*): q/k/v/o_proj, q_norm, k_norm, optional g_proj and ssmax_scale.
+// Saves q, k, v, the normalised q/k and their rstd, the SSMax-scaled q, o and its logsumexp, the gate
+// logits and the gated o; recomputes nothing. (Olmo 3's RoPE attention is a different unit: olmo3.cpp.)
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "model/unit.h"
+
+namespace olmosft::model::unit {
+
+struct SoftmaxAttentionUnit {
+  int q = -1, k = -1, v = -1, o = -1, qnorm = -1, knorm = -1, gate = -1, ssmax_scale = -1;
+  int64_t window = 0;  // 0 = full causal
+
+  template <typename T>
+  struct Saved {
+    Vec<T> q, k, v, qn, kn, qrs, krs, qs, o, lse, zg, og;
+    size_t bytes() const;
+  };
+
+  // The mixer interface (as KdaUnit): forward x [N, d] -> a [N, d]; backward da -> dx, both overwritten;
+  // the backward accumulates the parameter gradients.
+  template <typename T>
+  void forward(const Ctx<T>& ctx, const T* x, T* a, Saved<T>& s) const;
+  template <typename T>
+  void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx) const;
+
+  // prefix = "model.layers.<l>.self_attn."
+  static SoftmaxAttentionUnit resolve(const ParamIndex& idx, const std::string& prefix, const ModelConfig& c,
+                                      LayerType type);
+  static int64_t saved_floats_per_token(const ModelConfig& c);
+};
+
+}  // namespace olmosft::model::unit

@@ -1,0 +1,176 @@
+// Dense SwiGLU MLP and latent MoE units of the hybrid (see unit_ffn.h).
+#include "model/unit_ffn.h"
+
+#include <cmath>
+
+#include "kernels/gemm.h"
+#include "kernels/swiglu.h"
+#include "model/params.h"
+
+namespace olmosft::model::unit {
+
+namespace {
+
+template <typename T>
+moe::MoeDims moe_dims(const Ctx<T>& ctx) {
+  const ModelConfig& c = ctx.c;
+  moe::MoeDims m;
+  m.d = ctx.d;
+  m.experts = c.n_routed_experts;
+  m.top_k = c.num_experts_per_tok;
+  m.expert_hidden = c.moe_intermediate_size;
+  m.latent = c.latent_moe_dim;
+  m.shared_hidden = c.shared_expert_intermediate_size;
+  if (c.original_num_experts_per_tok && *c.original_num_experts_per_tok != c.num_experts_per_tok)
+    m.weight_mult = std::sqrt(static_cast<double>(*c.original_num_experts_per_tok) /
+                              static_cast<double>(c.num_experts_per_tok));
+  m.buffer_factor = ctx.loss->moe_buffer_factor;
+  return m;
+}
+
+template <typename T>
+moe::MoeWeights<T> moe_weights(const MoeUnit& u, const Ctx<T>& ctx) {
+  moe::MoeWeights<T> m;
+  m.router = ctx.W(u.router);
+  if (u.ldown >= 0) {
+    m.latent_down = ctx.W(u.ldown);
+    m.latent_up = ctx.W(u.lup);
+  }
+  for (size_t e = 0; e < u.eg.size(); ++e) {
+    m.gate.push_back(ctx.W(u.eg[e]));
+    m.up.push_back(ctx.W(u.eu[e]));
+    m.down.push_back(ctx.W(u.ed[e]));
+  }
+  if (u.sh_g >= 0) {
+    m.shared_gate = ctx.W(u.sh_g);
+    m.shared_up = ctx.W(u.sh_u);
+    m.shared_down = ctx.W(u.sh_d);
+  }
+  return m;
+}
+
+template <typename T>
+moe::MoeGrads<T> moe_grads(const MoeUnit& u, const Ctx<T>& ctx) {
+  moe::MoeGrads<T> m;
+  m.router = ctx.G(u.router);
+  m.latent_down = ctx.G(u.ldown);
+  m.latent_up = ctx.G(u.lup);
+  for (size_t e = 0; e < u.eg.size(); ++e) {
+    m.gate.push_back(ctx.G(u.eg[e]));
+    m.up.push_back(ctx.G(u.eu[e]));
+    m.down.push_back(ctx.G(u.ed[e]));
+  }
+  m.shared_gate = ctx.G(u.sh_g);
+  m.shared_up = ctx.G(u.sh_u);
+  m.shared_down = ctx.G(u.sh_d);
+  return m;
+}
+
+}  // namespace
+
+SwiGluMlpUnit SwiGluMlpUnit::resolve(const ParamIndex& idx, const std::string& m) {
+  SwiGluMlpUnit u;
+  u.gate = idx.get(m + hf::kGateProj);
+  u.up = idx.get(m + hf::kUpProj);
+  u.down = idx.get(m + hf::kDownProj);
+  return u;
+}
+
+template <typename T>
+void SwiGluMlpUnit::forward(const Ctx<T>& ctx, const T* x, T* f, Saved<T>& s) const {
+  const int64_t F = ctx.c.dense_mlp_intermediate_size;
+  s.a.resize(static_cast<size_t>(ctx.N * F));
+  s.b.resize(s.a.size());
+  s.h.resize(s.a.size());
+  moe::swiglu_mlp_forward(x, ctx.W(gate), ctx.W(up), ctx.W(down), ctx.N, ctx.d, F, s.a.data(), s.b.data(),
+                          s.h.data(), f);
+}
+
+template <typename T>
+void SwiGluMlpUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx) const {
+  const int64_t F = ctx.c.dense_mlp_intermediate_size;
+  moe::swiglu_mlp_backward(x, ctx.W(gate), ctx.W(up), ctx.W(down), ctx.N, ctx.d, F, s.a.data(), s.b.data(),
+                           s.h.data(), df, dx, ctx.G(gate), ctx.G(up), ctx.G(down), false);
+}
+
+RecomputedSwiGluMlpUnit RecomputedSwiGluMlpUnit::resolve(const ParamIndex& idx, const std::string& m) {
+  RecomputedSwiGluMlpUnit u;
+  u.gate = idx.get(m + hf::kGateProj);
+  u.up = idx.get(m + hf::kUpProj);
+  u.down = idx.get(m + hf::kDownProj);
+  return u;
+}
+
+void RecomputedSwiGluMlpUnit::Saved::plan(FloatPlan& p, const ModelConfig& c, int64_t N) {
+  p.add(&a, N * c.intermediate_size);
+  p.add(&b, N * c.intermediate_size);
+}
+
+void RecomputedSwiGluMlpUnit::Scratch::plan(FloatPlan& p, const ModelConfig& c, int64_t N) {
+  p.add(&act, N * c.intermediate_size);
+  p.add(&dact, N * c.intermediate_size);
+}
+
+void RecomputedSwiGluMlpUnit::forward(const Ctx<float>& ctx, const float* x, float* m, Saved& s,
+                                      Scratch& w) const {
+  const int64_t N = ctx.N, d = ctx.d, F = ctx.c.intermediate_size;
+  linear_forward<float>(x, ctx.W(gate), s.a, N, d, F);
+  linear_forward<float>(x, ctx.W(up), s.b, N, d, F);
+  swiglu_forward<float>(s.a, s.b, w.act, N * F);
+  linear_forward<float>(w.act, ctx.W(down), m, N, F, d);
+}
+
+void RecomputedSwiGluMlpUnit::backward(const Ctx<float>& ctx, const float* x, const Saved& s, const float* dm,
+                                       float* dx, Scratch& w) const {
+  const int64_t N = ctx.N, d = ctx.d, F = ctx.c.intermediate_size;
+  swiglu_forward<float>(s.a, s.b, w.act, N * F);  // recompute the activation
+  linear_backward<float>(dm, w.act, ctx.W(down), w.dact, ctx.G(down), N, F, d);
+  // da (gate) overwrites dact (each element's dh is read before it is written); db (up) goes to act.
+  swiglu_backward<float>(w.dact, F, s.a, F, s.b, F, w.dact, F, w.act, F, N, F);
+  linear_backward<float>(w.dact, x, ctx.W(gate), dx, ctx.G(gate), N, d, F, true);
+  linear_backward<float>(w.act, x, ctx.W(up), dx, ctx.G(up), N, d, F, true);
+}
+
+MoeUnit MoeUnit::resolve(const ParamIndex& idx, const std::string& m, const ModelConfig& c) {
+  MoeUnit u;
+  u.router = idx.get(m + hf::kRouter);
+  u.ldown = idx.get(m + hf::kLatentDown, false);
+  u.lup = idx.get(m + hf::kLatentUp, false);
+  for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+    const std::string x = m + hf::expert(e);
+    u.eg.push_back(idx.get(x + hf::kGateProj));
+    u.eu.push_back(idx.get(x + hf::kUpProj));
+    u.ed.push_back(idx.get(x + hf::kDownProj));
+  }
+  u.sh_g = idx.get(m + hf::shared_expert(hf::kGateProj), false);
+  u.sh_u = idx.get(m + hf::shared_expert(hf::kUpProj), false);
+  u.sh_d = idx.get(m + hf::shared_expert(hf::kDownProj), false);
+  return u;
+}
+
+int64_t MoeUnit::saved_floats_per_token(const ModelConfig& c) {
+  return c.n_routed_experts + 1 + 3 * c.num_experts_per_tok + 2 * c.latent_moe_dim +
+         3 * c.shared_expert_intermediate_size;
+}
+
+template <typename T>
+moe::MoeStats MoeUnit::forward(const Ctx<T>& ctx, const T* x, T* f, Saved<T>& s) const {
+  return moe::moe_forward(moe_dims(ctx), moe_weights(*this, ctx), x, ctx.valid, ctx.N, f, s);
+}
+
+template <typename T>
+void MoeUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx) const {
+  moe::moe_backward(moe_dims(ctx), moe_weights(*this, ctx), moe_grads(*this, ctx), x, s, df,
+                    ctx.aux_scale * ctx.loss->moe_lb, ctx.aux_scale * ctx.loss->router_z, dx);
+}
+
+#define OLMOSFT_FFN_UNITS(T)                                                                              \
+  template void SwiGluMlpUnit::forward<T>(const Ctx<T>&, const T*, T*, Saved<T>&) const;                  \
+  template void SwiGluMlpUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, const T*, T*) const; \
+  template moe::MoeStats MoeUnit::forward<T>(const Ctx<T>&, const T*, T*, Saved<T>&) const;               \
+  template void MoeUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, const T*, T*) const;
+OLMOSFT_FFN_UNITS(float)
+OLMOSFT_FFN_UNITS(double)
+#undef OLMOSFT_FFN_UNITS
+
+}  // namespace olmosft::model::unit

@@ -1,0 +1,41 @@
+// KDA mixer unit (the hybrid's linear_attention layers; architecture.md B.3, docs/hybrid.md):
+//
+//   q, k, v = x Wq^T, x Wk^T, x Wv^T -> causal short conv + SiLU within the document -> q, k: L2 norm
+//   per head;  g = gate(f_proj_2(f_proj_1(x)); A_log, dt_bias);  beta = (2*)sigmoid(x Wbeta^T)
+//   o = delta rule (chunked, or token by token) within the document
+//   y = o_norm(o, gated by g_proj_2(g_proj_1(x)) + bias);  a = y Wo^T
+//
+// Parameters (self_attn.*): q/k/v_proj, f_proj_1/2, beta_proj, A_log, dt_bias, q/k/v_conv1d, g_proj_1,
+// g_proj_2 (+ bias), o_norm, o_proj. Saves every intermediate above (conv inputs and outputs, normalised
+// q/k, the low-rank gate inputs, gate, beta logits and beta, o, the output-gate pre-activation, y);
+// recomputes nothing.
+#pragma once
+#include <cstdint>
+
+#include "model/unit.h"
+
+namespace olmosft::model::unit {
+
+struct KdaUnit {
+  int q = -1, k = -1, v = -1, o = -1, f1 = -1, f2 = -1, bproj = -1, A_log = -1, dt_bias = -1, qconv = -1,
+      kconv = -1, vconv = -1, g1 = -1, g2 = -1, g2b = -1, onorm = -1;
+
+  template <typename T>
+  struct Saved {
+    Vec<T> qin, kin, vin, qc, kc, vc, qn, kn, flow, f, g, blog, beta, o, glow, zg, y;
+    size_t bytes() const;
+  };
+
+  // prefix = "model.layers.<l>.self_attn."
+  static KdaUnit resolve(const ParamIndex& idx, const std::string& prefix);
+  static int64_t saved_floats_per_token(const ModelConfig& c);
+
+  // x [N, d] -> a [N, d] (overwritten).
+  template <typename T>
+  void forward(const Ctx<T>& ctx, const T* x, T* a, Saved<T>& s) const;
+  // da [N, d] -> dx [N, d] (overwritten); parameter gradients accumulated.
+  template <typename T>
+  void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx) const;
+};
+
+}  // namespace olmosft::model::unit

@@ -1,0 +1,81 @@
+// Final norm + LM head unit of the hybrid (see unit_lm_head.h).
+#include "model/unit_lm_head.h"
+
+#include "core/error.h"
+#include "kernels/gemm.h"
+#include "kernels/rmsnorm.h"
+#include "model/params.h"
+
+namespace olmosft::model::unit {
+
+LmHeadUnit LmHeadUnit::resolve(const ParamIndex& idx, const ModelConfig& c) {
+  LmHeadUnit u;
+  u.norm = idx.get(hf::kFinalNorm);
+  u.lm_head = c.tie_word_embeddings ? idx.get(hf::kEmbedTokens) : idx.get(hf::kLmHead);
+  return u;
+}
+
+template <typename T>
+XentStats LmHeadUnit::forward(const Ctx<T>& ctx, const T* h, Saved<T>& s, float* logits,
+                              float* logprobs) const {
+  const int64_t N = ctx.N, d = ctx.d, V = ctx.c.vocab_size;
+  const Batch& b = ctx.b;
+  s.hn.resize(static_cast<size_t>(N * d));
+  s.rs.resize(static_cast<size_t>(N));
+  rmsnorm_forward(h, ctx.W(norm), s.hn.data(), s.rs.data(), N, d, ctx.c.rms_norm_eps);
+  const T* Wlm = ctx.W(lm_head);
+  s.targets.assign(static_cast<size_t>(N), -100);
+  s.mask.assign(static_cast<size_t>(N), 0);
+  if (b.targets != nullptr && b.trained != nullptr) {
+    for (int64_t i = 0; i < N; ++i) {
+      if (!b.trained[i] || !ctx.valid[i]) continue;
+      OLMO_CHECK(b.targets[i] >= 0 && b.targets[i] < V, "olmo3moe: trained target ", b.targets[i], " at row ",
+                 i / b.T, ", position ", i % b.T, " is outside [0, ", V, ")");
+      s.targets[static_cast<size_t>(i)] = b.targets[i];
+      s.mask[static_cast<size_t>(i)] = 1;
+    }
+  }
+  s.xc = XentConfig{};
+  s.xc.valid_vocab = V;
+  s.xc.z_loss = ctx.loss->lm_z;
+  s.xc.vocab_chunk = ctx.loss->vocab_tile;
+  s.lse.resize(static_cast<size_t>(N));
+  XentStats xs = xent_forward(s.hn.data(), Wlm, s.targets.data(), s.mask.data(), N, d, V, s.xc, s.lse.data());
+  if (logits != nullptr) {
+    Vec<T> lg(static_cast<size_t>(N * V));
+    linear_forward(s.hn.data(), Wlm, lg.data(), N, d, V);
+    for (size_t i = 0; i < lg.size(); ++i) logits[i] = static_cast<float>(lg[i]);
+  }
+  if (logprobs != nullptr) {
+    for (int64_t i = 0; i < N; ++i) {
+      if (!s.mask[static_cast<size_t>(i)]) {
+        logprobs[i] = 0.0f;
+        continue;
+      }
+      double dot = 0;
+      const T* wr = Wlm + static_cast<int64_t>(s.targets[static_cast<size_t>(i)]) * d;
+      for (int64_t j = 0; j < d; ++j)
+        dot += static_cast<double>(s.hn[static_cast<size_t>(i * d + j)]) * wr[j];
+      logprobs[i] = static_cast<float>(dot - static_cast<double>(s.lse[static_cast<size_t>(i)]));
+    }
+  }
+  return xs;
+}
+
+template <typename T>
+void LmHeadUnit::backward(const Ctx<T>& ctx, const T* h, const Saved<T>& s, double grad_scale, T* dh) const {
+  const int64_t N = ctx.N, d = ctx.d, V = ctx.c.vocab_size;
+  Vec<T> dhn(static_cast<size_t>(N * d));
+  xent_backward(s.hn.data(), ctx.W(lm_head), s.targets.data(), s.mask.data(), s.lse.data(), N, d, V, s.xc,
+                grad_scale, dhn.data(), ctx.G(lm_head));
+  rmsnorm_backward(dhn.data(), h, ctx.W(norm), s.rs.data(), dh, ctx.G(norm), N, d, ctx.c.rms_norm_eps);
+}
+
+#define OLMOSFT_LM_HEAD_UNIT(T)                                                                        \
+  template XentStats LmHeadUnit::forward<T>(const Ctx<T>&, const T*, Saved<T>&, float*, float*) const; \
+  template void LmHeadUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, double, T*) const;
+OLMOSFT_LM_HEAD_UNIT(float)
+OLMOSFT_LM_HEAD_UNIT(double)
+#undef OLMOSFT_LM_HEAD_UNIT
+
+}  // namespace olmosft::model::unit

@@ -1,0 +1,37 @@
+// Final norm + LM head unit of the hybrid (architecture.md B.8):  logits = RMSNorm_final(h) Wlm^T, the
+// loss by the tiled cross-entropy with z-loss (kernels/cross_entropy). Parameters model.norm, lm_head
+// (model.embed_tokens when tied). Saves the normalised h, its rstd and the per-token logsumexp (d + 2
+// floats per token) plus the checked targets and mask; the logits are never stored (the backward
+// recomputes them tile by tile).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cross_entropy.h"
+#include "model/unit.h"
+
+namespace olmosft::model::unit {
+
+struct LmHeadUnit {
+  int norm = -1, lm_head = -1;
+
+  template <typename T>
+  struct Saved {
+    Vec<T> hn, rs, lse;
+    std::vector<int32_t> targets;  // -100 where not trained
+    std::vector<uint8_t> mask;     // 1 = trained target (and not padding)
+    XentConfig xc;
+  };
+
+  static LmHeadUnit resolve(const ParamIndex& idx, const ModelConfig& c);
+  static int64_t saved_floats_per_token(const ModelConfig& c) { return c.hidden_size + 4; }
+
+  // h [N, d] -> loss sums; logits [N, V] / logprobs [N] (0 where untrained) when non-null.
+  template <typename T>
+  XentStats forward(const Ctx<T>& ctx, const T* h, Saved<T>& s, float* logits, float* logprobs) const;
+  // dh [N, d] (overwritten) of grad_scale * (ce_sum + lm_z * z_sum).
+  template <typename T>
+  void backward(const Ctx<T>& ctx, const T* h, const Saved<T>& s, double grad_scale, T* dh) const;
+};
+
+}  // namespace olmosft::model::unit

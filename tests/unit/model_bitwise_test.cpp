@@ -1,0 +1,266 @@
+// Bit-identity guard for model refactors: the exact bits of every number the two model families produce
+// (seeded initial parameters, LossParts, accumulated gradients, logits, log-probs; the hybrid also in its
+// float64 instantiation) on fixed packed batches, hashed per tensor with FNV-1a 64 and compared with
+// tests/golden/model/bitwise.txt. A refactor that changes no number passes unchanged.
+//
+// The golden file was written from the code before the layer-unit refactor (issue #14):
+//   OLMOSFT_WRITE_GOLDEN=1 ./build/model_bitwise_test
+// Bits depend on the BLAS kernels and libm, so the file records blas_description(); on a machine whose
+// OpenBLAS core differs the comparison is skipped (with the reason), not failed. One thread: deterministic
+// and ~15x faster than two on the shared test machine (the hashes were the same at 2 threads when written).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/threads.h"
+#include "kernels/gemm.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "model/olmo3moe.h"
+#include "model/params.h"
+
+using namespace olmosft;
+using namespace olmosft::model;
+
+namespace {
+
+const std::string kGolden = std::string(OLMOSFT_GOLDEN_DIR) + "/model/bitwise.txt";
+
+struct Hasher {
+  uint64_t h = 1469598103934665603ull;
+  void bytes(const void* p, size_t n) {
+    const auto* c = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= c[i];
+      h *= 1099511628211ull;
+    }
+  }
+  template <typename T>
+  void values(const T* p, int64_t n) {
+    bytes(p, static_cast<size_t>(n) * sizeof(T));
+  }
+};
+
+template <typename T>
+uint64_t hash_of(const T* p, int64_t n) {
+  Hasher hs;
+  hs.values(p, n);
+  return hs.h;
+}
+
+// Records name -> hash in order.
+struct Record {
+  std::vector<std::pair<std::string, uint64_t>> rows;
+  void add(const std::string& key, uint64_t h) { rows.emplace_back(key, h); }
+  void parts(const std::string& key, const LossParts& lp) {
+    Hasher hs;
+    for (double v : {lp.ce_sum, lp.z_sum, lp.moe_lb, lp.router_z}) hs.values(&v, 1);
+    hs.values(&lp.tokens, 1);
+    for (const auto& m : lp.moe_layers) {
+      hs.values(&m.layer, 1);
+      for (double v : {m.lb_loss, m.router_z, m.required_buffer_factor}) hs.values(&v, 1);
+      hs.values(&m.dropped_tokens, 1);
+    }
+    add(key, hs.h);
+  }
+};
+
+// A packed batch: rows of documents with the given lengths (the rest of each row is padding); the first
+// two tokens of every document and its last token are untrained.
+struct PackedBatch {
+  int64_t B = 0, T = 0;
+  std::vector<int32_t> tokens, segments, positions, targets;
+  std::vector<uint8_t> trained;
+  PackedBatch(const std::vector<std::vector<int64_t>>& docs, int64_t T_, int64_t vocab, uint32_t seed) {
+    B = static_cast<int64_t>(docs.size());
+    T = T_;
+    const size_t N = static_cast<size_t>(B * T);
+    tokens.assign(N, 0);
+    segments.assign(N, -1);
+    positions.assign(N, 0);
+    targets.assign(N, -100);
+    trained.assign(N, 0);
+    uint32_t s = seed;
+    for (int64_t r = 0; r < B; ++r) {
+      int64_t t = 0;
+      int32_t id = 0;
+      for (int64_t len : docs[static_cast<size_t>(r)]) {
+        for (int64_t p = 0; p < len; ++p, ++t) {
+          const size_t i = static_cast<size_t>(r * T + t);
+          s = s * 1664525u + 1013904223u;
+          tokens[i] = static_cast<int32_t>(2 + (s >> 8) % static_cast<uint32_t>(vocab - 2));
+          segments[i] = id;
+          positions[i] = static_cast<int32_t>(p);
+        }
+        ++id;
+      }
+      for (int64_t t2 = 0; t2 < T; ++t2) {
+        const size_t i = static_cast<size_t>(r * T + t2);
+        if (segments[i] < 0) continue;
+        const bool last = t2 + 1 == T || segments[i + 1] != segments[i];
+        if (last) continue;
+        targets[i] = tokens[i + 1];
+        trained[i] = positions[i] >= 2 ? 1 : 0;
+      }
+    }
+  }
+  Batch batch() const {
+    Batch b;
+    b.B = B;
+    b.T = T;
+    b.tokens = tokens.data();
+    b.segments = segments.data();
+    b.positions = positions.data();
+    b.targets = targets.data();
+    b.trained = trained.data();
+    return b;
+  }
+};
+
+const PackedBatch& batch_a(int64_t vocab) {
+  static const PackedBatch b({{30, 25, 17}, {40, 20}}, 72, vocab, 12345u);
+  return b;
+}
+const PackedBatch& batch_b(int64_t vocab) {  // smaller B*T: the workspace is reused
+  static const PackedBatch b({{11, 29}, {7, 9, 13}}, 40, vocab, 777u);
+  return b;
+}
+
+LossConfig loss_config() {
+  LossConfig lc;
+  lc.lm_z = 1e-4;
+  lc.moe_lb = 0.01;
+  lc.router_z = 0.001;
+  lc.vocab_tile = 192;  // 512 = 192 + 192 + 128: the tiled cross-entropy
+  return lc;
+}
+
+void record_params(Record& rec, const std::string& prefix, CausalLM& m, bool grads) {
+  for (auto& p : m.params()) {
+    const Tensor& t = grads ? p.grad : p.value;
+    rec.add(prefix + p.name, hash_of(t.data<float>(), t.numel()));
+  }
+}
+
+// Initial values, two accumulating forward_backward calls (the second on a smaller batch, with a
+// capacity limit for the hybrid), then forward with logits and log-probs.
+void run_family(Record& rec, const std::string& fam, CausalLM& m) {
+  const int64_t V = m.config().vocab_size;
+  record_params(rec, fam + ".init.", m, false);
+  LossConfig lc = loss_config();
+  const PackedBatch& a = batch_a(V);
+  const PackedBatch& b = batch_b(V);
+  rec.parts(fam + ".fb1", m.forward_backward(a.batch(), lc, 1.0 / 97.0, 0.5));
+  LossConfig lc2 = lc;
+  lc2.moe_buffer_factor = 1.0;
+  rec.parts(fam + ".fb2", m.forward_backward(b.batch(), lc2, 1.0 / 53.0, 0.25));
+  record_params(rec, fam + ".grad.", m, true);
+  std::vector<float> logits(static_cast<size_t>(a.B * a.T * V)), logprobs(static_cast<size_t>(a.B * a.T));
+  rec.parts(fam + ".fwd", m.forward(a.batch(), lc, logits.data(), logprobs.data()));
+  rec.add(fam + ".fwd.logits", hash_of(logits.data(), static_cast<int64_t>(logits.size())));
+  rec.add(fam + ".fwd.logprobs", hash_of(logprobs.data(), static_cast<int64_t>(logprobs.size())));
+}
+
+// The hybrid's float64 instantiation on the same (float-initialised) weights, chunk 16.
+void run_hybrid_double(Record& rec, CausalLM& m) {
+  const ModelConfig& c = m.config();
+  std::vector<std::vector<double>> w, g;
+  for (auto& p : m.params()) {
+    const float* v = p.value.data<float>();
+    w.emplace_back(v, v + p.value.numel());
+    g.emplace_back(static_cast<size_t>(p.value.numel()), 0.0);
+  }
+  std::vector<const double*> wp;
+  std::vector<double*> gp;
+  for (auto& x : w) wp.push_back(x.data());
+  for (auto& x : g) gp.push_back(x.data());
+  Olmo3MoeOptions opts;
+  opts.kda_chunk = 16;
+  const PackedBatch& a = batch_a(c.vocab_size);
+  const LossConfig lc = loss_config();
+  rec.parts("hybrid64.fb",
+            olmo3moe_run<double>(c, opts, wp, &gp, a.batch(), lc, 1.0 / 97.0, 0.5, nullptr, nullptr));
+  for (size_t i = 0; i < g.size(); ++i)
+    rec.add("hybrid64.grad." + m.params()[i].name, hash_of(g[i].data(), static_cast<int64_t>(g[i].size())));
+  std::vector<float> logits(static_cast<size_t>(a.B * a.T * c.vocab_size)),
+      logprobs(static_cast<size_t>(a.B * a.T));
+  opts.kda_recurrent = true;
+  rec.parts("hybrid64.fwd_recurrent", olmo3moe_run<double>(c, opts, wp, nullptr, a.batch(), lc, 1.0, 1.0,
+                                                           logits.data(), logprobs.data()));
+  rec.add("hybrid64.fwd_recurrent.logits", hash_of(logits.data(), static_cast<int64_t>(logits.size())));
+  rec.add("hybrid64.fwd_recurrent.logprobs", hash_of(logprobs.data(), static_cast<int64_t>(logprobs.size())));
+}
+
+Record compute() {
+  set_threads(1);
+  Record rec;
+  {
+    const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3_tiny/config.json");
+    auto m = make_model(c, 20261203);
+    run_family(rec, "olmo3", *m);
+  }
+  {
+    const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3moe_tiny/config.json");
+    auto m = make_model(c, 20261203);
+    run_family(rec, "hybrid", *m);
+    run_hybrid_double(rec, *m);
+  }
+  return rec;
+}
+
+std::string hex(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+TEST(ModelBitwise, MatchesGolden) {
+  const Record rec = compute();
+  const char* write = std::getenv("OLMOSFT_WRITE_GOLDEN");
+  if (write != nullptr && std::string(write) == "1") {
+    std::ofstream f(kGolden);
+    f << "blas " << blas_description() << "\n";
+    for (const auto& [k, h] : rec.rows) f << k << " " << hex(h) << "\n";
+    ASSERT_TRUE(f.good()) << "cannot write " << kGolden;
+    GTEST_SKIP() << "wrote " << kGolden << " (" << rec.rows.size() << " hashes)";
+  }
+  std::ifstream f(kGolden);
+  ASSERT_TRUE(f.good()) << "missing " << kGolden << " (write it with OLMOSFT_WRITE_GOLDEN=1)";
+  std::string line;
+  std::getline(f, line);
+  ASSERT_EQ(line.rfind("blas ", 0), 0u) << kGolden << ": first line must be 'blas <description>'";
+  if (line.substr(5) != blas_description())
+    GTEST_SKIP() << "golden hashes were written with OpenBLAS '" << line.substr(5) << "', this build uses '"
+                 << blas_description() << "'";
+  std::vector<std::pair<std::string, std::string>> want;
+  while (std::getline(f, line)) {
+    std::istringstream ss(line);
+    std::string k, h;
+    ss >> k >> h;
+    if (!k.empty()) want.emplace_back(k, h);
+  }
+  ASSERT_EQ(want.size(), rec.rows.size()) << "number of hashes differs from " << kGolden;
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(want[i].first, rec.rows[i].first) << "row " << i;
+    if (want[i].second != hex(rec.rows[i].second) && ++bad <= 40)
+      ADD_FAILURE() << rec.rows[i].first << ": bits changed (golden " << want[i].second << ", now "
+                    << hex(rec.rows[i].second) << ")";
+  }
+  EXPECT_EQ(bad, 0) << bad << " of " << want.size() << " hashes differ";
+}
+
+// The comparison is only meaningful if the run itself is deterministic.
+TEST(ModelBitwise, Repeatable) {
+  const Record a = compute(), b = compute();
+  ASSERT_EQ(a.rows.size(), b.rows.size());
+  for (size_t i = 0; i < a.rows.size(); ++i) EXPECT_EQ(a.rows[i].second, b.rows[i].second) << a.rows[i].first;
+}
+
+}  // namespace
