@@ -43,10 +43,10 @@ RopeFreqs olmo3_rope_frequencies(const RopeParams& p, int64_t head_dim, int64_t 
 }
 
 // The per-call workspace: saved activations (per layer) and scratch, carved from one block by the units'
-// plans (unit::FloatPlan).
+// plans (unit::Plan).
 struct Olmo3::Work {
   int64_t N = 0, B = 0, T = 0;
-  Tensor block;           // F32 storage for everything below
+  Tensor block;           // U8 storage for everything below
   std::vector<float*> h;  // L + 1 residual streams [N, d]
   std::vector<unit::PostNormBlock::Saved> s;
   float *hf, *rf, *xlse;
@@ -137,7 +137,7 @@ void Olmo3::prepare(const Batch& b) {
     w_ = nullptr;
     auto* w = new Work();
     const int64_t d = cfg_.hidden_size, D = cfg_.head_dim, L = cfg_.num_hidden_layers;
-    unit::FloatPlan plan;
+    unit::Plan plan;
     w->h.assign(size_t(L + 1), nullptr);
     w->s.assign(size_t(L), {});
     for (auto& p : w->h) plan.add(&p, N * d);
@@ -148,8 +148,8 @@ void Olmo3::prepare(const Batch& b) {
     for (float** t : {&w->cos_s, &w->sin_s, &w->cos_f, &w->sin_f}) plan.add(t, N * D / 2);
     w->scratch.plan(plan, cfg_, N);
     plan.add(&w->dh, N * d);
-    w->block = Tensor::empty({plan.total()});
-    plan.carve(w->block.data<float>());
+    w->block = Tensor::empty({int64_t(plan.bytes())}, DType::U8);
+    plan.carve(static_cast<std::byte*>(w->block.raw_data()));
     w->N = N;
     w_ = w;
   }

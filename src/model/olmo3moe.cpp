@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/tensor.h"
 #include "kernels/attention.h"
 #include "kernels/kda.h"
 #include "model/params.h"
@@ -35,16 +36,57 @@ struct HybridUnits {
   }
 };
 
-namespace {
+// The per-call workspace of one model: the residual stream and its gradient, the per-token batch
+// arrays, every unit's Saved and the shared Scratch, carved from one block planned from the units'
+// declarations (unit::Plan) and kept while the token count does not grow. The MoE layers' caches are
+// vectors sized by moe.cpp; they live here too, so their capacity is reused.
+template <typename T>
+struct HybridWork {
+  int64_t N = 0;  // planned tokens
+  Tensor block;   // U8 storage of everything below
+  T *h, *dh, *logpos;
+  int32_t* seg;
+  uint8_t* valid;
+  unit::ScaledEmbeddingUnit::Saved<T> embed;
+  std::vector<unit::PeriLnBlock::Saved<T>> blocks;
+  unit::LmHeadUnit::Saved<T> head;
+  unit::PeriLnBlock::Scratch<T> scratch;
+  size_t saved_bytes = 0;  // the blocks' planned Saved (the MoE caches not included)
 
-using unit::Vec;
+  // Plans the block for N tokens unless the current one already holds them.
+  void ensure(const ModelConfig& c, int64_t n) {
+    if (n <= N) return;
+    unit::Plan plan;
+    blocks.assign(static_cast<size_t>(c.num_hidden_layers), {});
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) blocks[static_cast<size_t>(l)].plan(plan, c, l, n);
+    saved_bytes = plan.bytes();
+    embed.plan(plan, c, n);
+    head.plan(plan, c, n);
+    for (T** b : {&h, &dh}) plan.add(b, n * c.hidden_size);
+    plan.add(&logpos, n);
+    plan.add(&seg, n);
+    plan.add(&valid, n);
+    scratch.plan(plan, c, n);
+    block = Tensor::empty({static_cast<int64_t>(plan.bytes())}, DType::U8);
+    plan.carve(static_cast<std::byte*>(block.raw_data()));
+    N = n;
+  }
+  size_t saved_bytes_now() const {  // planned Saved + the MoE caches as sized by the last forward
+    size_t n = saved_bytes;
+    for (const auto& s : blocks) n += s.moe_bytes();
+    return n;
+  }
+};
+
+namespace {
 
 template <typename T>
 class Runner {
  public:
   Runner(const ModelConfig& c, const Olmo3MoeOptions& o, const std::vector<const T*>& w,
-         const std::vector<T*>* g, const Batch& b, const HybridUnits& U, const ParamResidency* res = nullptr)
-      : c_(c), o_(o), w_(w), g_(g), b_(b), u_(U), res_(res) {
+         const std::vector<T*>* g, const Batch& b, const HybridUnits& U, HybridWork<T>& work,
+         const ParamResidency* res = nullptr)
+      : c_(c), o_(o), w_(w), g_(g), b_(b), u_(U), res_(res), k_(work) {
     OLMO_CHECK(w.size() == U.count, "olmo3moe: expected ", U.count, " weight pointers, got ", w.size());
     OLMO_CHECK(g == nullptr || g->size() == U.count, "olmo3moe: expected ", U.count, " gradient pointers");
     OLMO_CHECK(b.B > 0 && b.T > 0, "olmo3moe: batch must have B > 0 and T > 0 (got B=", b.B, ", T=", b.T,
@@ -52,15 +94,13 @@ class Runner {
     OLMO_CHECK(b.tokens != nullptr, "olmo3moe: batch has no tokens");
     N_ = b.B * b.T;
     d_ = c.hidden_size;
-    seg_.resize(static_cast<size_t>(N_));
-    for (int64_t i = 0; i < N_; ++i) seg_[static_cast<size_t>(i)] = b.segments ? b.segments[i] : 0;
-    for (int64_t r = 0; r < b.B; ++r) attention_check_segments(seg_.data() + r * b.T, b.T, r);
-    valid_.resize(static_cast<size_t>(N_));
-    for (int64_t i = 0; i < N_; ++i)
-      valid_[static_cast<size_t>(i)] = seg_[static_cast<size_t>(i)] >= 0 ? 1 : 0;
+    k_.ensure(c, N_);
+    int32_t* seg = k_.seg;
+    for (int64_t i = 0; i < N_; ++i) seg[i] = b.segments ? b.segments[i] : 0;
+    for (int64_t r = 0; r < b.B; ++r) attention_check_segments(seg + r * b.T, b.T, r);
+    for (int64_t i = 0; i < N_; ++i) k_.valid[i] = seg[i] >= 0 ? 1 : 0;
     // SSMax log-position factor.
-    const auto starts = kda::segment_starts(seg_.data(), b.B, b.T);
-    logpos_.resize(static_cast<size_t>(N_));
+    const auto starts = kda::segment_starts(seg, b.B, b.T);
     for (int64_t i = 0; i < N_; ++i) {
       const int64_t t = i % b.T;
       double pos;
@@ -72,7 +112,7 @@ class Runner {
         pos = starts[static_cast<size_t>(i)] < 0 ? 0.0
                                                  : static_cast<double>(t - starts[static_cast<size_t>(i)]);
       OLMO_CHECK(pos >= 0, "olmo3moe: negative position ", pos, " at row ", i / b.T, ", token ", t);
-      logpos_[static_cast<size_t>(i)] = static_cast<T>(std::log(pos + 1.0));
+      k_.logpos[i] = static_cast<T>(std::log(pos + 1.0));
     }
     for (int64_t i = 0; i < N_; ++i)
       OLMO_CHECK(b.tokens[i] >= 0 && b.tokens[i] < c.vocab_size, "olmo3moe: token id ", b.tokens[i],
@@ -84,9 +124,9 @@ class Runner {
     unit::Ctx<T> ctx{c_, b_, w_, g_};
     ctx.N = N_;
     ctx.d = d_;
-    ctx.seg = seg_.data();
-    ctx.valid = valid_.data();
-    ctx.logpos = logpos_.data();
+    ctx.seg = k_.seg;
+    ctx.valid = k_.valid;
+    ctx.logpos = k_.logpos;
     ctx.loss = &loss;
     ctx.aux_scale = aux_scale;
     ctx.kda_chunk = o_.kda_chunk;
@@ -95,42 +135,39 @@ class Runner {
     const int last = static_cast<int>(u_.blocks.size()) + 1;  // residency group of the final norm, LM head
     const bool tied = c_.tie_word_embeddings;                 // the LM head reads group 0
     LossParts lp;
-    Vec<T> h;
-    unit::ScaledEmbeddingUnit::Saved<T> embed_saved;
+    lp.moe_layers.reserve(u_.blocks.size());
+    T* h = k_.h;
     need(0);
-    u_.embed.forward(ctx, h, embed_saved);
+    u_.embed.forward(ctx, h, k_.embed);
     if (!tied) done(0);
-    std::vector<unit::PeriLnBlock::Saved<T>> saved(u_.blocks.size());
-    size_t saved_bytes = 0;
     for (size_t l = 0; l < u_.blocks.size(); ++l) {
       need(static_cast<int>(l) + 1);
-      u_.blocks[l].forward(ctx, h, saved[l], lp);
+      u_.blocks[l].forward(ctx, h, k_.blocks[l], k_.scratch, lp);
       done(static_cast<int>(l) + 1);
-      if (!bwd)
-        saved[l] = {};  // forward only: nothing to keep
-      else
-        saved_bytes += saved[l].bytes();
     }
     need(last);
-    unit::LmHeadUnit::Saved<T> head_saved;
-    const XentStats xs = u_.head.forward(ctx, h.data(), head_saved, logits, logprobs);
+    const XentStats xs = u_.head.forward(ctx, h, k_.head, logits, logprobs);
     lp.ce_sum = xs.ce_sum;
     lp.z_sum = xs.z_sum;
     lp.tokens = xs.count;
-    if (info != nullptr) info->saved_bytes = saved_bytes;
+    if (info != nullptr) {
+      info->tokens = N_;
+      info->saved_bytes = k_.saved_bytes_now();
+      info->workspace_bytes = k_.block.nbytes();
+      info->scratch_bytes = info->workspace_bytes - k_.saved_bytes;
+    }
     if (bwd) {
-      Vec<T> dh(h.size());
-      u_.head.backward(ctx, h.data(), head_saved, grad_scale, dh.data());
+      T* dh = k_.dh;
+      u_.head.backward(ctx, h, k_.head, grad_scale, dh, k_.scratch.t);
       done(last);
       if (tied) done(0);
       for (size_t l = u_.blocks.size(); l-- > 0;) {
         need(static_cast<int>(l) + 1);
-        u_.blocks[l].backward(ctx, dh, saved[l]);
+        u_.blocks[l].backward(ctx, dh, k_.blocks[l], k_.scratch);
         done(static_cast<int>(l) + 1);
-        saved[l] = {};
       }
       need(0);  // the embedding norm's gain
-      u_.embed.backward(ctx, dh.data(), embed_saved);
+      u_.embed.backward(ctx, dh, k_.embed, k_.scratch.t);
       done(0);
     } else {
       done(last);
@@ -154,10 +191,8 @@ class Runner {
   const Batch& b_;
   const HybridUnits& u_;
   const ParamResidency* res_;
+  HybridWork<T>& k_;
   int64_t N_ = 0, d_ = 0;
-  std::vector<int32_t> seg_;
-  std::vector<uint8_t> valid_;
-  Vec<T> logpos_;
 };
 }  // namespace
 
@@ -190,7 +225,8 @@ LossParts olmo3moe_run(const ModelConfig& c, const Olmo3MoeOptions& opts, const 
   olmo3moe_check_supported(c);
   OLMO_CHECK(opts.kda_chunk > 0, "olmo3moe: kda_chunk must be > 0, got ", opts.kda_chunk);
   const HybridUnits units(c);
-  Runner<T> r(c, opts, w, grads, batch, units);
+  HybridWork<T> work;  // one call: planned here, freed on return
+  Runner<T> r(c, opts, w, grads, batch, units, work);
   return r.run(loss, grad_scale, aux_scale, logits, logprobs, info);
 }
 
@@ -220,6 +256,7 @@ LossParts Olmo3MoeModel::run(const Batch& batch, const LossConfig& loss, double 
   olmo3moe_check_supported(config_);
   OLMO_CHECK(opts_.kda_chunk > 0, "olmo3moe: kda_chunk must be > 0, got ", opts_.kda_chunk);
   if (!units_) units_ = std::make_shared<const HybridUnits>(config_);
+  if (!work_) work_ = std::make_shared<HybridWork<float>>();
   // Value pointers as currently resident; the residency hook refreshes a group's when it is gathered.
   std::vector<const float*> w(params_.size(), nullptr);
   std::vector<float*> g;
@@ -237,7 +274,7 @@ LossParts Olmo3MoeModel::run(const Batch& batch, const LossConfig& loss, double 
   hooks.done = [&](int grp) {
     if (res_.done) res_.done(grp);
   };
-  Runner<float> r(config_, opts_, w, backward ? &g : nullptr, batch, *units_, &hooks);
+  Runner<float> r(config_, opts_, w, backward ? &g : nullptr, batch, *units_, *work_, &hooks);
   return r.run(loss, grad_scale, aux_scale, logits, logprobs, &info_);
 }
 

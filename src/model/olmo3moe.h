@@ -22,9 +22,14 @@ struct Olmo3MoeOptions {
   bool ssmax_row_positions = false;
 };
 
+// The workspace of the last call (one block planned from the units' declarations, see HybridWork in
+// olmo3moe.cpp). Per token: divide by tokens.
 struct Olmo3MoeRunInfo {
-  size_t saved_bytes = 0;  // activations kept from the forward for the backward (all layers)
-  size_t peak_layer_temp_bytes = 0;
+  int64_t tokens = 0;          // B*T of the call
+  size_t saved_bytes = 0;      // the blocks' activations kept for the backward (all layers, MoE caches too)
+  size_t scratch_bytes = 0;    // the rest of the planned block: residual streams, embedding and LM-head
+                               // Saved, batch arrays, the layers' shared backward scratch
+  size_t workspace_bytes = 0;  // the planned block (planned for the largest B*T so far)
 };
 
 // One forward (and, when grads != nullptr, backward) on a batch. w[i] / (*grads)[i] point at the values
@@ -40,6 +45,8 @@ LossParts olmo3moe_run(const ModelConfig& c, const Olmo3MoeOptions& opts, const 
 void olmo3moe_check_supported(const ModelConfig& c);
 
 struct HybridUnits;  // olmo3moe.cpp: the layer units of a config
+template <typename T>
+struct HybridWork;  // olmo3moe.cpp: the planned workspace
 
 class Olmo3MoeModel : public CausalLM {
  public:
@@ -64,6 +71,7 @@ class Olmo3MoeModel : public CausalLM {
   Olmo3MoeRunInfo info_;
   ParamResidency res_;
   std::shared_ptr<const HybridUnits> units_;  // resolved once, on the first call
+  std::shared_ptr<HybridWork<float>> work_;   // planned on the first call, re-planned when B*T grows
 };
 
 // A model initialised by init_params (model.h), the factory's one initialisation: the same values as

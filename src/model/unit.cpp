@@ -28,21 +28,21 @@ void resolve_attention(const ParamIndex& idx, const std::string& a, int* q, int*
 }
 
 namespace {
-constexpr int64_t kAlignFloats = 16;  // 64 bytes
-int64_t round_up(int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+constexpr size_t kAlignBytes = 64;
+size_t round_up(size_t n) { return (n + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
 }  // namespace
 
-int64_t FloatPlan::total() const {
-  int64_t t = 0;
-  for (const auto& it : items_) t += round_up(it.second);
+size_t Plan::bytes() const {
+  size_t t = 0;
+  for (const auto& it : items_) t += round_up(it.bytes);
   return t;
 }
 
-void FloatPlan::carve(float* base) const {
-  int64_t off = 0;
-  for (const auto& [ptr, n] : items_) {
-    *ptr = base + off;
-    off += round_up(n);
+void Plan::carve(std::byte* base) const {
+  size_t off = 0;
+  for (const auto& it : items_) {
+    it.set(it.slot, base + off);
+    off += round_up(it.bytes);
   }
 }
 

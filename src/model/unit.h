@@ -1,12 +1,15 @@
 // Layer units: the common pieces. A unit is one layer kind (embedding, a mixer, an FFN, the LM head) with
 // its forward and backward side by side, like the kernels of src/kernels. Each unit
 //   - holds its parameters as indices into the parameter registry (model/params.h), resolved by name once;
-//   - keeps what its backward needs in a `Saved<T>` struct and declares its size per token
-//     (saved_floats_per_token; integer and byte fields count as one float each);
+//   - keeps what its backward needs in a `Saved` struct of pointers and declares its size per token
+//     (saved_floats_per_token; integer and byte fields count as one float each); Saved::plan (and
+//     Scratch::plan for the backward's temporaries) requests those buffers from the model's one
+//     workspace block (Plan, below);
 //   - documents in its header what it saves and what its backward recomputes.
 // Units are templated on the value type T where the hybrid needs its float64 path (finite-difference
 // tests). docs/model.md, "Layer units", lists them.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -23,11 +26,6 @@ using Vec = std::vector<T>;
 template <typename T>
 void add_into(T* dst, const T* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-}
-
-template <typename T>
-size_t vec_bytes(const Vec<T>& v) {
-  return v.size() * sizeof(T);
 }
 
 // HF tensor name -> registry index, for resolving a unit's parameters once.
@@ -69,18 +67,35 @@ struct Ctx {
   T* G(int idx) const { return (g == nullptr || idx < 0) ? nullptr : (*g)[static_cast<size_t>(idx)]; }
 };
 
-// A workspace plan: (pointer, float count) requests carved from one block, each rounded up to 64 bytes.
-// Units add their Saved / Scratch buffers; the model allocates total() floats once and carves them, and
-// keeps the block while the token count does not grow.
-class FloatPlan {
+// A workspace plan: (pointer, count) requests of any element type (float, double, int32, bytes) carved
+// from one block, each rounded up to 64 bytes. Units add their Saved / Scratch buffers; the model
+// allocates bytes() once and carves them, and keeps the block while the token count does not grow.
+class Plan {
  public:
-  void add(float** ptr, int64_t n) { items_.push_back({ptr, n}); }
-  int64_t total() const;
-  void carve(float* base) const;
+  template <typename U>
+  void add(U** ptr, int64_t n) {
+    items_.push_back({ptr, static_cast<size_t>(n) * sizeof(U),
+                      [](void* slot, std::byte* at) { *static_cast<U**>(slot) = reinterpret_cast<U*>(at); }});
+  }
+  size_t bytes() const;
+  void carve(std::byte* base) const;  // base: 64-byte aligned, bytes() long
 
  private:
-  std::vector<std::pair<float**, int64_t>> items_;
+  struct Item {
+    void* slot;
+    size_t bytes;
+    void (*set)(void*, std::byte*);
+  };
+  std::vector<Item> items_;
 };
+
+// Explicit instantiation of a mixer unit (KdaUnit, SoftmaxAttentionUnit) for value type T.
+#define OLMOSFT_MIXER_UNIT(U, T)                                                                          \
+  template struct U::Saved<T>;                                                                            \
+  template struct U::Scratch<T>;                                                                          \
+  template void U::forward<T>(const Ctx<T>&, const T*, T*, const Saved<T>&) const;                        \
+  template void U::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, const T*, T*, const Scratch<T>&) \
+      const;
 
 // Residency group of every registry tensor (model.h ParamResidency): 0 = before block 0, 1 + l = block l,
 // L + 1 = after the last block.

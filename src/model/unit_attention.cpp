@@ -1,8 +1,10 @@
 // Softmax attention unit of the hybrid (see unit_attention.h).
 #include "model/unit_attention.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "core/error.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "model/params.h"
@@ -30,8 +32,8 @@ void group_rms_forward(const T* x, const T* w, int64_t rows, int64_t G, int64_t 
 
 template <typename T>
 void group_rms_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t G,
-                        int64_t L, T* dx, T* dw) {
-  Vec<double> dwacc(static_cast<size_t>(G * L), 0.0);
+                        int64_t L, T* dx, T* dw, double* dwacc) {
+  std::fill(dwacc, dwacc + G * L, 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * L;
     const T* dyr = dy + r * L;
@@ -40,7 +42,7 @@ void group_rms_backward(const T* x, const T* w, const T* rstd, const T* dy, int6
     double m = 0;
     for (int64_t i = 0; i < L; ++i) m += static_cast<double>(xr[i]) * wr[i] * dyr[i];
     m /= static_cast<double>(L);
-    double* dwr = dwacc.data() + (r % G) * L;
+    double* dwr = dwacc + (r % G) * L;
     for (int64_t i = 0; i < L; ++i) {
       const double gi = static_cast<double>(wr[i]) * dyr[i];
       dx[r * L + i] = static_cast<T>(rs * (gi - static_cast<double>(xr[i]) * rs * rs * m));
@@ -48,7 +50,7 @@ void group_rms_backward(const T* x, const T* w, const T* rstd, const T* dy, int6
     }
   }
   if (dw != nullptr)
-    for (int64_t i = 0; i < G * L; ++i) dw[i] += static_cast<T>(dwacc[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < G * L; ++i) dw[i] += static_cast<T>(dwacc[i]);
 }
 
 template <typename T>
@@ -102,129 +104,119 @@ int64_t SoftmaxAttentionUnit::saved_floats_per_token(const ModelConfig& c) {
 }
 
 template <typename T>
-size_t SoftmaxAttentionUnit::Saved<T>::bytes() const {
-  size_t n = 0;
-  for (const Vec<T>* v : {&q, &k, &v, &qn, &kn, &qrs, &krs, &qs, &o, &lse, &zg, &og}) n += vec_bytes(*v);
-  return n;
+void SoftmaxAttentionUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
+  const int64_t H = c.num_attention_heads, QD = H * c.head_dim, KVD = c.num_key_value_heads * c.head_dim;
+  int64_t Gq, Lq, Gk, Lk;
+  qk_norm_shape(c, true, &Gq, &Lq);
+  qk_norm_shape(c, false, &Gk, &Lk);
+  for (T** b : {&q, &qn, &o}) p.add(b, N * QD);
+  for (T** b : {&k, &v, &kn}) p.add(b, N * KVD);
+  p.add(&qrs, N * Gq);
+  p.add(&krs, N * Gk);
+  p.add(&lse, N * H);
+  if (c.scalable_softmax) p.add(&qs, N * QD);
+  if (c.attention_gate_type == "elementwise")
+    for (T** b : {&zg, &og}) p.add(b, N * QD);
 }
 
 template <typename T>
-void SoftmaxAttentionUnit::forward(const Ctx<T>& ctx, const T* x, T* a, Saved<T>& s) const {
+void SoftmaxAttentionUnit::Scratch<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
+  const int64_t H = c.num_attention_heads, QD = H * c.head_dim, KVD = c.num_key_value_heads * c.head_dim;
+  for (T** b : {&dog, &dO, &dz, &dqs, &dqn, &dq}) p.add(b, N * QD);
+  for (T** b : {&dkn, &dv, &dk}) p.add(b, N * KVD);
+  p.add(&acc, std::max(QD, KVD));  // >= every norm's G * L and H
+}
+
+template <typename T>
+void SoftmaxAttentionUnit::forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s) const {
   const auto ac = attention_config(ctx, window);
-  const int64_t H = ac.heads, Hkv = ac.kv_heads, D = ac.head_dim, QD = H * D, KVD = Hkv * D;
-  s.q.resize(static_cast<size_t>(ctx.N * QD));
-  s.k.resize(static_cast<size_t>(ctx.N * KVD));
-  s.v.resize(s.k.size());
-  linear_forward(x, ctx.W(q), s.q.data(), ctx.N, ctx.d, QD);
-  linear_forward(x, ctx.W(k), s.k.data(), ctx.N, ctx.d, KVD);
-  linear_forward(x, ctx.W(v), s.v.data(), ctx.N, ctx.d, KVD);
+  const int64_t H = ac.heads, Hkv = ac.kv_heads, D = ac.head_dim, QD = H * D, KVD = Hkv * D, N = ctx.N;
+  OLMO_CHECK(
+      (ssmax_scale < 0 || s.qs != nullptr) && (gate < 0 || s.og != nullptr),
+      "attention unit: the workspace plan has no SSMax / gate buffers (config and parameters disagree)");
+  linear_forward(x, ctx.W(q), s.q, N, ctx.d, QD);
+  linear_forward(x, ctx.W(k), s.k, N, ctx.d, KVD);
+  linear_forward(x, ctx.W(v), s.v, N, ctx.d, KVD);
   int64_t Gq, Lq, Gk, Lk;
   qk_norm_shape(ctx.c, true, &Gq, &Lq);
   qk_norm_shape(ctx.c, false, &Gk, &Lk);
-  s.qn.resize(s.q.size());
-  s.kn.resize(s.k.size());
-  s.qrs.resize(static_cast<size_t>(ctx.N * Gq));
-  s.krs.resize(static_cast<size_t>(ctx.N * Gk));
-  group_rms_forward(s.q.data(), ctx.W(qnorm), ctx.N * Gq, Gq, Lq, ctx.c.rms_norm_eps, s.qn.data(),
-                    s.qrs.data());
-  group_rms_forward(s.k.data(), ctx.W(knorm), ctx.N * Gk, Gk, Lk, ctx.c.rms_norm_eps, s.kn.data(),
-                    s.krs.data());
-  const T* qs_in = s.qn.data();
+  group_rms_forward(s.q, ctx.W(qnorm), N * Gq, Gq, Lq, ctx.c.rms_norm_eps, s.qn, s.qrs);
+  group_rms_forward(s.k, ctx.W(knorm), N * Gk, Gk, Lk, ctx.c.rms_norm_eps, s.kn, s.krs);
+  const T* qs_in = s.qn;
   if (ssmax_scale >= 0) {
-    s.qs.resize(s.qn.size());
     const T* sc = ctx.W(ssmax_scale);
-    for (int64_t i = 0; i < ctx.N; ++i)
+    for (int64_t i = 0; i < N; ++i)
       for (int64_t hh = 0; hh < H; ++hh) {
         const T f = ctx.logpos[i] * sc[hh];
-        for (int64_t j = 0; j < D; ++j)
-          s.qs[static_cast<size_t>((i * H + hh) * D + j)] =
-              s.qn[static_cast<size_t>((i * H + hh) * D + j)] * f;
+        for (int64_t j = 0; j < D; ++j) s.qs[(i * H + hh) * D + j] = s.qn[(i * H + hh) * D + j] * f;
       }
-    qs_in = s.qs.data();
+    qs_in = s.qs;
   }
-  s.o.resize(s.q.size());
-  s.lse.resize(static_cast<size_t>(ctx.N * H));
   Vec<T> ws(attention_forward_workspace_bytes<T>(ac) / sizeof(T) + 16);
-  attention_forward(ac, qs_in, s.kn.data(), s.v.data(), ctx.seg, s.o.data(), s.lse.data(), ws.data(),
-                    ws.size() * sizeof(T));
-  const T* og = s.o.data();
+  attention_forward(ac, qs_in, s.kn, s.v, ctx.seg, s.o, s.lse, ws.data(), ws.size() * sizeof(T));
+  const T* og = s.o;
   if (gate >= 0) {
-    s.zg.resize(s.o.size());
-    linear_forward(x, ctx.W(gate), s.zg.data(), ctx.N, ctx.d, QD);
-    s.og.resize(s.o.size());
-    for (size_t i = 0; i < s.o.size(); ++i) s.og[i] = s.o[i] * sigmoid(s.zg[i]);
-    og = s.og.data();
+    linear_forward(x, ctx.W(gate), s.zg, N, ctx.d, QD);
+    for (int64_t i = 0; i < N * QD; ++i) s.og[i] = s.o[i] * sigmoid(s.zg[i]);
+    og = s.og;
   }
-  linear_forward(og, ctx.W(o), a, ctx.N, QD, ctx.d);
+  linear_forward(og, ctx.W(o), a, N, QD, ctx.d);
 }
 
 template <typename T>
-void SoftmaxAttentionUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da,
-                                    T* dx) const {
+void SoftmaxAttentionUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx,
+                                    const Scratch<T>& w) const {
   const auto ac = attention_config(ctx, window);
-  const int64_t H = ac.heads, Hkv = ac.kv_heads, D = ac.head_dim, QD = H * D, KVD = Hkv * D;
-  Vec<T> dog(s.o.size());
-  const T* og = gate >= 0 ? s.og.data() : s.o.data();
-  linear_backward(da, og, ctx.W(o), dog.data(), ctx.G(o), ctx.N, QD, ctx.d);
-  Vec<T> dO(s.o.size());
+  const int64_t H = ac.heads, Hkv = ac.kv_heads, D = ac.head_dim, QD = H * D, KVD = Hkv * D, N = ctx.N;
+  const T* og = gate >= 0 ? s.og : s.o;
+  linear_backward(da, og, ctx.W(o), w.dog, ctx.G(o), N, QD, ctx.d);
   bool dx_written = false;
   if (gate >= 0) {
-    Vec<T> dz(s.o.size());
-    for (size_t i = 0; i < s.o.size(); ++i) {
+    for (int64_t i = 0; i < N * QD; ++i) {
       const T sg = sigmoid(s.zg[i]);
-      dO[i] = dog[i] * sg;
-      dz[i] = dog[i] * s.o[i] * sg * (T(1) - sg);
+      w.dO[i] = w.dog[i] * sg;
+      w.dz[i] = w.dog[i] * s.o[i] * sg * (T(1) - sg);
     }
-    linear_backward(dz.data(), x, ctx.W(gate), dx, ctx.G(gate), ctx.N, ctx.d, QD, false);
+    linear_backward(w.dz, x, ctx.W(gate), dx, ctx.G(gate), N, ctx.d, QD, false);
     dx_written = true;
   } else {
-    dO = dog;
+    std::copy(w.dog, w.dog + N * QD, w.dO);
   }
-  Vec<T> dqs(s.q.size()), dkn(s.k.size()), dv(s.v.size());
-  const T* qs_in = ssmax_scale >= 0 ? s.qs.data() : s.qn.data();
+  const T* qs_in = ssmax_scale >= 0 ? s.qs : s.qn;
   Vec<T> ws(attention_backward_workspace_bytes<T>(ac) / sizeof(T) + 16);
-  attention_backward(ac, qs_in, s.kn.data(), s.v.data(), ctx.seg, s.o.data(), s.lse.data(), dO.data(),
-                     dqs.data(), dkn.data(), dv.data(), ws.data(), ws.size() * sizeof(T));
-  Vec<T> dqn(s.q.size());
+  attention_backward(ac, qs_in, s.kn, s.v, ctx.seg, s.o, s.lse, w.dO, w.dqs, w.dkn, w.dv, ws.data(),
+                     ws.size() * sizeof(T));
   if (ssmax_scale >= 0) {
     const T* sc = ctx.W(ssmax_scale);
-    Vec<double> ds(static_cast<size_t>(H), 0.0);
-    for (int64_t i = 0; i < ctx.N; ++i)
+    double* ds = w.acc;
+    std::fill(ds, ds + H, 0.0);
+    for (int64_t i = 0; i < N; ++i)
       for (int64_t hh = 0; hh < H; ++hh) {
         const double lpv = ctx.logpos[i];
         double dot = 0;
-        const size_t base = static_cast<size_t>((i * H + hh) * D);
+        const int64_t base = (i * H + hh) * D;
         for (int64_t j = 0; j < D; ++j) {
-          dot += static_cast<double>(dqs[base + j]) * s.qn[base + j];
-          dqn[base + j] = static_cast<T>(dqs[base + j] * lpv * sc[hh]);
+          dot += static_cast<double>(w.dqs[base + j]) * s.qn[base + j];
+          w.dqn[base + j] = static_cast<T>(w.dqs[base + j] * lpv * sc[hh]);
         }
-        ds[static_cast<size_t>(hh)] += lpv * dot;
+        ds[hh] += lpv * dot;
       }
     if (T* gs = ctx.G(ssmax_scale))
-      for (int64_t hh = 0; hh < H; ++hh) gs[hh] += static_cast<T>(ds[static_cast<size_t>(hh)]);
+      for (int64_t hh = 0; hh < H; ++hh) gs[hh] += static_cast<T>(ds[hh]);
   } else {
-    dqn = dqs;
+    std::copy(w.dqs, w.dqs + N * QD, w.dqn);
   }
   int64_t Gq, Lq, Gk, Lk;
   qk_norm_shape(ctx.c, true, &Gq, &Lq);
   qk_norm_shape(ctx.c, false, &Gk, &Lk);
-  Vec<T> dq(s.q.size()), dk(s.k.size());
-  group_rms_backward(s.q.data(), ctx.W(qnorm), s.qrs.data(), dqn.data(), ctx.N * Gq, Gq, Lq, dq.data(),
-                     ctx.G(qnorm));
-  group_rms_backward(s.k.data(), ctx.W(knorm), s.krs.data(), dkn.data(), ctx.N * Gk, Gk, Lk, dk.data(),
-                     ctx.G(knorm));
-  linear_backward(dq.data(), x, ctx.W(q), dx, ctx.G(q), ctx.N, ctx.d, QD, dx_written);
-  linear_backward(dk.data(), x, ctx.W(k), dx, ctx.G(k), ctx.N, ctx.d, KVD, true);
-  linear_backward(dv.data(), x, ctx.W(v), dx, ctx.G(v), ctx.N, ctx.d, KVD, true);
+  group_rms_backward(s.q, ctx.W(qnorm), s.qrs, w.dqn, N * Gq, Gq, Lq, w.dq, ctx.G(qnorm), w.acc);
+  group_rms_backward(s.k, ctx.W(knorm), s.krs, w.dkn, N * Gk, Gk, Lk, w.dk, ctx.G(knorm), w.acc);
+  linear_backward(w.dq, x, ctx.W(q), dx, ctx.G(q), N, ctx.d, QD, dx_written);
+  linear_backward(w.dk, x, ctx.W(k), dx, ctx.G(k), N, ctx.d, KVD, true);
+  linear_backward(w.dv, x, ctx.W(v), dx, ctx.G(v), N, ctx.d, KVD, true);
 }
 
-#define OLMOSFT_ATTN_UNIT(T)                                                                              \
-  template struct SoftmaxAttentionUnit::Saved<T>;                                                         \
-  template void SoftmaxAttentionUnit::forward<T>(const Ctx<T>&, const T*, T*, Saved<T>&) const;           \
-  template void SoftmaxAttentionUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, const T*, T*) \
-      const;
-OLMOSFT_ATTN_UNIT(float)
-OLMOSFT_ATTN_UNIT(double)
-#undef OLMOSFT_ATTN_UNIT
+OLMOSFT_MIXER_UNIT(SoftmaxAttentionUnit, float)
+OLMOSFT_MIXER_UNIT(SoftmaxAttentionUnit, double)
 
 }  // namespace olmosft::model::unit

@@ -8,7 +8,9 @@
 //
 // Parameters (self_attn.*): q/k/v/o_proj, q_norm, k_norm, optional g_proj and ssmax_scale.
 // Saves q, k, v, the normalised q/k and their rstd, the SSMax-scaled q, o and its logsumexp, the gate
-// logits and the gated o; recomputes nothing. (Olmo 3's RoPE attention is a different unit: olmo3.cpp.)
+// logits and the gated o; recomputes nothing. Saved and Scratch are carved from the model's planned
+// workspace (unit::Plan); the attention kernel's own workspace is allocated per call. (Olmo 3's RoPE
+// attention is a different unit: olmo3.cpp.)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,16 +25,25 @@ struct SoftmaxAttentionUnit {
 
   template <typename T>
   struct Saved {
-    Vec<T> q, k, v, qn, kn, qrs, krs, qs, o, lse, zg, og;
-    size_t bytes() const;
+    T *q, *k, *v, *qn, *kn, *qrs, *krs, *qs, *o, *lse, *zg, *og;  // qs: SSMax only; zg, og: gate only
+    void plan(Plan& p, const ModelConfig& c, int64_t N);          // saved_floats_per_token(c) * N values
+  };
+  // The backward's gradients (shared by the attention layers) and a float64 accumulator for the norm and
+  // SSMax gains.
+  template <typename T>
+  struct Scratch {
+    T *dog, *dO, *dz, *dqs, *dqn, *dq, *dkn, *dv, *dk;
+    double* acc;
+    void plan(Plan& p, const ModelConfig& c, int64_t N);
   };
 
   // The mixer interface (as KdaUnit): forward x [N, d] -> a [N, d]; backward da -> dx, both overwritten;
   // the backward accumulates the parameter gradients.
   template <typename T>
-  void forward(const Ctx<T>& ctx, const T* x, T* a, Saved<T>& s) const;
+  void forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s) const;
   template <typename T>
-  void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx) const;
+  void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx,
+                const Scratch<T>& w) const;
 
   // prefix = "model.layers.<l>.self_attn."
   static SoftmaxAttentionUnit resolve(const ParamIndex& idx, const std::string& prefix, const ModelConfig& c,

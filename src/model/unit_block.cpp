@@ -1,6 +1,8 @@
 // The hybrid's peri-LN block (see unit_block.h).
 #include "model/unit_block.h"
 
+#include <algorithm>
+
 #include "core/threads.h"
 #include "kernels/rmsnorm.h"
 #include "model/params.h"
@@ -38,40 +40,44 @@ int64_t PeriLnBlock::saved_floats_per_token(const ModelConfig& c, int64_t l) {
 }
 
 template <typename T>
-size_t PeriLnBlock::Saved<T>::bytes() const {
-  size_t n = 0;
-  for (const Vec<T>* v :
-       {&h_in, &x1, &rs_pre_attn, &a, &rs_post_attn, &h_mid, &x2, &rs_pre_ffn, &f, &rs_post_ffn})
-    n += vec_bytes(*v);
-  return n + kda.bytes() + attn.bytes() + mlp.bytes() + moe.bytes();
+void PeriLnBlock::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t l, int64_t N) {
+  const int64_t d = c.hidden_size;
+  for (T** b : {&h_in, &x1, &a, &h_mid, &x2, &f}) p.add(b, N * d);
+  for (T** b : {&rs_pre_attn, &rs_post_attn, &rs_pre_ffn, &rs_post_ffn}) p.add(b, N);
+  if (c.layer_types[static_cast<size_t>(l)] == LayerType::LinearAttention)
+    kda.plan(p, c, N);
+  else
+    attn.plan(p, c, N);
+  if (c.is_dense_layer(l)) mlp.plan(p, c, N);
 }
 
 template <typename T>
-void PeriLnBlock::forward(const Ctx<T>& ctx, Vec<T>& h, Saved<T>& s, LossParts& lp) const {
+void PeriLnBlock::Scratch<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
+  for (T** b : {&t, &dA, &dX}) p.add(b, N * c.hidden_size);
+  bool has_kda = false, has_attn = false;
+  for (const LayerType lt : c.layer_types) (lt == LayerType::LinearAttention ? has_kda : has_attn) = true;
+  if (has_kda) kda.plan(p, c, N);
+  if (has_attn) attn.plan(p, c, N);
+}
+
+template <typename T>
+void PeriLnBlock::forward(const Ctx<T>& ctx, T* h, Saved<T>& s, const Scratch<T>& w, LossParts& lp) const {
   const int64_t N = ctx.N, d = ctx.d;
   const double eps = ctx.c.rms_norm_eps;
-  s.h_in = h;
-  s.x1.resize(h.size());
-  s.rs_pre_attn.resize(static_cast<size_t>(N));
-  rmsnorm_forward(h.data(), ctx.W(pre_attn), s.x1.data(), s.rs_pre_attn.data(), N, d, eps);
-  s.a.resize(static_cast<size_t>(N * d));
+  std::copy(h, h + N * d, s.h_in);
+  rmsnorm_forward(h, ctx.W(pre_attn), s.x1, s.rs_pre_attn, N, d, eps);
   if (kda)
-    kda_unit.forward(ctx, s.x1.data(), s.a.data(), s.kda);
+    kda_unit.forward(ctx, s.x1, s.a, s.kda);
   else
-    attn_unit.forward(ctx, s.x1.data(), s.a.data(), s.attn);
-  Vec<T> t(h.size());
-  s.rs_post_attn.resize(static_cast<size_t>(N));
-  rmsnorm_forward(s.a.data(), ctx.W(post_attn), t.data(), s.rs_post_attn.data(), N, d, eps);
-  add_into(h.data(), t.data(), N * d);
-  s.h_mid = h;
-  s.x2.resize(h.size());
-  s.rs_pre_ffn.resize(static_cast<size_t>(N));
-  rmsnorm_forward(h.data(), ctx.W(pre_ffn), s.x2.data(), s.rs_pre_ffn.data(), N, d, eps);
-  s.f.resize(h.size());
+    attn_unit.forward(ctx, s.x1, s.a, s.attn);
+  rmsnorm_forward(s.a, ctx.W(post_attn), w.t, s.rs_post_attn, N, d, eps);
+  add_into(h, w.t, N * d);
+  std::copy(h, h + N * d, s.h_mid);
+  rmsnorm_forward(h, ctx.W(pre_ffn), s.x2, s.rs_pre_ffn, N, d, eps);
   if (dense) {
-    mlp_unit.forward(ctx, s.x2.data(), s.f.data(), s.mlp);
+    mlp_unit.forward(ctx, s.x2, s.f, s.mlp);
   } else {
-    const moe::MoeStats st = moe_unit.forward(ctx, s.x2.data(), s.f.data(), s.moe);
+    const moe::MoeStats st = moe_unit.forward(ctx, s.x2, s.f, s.moe);
     MoeLayerStats ms;
     ms.layer = layer;
     ms.lb_loss = st.lb;
@@ -82,46 +88,37 @@ void PeriLnBlock::forward(const Ctx<T>& ctx, Vec<T>& h, Saved<T>& s, LossParts& 
     lp.router_z += ctx.loss->router_z * st.router_z;
     lp.moe_layers.push_back(ms);
   }
-  s.rs_post_ffn.resize(static_cast<size_t>(N));
-  rmsnorm_forward(s.f.data(), ctx.W(post_ffn), t.data(), s.rs_post_ffn.data(), N, d, eps);
-  add_into(h.data(), t.data(), N * d);
+  rmsnorm_forward(s.f, ctx.W(post_ffn), w.t, s.rs_post_ffn, N, d, eps);
+  add_into(h, w.t, N * d);
 }
 
 template <typename T>
-void PeriLnBlock::backward(const Ctx<T>& ctx, Vec<T>& dh, const Saved<T>& s) const {
+void PeriLnBlock::backward(const Ctx<T>& ctx, T* dh, const Saved<T>& s, const Scratch<T>& w) const {
   const int64_t N = ctx.N, d = ctx.d;
   const double eps = ctx.c.rms_norm_eps;
-  Vec<T> tmp(dh.size());
-  // h_out = h_mid + RMS_post_ffn(f)
-  Vec<T> df(dh.size());
-  rmsnorm_backward(dh.data(), s.f.data(), ctx.W(post_ffn), s.rs_post_ffn.data(), df.data(), ctx.G(post_ffn),
-                   N, d, eps);
-  Vec<T> dx2(dh.size());
+  // h_out = h_mid + RMS_post_ffn(f):  dA = df, dX = dx2
+  rmsnorm_backward(dh, s.f, ctx.W(post_ffn), s.rs_post_ffn, w.dA, ctx.G(post_ffn), N, d, eps);
   if (dense)
-    mlp_unit.backward(ctx, s.x2.data(), s.mlp, df.data(), dx2.data());
+    mlp_unit.backward(ctx, s.x2, s.mlp, w.dA, w.dX);
   else
-    moe_unit.backward(ctx, s.x2.data(), s.moe, df.data(), dx2.data());
-  rmsnorm_backward(dx2.data(), s.h_mid.data(), ctx.W(pre_ffn), s.rs_pre_ffn.data(), tmp.data(),
-                   ctx.G(pre_ffn), N, d, eps);
-  add_into(dh.data(), tmp.data(), N * d);
-  // h_mid = h_in + RMS_post_attn(a)
-  Vec<T> da(dh.size());
-  rmsnorm_backward(dh.data(), s.a.data(), ctx.W(post_attn), s.rs_post_attn.data(), da.data(),
-                   ctx.G(post_attn), N, d, eps);
-  Vec<T> dx1(dh.size());
+    moe_unit.backward(ctx, s.x2, s.moe, w.dA, w.dX);
+  rmsnorm_backward(w.dX, s.h_mid, ctx.W(pre_ffn), s.rs_pre_ffn, w.t, ctx.G(pre_ffn), N, d, eps);
+  add_into(dh, w.t, N * d);
+  // h_mid = h_in + RMS_post_attn(a):  dA = da, dX = dx1
+  rmsnorm_backward(dh, s.a, ctx.W(post_attn), s.rs_post_attn, w.dA, ctx.G(post_attn), N, d, eps);
   if (kda)
-    kda_unit.backward(ctx, s.x1.data(), s.kda, da.data(), dx1.data());
+    kda_unit.backward(ctx, s.x1, s.kda, w.dA, w.dX, w.kda);
   else
-    attn_unit.backward(ctx, s.x1.data(), s.attn, da.data(), dx1.data());
-  rmsnorm_backward(dx1.data(), s.h_in.data(), ctx.W(pre_attn), s.rs_pre_attn.data(), tmp.data(),
-                   ctx.G(pre_attn), N, d, eps);
-  add_into(dh.data(), tmp.data(), N * d);
+    attn_unit.backward(ctx, s.x1, s.attn, w.dA, w.dX, w.attn);
+  rmsnorm_backward(w.dX, s.h_in, ctx.W(pre_attn), s.rs_pre_attn, w.t, ctx.G(pre_attn), N, d, eps);
+  add_into(dh, w.t, N * d);
 }
 
-#define OLMOSFT_PERI_LN_BLOCK(T)                                                              \
-  template struct PeriLnBlock::Saved<T>;                                                      \
-  template void PeriLnBlock::forward<T>(const Ctx<T>&, Vec<T>&, Saved<T>&, LossParts&) const; \
-  template void PeriLnBlock::backward<T>(const Ctx<T>&, Vec<T>&, const Saved<T>&) const;
+#define OLMOSFT_PERI_LN_BLOCK(T)                                                                            \
+  template struct PeriLnBlock::Saved<T>;                                                                    \
+  template struct PeriLnBlock::Scratch<T>;                                                                  \
+  template void PeriLnBlock::forward<T>(const Ctx<T>&, T*, Saved<T>&, const Scratch<T>&, LossParts&) const; \
+  template void PeriLnBlock::backward<T>(const Ctx<T>&, T*, const Saved<T>&, const Scratch<T>&) const;
 OLMOSFT_PERI_LN_BLOCK(float)
 OLMOSFT_PERI_LN_BLOCK(double)
 #undef OLMOSFT_PERI_LN_BLOCK
@@ -141,7 +138,7 @@ int64_t PostNormBlock::saved_floats_per_token(const ModelConfig& c) {
          3 * c.hidden_size + 2;
 }
 
-void PostNormBlock::Saved::plan(FloatPlan& p, const ModelConfig& c, int64_t N) {
+void PostNormBlock::Saved::plan(Plan& p, const ModelConfig& c, int64_t N) {
   attn.plan(p, c, N);
   const int64_t d = c.hidden_size;
   p.add(&a, N * d);
@@ -152,7 +149,7 @@ void PostNormBlock::Saved::plan(FloatPlan& p, const ModelConfig& c, int64_t N) {
   p.add(&rm, N);
 }
 
-void PostNormBlock::Scratch::plan(FloatPlan& p, const ModelConfig& c, int64_t N) {
+void PostNormBlock::Scratch::plan(Plan& p, const ModelConfig& c, int64_t N) {
   attn.plan(p, c, N);
   mlp.plan(p, c, N);
   p.add(&dtmp, N * c.hidden_size);

@@ -6,7 +6,8 @@
 //
 // Parameters: model.layers.<l>.{pre,post}_{attention,feedforward}_layernorm plus the units'. Saves the
 // block input, the two normed inputs, the mixer and FFN outputs, h_mid and the four rstd (6 d + 4 floats
-// per token) plus the units' Saved; recomputes nothing.
+// per token) plus the units' Saved; recomputes nothing. Saved and Scratch are carved from the model's
+// planned workspace (unit::Plan); one Scratch serves every layer.
 #pragma once
 #include <cstdint>
 
@@ -30,12 +31,22 @@ struct PeriLnBlock {
 
   template <typename T>
   struct Saved {
-    Vec<T> h_in, x1, rs_pre_attn, a, rs_post_attn, h_mid, x2, rs_pre_ffn, f, rs_post_ffn;
-    KdaUnit::Saved<T> kda;
-    SoftmaxAttentionUnit::Saved<T> attn;
-    SwiGluMlpUnit::Saved<T> mlp;
-    MoeUnit::Saved<T> moe;
-    size_t bytes() const;
+    T *h_in, *x1, *rs_pre_attn, *a, *rs_post_attn, *h_mid, *x2, *rs_pre_ffn, *f, *rs_post_ffn;
+    KdaUnit::Saved<T> kda;                // KDA layers
+    SoftmaxAttentionUnit::Saved<T> attn;  // attention layers
+    SwiGluMlpUnit::Saved<T> mlp;          // dense layers
+    MoeUnit::Saved<T> moe;                // MoE layers (vectors sized by moe.cpp)
+    // Plans layer `layer`'s buffers: saved_floats_per_token(c, layer) * N values less the MoE cache.
+    void plan(Plan& p, const ModelConfig& c, int64_t layer, int64_t N);
+    size_t moe_bytes() const { return moe.bytes(); }
+  };
+  // Shared by the layers: the block's temporaries [N, d] and the mixers' backward scratch.
+  template <typename T>
+  struct Scratch {
+    T *t, *dA, *dX;
+    KdaUnit::Scratch<T> kda;
+    SoftmaxAttentionUnit::Scratch<T> attn;
+    void plan(Plan& p, const ModelConfig& c, int64_t N);  // the mixers' scratch for the kinds c has
   };
 
   static PeriLnBlock resolve(const ParamIndex& idx, const ModelConfig& c, int64_t layer);
@@ -43,10 +54,10 @@ struct PeriLnBlock {
 
   // h [N, d] in place; the MoE layer's statistics and weighted aux losses are added to lp.
   template <typename T>
-  void forward(const Ctx<T>& ctx, Vec<T>& h, Saved<T>& s, LossParts& lp) const;
+  void forward(const Ctx<T>& ctx, T* h, Saved<T>& s, const Scratch<T>& w, LossParts& lp) const;
   // dh [N, d] in place: gradient w.r.t. the block output in, w.r.t. the block input out.
   template <typename T>
-  void backward(const Ctx<T>& ctx, Vec<T>& dh, const Saved<T>& s) const;
+  void backward(const Ctx<T>& ctx, T* dh, const Saved<T>& s, const Scratch<T>& w) const;
 };
 
 // Olmo 3's post-norm block (architecture.md A.2), fp32, on the planned workspace:
@@ -65,13 +76,13 @@ struct PostNormBlock {
     RopeAttentionUnit::Saved attn;
     RecomputedSwiGluMlpUnit::Saved mlp;
     float *a, *ra, *hmid, *m, *rm;
-    void plan(FloatPlan& p, const ModelConfig& c, int64_t N);
+    void plan(Plan& p, const ModelConfig& c, int64_t N);
   };
   struct Scratch {
     RopeAttentionUnit::Scratch attn;
     RecomputedSwiGluMlpUnit::Scratch mlp;
     float* dtmp;
-    void plan(FloatPlan& p, const ModelConfig& c, int64_t N);
+    void plan(Plan& p, const ModelConfig& c, int64_t N);
   };
 
   static PostNormBlock resolve(const ParamIndex& idx, const ModelConfig& c, int64_t layer);

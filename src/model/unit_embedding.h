@@ -13,18 +13,22 @@ struct ScaledEmbeddingUnit {
 
   template <typename T>
   struct Saved {
-    Vec<T> e, rs;
+    T *e, *rs;  // [N, d], [N]
+    void plan(Plan& p, const ModelConfig& c, int64_t N) {
+      p.add(&e, N * c.hidden_size);
+      p.add(&rs, N);
+    }
   };
 
   static ScaledEmbeddingUnit resolve(const ParamIndex& idx);
   static int64_t saved_floats_per_token(const ModelConfig& c) { return c.hidden_size + 1; }
 
-  // h [N, d] (resized and overwritten) from ctx.b.tokens.
+  // h [N, d] (overwritten) from ctx.b.tokens.
   template <typename T>
-  void forward(const Ctx<T>& ctx, Vec<T>& h, Saved<T>& s) const;
-  // Accumulates the embedding (and embed_norm) gradients from dh [N, d].
+  void forward(const Ctx<T>& ctx, T* h, const Saved<T>& s) const;
+  // Accumulates the embedding (and embed_norm) gradients from dh [N, d]; de: [N, d] scratch.
   template <typename T>
-  void backward(const Ctx<T>& ctx, const T* dh, const Saved<T>& s) const;
+  void backward(const Ctx<T>& ctx, const T* dh, const Saved<T>& s, T* de) const;
 };
 
 }  // namespace olmosft::model::unit

@@ -28,42 +28,46 @@ moe::MoeDims moe_dims(const Ctx<T>& ctx) {
   return m;
 }
 
+// Refills the weight pointer table m (its vectors keep their capacity).
 template <typename T>
-moe::MoeWeights<T> moe_weights(const MoeUnit& u, const Ctx<T>& ctx) {
-  moe::MoeWeights<T> m;
+void moe_weights(const MoeUnit& u, const Ctx<T>& ctx, moe::MoeWeights<T>& m) {
   m.router = ctx.W(u.router);
   if (u.ldown >= 0) {
     m.latent_down = ctx.W(u.ldown);
     m.latent_up = ctx.W(u.lup);
   }
+  m.gate.resize(u.eg.size());
+  m.up.resize(u.eg.size());
+  m.down.resize(u.eg.size());
   for (size_t e = 0; e < u.eg.size(); ++e) {
-    m.gate.push_back(ctx.W(u.eg[e]));
-    m.up.push_back(ctx.W(u.eu[e]));
-    m.down.push_back(ctx.W(u.ed[e]));
+    m.gate[e] = ctx.W(u.eg[e]);
+    m.up[e] = ctx.W(u.eu[e]);
+    m.down[e] = ctx.W(u.ed[e]);
   }
   if (u.sh_g >= 0) {
     m.shared_gate = ctx.W(u.sh_g);
     m.shared_up = ctx.W(u.sh_u);
     m.shared_down = ctx.W(u.sh_d);
   }
-  return m;
 }
 
+// Refills the gradient pointer table m.
 template <typename T>
-moe::MoeGrads<T> moe_grads(const MoeUnit& u, const Ctx<T>& ctx) {
-  moe::MoeGrads<T> m;
+void moe_grads(const MoeUnit& u, const Ctx<T>& ctx, moe::MoeGrads<T>& m) {
   m.router = ctx.G(u.router);
   m.latent_down = ctx.G(u.ldown);
   m.latent_up = ctx.G(u.lup);
+  m.gate.resize(u.eg.size());
+  m.up.resize(u.eg.size());
+  m.down.resize(u.eg.size());
   for (size_t e = 0; e < u.eg.size(); ++e) {
-    m.gate.push_back(ctx.G(u.eg[e]));
-    m.up.push_back(ctx.G(u.eu[e]));
-    m.down.push_back(ctx.G(u.ed[e]));
+    m.gate[e] = ctx.G(u.eg[e]);
+    m.up[e] = ctx.G(u.eu[e]);
+    m.down[e] = ctx.G(u.ed[e]);
   }
   m.shared_gate = ctx.G(u.sh_g);
   m.shared_up = ctx.G(u.sh_u);
   m.shared_down = ctx.G(u.sh_d);
-  return m;
 }
 
 }  // namespace
@@ -77,20 +81,16 @@ SwiGluMlpUnit SwiGluMlpUnit::resolve(const ParamIndex& idx, const std::string& m
 }
 
 template <typename T>
-void SwiGluMlpUnit::forward(const Ctx<T>& ctx, const T* x, T* f, Saved<T>& s) const {
+void SwiGluMlpUnit::forward(const Ctx<T>& ctx, const T* x, T* f, const Saved<T>& s) const {
   const int64_t F = ctx.c.dense_mlp_intermediate_size;
-  s.a.resize(static_cast<size_t>(ctx.N * F));
-  s.b.resize(s.a.size());
-  s.h.resize(s.a.size());
-  moe::swiglu_mlp_forward(x, ctx.W(gate), ctx.W(up), ctx.W(down), ctx.N, ctx.d, F, s.a.data(), s.b.data(),
-                          s.h.data(), f);
+  moe::swiglu_mlp_forward(x, ctx.W(gate), ctx.W(up), ctx.W(down), ctx.N, ctx.d, F, s.a, s.b, s.h, f);
 }
 
 template <typename T>
 void SwiGluMlpUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx) const {
   const int64_t F = ctx.c.dense_mlp_intermediate_size;
-  moe::swiglu_mlp_backward(x, ctx.W(gate), ctx.W(up), ctx.W(down), ctx.N, ctx.d, F, s.a.data(), s.b.data(),
-                           s.h.data(), df, dx, ctx.G(gate), ctx.G(up), ctx.G(down), false);
+  moe::swiglu_mlp_backward(x, ctx.W(gate), ctx.W(up), ctx.W(down), ctx.N, ctx.d, F, s.a, s.b, s.h, df, dx,
+                           ctx.G(gate), ctx.G(up), ctx.G(down), false);
 }
 
 RecomputedSwiGluMlpUnit RecomputedSwiGluMlpUnit::resolve(const ParamIndex& idx, const std::string& m) {
@@ -101,12 +101,12 @@ RecomputedSwiGluMlpUnit RecomputedSwiGluMlpUnit::resolve(const ParamIndex& idx, 
   return u;
 }
 
-void RecomputedSwiGluMlpUnit::Saved::plan(FloatPlan& p, const ModelConfig& c, int64_t N) {
+void RecomputedSwiGluMlpUnit::Saved::plan(Plan& p, const ModelConfig& c, int64_t N) {
   p.add(&a, N * c.intermediate_size);
   p.add(&b, N * c.intermediate_size);
 }
 
-void RecomputedSwiGluMlpUnit::Scratch::plan(FloatPlan& p, const ModelConfig& c, int64_t N) {
+void RecomputedSwiGluMlpUnit::Scratch::plan(Plan& p, const ModelConfig& c, int64_t N) {
   p.add(&act, N * c.intermediate_size);
   p.add(&dact, N * c.intermediate_size);
 }
@@ -155,17 +155,20 @@ int64_t MoeUnit::saved_floats_per_token(const ModelConfig& c) {
 
 template <typename T>
 moe::MoeStats MoeUnit::forward(const Ctx<T>& ctx, const T* x, T* f, Saved<T>& s) const {
-  return moe::moe_forward(moe_dims(ctx), moe_weights(*this, ctx), x, ctx.valid, ctx.N, f, s);
+  moe_weights(*this, ctx, s.w);
+  return moe::moe_forward(moe_dims(ctx), s.w, x, ctx.valid, ctx.N, f, s.cache);
 }
 
 template <typename T>
 void MoeUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx) const {
-  moe::moe_backward(moe_dims(ctx), moe_weights(*this, ctx), moe_grads(*this, ctx), x, s, df,
-                    ctx.aux_scale * ctx.loss->moe_lb, ctx.aux_scale * ctx.loss->router_z, dx);
+  moe_weights(*this, ctx, s.w);  // the residency hooks may have moved the weights since the forward
+  moe_grads(*this, ctx, s.g);
+  moe::moe_backward(moe_dims(ctx), s.w, s.g, x, s.cache, df, ctx.aux_scale * ctx.loss->moe_lb,
+                    ctx.aux_scale * ctx.loss->router_z, dx);
 }
 
 #define OLMOSFT_FFN_UNITS(T)                                                                              \
-  template void SwiGluMlpUnit::forward<T>(const Ctx<T>&, const T*, T*, Saved<T>&) const;                  \
+  template void SwiGluMlpUnit::forward<T>(const Ctx<T>&, const T*, T*, const Saved<T>&) const;            \
   template void SwiGluMlpUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, const T*, T*) const; \
   template moe::MoeStats MoeUnit::forward<T>(const Ctx<T>&, const T*, T*, Saved<T>&) const;               \
   template void MoeUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, const T*, T*) const;

@@ -12,7 +12,9 @@
 //   mlp.experts.<e>.{gate,up,down}_proj, mlp.shared_expert.{gate,up,down}_proj. Saves moe::MoeCache (router
 //   probabilities and logsumexp, top-k ids, weights and kept flags, latent input and routed output, the
 //   shared expert's pre-activations and hidden); the routed experts' hidden activations are recomputed
-//   in the backward (moe.cpp). Its forward also returns the layer's load-balance / router-z statistics.
+//   in the backward (moe.cpp). The cache's vectors are sized inside moe.cpp (kept per layer by the model,
+//   so their capacity is reused from call to call). Its forward also returns the layer's load-balance /
+//   router-z statistics.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,8 +30,10 @@ struct SwiGluMlpUnit {
 
   template <typename T>
   struct Saved {
-    Vec<T> a, b, h;  // gate / up pre-activations, hidden
-    size_t bytes() const { return vec_bytes(a) + vec_bytes(b) + vec_bytes(h); }
+    T *a, *b, *h;  // gate / up pre-activations, hidden [N, F]
+    void plan(Plan& p, const ModelConfig& c, int64_t N) {
+      for (T** x : {&a, &b, &h}) p.add(x, N * c.dense_mlp_intermediate_size);
+    }
   };
 
   // prefix = "model.layers.<l>.mlp."
@@ -37,7 +41,7 @@ struct SwiGluMlpUnit {
   static int64_t saved_floats_per_token(const ModelConfig& c) { return 3 * c.dense_mlp_intermediate_size; }
 
   template <typename T>
-  void forward(const Ctx<T>& ctx, const T* x, T* f, Saved<T>& s) const;
+  void forward(const Ctx<T>& ctx, const T* x, T* f, const Saved<T>& s) const;
   // df -> dx (overwritten).
   template <typename T>
   void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx) const;
@@ -48,11 +52,11 @@ struct RecomputedSwiGluMlpUnit {
 
   struct Saved {
     float *a, *b;  // gate / up pre-activations
-    void plan(FloatPlan& p, const ModelConfig& c, int64_t N);
+    void plan(Plan& p, const ModelConfig& c, int64_t N);
   };
   struct Scratch {
     float *act, *dact;
-    void plan(FloatPlan& p, const ModelConfig& c, int64_t N);
+    void plan(Plan& p, const ModelConfig& c, int64_t N);
   };
 
   // prefix = "model.layers.<l>.mlp."
@@ -71,7 +75,13 @@ struct MoeUnit {
   std::vector<int> eg, eu, ed;  // per routed expert
 
   template <typename T>
-  using Saved = moe::MoeCache<T>;
+  struct Saved {
+    moe::MoeCache<T> cache;
+    // The layer's weight / gradient pointer tables, refilled on each call (their capacity kept).
+    mutable moe::MoeWeights<T> w;
+    mutable moe::MoeGrads<T> g;
+    size_t bytes() const { return cache.bytes(); }
+  };
 
   static MoeUnit resolve(const ParamIndex& idx, const std::string& prefix, const ModelConfig& c);
   // Upper bound (dropless): probs E, lse 1, top-k ids / weights / kept 3k, latent 2 Lt, shared 3 S.

@@ -8,7 +8,7 @@
 // Parameters (self_attn.*): q/k/v_proj, f_proj_1/2, beta_proj, A_log, dt_bias, q/k/v_conv1d, g_proj_1,
 // g_proj_2 (+ bias), o_norm, o_proj. Saves every intermediate above (conv inputs and outputs, normalised
 // q/k, the low-rank gate inputs, gate, beta logits and beta, o, the output-gate pre-activation, y);
-// recomputes nothing.
+// recomputes nothing. Saved and Scratch are carved from the model's planned workspace (unit::Plan).
 #pragma once
 #include <cstdint>
 
@@ -22,8 +22,16 @@ struct KdaUnit {
 
   template <typename T>
   struct Saved {
-    Vec<T> qin, kin, vin, qc, kc, vc, qn, kn, flow, f, g, blog, beta, o, glow, zg, y;
-    size_t bytes() const;
+    T *qin, *kin, *vin, *qc, *kc, *vc, *qn, *kn, *flow, *f, *g, *blog, *beta, *o, *glow, *zg, *y;
+    void plan(Plan& p, const ModelConfig& c, int64_t N);  // saved_floats_per_token(c) * N values
+  };
+  // The backward's gradients of the intermediates (shared by the KDA layers), and stand-ins for absent
+  // parameter gradients (o_norm, A_log, dt_bias, conv weights).
+  template <typename T>
+  struct Scratch {
+    T *dy, *dO, *dzg, *dglow, *dq, *dk, *dv, *dg, *dbeta, *dblog, *df, *dflow, *dc, *din;
+    T *donorm, *dA, *ddt, *dconv;
+    void plan(Plan& p, const ModelConfig& c, int64_t N);
   };
 
   // prefix = "model.layers.<l>.self_attn."
@@ -32,10 +40,11 @@ struct KdaUnit {
 
   // x [N, d] -> a [N, d] (overwritten).
   template <typename T>
-  void forward(const Ctx<T>& ctx, const T* x, T* a, Saved<T>& s) const;
+  void forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s) const;
   // da [N, d] -> dx [N, d] (overwritten); parameter gradients accumulated.
   template <typename T>
-  void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx) const;
+  void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx,
+                const Scratch<T>& w) const;
 };
 
 }  // namespace olmosft::model::unit

@@ -1,6 +1,9 @@
 // Final norm + LM head unit of the hybrid (see unit_lm_head.h).
 #include "model/unit_lm_head.h"
 
+#include <algorithm>
+#include <type_traits>
+
 #include "core/error.h"
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
@@ -20,60 +23,60 @@ XentStats LmHeadUnit::forward(const Ctx<T>& ctx, const T* h, Saved<T>& s, float*
                               float* logprobs) const {
   const int64_t N = ctx.N, d = ctx.d, V = ctx.c.vocab_size;
   const Batch& b = ctx.b;
-  s.hn.resize(static_cast<size_t>(N * d));
-  s.rs.resize(static_cast<size_t>(N));
-  rmsnorm_forward(h, ctx.W(norm), s.hn.data(), s.rs.data(), N, d, ctx.c.rms_norm_eps);
+  rmsnorm_forward(h, ctx.W(norm), s.hn, s.rs, N, d, ctx.c.rms_norm_eps);
   const T* Wlm = ctx.W(lm_head);
-  s.targets.assign(static_cast<size_t>(N), -100);
-  s.mask.assign(static_cast<size_t>(N), 0);
+  std::fill(s.targets, s.targets + N, -100);
+  std::fill(s.mask, s.mask + N, uint8_t(0));
   if (b.targets != nullptr && b.trained != nullptr) {
     for (int64_t i = 0; i < N; ++i) {
       if (!b.trained[i] || !ctx.valid[i]) continue;
       OLMO_CHECK(b.targets[i] >= 0 && b.targets[i] < V, "olmo3moe: trained target ", b.targets[i], " at row ",
                  i / b.T, ", position ", i % b.T, " is outside [0, ", V, ")");
-      s.targets[static_cast<size_t>(i)] = b.targets[i];
-      s.mask[static_cast<size_t>(i)] = 1;
+      s.targets[i] = b.targets[i];
+      s.mask[i] = 1;
     }
   }
   s.xc = XentConfig{};
   s.xc.valid_vocab = V;
   s.xc.z_loss = ctx.loss->lm_z;
   s.xc.vocab_chunk = ctx.loss->vocab_tile;
-  s.lse.resize(static_cast<size_t>(N));
-  XentStats xs = xent_forward(s.hn.data(), Wlm, s.targets.data(), s.mask.data(), N, d, V, s.xc, s.lse.data());
+  XentStats xs = xent_forward(s.hn, Wlm, s.targets, s.mask, N, d, V, s.xc, s.lse);
   if (logits != nullptr) {
-    Vec<T> lg(static_cast<size_t>(N * V));
-    linear_forward(s.hn.data(), Wlm, lg.data(), N, d, V);
-    for (size_t i = 0; i < lg.size(); ++i) logits[i] = static_cast<float>(lg[i]);
+    if constexpr (std::is_same_v<T, float>) {
+      linear_forward(s.hn, Wlm, logits, N, d, V);
+    } else {  // the float64 path (tests) computes in T, then rounds
+      Vec<T> lg(static_cast<size_t>(N * V));
+      linear_forward(s.hn, Wlm, lg.data(), N, d, V);
+      for (size_t i = 0; i < lg.size(); ++i) logits[i] = static_cast<float>(lg[i]);
+    }
   }
   if (logprobs != nullptr) {
     for (int64_t i = 0; i < N; ++i) {
-      if (!s.mask[static_cast<size_t>(i)]) {
+      if (!s.mask[i]) {
         logprobs[i] = 0.0f;
         continue;
       }
       double dot = 0;
-      const T* wr = Wlm + static_cast<int64_t>(s.targets[static_cast<size_t>(i)]) * d;
-      for (int64_t j = 0; j < d; ++j)
-        dot += static_cast<double>(s.hn[static_cast<size_t>(i * d + j)]) * wr[j];
-      logprobs[i] = static_cast<float>(dot - static_cast<double>(s.lse[static_cast<size_t>(i)]));
+      const T* wr = Wlm + static_cast<int64_t>(s.targets[i]) * d;
+      for (int64_t j = 0; j < d; ++j) dot += static_cast<double>(s.hn[i * d + j]) * wr[j];
+      logprobs[i] = static_cast<float>(dot - static_cast<double>(s.lse[i]));
     }
   }
   return xs;
 }
 
 template <typename T>
-void LmHeadUnit::backward(const Ctx<T>& ctx, const T* h, const Saved<T>& s, double grad_scale, T* dh) const {
+void LmHeadUnit::backward(const Ctx<T>& ctx, const T* h, const Saved<T>& s, double grad_scale, T* dh,
+                          T* dhn) const {
   const int64_t N = ctx.N, d = ctx.d, V = ctx.c.vocab_size;
-  Vec<T> dhn(static_cast<size_t>(N * d));
-  xent_backward(s.hn.data(), ctx.W(lm_head), s.targets.data(), s.mask.data(), s.lse.data(), N, d, V, s.xc,
-                grad_scale, dhn.data(), ctx.G(lm_head));
-  rmsnorm_backward(dhn.data(), h, ctx.W(norm), s.rs.data(), dh, ctx.G(norm), N, d, ctx.c.rms_norm_eps);
+  xent_backward(s.hn, ctx.W(lm_head), s.targets, s.mask, s.lse, N, d, V, s.xc, grad_scale, dhn,
+                ctx.G(lm_head));
+  rmsnorm_backward(dhn, h, ctx.W(norm), s.rs, dh, ctx.G(norm), N, d, ctx.c.rms_norm_eps);
 }
 
 #define OLMOSFT_LM_HEAD_UNIT(T)                                                                        \
   template XentStats LmHeadUnit::forward<T>(const Ctx<T>&, const T*, Saved<T>&, float*, float*) const; \
-  template void LmHeadUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, double, T*) const;
+  template void LmHeadUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, double, T*, T*) const;
 OLMOSFT_LM_HEAD_UNIT(float)
 OLMOSFT_LM_HEAD_UNIT(double)
 #undef OLMOSFT_LM_HEAD_UNIT

@@ -17,10 +17,16 @@ struct LmHeadUnit {
 
   template <typename T>
   struct Saved {
-    Vec<T> hn, rs, lse;
-    std::vector<int32_t> targets;  // -100 where not trained
-    std::vector<uint8_t> mask;     // 1 = trained target (and not padding)
+    T *hn, *rs, *lse;  // [N, d], [N], [N]
+    int32_t* targets;  // [N] -100 where not trained
+    uint8_t* mask;     // [N] 1 = trained target (and not padding)
     XentConfig xc;
+    void plan(Plan& p, const ModelConfig& c, int64_t N) {
+      p.add(&hn, N * c.hidden_size);
+      for (T** b : {&rs, &lse}) p.add(b, N);
+      p.add(&targets, N);
+      p.add(&mask, N);
+    }
   };
 
   static LmHeadUnit resolve(const ParamIndex& idx, const ModelConfig& c);
@@ -29,9 +35,9 @@ struct LmHeadUnit {
   // h [N, d] -> loss sums; logits [N, V] / logprobs [N] (0 where untrained) when non-null.
   template <typename T>
   XentStats forward(const Ctx<T>& ctx, const T* h, Saved<T>& s, float* logits, float* logprobs) const;
-  // dh [N, d] (overwritten) of grad_scale * (ce_sum + lm_z * z_sum).
+  // dh [N, d] (overwritten) of grad_scale * (ce_sum + lm_z * z_sum); dhn: [N, d] scratch.
   template <typename T>
-  void backward(const Ctx<T>& ctx, const T* h, const Saved<T>& s, double grad_scale, T* dh) const;
+  void backward(const Ctx<T>& ctx, const T* h, const Saved<T>& s, double grad_scale, T* dh, T* dhn) const;
 };
 
 }  // namespace olmosft::model::unit

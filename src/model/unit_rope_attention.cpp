@@ -40,7 +40,7 @@ int64_t RopeAttentionUnit::saved_floats_per_token(const ModelConfig& c) {
   return 2 * HD + 2 * KD + c.num_attention_heads + 2;
 }
 
-void RopeAttentionUnit::Saved::plan(FloatPlan& p, const ModelConfig& c, int64_t N) {
+void RopeAttentionUnit::Saved::plan(Plan& p, const ModelConfig& c, int64_t N) {
   const int64_t HD = c.num_attention_heads * c.head_dim, KD = c.num_key_value_heads * c.head_dim;
   p.add(&qraw, N * HD);
   p.add(&kraw, N * KD);
@@ -51,7 +51,7 @@ void RopeAttentionUnit::Saved::plan(FloatPlan& p, const ModelConfig& c, int64_t 
   p.add(&rk, N);
 }
 
-void RopeAttentionUnit::Scratch::plan(FloatPlan& p, const ModelConfig& c, int64_t N) {
+void RopeAttentionUnit::Scratch::plan(Plan& p, const ModelConfig& c, int64_t N) {
   const int64_t HD = c.num_attention_heads * c.head_dim, KD = c.num_key_value_heads * c.head_dim;
   p.add(&q, N * HD);
   p.add(&k, N * KD);

@@ -22,11 +22,11 @@ struct RopeAttentionUnit {
 
   struct Saved {
     float *qraw, *kraw, *v, *o, *lse, *rq, *rk;
-    void plan(FloatPlan& p, const ModelConfig& c, int64_t N);
+    void plan(Plan& p, const ModelConfig& c, int64_t N);
   };
   struct Scratch {
     float *q, *k, *dO, *dq, *dk, *dv;
-    void plan(FloatPlan& p, const ModelConfig& c, int64_t N);
+    void plan(Plan& p, const ModelConfig& c, int64_t N);
     const float *cos_s = nullptr, *sin_s = nullptr, *cos_f = nullptr, *sin_f = nullptr;  // RoPE tables
     void* attn_ws = nullptr;                                                             // attention kernel
     size_t attn_ws_bytes = 0;

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <set>
 
-#include "core/arena.h"
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -77,19 +76,6 @@ TEST(Tensor, ParseDtypeNamesTheInput) {
     EXPECT_NE(std::string(e.what()).find("model.safetensors tensor 'w'"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("Q4"), std::string::npos);
   }
-}
-
-TEST(Arena, BumpsResetsAndTracksHighWater) {
-  Arena a(1024);
-  Tensor x = a.alloc({10});
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(x.raw_data()) % 64, 0u);
-  Tensor y = a.zeros({100});
-  EXPECT_EQ(y.data<float>()[99], 0.0f);
-  EXPECT_THROW(a.alloc({1000}), Error);
-  size_t hw = a.high_water();
-  a.reset();
-  EXPECT_EQ(a.used(), 0u);
-  EXPECT_EQ(a.high_water(), hw);
 }
 
 TEST(Rng, PhiloxKnownAnswers) {

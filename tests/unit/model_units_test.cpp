@@ -55,17 +55,50 @@ TEST(ModelUnits, HybridSavedBytesMatchTheBlocksDeclarations) {
   const Row r(T, c.vocab_size);
   LossConfig lc;
   m->forward_backward(r.batch(), lc, 1.0 / double(T), 1.0);
-  const size_t saved = dynamic_cast<Olmo3MoeModel&>(*m).last_run().saved_bytes;
+  const Olmo3MoeRunInfo info = dynamic_cast<Olmo3MoeModel&>(*m).last_run();
+  const size_t saved = info.saved_bytes;
   int64_t declared = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     declared += unit::PeriLnBlock::saved_floats_per_token(c, l);
-  std::printf("[units] hybrid tiny: saved %.1f bytes/token, declared %lld floats/token (%lld bytes)\n",
-              double(saved) / double(T), static_cast<long long>(declared),
-              static_cast<long long>(4 * declared));
+  std::printf(
+      "[units] hybrid tiny: saved %.1f bytes/token, declared %lld floats/token (%lld bytes); scratch %.1f "
+      "bytes/token, planned block %zu bytes\n",
+      double(saved) / double(T), static_cast<long long>(declared), static_cast<long long>(4 * declared),
+      double(info.scratch_bytes) / double(T), info.workspace_bytes);
+  EXPECT_EQ(info.tokens, T);
   // The declaration counts every saved value as a float; the MoE cache keeps its `kept` flags as bytes
   // and its per-expert loads per layer (not per token).
   EXPECT_GE(4.0 * double(declared) * double(T), 0.99 * double(saved));
   EXPECT_LE(4.0 * double(declared) * double(T), 1.01 * double(saved));
+  // The planned part of the saved activations (all but the MoE caches, which moe.cpp sizes) is exactly
+  // the declaration less the MoE's (T = 64: every buffer is a multiple of 64 bytes, no rounding).
+  int64_t moe_declared = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    if (!c.is_dense_layer(l)) moe_declared += unit::MoeUnit::saved_floats_per_token(c);
+  EXPECT_EQ(info.workspace_bytes - info.scratch_bytes, size_t(4 * (declared - moe_declared) * T));
+  // Scratch: at least the residual stream and its gradient, the embedding's and LM head's saved rows.
+  EXPECT_GE(double(info.scratch_bytes), 4.0 * double(T) * double(4 * c.hidden_size));
+}
+
+TEST(ModelUnits, HybridWorkspaceIsPlannedOnceAndReusedWhileTokensDoNotGrow) {
+  set_threads(1);
+  const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3moe_tiny/config.json");
+  auto m = make_model(c, 3);
+  auto& hm = dynamic_cast<Olmo3MoeModel&>(*m);
+  LossConfig lc;
+  const Row big(64, c.vocab_size), small(32, c.vocab_size), bigger(96, c.vocab_size);
+  const LossParts first = m->forward_backward(big.batch(), lc, 1.0 / 64.0, 1.0);
+  const size_t block = hm.last_run().workspace_bytes;
+  ASSERT_GT(block, 0u);
+  m->forward_backward(small.batch(), lc, 1.0 / 32.0, 1.0);
+  EXPECT_EQ(hm.last_run().workspace_bytes, block);  // fewer tokens: the same block
+  EXPECT_EQ(hm.last_run().tokens, 32);
+  // A reused (larger, dirty) block gives the same numbers as a fresh one.
+  const LossParts again = m->forward_backward(big.batch(), lc, 1.0 / 64.0, 1.0);
+  EXPECT_EQ(again.ce_sum, first.ce_sum);
+  EXPECT_EQ(again.moe_lb, first.moe_lb);
+  m->forward_backward(bigger.batch(), lc, 1.0 / 96.0, 1.0);
+  EXPECT_GT(hm.last_run().workspace_bytes, block);  // more tokens: planned again
 }
 
 TEST(ModelUnits, Olmo3WorkspaceMatchesTheDeclarations) {
