@@ -278,6 +278,11 @@ LossParts Olmo3MoeModel::run(const Batch& batch, const LossConfig& loss, double 
   return r.run(loss, grad_scale, aux_scale, logits, logprobs, &info_);
 }
 
+int64_t Olmo3MoeModel::scratch_floats_per_token(const ModelConfig& c) {
+  return 2 * c.hidden_size + 3 + unit::ScaledEmbeddingUnit::saved_floats_per_token(c) +
+         unit::LmHeadUnit::saved_floats_per_token(c) + unit::PeriLnBlock::Scratch<float>::per_token(c);
+}
+
 LossParts Olmo3MoeModel::forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,
                                           double aux_scale) {
   return run(batch, loss, grad_scale, aux_scale, true, nullptr, nullptr);

@@ -61,6 +61,10 @@ class Olmo3MoeModel : public CausalLM {
   bool set_param_residency(ParamResidency hooks) override;
   Olmo3MoeOptions& options() { return opts_; }
   const Olmo3MoeRunInfo& last_run() const { return info_; }
+  // What the planned block holds per token besides the blocks' Saved (Olmo3MoeRunInfo::scratch_bytes):
+  // the residual stream and its gradient, the batch arrays, the embedding's and LM head's Saved and the
+  // layers' shared Scratch (byte fields counted as one float; a few per-layer-size stand-ins not counted).
+  static int64_t scratch_floats_per_token(const ModelConfig& c);
 
  private:
   LossParts run(const Batch& batch, const LossConfig& loss, double grad_scale, double aux_scale,

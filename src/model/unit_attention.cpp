@@ -120,6 +120,12 @@ void SoftmaxAttentionUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t
 }
 
 template <typename T>
+int64_t SoftmaxAttentionUnit::Scratch<T>::per_token(const ModelConfig& c) {
+  // dog dO dz dqs dqn dq: H*D; dkn dv dk: Hkv*D.
+  return 6 * c.num_attention_heads * c.head_dim + 3 * c.num_key_value_heads * c.head_dim;
+}
+
+template <typename T>
 void SoftmaxAttentionUnit::Scratch<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
   const int64_t H = c.num_attention_heads, QD = H * c.head_dim, KVD = c.num_key_value_heads * c.head_dim;
   for (T** b : {&dog, &dO, &dz, &dqs, &dqn, &dq}) p.add(b, N * QD);

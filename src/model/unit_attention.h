@@ -34,7 +34,8 @@ struct SoftmaxAttentionUnit {
   struct Scratch {
     T *dog, *dO, *dz, *dqs, *dqn, *dq, *dkn, *dv, *dk;
     double* acc;
-    void plan(Plan& p, const ModelConfig& c, int64_t N);
+    void plan(Plan& p, const ModelConfig& c, int64_t N);  // per_token(c) * N values + acc
+    static int64_t per_token(const ModelConfig& c);
   };
 
   // The mixer interface (as KdaUnit): forward x [N, d] -> a [N, d]; backward da -> dx, both overwritten;

@@ -51,13 +51,29 @@ void PeriLnBlock::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t l, int64
   if (c.is_dense_layer(l)) mlp.plan(p, c, N);
 }
 
+namespace {
+// Whether the config has KDA / softmax-attention layers.
+void mixer_kinds(const ModelConfig& c, bool* has_kda, bool* has_attn) {
+  *has_kda = *has_attn = false;
+  for (const LayerType lt : c.layer_types) (lt == LayerType::LinearAttention ? *has_kda : *has_attn) = true;
+}
+}  // namespace
+
 template <typename T>
 void PeriLnBlock::Scratch<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
   for (T** b : {&t, &dA, &dX}) p.add(b, N * c.hidden_size);
-  bool has_kda = false, has_attn = false;
-  for (const LayerType lt : c.layer_types) (lt == LayerType::LinearAttention ? has_kda : has_attn) = true;
+  bool has_kda, has_attn;
+  mixer_kinds(c, &has_kda, &has_attn);
   if (has_kda) kda.plan(p, c, N);
   if (has_attn) attn.plan(p, c, N);
+}
+
+template <typename T>
+int64_t PeriLnBlock::Scratch<T>::per_token(const ModelConfig& c) {
+  bool has_kda, has_attn;
+  mixer_kinds(c, &has_kda, &has_attn);
+  return 3 * c.hidden_size + (has_kda ? KdaUnit::Scratch<T>::per_token(c) : 0) +
+         (has_attn ? SoftmaxAttentionUnit::Scratch<T>::per_token(c) : 0);
 }
 
 template <typename T>

@@ -47,6 +47,7 @@ struct PeriLnBlock {
     KdaUnit::Scratch<T> kda;
     SoftmaxAttentionUnit::Scratch<T> attn;
     void plan(Plan& p, const ModelConfig& c, int64_t N);  // the mixers' scratch for the kinds c has
+    static int64_t per_token(const ModelConfig& c);       // what plan requests per token
   };
 
   static PeriLnBlock resolve(const ParamIndex& idx, const ModelConfig& c, int64_t layer);

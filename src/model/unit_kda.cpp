@@ -64,6 +64,14 @@ void KdaUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
 }
 
 template <typename T>
+int64_t KdaUnit::Scratch<T>::per_token(const ModelConfig& c) {
+  const int64_t H = c.linear_num_key_heads, KD = H * c.linear_key_head_dim, VD = H * c.linear_value_head_dim,
+                R = c.linear_value_head_dim;
+  // dy dO dzg dv: VD; dq dk dg df: KD; dglow dflow: R; dbeta dblog: H; dc din: max(KD, VD).
+  return 4 * VD + 4 * KD + 2 * R + 2 * H + 2 * std::max(KD, VD);
+}
+
+template <typename T>
 void KdaUnit::Scratch<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
   const int64_t H = c.linear_num_key_heads, Dv = c.linear_value_head_dim, KD = H * c.linear_key_head_dim,
                 VD = H * Dv, R = Dv, C = c.linear_conv_kernel_dim;

@@ -31,7 +31,8 @@ struct KdaUnit {
   struct Scratch {
     T *dy, *dO, *dzg, *dglow, *dq, *dk, *dv, *dg, *dbeta, *dblog, *df, *dflow, *dc, *din;
     T *donorm, *dA, *ddt, *dconv;
-    void plan(Plan& p, const ModelConfig& c, int64_t N);
+    void plan(Plan& p, const ModelConfig& c, int64_t N);  // per_token(c) * N values + the stand-ins
+    static int64_t per_token(const ModelConfig& c);
   };
 
   // prefix = "model.layers.<l>.self_attn."

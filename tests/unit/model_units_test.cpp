@@ -76,8 +76,15 @@ TEST(ModelUnits, HybridSavedBytesMatchTheBlocksDeclarations) {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     if (!c.is_dense_layer(l)) moe_declared += unit::MoeUnit::saved_floats_per_token(c);
   EXPECT_EQ(info.workspace_bytes - info.scratch_bytes, size_t(4 * (declared - moe_declared) * T));
-  // Scratch: at least the residual stream and its gradient, the embedding's and LM head's saved rows.
-  EXPECT_GE(double(info.scratch_bytes), 4.0 * double(T) * double(4 * c.hidden_size));
+  // The rest of the block is the declared scratch: 4 bytes per declared float less 3 for each of the two
+  // byte fields (valid flags, LM-head mask), plus the per-layer-size stand-ins (a few KiB at most).
+  const int64_t scratch_declared = Olmo3MoeModel::scratch_floats_per_token(c);
+  std::printf(
+      "[units] hybrid tiny: scratch declared %lld floats/token, planned %zu bytes (slack %lld)\n",
+      static_cast<long long>(scratch_declared), info.scratch_bytes,
+      static_cast<long long>(info.scratch_bytes) - static_cast<long long>((4 * scratch_declared - 6) * T));
+  EXPECT_GE(info.scratch_bytes, size_t((4 * scratch_declared - 6) * T));
+  EXPECT_LE(info.scratch_bytes, size_t((4 * scratch_declared - 6) * T + 16384));
 }
 
 TEST(ModelUnits, HybridWorkspaceIsPlannedOnceAndReusedWhileTokensDoNotGrow) {
