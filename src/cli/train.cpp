@@ -14,12 +14,10 @@ namespace {
 
 // The model factory hook: an HF directory to fine-tune (model.init) or a config.json to initialise.
 std::unique_ptr<olmosft::model::CausalLM> build_model(const olmosft::TrainConfig& c) {
+  olmosft::require_run_inputs(c);  // data.path, one of model.init / model.config
   const std::string& init = c.model.init;
   const std::string& cfg = c.model.config;
-  OLMO_CHECK(init.empty() || cfg.empty(), c.source, ": set only one of model.init and model.config");
   if (!init.empty()) return olmosft::model::load_model(init);
-  OLMO_CHECK(!cfg.empty(), c.source,
-             ": model.init (HF directory) or model.config (config.json for a random init) is required");
   return olmosft::model::make_model(olmosft::model::load_config(cfg), static_cast<uint64_t>(c.seed));
 }
 

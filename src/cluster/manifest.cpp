@@ -261,6 +261,8 @@ std::string to_yaml(const OJson& obj) {
 
 void write_rendered(const Rendered& out, const std::string& dir) {
   std::error_code ec;
+  OLMO_CHECK(!std::filesystem::exists(dir, ec) || std::filesystem::is_empty(dir, ec), "--out ", dir,
+             " is not empty: choose a new directory (manifests of two renders must not mix)");
   std::filesystem::create_directories(dir, ec);
   OLMO_CHECK(!ec, "--out ", dir, ": cannot create directory: ", ec.message());
   OJson all = {{"jobset", out.jobset_name},

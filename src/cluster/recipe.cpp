@@ -290,8 +290,9 @@ ClusterSpec read_cluster(const std::string& origin, const std::map<std::string, 
   c.image = need("image");
   OLMO_CHECK(c.image.find(' ') == std::string::npos, rd.where("cluster.image"),
              ": expected an image reference");
+  const std::string slice = need("slice");  // outside the try: its error already names the key
   try {
-    c.slice = parse_slice(need("slice"));
+    c.slice = parse_slice(slice);
   } catch (const Error& e) {
     fail(rd.where("cluster.slice"), ": ", e.what());
   }
@@ -373,6 +374,7 @@ Recipe parse_recipe(const std::string& text, const std::string& origin,
   check_fits(r);
   // What the pods will read, read back (devices included).
   r.train = olmosft::Recipe::parse(r.effective_yaml(), as_trainer).config();
+  olmosft::require_run_inputs(r.train);  // what the pod's `olmosft train` would refuse, refused now
   return r;
 }
 

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "io/atomic_file.h"
+#include "io/json.h"
 #include "model/model.h"
 
 namespace olmosft::model {
@@ -50,14 +51,34 @@ const RopeParams& ModelConfig::rope_for(int64_t layer) const {
 
 namespace {
 
-// Typed accessors over a JSON object. "Absent or null" means "use the default", as HF does for None.
+// Typed accessors over a JSON object. Absent means "use the default". Null: inside rope_scaling /
+// rope_parameters, transformers reads a None value as its default, so null is the default there too
+// (null_is_default). At the top level transformers assigns the None to the attribute, which is not the
+// default (sliding_window None is no window at all; rms_norm_eps None fails), so a null number or flag is an
+// error there rather than a silent 4096 or 1e-5.
 struct Obj {
   const json& j;
   std::string ctx;  // "config.json" or "config.json: rope_scaling"
+  bool null_is_default = false;
 
+  // Present and not null (keys whose None means "none" in transformers: token ids, rope_scaling, ...).
   bool has(const std::string& k) const { return j.contains(k) && !j.at(k).is_null(); }
+  // Present, for a number or flag with a default: null is an error unless null_is_default.
+  bool given(const std::string& k) const {
+    if (!j.contains(k)) return false;
+    if (!j.at(k).is_null()) return true;
+    // transformers' configs map None to the default themselves for these (e.g. Olmo3Config:
+    // num_key_value_heads None -> num_attention_heads).
+    static const std::set<std::string> kNoneIsDefault = {"num_key_value_heads", "head_dim",
+                                                         "attention_hidden_size"};
+    if (!null_is_default && !kNoneIsDefault.count(k))
+      fail(ctx, ": key '", k,
+           "' is null; olmosft does not read null as the default (transformers would use None, a different "
+           "model): remove the key to get the default, or give a value");
+    return false;
+  }
   [[noreturn]] void bad(const std::string& k, const std::string& expected) const {
-    fail(ctx, ": key '", k, "' must be ", expected, ", got ", j.at(k).dump());
+    fail(ctx, ": key '", k, "' must be ", expected, ", got ", io::json_excerpt(j.at(k)));
   }
   void require(const std::string& k) const { OLMO_CHECK(has(k), ctx, ": missing required key '", k, "'"); }
   int64_t integer(const std::string& k) const {
@@ -69,7 +90,7 @@ struct Obj {
     }
     bad(k, "an integer");
   }
-  int64_t integer(const std::string& k, int64_t def) const { return has(k) ? integer(k) : def; }
+  int64_t integer(const std::string& k, int64_t def) const { return given(k) ? integer(k) : def; }
   int64_t req_integer(const std::string& k) const {
     require(k);
     return integer(k);
@@ -91,7 +112,7 @@ struct Obj {
     return integer(k);
   }
   double number(const std::string& k, double def) const {
-    if (!has(k)) return def;
+    if (!given(k)) return def;
     const json& v = j.at(k);
     if (!v.is_number()) bad(k, "a number");
     double d = v.get<double>();
@@ -99,7 +120,7 @@ struct Obj {
     return d;
   }
   bool boolean(const std::string& k, bool def) const {
-    if (!has(k)) return def;
+    if (!given(k)) return def;
     if (!j.at(k).is_boolean()) bad(k, "true or false");
     return j.at(k).get<bool>();
   }
@@ -116,7 +137,7 @@ double yarn_mscale(double scale, double mscale) {
 
 // One rope parameter object (rope_scaling, or one rope_parameters entry). `base` supplies rope_theta.
 RopeParams parse_rope(const json& rj, const std::string& ctx, double theta, int64_t max_pos) {
-  OLMO_CHECK(rj.is_object(), ctx, ": must be an object, got ", rj.dump());
+  OLMO_CHECK(rj.is_object(), ctx, ": must be an object, got ", io::json_excerpt(rj));
   static const std::set<std::string> known = {
       "rope_type",      "type",      "factor",           "original_max_position_embeddings",
       "beta_fast",      "beta_slow", "attention_factor", "mscale",
@@ -124,7 +145,7 @@ RopeParams parse_rope(const json& rj, const std::string& ctx, double theta, int6
   for (auto it = rj.begin(); it != rj.end(); ++it) {
     OLMO_CHECK(known.count(it.key()), ctx, ": unknown key '", it.key(), "'");
   }
-  Obj o{rj, ctx};
+  Obj o{rj, ctx, true};
   RopeParams p;
   p.rope_theta = o.number("rope_theta", theta);
   OLMO_CHECK(p.rope_theta > 0, ctx, ": key 'rope_theta' must be positive");
@@ -239,8 +260,9 @@ std::vector<LayerType> parse_layer_types(const Obj& o, const ModelConfig& c) {
     else if (s == "linear_attention" && c.is_moe())
       out.push_back(LayerType::LinearAttention);
     else
-      fail(o.ctx, ": layer_types[", i, "] = ", v[i].dump(), " is not supported for ", c.model_type_name,
-           " (expected sliding_attention, full_attention", c.is_moe() ? ", linear_attention" : "", ")");
+      fail(o.ctx, ": layer_types[", i, "] = ", io::json_excerpt(v[i]), " is not supported for ",
+           c.model_type_name, " (expected sliding_attention, full_attention",
+           c.is_moe() ? ", linear_attention" : "", ")");
   }
   return out;
 }
@@ -286,7 +308,8 @@ void read_token_ids(const Obj& o, ModelConfig& c) {
   const std::string& context = o.ctx;
   const json& j = o.j;
   auto token_id = [&](const std::string& k, const json& v) {
-    OLMO_CHECK(v.is_number_integer(), context, ": key '", k, "' must be an integer token id, got ", v.dump());
+    OLMO_CHECK(v.is_number_integer(), context, ": key '", k, "' must be an integer token id, got ",
+               io::json_excerpt(v));
     int64_t id = v.get<int64_t>();
     OLMO_CHECK(id >= 0 && id < c.vocab_size, context, ": key '", k, "' = ", id,
                " is outside the vocabulary [0, ", c.vocab_size, ")");
@@ -492,14 +515,7 @@ ModelConfig parse_config(const json& j, const std::string& context) {
 }
 
 ModelConfig load_config(const std::string& path) {
-  std::string text = io::read_file(path);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail(path, ": invalid JSON (", e.what(), ")");
-  }
-  return parse_config(j, path);
+  return parse_config(io::parse_json(io::read_file(path), path), path);
 }
 
 json config_to_json(const ModelConfig& c, std::optional<DType> export_dtype) {

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <iomanip>
@@ -165,12 +166,20 @@ void check_value(const RecipeKey& k, const std::string& v, const std::string& or
   }
 }
 
+// Nested maps to dotted keys. A key given twice (the same key twice in one map, or `a.b:` beside `a: {b:}`)
+// is an error naming both lines: YAML parsers differ on which one wins, and a recipe must say one thing.
 void flatten(const YAML::Node& node, const std::string& prefix, const std::string& source,
-             std::vector<std::pair<std::string, std::string>>& out) {
+             std::vector<std::pair<std::string, std::string>>& out, std::map<std::string, int>& lines) {
   if (node.IsMap()) {
     for (const auto& kv : node) {
       std::string key = kv.first.as<std::string>();
-      flatten(kv.second, prefix.empty() ? key : prefix + "." + key, source, out);
+      const std::string full = prefix.empty() ? key : prefix + "." + key;
+      const int line = kv.first.Mark().line + 1;
+      auto [it, fresh] = lines.emplace(full, line);
+      if (!fresh)
+        fail(source, ": key '", full, "' is given twice (lines ", it->second, " and ", line,
+             "); keep one of them");
+      flatten(kv.second, full, source, out, lines);
     }
   } else if (node.IsScalar()) {
     out.emplace_back(prefix, node.as<std::string>());
@@ -209,7 +218,8 @@ Recipe Recipe::parse(const std::string& text, const std::string& source,
   if (!root.IsNull()) {
     if (!root.IsMap()) fail(source, ": a recipe must be a YAML mapping of keys to values");
     std::vector<std::pair<std::string, std::string>> flat;
-    flatten(root, "", source, flat);
+    std::map<std::string, int> lines;
+    flatten(root, "", source, flat, lines);
     for (const auto& [k, v] : flat) r.set(k, v, source);
   }
   for (const auto& o : overrides) {
@@ -265,6 +275,16 @@ TrainConfig Recipe::fields() const {
   for (const auto& [k, v] : values_) c.given.insert(k);
   c.run_name = str("run_name");
   c.output_dir = str("output_dir");
+  // One directory under output_dir: not empty, no path separator, not . or .. (run_name=../x escaped it).
+  const bool name_ok =
+      !c.run_name.empty() && c.run_name != "." && c.run_name != ".." &&
+      std::all_of(c.run_name.begin(), c.run_name.end(), [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.';
+      });
+  OLMO_CHECK(name_ok, src, ": run_name '", c.run_name,
+             "' must be one directory name under output_dir: letters, digits, '-', '_' and '.', not empty, "
+             "not . or ..");
+  OLMO_CHECK(!c.output_dir.empty(), src, ": output_dir must not be empty");
   c.seed = i64("seed");
   c.tokenizer = str("tokenizer");
   c.model.init = str("model.init");
@@ -389,6 +409,16 @@ std::vector<Recipe::Change> Recipe::diff(const Recipe& before, const Recipe& aft
     if (a != b) out.push_back({k, a, b});
   }
   return out;
+}
+
+void require_run_inputs(const TrainConfig& c, bool model_from_recipe) {
+  OLMO_CHECK(!c.data.path.empty(), c.source,
+             ": data.path is required (a dataset written by `olmosft data build`)");
+  if (!model_from_recipe) return;
+  OLMO_CHECK(c.model.init.empty() || c.model.config.empty(), c.source,
+             ": set only one of model.init and model.config");
+  OLMO_CHECK(!c.model.init.empty() || !c.model.config.empty(), c.source,
+             ": model.init (HF directory) or model.config (config.json for a random init) is required");
 }
 
 bool recipe_key_operational(const std::string& key) {

@@ -139,6 +139,12 @@ class Recipe {
   std::map<std::string, std::string> values_;  // only keys that were set
 };
 
+// What `olmosft train` requires beyond types and ranges, checked without touching any file: data.path, and
+// (with model_from_recipe) exactly one of model.init / model.config. `olmosft train`, the trainer (whose
+// caller may pass the model in: model_from_recipe=false) and `k8s render` (a pod would fail after scheduling)
+// call it. Throws olmosft::Error naming the recipe and the key.
+void require_run_inputs(const TrainConfig& c, bool model_from_recipe = true);
+
 // True for keys a resumed run may change without changing what it computes beyond summation order: the
 // process layout, threads, logging, evaluation, export, checkpoint cadence, cluster and mesh settings.
 // Everything else (data, model, optimizer, losses, seq_len, global_batch, steps, ...) is a different run.

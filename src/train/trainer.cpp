@@ -61,8 +61,8 @@ RunPlan plan_run(const TrainConfig& cfg, std::ostream& err) {
   p.d = cfg.batch;
   const Derived& d = p.d;
   if (cfg.compute.threads > 0) set_threads(static_cast<int>(cfg.compute.threads));
+  require_run_inputs(cfg, /*model_from_recipe=*/false);  // the caller built the model
   const std::string data_path = cfg.data.path;
-  OLMO_CHECK(!data_path.empty(), src, ": data.path is required (a dataset written by `olmosft data build`)");
   p.ds = std::make_shared<PackedDataset>(PackedDataset::open(data_path));
   const PackedDataset& ds = *p.ds;
   const nlohmann::json& man = ds.manifest();

@@ -171,6 +171,19 @@ TEST(K8sManifest, CliRenderRefusesBeforeWriting) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("32 pods x 4 chips = 128 devices"), std::string::npos) << out;
   EXPECT_TRUE(fs::exists(dir / "m" / "2-jobset.yaml"));
+  // Issue #17: a second render into the same --out is refused (manifests of two renders must not mix), and
+  // so is a recipe the pods' `olmosft train` would refuse (no data.path), before anything is written.
+  out = run(
+      std::string(OLMOSFT_BINARY) + " k8s render " + kRecipe + " --suffix s2 --out " + (dir / "m").string(),
+      rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("is not empty: choose a new directory"), std::string::npos) << out;
+  out = run(
+      std::string(OLMOSFT_BINARY) + " k8s render " + kRecipe + " data.path= --out " + (dir / "n").string(),
+      rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("data.path is required"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir / "n"));
   fs::remove_all(dir);
 }
 

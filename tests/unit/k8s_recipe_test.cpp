@@ -10,6 +10,10 @@ using namespace olmosft::cluster;
 namespace {
 
 const char* kBase = R"(run_name: test-run
+model:
+  init: /mnt/hf/base
+data:
+  path: /mnt/data/packed
 seq_len: 65536
 global_batch: 16
 per_device_batch: 0.125
@@ -138,6 +142,12 @@ TEST(K8sRecipe, OverridesAndValidation) {
   EXPECT_NE(e.find("max_required_rbf': must be > 0"), std::string::npos) << e;
   e = error_of([] { parse_recipe("run_name: x\n", "r.yaml", {}); });
   EXPECT_NE(e.find("key 'seq_len': missing (required)"), std::string::npos) << e;
+  {  // a missing cluster.slice is reported once (issue #17: the key was named twice)
+    std::string base = kBase;
+    base.erase(base.find("  slice: tpu-v4-4x4x8\n"), std::string("  slice: tpu-v4-4x4x8\n").size());
+    e = error_of([&] { parse_recipe(base, "r.yaml", {}); });
+    EXPECT_EQ(e, "r.yaml: key 'cluster.slice': missing (required)");
+  }
   e = error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.namespace=Olmo_NS"}); });
   EXPECT_NE(e.find("not a valid namespace name"), std::string::npos) << e;
   e = error_of([] { parse_recipe("a: [", "bad.yaml", {}); });

@@ -235,6 +235,13 @@ TEST(ModelConfig, ClearErrors) {
   expect_error(with("attention_bias", true), {"'attention_bias'"});
   expect_error(with("tie_word_embeddings", 1), {"'tie_word_embeddings'", "true or false"});
   expect_error(with("rms_norm_eps", -1.0), {"'rms_norm_eps'"});
+  // Issue #17: a null number is not silently the default (sliding_window null became 4096, rms_norm_eps null
+  // 1e-5); a null token id still means "none", as in transformers, and a null inside rope_scaling is its
+  // default.
+  expect_error(with("sliding_window", nullptr), {"'sliding_window' is null", "remove the key"});
+  expect_error(with("rms_norm_eps", nullptr), {"'rms_norm_eps' is null"});
+  expect_error(with("tie_word_embeddings", nullptr), {"'tie_word_embeddings' is null"});
+  EXPECT_FALSE(parse_config(with("pad_token_id", nullptr), "c.json").pad_token_id.has_value());
   expect_error(with("eos_token_id", 100257), {"'eos_token_id' = 100257", "outside the vocabulary [0, 512)"});
   expect_error(with("eos_token_id", json::array({1, -1})), {"'eos_token_id' = -1"});
   expect_error(with("pad_token_id", "x"), {"'pad_token_id'", "integer"});
@@ -299,7 +306,7 @@ TEST(ModelConfig, WriteBackPreservesTheOriginal) {
     load_config((dir / "bad.json").string());
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("bad.json: invalid JSON"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bad.json: not valid JSON"), std::string::npos) << e.what();
   }
   std::filesystem::remove_all(dir);
 }

@@ -146,6 +146,17 @@ TEST(Recipe, FieldsAreRangeCheckedWithTheKeyNamed) {
   EXPECT_NE(e("steps: 3\nmesh:\n  fsdp: two\n").find("t.yaml: key 'mesh.fsdp' expects an integer >= 1"),
             std::string::npos);
   EXPECT_NE(e("steps: 3\nmesh:\n  fsdp: 0\n").find("key 'mesh.fsdp'"), std::string::npos);
+  // Issue #17: a key given twice is an error naming both lines (YAML readers differ on which wins), also
+  // as a dotted key beside its nested form; run_name is one directory under output_dir.
+  EXPECT_NE(e("steps: 3\nseed: 1\nseed: 2\n").find("t.yaml: key 'seed' is given twice (lines 2 and 3)"),
+            std::string::npos)
+      << e("steps: 3\nseed: 1\nseed: 2\n");
+  EXPECT_NE(e("steps: 3\noptimizer.lr: 1\noptimizer:\n  lr: 2\n").find("key 'optimizer.lr' is given twice"),
+            std::string::npos);
+  for (const char* bad : {"run_name=../escaped", "run_name=", "run_name=a/b", "run_name=.."})
+    EXPECT_NE(e("steps: 3\n", {bad}).find("must be one directory name under output_dir"), std::string::npos)
+        << bad;
+  EXPECT_EQ(e("steps: 3\n", {"run_name=olmo-3.5_sft"}), "");
   // Batch numbers that do not divide name the keys whatever the other keys say.
   EXPECT_NE(e("steps: 3\nglobal_batch: 6\nper_device_batch: 4\n").find("global_batch=6 is not divisible"),
             std::string::npos);
