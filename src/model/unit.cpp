@@ -1,5 +1,7 @@
 #include "model/unit.h"
 
+#include <cmath>
+
 #include "core/error.h"
 #include "model/params.h"
 
@@ -59,6 +61,18 @@ std::vector<int> residency_groups(const ModelConfig& c) {
     }
   }
   return g;
+}
+
+AttentionConfig attention_config(const ModelConfig& c, int64_t B, int64_t T, int64_t window) {
+  AttentionConfig ac;
+  ac.batch = B;
+  ac.seq = T;
+  ac.heads = c.num_attention_heads;
+  ac.kv_heads = c.num_key_value_heads;
+  ac.head_dim = ac.v_head_dim = c.head_dim;
+  ac.window = window;
+  ac.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  return ac;
 }
 
 }  // namespace olmosft::model::unit

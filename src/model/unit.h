@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "model/config.h"
 #include "model/model.h"
 
@@ -100,5 +101,9 @@ class Plan {
 // Residency group of every registry tensor (model.h ParamResidency): 0 = before block 0, 1 + l = block l,
 // L + 1 = after the last block.
 std::vector<int> residency_groups(const ModelConfig& c);
+
+// The attention kernel's configuration for a [B, T] batch of a config's softmax attention (GQA, head_dim for
+// q, k and v, scale 1/sqrt(head_dim)) with the given window (0 = full causal). Both attention units use it.
+AttentionConfig attention_config(const ModelConfig& c, int64_t B, int64_t T, int64_t window);
 
 }  // namespace olmosft::model::unit

@@ -58,20 +58,6 @@ T sigmoid(T x) {
   return static_cast<T>(1.0 / (1.0 + std::exp(-static_cast<double>(x))));
 }
 
-template <typename T>
-AttentionConfig attention_config(const Ctx<T>& ctx, int64_t window) {
-  AttentionConfig ac;
-  ac.batch = ctx.b.B;
-  ac.seq = ctx.b.T;
-  ac.heads = ctx.c.num_attention_heads;
-  ac.kv_heads = ctx.c.num_key_value_heads;
-  ac.head_dim = ctx.c.head_dim;
-  ac.v_head_dim = ctx.c.head_dim;
-  ac.window = window;
-  ac.scale = 1.0 / std::sqrt(static_cast<double>(ctx.c.head_dim));
-  return ac;
-}
-
 // q/k norm grouping: per head (G = heads, L = head_dim) or over the whole vector (G = 1).
 void qk_norm_shape(const ModelConfig& c, bool is_q, int64_t* G, int64_t* Ls) {
   const int64_t H = is_q ? c.num_attention_heads : c.num_key_value_heads, D = c.head_dim;
@@ -135,7 +121,7 @@ void SoftmaxAttentionUnit::Scratch<T>::plan(Plan& p, const ModelConfig& c, int64
 
 template <typename T>
 void SoftmaxAttentionUnit::forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s) const {
-  const auto ac = attention_config(ctx, window);
+  const auto ac = attention_config(ctx.c, ctx.b.B, ctx.b.T, window);
   const int64_t H = ac.heads, Hkv = ac.kv_heads, D = ac.head_dim, QD = H * D, KVD = Hkv * D, N = ctx.N;
   OLMO_CHECK(
       (ssmax_scale < 0 || s.qs != nullptr) && (gate < 0 || s.og != nullptr),
@@ -172,7 +158,7 @@ void SoftmaxAttentionUnit::forward(const Ctx<T>& ctx, const T* x, T* a, const Sa
 template <typename T>
 void SoftmaxAttentionUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx,
                                     const Scratch<T>& w) const {
-  const auto ac = attention_config(ctx, window);
+  const auto ac = attention_config(ctx.c, ctx.b.B, ctx.b.T, window);
   const int64_t H = ac.heads, Hkv = ac.kv_heads, D = ac.head_dim, QD = H * D, KVD = Hkv * D, N = ctx.N;
   const T* og = gate >= 0 ? s.og : s.o;
   linear_backward(da, og, ctx.W(o), w.dog, ctx.G(o), N, QD, ctx.d);

@@ -11,23 +11,6 @@
 
 namespace olmosft::model::unit {
 
-namespace {
-
-// The attention kernel's configuration for a [B, T] batch with the given window (0 = full causal).
-AttentionConfig attention_config(const ModelConfig& cfg, int64_t B, int64_t T, int64_t window) {
-  AttentionConfig ac;
-  ac.batch = B;
-  ac.seq = T;
-  ac.heads = cfg.num_attention_heads;
-  ac.kv_heads = cfg.num_key_value_heads;
-  ac.head_dim = ac.v_head_dim = cfg.head_dim;
-  ac.window = window;
-  ac.scale = 1.0 / std::sqrt(double(cfg.head_dim));
-  return ac;
-}
-
-}  // namespace
-
 RopeAttentionUnit RopeAttentionUnit::resolve(const ParamIndex& idx, const std::string& a, LayerType type) {
   RopeAttentionUnit u;
   resolve_attention(idx, a, &u.q, &u.k, &u.v, &u.o, &u.qnorm, &u.knorm);
