@@ -104,7 +104,44 @@ void ConversationReader::Impl::check_parquet_schemas() {
              ": no such column; the inputs have columns: ", column_list(all));
 }
 
+namespace {
+
+// After DuckDB failed on a --sql selection: the first JSONL line that is not valid JSON, reported as the
+// reader without --sql reports it (file and 1-based line, no internal SQL), when there is one; DuckDB's own
+// message otherwise (e.g. an error in the user's SELECT). Only runs on the error path.
+void diagnose_jsonl_inputs(const std::vector<InputFile>& files) {
+  for (const auto& f : files) {
+    if (f.kind == "parquet") continue;
+    JsonlInput in(f.path);
+    std::vector<std::string> lines;
+    std::vector<int64_t> numbers;
+    while (in.next(4096, lines, numbers)) {
+      for (size_t k = 0; k < lines.size(); ++k) {
+        const size_t deep = io::json_depth_violation(lines[k]);
+        if (deep != std::string::npos)
+          fail("input ", f.path, ", line ", numbers[k], ": ", io::json_depth_message(deep));
+        if (json::accept(lines[k])) continue;
+        try {
+          const json discard = json::parse(lines[k]);  // throws with the position
+        } catch (const std::exception& e) {
+          fail("input ", f.path, ", line ", numbers[k], ": not valid JSON/UTF-8: ", e.what());
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void ConversationReader::Impl::run_sql() {
+  auto run_duckdb = [&](const std::string& q, const std::string& what, int threads) {
+    try {
+      return duckdb::run_sql(q, what, threads);
+    } catch (const Error&) {
+      diagnose_jsonl_inputs(files);
+      throw;
+    }
+  };
   using duckdb::sql_ident;
   using duckdb::sql_string;
   std::vector<std::string> parts;
@@ -127,8 +164,8 @@ void ConversationReader::Impl::run_sql() {
   const std::string views =
       "CREATE VIEW input AS " + input_sql + "; CREATE VIEW selected AS " + opts.sql + "; ";
   std::vector<std::pair<std::string, std::string>> cols;
-  for (const auto& line : duckdb::run_sql(views + "SELECT column_name, column_type FROM (DESCRIBE selected);",
-                                          "--sql (over the inputs " + desc + ")", opts.threads)) {
+  for (const auto& line : run_duckdb(views + "SELECT column_name, column_type FROM (DESCRIBE selected);",
+                                     "--sql (over the inputs " + desc + ")", opts.threads)) {
     json j = json::parse(line);
     cols.emplace_back(j.at("column_name").get<std::string>(), j.at("column_type").get<std::string>());
   }
@@ -168,10 +205,10 @@ void ConversationReader::Impl::run_sql() {
              std::strerror(errno));
   sql_dir = dir;
   sql_result = dir + "/selected.parquet";
-  duckdb::run_sql(views + "COPY (SELECT CAST(to_json(messages) AS VARCHAR) AS m, COALESCE(" + s +
-                      "'') AS s, " + i + " AS i, " + x + " AS x FROM selected) TO " + sql_string(sql_result) +
-                      " (FORMAT parquet, COMPRESSION zstd);",
-                  "--sql (over the inputs " + desc + ")", opts.threads);
+  run_duckdb(views + "COPY (SELECT CAST(to_json(messages) AS VARCHAR) AS m, COALESCE(" + s + "'') AS s, " +
+                 i + " AS i, " + x + " AS x FROM selected) TO " + sql_string(sql_result) +
+                 " (FORMAT parquet, COMPRESSION zstd);",
+             "--sql (over the inputs " + desc + ")", opts.threads);
 }
 
 RawConversation ConversationReader::Impl::from_row(const json& row, const std::string& file_base,

@@ -44,6 +44,11 @@ check "--sql without a DuckDB binary: exit 2, names OLMOSFT_DUCKDB, no output" "
 { head -3 "$G/convs.jsonl"; echo '[1, 2]'; } >"$dir/notobj.jsonl"
 err=$("$bin" data build --input "$dir/notobj.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --out "$dir/h" 2>&1); rc=$?
 check "a JSONL line that is not an object: exit 2, names file and line 4" "[ $rc -eq 2 ] && grep -q 'notobj.jsonl, line 4: expected a JSON object' <<<\"\$err\" && [ ! -e '$dir/h' ]"
+# With --sql, a malformed JSONL line is reported like without it: file and the right line, not DuckDB's
+# off-by-one line and our internal read_json SQL (issue #17).
+{ head -3 "$G/convs.jsonl"; echo '{"messages": [bad'; } >"$dir/badline.jsonl"
+err=$("$bin" data build --input "$dir/badline.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --sql "SELECT * FROM input" --out "$dir/l" 2>&1); rc=$?
+check "--sql over a malformed JSONL line: exit 2, names line 4, no internal SQL" "[ $rc -eq 2 ] && grep -q 'badline.jsonl, line 4: not valid JSON' <<<\"\$err\" && ! grep -q 'read_json' <<<\"\$err\" && [ ! -e '$dir/l' ]"
 # A field nested a million deep (issue #17: SIGSEGV in the JSON reader) is refused, naming file and line.
 { head -2 "$G/convs.jsonl"; printf '{"messages":[{"role":"user","content":"hi","x":'
   head -c 1000000 /dev/zero | tr '\0' '['; head -c 1000000 /dev/zero | tr '\0' ']'
