@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "model/params.h"
 
 namespace olmosft::dist {
 
@@ -13,13 +14,10 @@ std::vector<TensorSpec> model_specs(const std::vector<model::Param>& params) {
   std::vector<TensorSpec> specs;
   std::map<std::string, int> unit_of_key;
   bool seen_block = false;
-  const std::string pre = "model.layers.";
   for (const auto& p : params) {
     std::string key;
-    if (p.name.rfind(pre, 0) == 0) {
-      const size_t dot = p.name.find('.', pre.size());
-      key = "block " +
-            p.name.substr(pre.size(), dot == std::string::npos ? std::string::npos : dot - pre.size());
+    if (const int64_t l = model::hf::layer_of(p.name); l >= 0) {
+      key = "block " + std::to_string(l);
       seen_block = true;
     } else {
       key = seen_block ? "after the blocks" : "before the blocks";
@@ -56,14 +54,14 @@ ModelShards::ModelShards(Comm& comm, model::CausalLM& model, ShardMode mode, boo
   bool match = true;
   int blocks = 0;
   for (const auto& s : specs) {
-    if (s.name.rfind("model.layers.", 0) == 0) {
-      const int l = std::atoi(s.name.c_str() + 13);
-      blocks = std::max(blocks, l + 1);
+    const int64_t l = model::hf::layer_of(s.name);
+    if (l >= 0) {
+      blocks = std::max(blocks, static_cast<int>(l) + 1);
       match = match && s.unit == l + 1;
     }
   }
   for (const auto& s : specs)
-    if (s.name.rfind("model.layers.", 0) != 0) match = match && (s.unit == 0 || s.unit == blocks + 1);
+    if (model::hf::layer_of(s.name) < 0) match = match && (s.unit == 0 || s.unit == blocks + 1);
   match = match && blocks > 0 && sp_->units() == blocks + 2;
   if (match && per_layer) {
     model::ParamResidency hooks;

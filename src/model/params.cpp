@@ -3,6 +3,16 @@
 namespace olmosft::model {
 
 std::string hf::layer(int64_t l) { return std::string(kLayersPrefix) + std::to_string(l) + "."; }
+
+int64_t hf::layer_of(const std::string& name) {
+  const std::string pre = kLayersPrefix;
+  if (name.compare(0, pre.size(), pre) != 0) return -1;
+  int64_t l = 0;
+  size_t i = pre.size();
+  for (; i < name.size() && i < pre.size() + 12 && name[i] >= '0' && name[i] <= '9'; ++i)
+    l = l * 10 + (name[i] - '0');
+  return i > pre.size() && i < name.size() && name[i] == '.' ? l : -1;
+}
 std::string hf::expert(int64_t e) { return "experts." + std::to_string(e) + "."; }
 std::string hf::shared_expert(const char* proj) { return std::string("shared_expert.") + proj; }
 

@@ -16,6 +16,7 @@ namespace olmosft::model {
 namespace hf {
 inline constexpr const char* kLayersPrefix = "model.layers.";
 std::string layer(int64_t l);                           // "model.layers.<l>."
+int64_t layer_of(const std::string& name);              // l of "model.layers.<l>.…", else -1
 inline constexpr const char* kSelfAttn = "self_attn.";  // under layer(l): the mixer
 inline constexpr const char* kMlp = "mlp.";             // under layer(l): the FFN
 std::string expert(int64_t e);                          // under kMlp: "experts.<e>."

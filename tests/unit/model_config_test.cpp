@@ -317,3 +317,19 @@ TEST(ModelConfig, SummaryMentionsTheShape) {
   EXPECT_NE(s.find("512 experts, top-16"), std::string::npos);
   EXPECT_NE(s.find("14 linear_attention"), std::string::npos);
 }
+
+// hf::layer_of is how dist::model_specs groups tensors into per-layer units (ZeRO-3 gathering): every block
+// tensor of the registry maps to its layer, everything else to -1, and look-alike names are not blocks.
+TEST(ModelParams, LayerOfNames) {
+  EXPECT_EQ(hf::layer_of("model.layers.0.self_attn.q_proj.weight"), 0);
+  EXPECT_EQ(hf::layer_of("model.layers.31.mlp.experts.7.up_proj.weight"), 31);
+  EXPECT_EQ(hf::layer_of("model.embed_tokens.weight"), -1);
+  EXPECT_EQ(hf::layer_of("lm_head.weight"), -1);
+  EXPECT_EQ(hf::layer_of("model.layers."), -1);
+  EXPECT_EQ(hf::layer_of("model.layers.x.mlp"), -1);
+  EXPECT_EQ(hf::layer_of("model.layers.12"), -1);
+  for (const char* preset : {"olmo3-tiny", "olmo3moe-tiny"}) {
+    const ModelConfig c = parse_config(preset_config_json(preset), preset);
+    for (const auto& s : param_registry(c)) EXPECT_EQ(hf::layer_of(s.name), s.layer) << s.name;
+  }
+}
