@@ -7,7 +7,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -69,6 +71,29 @@ bool run_hf(const std::string& python, const std::string& src, const std::string
       n == our_tokens && b == bytes ? "" : "  WARNING: token/byte counts differ from olmosft's");
   return true;
 }
+// One word of n repeated characters is one pre-tokenizer piece, so its encode time is the BPE merge loop's
+// cost in the word's length (issue #17: the former pair scan per merge was quadratic). Prints the time per
+// length and the log-log slope between consecutive lengths (1 = linear, 2 = quadratic).
+void long_run_scaling(const Tokenizer& t) {
+  set_threads(1);
+  double prev_n = 0, prev_s = 0;
+  for (size_t n : {size_t(1) << 16, size_t(1) << 17, size_t(1) << 18, size_t(1) << 20}) {
+    const std::string word(n, 'a');
+    double best = 1e30;
+    size_t ids = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      auto t0 = std::chrono::steady_clock::now();
+      ids = t.encode(word).size();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::printf("BENCH bpe_long_run chars=%zu tokens=%zu seconds=%.4f", n, ids, best);
+    if (prev_n > 0) std::printf(" slope=%.2f", std::log(best / prev_s) / std::log(double(n) / prev_n));
+    std::printf("\n");
+    prev_n = double(n);
+    prev_s = best;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,6 +120,7 @@ int main(int argc, char** argv) {
     std::printf("olmosft encode, %d thread(s): %.2f MB/s (%.2f Mtok/s, %zu tokens, %.2f s)\n", threads,
                 bytes / 1e6 / s, ntok / 1e6 / s, ntok, s);
   }
+  long_run_scaling(t);
   const std::string python = src + "/deps/venv-reference/bin/python";
   if (!std::filesystem::exists(python) ||
       std::system(("'" + python + "' -c 'import tokenizers' >/dev/null 2>&1").c_str()) != 0) {
