@@ -20,6 +20,7 @@
 #include "kernels/adamw.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "train/batch.h"
 
 namespace fs = std::filesystem;
 using namespace olmosft;
@@ -63,21 +64,13 @@ struct Leaf {
       }
   }
   model::Batch batch() const {
-    model::Batch b;
-    b.B = 1;
-    b.T = kT;
-    b.tokens = tokens.data();
-    b.segments = segments.data();
-    b.positions = positions.data();
-    b.targets = targets.data();
-    b.trained = trained.data();
-    return b;
+    return olmosft::train::batch_view(1, kT, tokens, segments, positions, targets, trained);
   }
 };
 
 // kSteps steps of kLeaves leaves (this rank's share) with AdamW; returns one line per step (the global
 // gradient norm, exact bits) and a digest line of the final weights.
-std::vector<std::string> train(dist::Comm& comm, dist::ShardMode mode, bool* per_layer) {
+std::vector<std::string> train_steps(dist::Comm& comm, dist::ShardMode mode, bool* per_layer) {
   set_threads(1);
   const model::ModelConfig c = tiny_config();
   auto m = model::make_model(c, 99);
@@ -165,7 +158,7 @@ TEST(DistHybridWorker, Run) {
   auto comm = dist::make_comm();
   ASSERT_EQ(comm->name(), "mpi");
   bool per_layer = false;
-  const auto lines = train(*comm, dist::ShardMode::Sharded, &per_layer);
+  const auto lines = train_steps(*comm, dist::ShardMode::Sharded, &per_layer);
   EXPECT_TRUE(per_layer);
   if (comm->rank() == 0) {
     std::ofstream f(env);
@@ -178,8 +171,8 @@ TEST(DistHybrid, HonoursResidencyAndZero3PerLayerMatchesUnsharded) {
   if (dist::launched_under_mpi()) GTEST_SKIP();
   auto comm = dist::make_single_comm();
   bool per_layer_dp = true, per_layer_z3 = false;
-  const auto ref = train(*comm, dist::ShardMode::Replicated, &per_layer_dp);
-  const auto z3 = train(*comm, dist::ShardMode::Sharded, &per_layer_z3);
+  const auto ref = train_steps(*comm, dist::ShardMode::Replicated, &per_layer_dp);
+  const auto z3 = train_steps(*comm, dist::ShardMode::Sharded, &per_layer_z3);
   EXPECT_FALSE(per_layer_dp);
   EXPECT_TRUE(per_layer_z3) << "the hybrid must honour the per-layer residency hooks";
   EXPECT_EQ(ref, z3);
@@ -189,7 +182,7 @@ TEST(DistHybrid, HonoursResidencyAndZero3PerLayerMatchesUnsharded) {
 TEST(DistHybrid, Zero3PerLayerMatchesUnshardedAt1To4Ranks) {
   if (dist::launched_under_mpi()) GTEST_SKIP();
   auto comm = dist::make_single_comm();
-  std::vector<std::string> ref = train(*comm, dist::ShardMode::Replicated, nullptr);
+  std::vector<std::string> ref = train_steps(*comm, dist::ShardMode::Replicated, nullptr);
   ref.insert(ref.begin(), "per_layer 1");
   const fs::path d = fs::temp_directory_path() / ("olmosft_dist_hybrid_" + std::to_string(::getpid()));
   fs::remove_all(d);

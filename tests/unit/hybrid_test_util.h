@@ -10,6 +10,7 @@
 #include "model/hf_dir.h"
 #include "model/olmo3moe.h"
 #include "model/params.h"
+#include "train/batch.h"
 
 namespace hybrid_test {
 
@@ -28,15 +29,7 @@ struct FixtureBatch {
   std::vector<int32_t> tokens, segments, positions, targets;
   std::vector<uint8_t> trained;
   Batch batch() const {
-    Batch b;
-    b.B = B;
-    b.T = T;
-    b.tokens = tokens.data();
-    b.segments = segments.data();
-    b.positions = positions.data();
-    b.targets = targets.data();
-    b.trained = trained.data();
-    return b;
+    return olmosft::train::batch_view(B, T, tokens, segments, positions, targets, trained);
   }
 };
 

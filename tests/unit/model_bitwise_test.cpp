@@ -24,6 +24,7 @@
 #include "model/model.h"
 #include "model/olmo3moe.h"
 #include "model/params.h"
+#include "train/batch.h"
 
 using namespace olmosft;
 using namespace olmosft::model;
@@ -111,15 +112,7 @@ struct PackedBatch {
     }
   }
   Batch batch() const {
-    Batch b;
-    b.B = B;
-    b.T = T;
-    b.tokens = tokens.data();
-    b.segments = segments.data();
-    b.positions = positions.data();
-    b.targets = targets.data();
-    b.trained = trained.data();
-    return b;
+    return olmosft::train::batch_view(B, T, tokens, segments, positions, targets, trained);
   }
 };
 

@@ -11,6 +11,7 @@
 #include "model/olmo3.h"
 #include "model/olmo3moe.h"
 #include "model/unit_block.h"
+#include "train/batch.h"
 
 using namespace olmosft;
 using namespace olmosft::model;
@@ -33,15 +34,8 @@ struct Row {
     }
   }
   Batch batch() const {
-    Batch b;
-    b.B = 1;
-    b.T = static_cast<int64_t>(tokens.size());
-    b.tokens = tokens.data();
-    b.segments = segments.data();
-    b.positions = positions.data();
-    b.targets = targets.data();
-    b.trained = trained.data();
-    return b;
+    return olmosft::train::batch_view(1, static_cast<int64_t>(tokens.size()), tokens, segments, positions,
+                                      targets, trained);
   }
 };
 

@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "model/olmo3moe.h"
 #include "model/params.h"
+#include "train/batch.h"
 #include "train/flops.h"
 
 namespace fs = std::filesystem;
@@ -38,15 +39,7 @@ struct PackedBatch {
   std::vector<int32_t> tokens, segments, positions, targets;
   std::vector<uint8_t> trained;
   model::Batch view() const {
-    model::Batch b;
-    b.B = B;
-    b.T = T;
-    b.tokens = tokens.data();
-    b.segments = segments.data();
-    b.positions = positions.data();
-    b.targets = targets.data();
-    b.trained = trained.data();
-    return b;
+    return olmosft::train::batch_view(B, T, tokens, segments, positions, targets, trained);
   }
 };
 
