@@ -109,6 +109,19 @@ namespace {
 // After DuckDB failed on a --sql selection: the first JSONL line that is not valid JSON, reported as the
 // reader without --sql reports it (file and 1-based line, no internal SQL), when there is one; DuckDB's own
 // message otherwise (e.g. an error in the user's SELECT). Only runs on the error path.
+// Parses one JSONL line into row; returns "" or why the line is not JSON (nested too deep, or the parser's
+// message), the text both the reader and the --sql diagnosis print after "input F, line N: ".
+std::string parse_jsonl_line(const std::string& line, json& row) {
+  const size_t deep = io::json_depth_violation(line);
+  if (deep != std::string::npos) return io::json_depth_message(deep);
+  try {
+    row = json::parse(line);
+  } catch (const std::exception& e) {
+    return std::string("not valid JSON/UTF-8: ") + e.what();
+  }
+  return "";
+}
+
 void diagnose_jsonl_inputs(const std::vector<InputFile>& files) {
   for (const auto& f : files) {
     if (f.kind == "parquet") continue;
@@ -117,15 +130,9 @@ void diagnose_jsonl_inputs(const std::vector<InputFile>& files) {
     std::vector<int64_t> numbers;
     while (in.next(4096, lines, numbers)) {
       for (size_t k = 0; k < lines.size(); ++k) {
-        const size_t deep = io::json_depth_violation(lines[k]);
-        if (deep != std::string::npos)
-          fail("input ", f.path, ", line ", numbers[k], ": ", io::json_depth_message(deep));
-        if (json::accept(lines[k])) continue;
-        try {
-          const json discard = json::parse(lines[k]);  // throws with the position
-        } catch (const std::exception& e) {
-          fail("input ", f.path, ", line ", numbers[k], ": not valid JSON/UTF-8: ", e.what());
-        }
+        json row;
+        const std::string why = parse_jsonl_line(lines[k], row);
+        OLMO_CHECK(why.empty(), "input ", f.path, ", line ", numbers[k], ": ", why);
       }
     }
   }
@@ -320,17 +327,8 @@ bool ConversationReader::Impl::next_jsonl(std::vector<RawConversation>& out, siz
   for (int64_t r = 0; r < n; ++r) {
     const size_t k = static_cast<size_t>(r);
     json row;
-    try {
-      const size_t deep = io::json_depth_violation(lines[k]);
-      if (deep != std::string::npos) {
-        errors[k] = io::json_depth_message(deep);
-        continue;
-      }
-      row = json::parse(lines[k]);
-    } catch (const std::exception& e) {
-      errors[k] = std::string("not valid JSON/UTF-8: ") + e.what();
-      continue;
-    }
+    errors[k] = parse_jsonl_line(lines[k], row);
+    if (!errors[k].empty()) continue;
     if (!row.is_object()) {
       errors[k] = std::string("expected a JSON object, got a JSON ") + row.type_name();
       continue;

@@ -31,8 +31,8 @@ double run_peak(dist::Comm& comm, const std::string& run_dir, double configured_
       error = e.what();
     }
   }
-  const bool failed = comm.size() > 1 ? !comm.all_ok(error.empty()) : !error.empty();
-  if (failed) fail(error.empty() ? "the peak FLOP/s of the run could not be read on rank 0" : error);
+  if (!comm.all_ok(error.empty()))
+    fail(error.empty() ? "the peak FLOP/s of the run could not be read on rank 0" : error);
   comm.broadcast(&peak, sizeof(peak), 0);
   out << "PREFLIGHT peak_flops=" << peak << (comm.size() > 1 ? " per process" : "") << " (" << origin
       << ") mfu=model FLOPs per step (train/flops.h, per document) / step time / (peak x processes)\n";
