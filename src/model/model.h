@@ -13,6 +13,7 @@
 #include "core/tensor.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/memory_policy.h"
 
 namespace olmosft::model {
 
@@ -87,6 +88,9 @@ class CausalLM {
   // Installs (or, with empty functions, removes) the hooks; returns false when the model does not call
   // them (then every Param::value must be valid for the whole call).
   virtual bool set_param_residency(ParamResidency /*hooks*/) { return false; }
+  // Sets what the model keeps between forward and backward; returns false when the model cannot follow
+  // `policy` (then it keeps its previous one).
+  virtual bool set_memory_policy(const MemoryPolicy& policy) { return policy == MemoryPolicy{}; }
 };
 
 // Builds the model for a config with fp32 parameters initialised from N(0, initializer_range) (norm

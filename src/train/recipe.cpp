@@ -22,6 +22,11 @@ const std::vector<RecipeKey>& recipe_keys() {
       {"model.init", KeyType::String, "", "HF model directory to fine-tune (config.json + safetensors)"},
       {"model.config", KeyType::String, "",
        "config.json for a randomly initialised model (when model.init is empty)"},
+      {"model.remat", KeyType::String, "none",
+       "activation recomputation: none (keep every layer's activations), full (keep each block's input and "
+       "re-run its forward in the backward) or attn (re-run only the attention / KDA mixers); bit-identical"},
+      {"model.saved_dtype", KeyType::String, "fp32",
+       "dtype of the activations kept for the backward: fp32 or bf16 (half the memory; changes the numbers)"},
       {"tokenizer", KeyType::String, "",
        "HF tokenizer directory; must match the one the dataset was built with"},
       {"data.path", KeyType::String, "", "packed dataset directory written by `olmosft data build`"},
@@ -289,6 +294,8 @@ TrainConfig Recipe::fields() const {
   c.tokenizer = str("tokenizer");
   c.model.init = str("model.init");
   c.model.config = str("model.config");
+  c.model.memory.remat = model::parse_remat(str("model.remat"), src + ": model.remat");
+  c.model.memory.saved = model::parse_saved_dtype(str("model.saved_dtype"), src + ": model.saved_dtype");
   c.data.path = str("data.path");
   c.data.epochs = i64("data.epochs");
   OLMO_CHECK(c.data.epochs >= 1, src, ": data.epochs must be >= 1");
@@ -426,6 +433,7 @@ bool recipe_key_operational(const std::string& key) {
   static const std::set<std::string> kKeys = {"devices",
                                               "per_device_batch",
                                               "compute.threads",
+                                              "model.remat",
                                               "checkpoint.every",
                                               "checkpoint.keep_last",
                                               "checkpoint.grace_seconds",

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "model/memory_policy.h"
+
 namespace olmosft {
 
 enum class KeyType { String, Int, Float, Bool };
@@ -49,7 +51,8 @@ struct TrainConfig {
   int64_t seed = 0;
   std::string tokenizer;
   struct Model {
-    std::string init, config;  // model.init (HF directory) / model.config (config.json, random init)
+    std::string init, config;    // model.init (HF directory) / model.config (config.json, random init)
+    model::MemoryPolicy memory;  // model.remat / model.saved_dtype
   } model;
   struct Data {
     std::string path;

@@ -230,6 +230,10 @@ void Run::preflight() {
   const int64_t vocab = model_.config().vocab_size;
   OLMO_CHECK(plan_.data_vocab <= vocab, src, ": dataset ", data_path, " has token ids up to vocab_size ",
              plan_.data_vocab, " but the model's vocab_size is ", vocab);
+  const model::MemoryPolicy& mem = cfg_.model.memory;
+  OLMO_CHECK(model_.set_memory_policy(mem), src, ": model.remat=", model::remat_name(mem.remat),
+             " with model.saved_dtype=", model::saved_dtype_name(mem.saved), " is not supported by the ",
+             model_.config().model_type_name, " model");
   // Processes (mpirun -np N; docs/dist.md): each reads its own rows of every step (DataOrder::step_rows).
   // A step's rows are cut into `leaves` micro-batches of mb_rows rows, whatever N; rank p runs leaves
   // [p*leaves/N, (p+1)*leaves/N). Leaf gradients are summed pairwise and then across ranks in a fixed tree,
