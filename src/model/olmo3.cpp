@@ -56,6 +56,25 @@ struct Olmo3::Work {
   std::vector<int32_t> seg, pos;         // defaults when the batch has none
   Tensor attn_ws;                        // U8, attention kernel workspace
   size_t attn_ws_bytes = 0;
+  size_t saved_bytes = 0;  // the layers' Saved in the plan
+
+  // The plan for N tokens: sets saved_bytes and the pointer slots the plan carves.
+  unit::Plan plan(const ModelConfig& c, int64_t N) {
+    const int64_t d = c.hidden_size, D = c.head_dim, L = c.num_hidden_layers;
+    unit::Plan plan;
+    s.assign(size_t(L), {});
+    for (auto& x : s) x.plan(plan, c, N);
+    saved_bytes = plan.bytes();
+    h.assign(size_t(L + 1), nullptr);
+    for (auto& p : h) plan.add(&p, N * d);
+    plan.add(&hf, N * d);
+    plan.add(&rf, N);
+    plan.add(&xlse, N);
+    for (float** t : {&cos_s, &sin_s, &cos_f, &sin_f}) plan.add(t, N * D / 2);
+    scratch.plan(plan, c, N);
+    plan.add(&dh, N * d);
+    return plan;
+  }
 };
 
 Olmo3::Olmo3(const ModelConfig& config, Olmo3Options options) : cfg_(config), opt_(options) {
@@ -102,6 +121,17 @@ size_t Olmo3::workspace_bytes() const {
   return w_ ? w_->block.nbytes() + w_->attn_ws_bytes + (w_->seg.size() + w_->pos.size()) * 4 : 0;
 }
 
+ActivationBytes Olmo3::activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
+                                        const MemoryPolicy& /*p*/) {
+  Work w;
+  const unit::Plan p = w.plan(c, B * T);
+  ActivationBytes a;
+  a.saved = w.saved_bytes;
+  a.working = p.bytes() - w.saved_bytes;
+  a.kernels = unit::attention_workspace_bytes(c, B, T);
+  return a;
+}
+
 const float* Olmo3::hidden_state(int64_t index) const {
   OLMO_CHECK(w_ && index >= 0 && index <= cfg_.num_hidden_layers, "Olmo3::hidden_state: no state ", index);
   return w_->h[size_t(index)];
@@ -136,18 +166,7 @@ void Olmo3::prepare(const Batch& b) {
     delete w_;
     w_ = nullptr;
     auto* w = new Work();
-    const int64_t d = cfg_.hidden_size, D = cfg_.head_dim, L = cfg_.num_hidden_layers;
-    unit::Plan plan;
-    w->h.assign(size_t(L + 1), nullptr);
-    w->s.assign(size_t(L), {});
-    for (auto& p : w->h) plan.add(&p, N * d);
-    for (auto& s : w->s) s.plan(plan, cfg_, N);
-    plan.add(&w->hf, N * d);
-    plan.add(&w->rf, N);
-    plan.add(&w->xlse, N);
-    for (float** t : {&w->cos_s, &w->sin_s, &w->cos_f, &w->sin_f}) plan.add(t, N * D / 2);
-    w->scratch.plan(plan, cfg_, N);
-    plan.add(&w->dh, N * d);
+    const unit::Plan plan = w->plan(cfg_, N);
     w->block = Tensor::empty({int64_t(plan.bytes())}, DType::U8);
     plan.carve(static_cast<std::byte*>(w->block.raw_data()));
     w->N = N;
@@ -169,7 +188,7 @@ void Olmo3::prepare(const Batch& b) {
     }
   }
   // Attention workspace for both window settings and both passes, at the current thread count.
-  const size_t need = unit::RopeAttentionUnit::attention_workspace_bytes(cfg_, b.B, b.T);
+  const size_t need = unit::attention_workspace_bytes(cfg_, b.B, b.T);
   if (need > w_->attn_ws_bytes) {
     w_->attn_ws = Tensor::empty({int64_t(need)}, DType::U8);
     w_->attn_ws_bytes = need;

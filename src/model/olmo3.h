@@ -51,6 +51,8 @@ class Olmo3 : public CausalLM {
   // attention kernel's per-thread tiles and the cross-entropy tiles, which do not grow with T).
   static int64_t activation_floats_per_token(const ModelConfig& c);
   size_t workspace_bytes() const;
+  // model.h activation_bytes for this family.
+  static ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, const MemoryPolicy& p);
 
  private:
   struct Work;

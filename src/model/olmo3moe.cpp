@@ -53,9 +53,8 @@ struct HybridWork {
   unit::PeriLnBlock::Scratch<T> scratch;
   size_t saved_bytes = 0;  // the blocks' planned Saved (the MoE caches not included)
 
-  // Plans the block for N tokens unless the current one already holds them.
-  void ensure(const ModelConfig& c, int64_t n) {
-    if (n <= N) return;
+  // The plan for n tokens: sets saved_bytes and the pointer slots the plan carves.
+  unit::Plan plan(const ModelConfig& c, int64_t n) {
     unit::Plan plan;
     blocks.assign(static_cast<size_t>(c.num_hidden_layers), {});
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) blocks[static_cast<size_t>(l)].plan(plan, c, l, n);
@@ -67,8 +66,14 @@ struct HybridWork {
     plan.add(&seg, n);
     plan.add(&valid, n);
     scratch.plan(plan, c, n);
-    block = Tensor::empty({static_cast<int64_t>(plan.bytes())}, DType::U8);
-    plan.carve(static_cast<std::byte*>(block.raw_data()));
+    return plan;
+  }
+  // Plans the block for N tokens unless the current one already holds them.
+  void ensure(const ModelConfig& c, int64_t n) {
+    if (n <= N) return;
+    const unit::Plan p = plan(c, n);
+    block = Tensor::empty({static_cast<int64_t>(p.bytes())}, DType::U8);
+    p.carve(static_cast<std::byte*>(block.raw_data()));
     N = n;
   }
   size_t saved_bytes_now() const {  // planned Saved + the MoE caches as sized by the last forward
@@ -281,6 +286,18 @@ LossParts Olmo3MoeModel::run(const Batch& batch, const LossConfig& loss, double 
 int64_t Olmo3MoeModel::scratch_floats_per_token(const ModelConfig& c) {
   return 2 * c.hidden_size + 3 + unit::ScaledEmbeddingUnit::saved_floats_per_token(c) +
          unit::LmHeadUnit::saved_floats_per_token(c) + unit::PeriLnBlock::Scratch<float>::per_token(c);
+}
+
+ActivationBytes Olmo3MoeModel::activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
+                                                const MemoryPolicy& /*p*/) {
+  olmo3moe_check_supported(c);
+  HybridWork<float> w;
+  const unit::Plan p = w.plan(c, B * T);
+  ActivationBytes a;
+  a.saved = w.saved_bytes;
+  a.working = p.bytes() - w.saved_bytes;
+  a.kernels = unit::attention_workspace_bytes(c, B, T);
+  return a;
 }
 
 LossParts Olmo3MoeModel::forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,

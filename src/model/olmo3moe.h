@@ -65,6 +65,8 @@ class Olmo3MoeModel : public CausalLM {
   // the residual stream and its gradient, the batch arrays, the embedding's and LM head's Saved and the
   // layers' shared Scratch (byte fields counted as one float; a few per-layer-size stand-ins not counted).
   static int64_t scratch_floats_per_token(const ModelConfig& c);
+  // model.h activation_bytes for this family.
+  static ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, const MemoryPolicy& p);
 
  private:
   LossParts run(const Batch& batch, const LossConfig& loss, double grad_scale, double aux_scale,

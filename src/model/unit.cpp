@@ -1,5 +1,6 @@
 #include "model/unit.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -73,6 +74,16 @@ AttentionConfig attention_config(const ModelConfig& c, int64_t B, int64_t T, int
   ac.window = window;
   ac.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   return ac;
+}
+
+size_t attention_workspace_bytes(const ModelConfig& c, int64_t B, int64_t T) {
+  size_t need = 0;
+  for (int64_t win : {int64_t(0), c.sliding_window}) {
+    const AttentionConfig ac = attention_config(c, B, T, win);
+    need = std::max(
+        {need, attention_forward_workspace_bytes<float>(ac), attention_backward_workspace_bytes<float>(ac)});
+  }
+  return need;
 }
 
 }  // namespace olmosft::model::unit

@@ -105,5 +105,8 @@ std::vector<int> residency_groups(const ModelConfig& c);
 // The attention kernel's configuration for a [B, T] batch of a config's softmax attention (GQA, head_dim for
 // q, k and v, scale 1/sqrt(head_dim)) with the given window (0 = full causal). Both attention units use it.
 AttentionConfig attention_config(const ModelConfig& c, int64_t B, int64_t T, int64_t window);
+// The attention kernel's workspace for a [B, T] batch: the larger of forward and backward, over the full
+// and the sliding window (fp32).
+size_t attention_workspace_bytes(const ModelConfig& c, int64_t B, int64_t T);
 
 }  // namespace olmosft::model::unit
