@@ -44,6 +44,8 @@ class Olmo3 : public CausalLM {
     res_ = std::move(hooks);
     return true;
   }
+  // remat none / attn / full with fp32 saved activations.
+  bool set_memory_policy(const MemoryPolicy& policy) override;
 
   // Residual stream of the last call: index 0 = after the embedding, l + 1 = after layer l; [B*T, d].
   const float* hidden_state(int64_t index) const;
@@ -61,6 +63,7 @@ class Olmo3 : public CausalLM {
   void run_backward(const Batch& batch, const LossConfig& loss, double grad_scale, const LossParts& parts);
   void prepare(const Batch& batch);
   unit::Ctx<float> context(const Batch& batch) const;
+  unit::PostNormBlock::Saved& saved(size_t layer);  // the Saved layer `layer` runs with
   // Residency: calls the hook, then refreshes the group's value pointers (wp_).
   void need(int64_t g);
   void done(int64_t g);
@@ -75,6 +78,7 @@ class Olmo3 : public CausalLM {
   std::vector<float*> gp_;                     // gradient pointers
   RopeFreqs rope_sliding_, rope_full_;
   Work* w_ = nullptr;
+  MemoryPolicy policy_;
   ParamResidency res_;
 };
 

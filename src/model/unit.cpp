@@ -41,10 +41,21 @@ size_t Plan::bytes() const {
   return t;
 }
 
+void Plan::add_overlay(std::vector<Plan> alternatives) {
+  size_t n = 0;
+  for (const Plan& a : alternatives) n = std::max(n, a.bytes());
+  overlays_.push_back(std::move(alternatives));
+  items_.push_back({nullptr, n, nullptr, static_cast<int>(overlays_.size()) - 1});
+}
+
 void Plan::carve(std::byte* base) const {
   size_t off = 0;
   for (const auto& it : items_) {
-    it.set(it.slot, base + off);
+    if (it.overlay >= 0) {
+      for (const Plan& a : overlays_[static_cast<size_t>(it.overlay)]) a.carve(base + off);
+    } else {
+      it.set(it.slot, base + off);
+    }
     off += round_up(it.bytes);
   }
 }

@@ -63,6 +63,7 @@ struct Ctx {
   double aux_scale = 1.0;            // multiplies the MoE auxiliary losses' gradients
   int64_t kda_chunk = 64;            // KDA chunk size
   bool kda_recurrent = false;        // KDA: token-by-token recurrence instead of the chunked form
+  bool recompute_mixer = false;      // remat attn: blocks re-run the mixer's forward before its backward
 
   const T* W(int idx) const { return w[static_cast<size_t>(idx)]; }
   T* G(int idx) const { return (g == nullptr || idx < 0) ? nullptr : (*g)[static_cast<size_t>(idx)]; }
@@ -78,6 +79,9 @@ class Plan {
     items_.push_back({ptr, static_cast<size_t>(n) * sizeof(U),
                       [](void* slot, std::byte* at) { *static_cast<U**>(slot) = reinterpret_cast<U*>(at); }});
   }
+  // One region that each of `alternatives` is carved into at the same address: buffers that are never
+  // live at the same time (recomputation's one Saved per layer kind). Its size is the largest one's.
+  void add_overlay(std::vector<Plan> alternatives);
   size_t bytes() const;
   void carve(std::byte* base) const;  // base: 64-byte aligned, bytes() long
 
@@ -86,8 +90,10 @@ class Plan {
     void* slot;
     size_t bytes;
     void (*set)(void*, std::byte*);
+    int overlay = -1;  // index into overlays_ (slot and set unused)
   };
   std::vector<Item> items_;
+  std::vector<std::vector<Plan>> overlays_;
 };
 
 // Explicit instantiation of a mixer unit (KdaUnit, SoftmaxAttentionUnit) for value type T.

@@ -44,7 +44,8 @@ void RopeAttentionUnit::Scratch::plan(Plan& p, const ModelConfig& c, int64_t N) 
   p.add(&dv, N * KD);
 }
 
-void RopeAttentionUnit::forward(const Ctx<float>& ctx, const float* x, float* a, Saved& s, Scratch& w) const {
+void RopeAttentionUnit::forward(const Ctx<float>& ctx, const float* x, float* a, const Saved& s,
+                                Scratch& w) const {
   const ModelConfig& cfg = ctx.c;
   const int64_t N = ctx.N, d = ctx.d, H = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads,
                 D = cfg.head_dim, HD = H * D, KD = Hkv * D;

@@ -37,7 +37,7 @@ struct RopeAttentionUnit {
   static int64_t saved_floats_per_token(const ModelConfig& c);
 
   // x [N, d] -> a [N, d] (overwritten).
-  void forward(const Ctx<float>& ctx, const float* x, float* a, Saved& s, Scratch& w) const;
+  void forward(const Ctx<float>& ctx, const float* x, float* a, const Saved& s, Scratch& w) const;
   // da [N, d] -> dx [N, d] (ACCUMULATED); parameter gradients accumulated.
   void backward(const Ctx<float>& ctx, const float* x, const Saved& s, const float* da, float* dx,
                 Scratch& w) const;
