@@ -68,12 +68,14 @@ struct Olmo3::Work {
   unit::Plan plan(const ModelConfig& c, int64_t N) {
     const int64_t d = c.hidden_size, D = c.head_dim, L = c.num_hidden_layers;
     unit::Plan plan;
-    s.assign(policy.remat == Remat::Full ? 1 : size_t(L), {});
-    for (auto& x : s) x.plan(plan, c, N, /*attn=*/policy.remat != Remat::Attn);
-    saved_bytes = policy.remat == Remat::Full ? 0 : plan.bytes();
-    if (policy.remat == Remat::Attn) shared_attn.plan(plan, c, N);
     h.assign(size_t(L + 1), nullptr);
     for (auto& p : h) plan.add(&p, N * d);
+    const bool full = policy.remat == Remat::Full;
+    s.assign(full ? 0 : size_t(L), {});
+    for (auto& x : s) x.plan(plan, c, N, /*attn=*/policy.remat == Remat::None);
+    saved_bytes = plan.bytes();
+    if (full) s.emplace_back().plan(plan, c, N);
+    if (policy.remat == Remat::Attn) shared_attn.plan(plan, c, N);
     plan.add(&hf, N * d);
     plan.add(&rf, N);
     plan.add(&xlse, N);
@@ -128,7 +130,8 @@ size_t Olmo3::workspace_bytes() const {
   return w_ ? w_->block.nbytes() + w_->attn_ws_bytes + (w_->seg.size() + w_->pos.size()) * 4 : 0;
 }
 
-ActivationBytes Olmo3::activation_bytes(const ModelConfig& c, int64_t B, int64_t T, const MemoryPolicy& policy) {
+ActivationBytes Olmo3::activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
+                                        const MemoryPolicy& policy) {
   Work w;
   w.policy = policy;
   const unit::Plan p = w.plan(c, B * T);

@@ -122,3 +122,37 @@ TEST(ModelUnits, Olmo3WorkspaceMatchesTheDeclarations) {
   EXPECT_GE(block, 4.0 * double(per_token * T));
   EXPECT_LE(block, 4.0 * double(per_token * T) * 1.5 + 1e6);  // + rounding, attention workspace, seg/pos
 }
+
+// activation_bytes (what `olmosft plan` reads) is the block each model really plans, under each remat
+// policy, and recomputation keeps less: full less than attn less than none.
+TEST(ModelUnits, ActivationBytesIsWhatTheModelsAllocateUnderEachRematPolicy) {
+  set_threads(1);
+  const int64_t T = 64;
+  for (const char* fam : {"olmo3_tiny", "olmo3moe_tiny"}) {
+    const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/" + fam + "/config.json");
+    const Row r(T, c.vocab_size);
+    size_t saved[3] = {0, 0, 0};
+    int i = 0;
+    for (const Remat remat : {Remat::None, Remat::Attn, Remat::Full}) {
+      const MemoryPolicy policy{remat, SavedDtype::F32};
+      auto m = make_model(c, 3);
+      ASSERT_TRUE(m->set_memory_policy(policy));
+      m->forward_backward(r.batch(), LossConfig{}, 1.0 / double(T), 1.0);
+      const ActivationBytes a = activation_bytes(c, 1, T, policy);
+      size_t planned = 0;
+      if (auto* o3 = dynamic_cast<Olmo3*>(m.get()))
+        planned = o3->workspace_bytes();
+      else
+        planned = dynamic_cast<Olmo3MoeModel&>(*m).last_run().workspace_bytes + a.kernels;
+      std::printf("[units] %s remat %s: saved %zu, working %zu, kernels %zu bytes (T = %lld)\n", fam,
+                  remat_name(remat), a.saved, a.working, a.kernels, static_cast<long long>(T));
+      EXPECT_EQ(planned, a.total()) << fam << " remat " << remat_name(remat);
+      saved[i++] = a.saved;
+    }
+    EXPECT_LT(saved[1], saved[0]) << fam << ": attn keeps less than none";
+    EXPECT_LT(saved[2], saved[1]) << fam << ": full keeps less than attn";
+    // full keeps the block inputs: L streams of d floats per token (Olmo 3: its L + 1 residual streams)
+    const int64_t streams = c.num_hidden_layers + (c.is_moe() ? 0 : 1);
+    EXPECT_EQ(saved[2], size_t(4 * streams * c.hidden_size * T)) << fam;
+  }
+}
