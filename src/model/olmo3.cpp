@@ -60,7 +60,8 @@ struct Olmo3::Work {
   size_t attn_ws_bytes = 0;
   size_t saved_bytes = 0;  // the layers' Saved in the plan
   MemoryPolicy policy;
-  RopeAttentionSaved shared_attn;  // remat attn: the attention Saved every layer re-runs into
+  RopeAttentionSaved shared_attn;     // remat attn: the attention Saved every layer re-runs into
+  std::vector<unit::Bf16Store> acts;  // saved_dtype bf16: each layer's activations
 
   // The plan for N tokens: sets saved_bytes and the pointer slots the plan carves. The residual streams
   // h are the blocks' inputs and outputs under every policy; remat full keeps one Saved (s[0]) for all
@@ -72,8 +73,19 @@ struct Olmo3::Work {
     for (auto& p : h) plan.add(&p, N * d);
     const bool full = policy.remat == Remat::Full;
     s.assign(full ? 0 : size_t(L), {});
-    for (auto& x : s) x.plan(plan, c, N, /*attn=*/policy.remat == Remat::None);
+    const bool bf16 = policy.saved == SavedDtype::BF16;
+    acts.assign(bf16 ? s.size() : 0, {});
+    for (size_t l = 0; l < s.size(); ++l) {
+      if (bf16) plan.keep_activations_in(&acts[l], N);
+      s[l].plan(plan, c, N, /*attn=*/policy.remat == Remat::None);
+    }
+    plan.keep_activations_in(nullptr, 0);
     saved_bytes = plan.bytes();
+    if (bf16) {  // the layers' fp32 activations, live one layer at a time
+      std::vector<unit::Plan> staging;
+      for (const auto& a : acts) staging.push_back(a.staging);
+      plan.add_overlay(std::move(staging));
+    }
     if (full) s.emplace_back().plan(plan, c, N);
     if (policy.remat == Remat::Attn) shared_attn.plan(plan, c, N);
     plan.add(&hf, N * d);
@@ -220,7 +232,7 @@ unit::PostNormBlock::Saved& Olmo3::saved(size_t layer) {
 }
 
 bool Olmo3::set_memory_policy(const MemoryPolicy& policy) {
-  if (policy.saved != SavedDtype::F32) return false;
+  if (policy.saved == SavedDtype::BF16 && policy.remat == Remat::Full) return false;  // nothing to round
   policy_ = policy;
   return true;
 }
@@ -256,6 +268,7 @@ void Olmo3::run_forward(const Batch& b) {
   for (size_t l = 0; l < blocks_.size(); ++l) {
     need(int64_t(l) + 1);
     blocks_[l].forward(ctx, w.h[l], w.h[l + 1], saved(l), w.scratch);
+    if (!w.acts.empty()) w.acts[l].compress(N);  // saved_dtype bf16
     done(int64_t(l) + 1);
   }
   need(int64_t(blocks_.size()) + 1);  // released by forward() after the logits, by run_backward() after the
@@ -338,6 +351,7 @@ void Olmo3::run_backward(const Batch& b, const LossConfig& loss, double grad_sca
   for (size_t li = blocks_.size(); li-- > 0;) {
     need(int64_t(li) + 1);
     unit::PostNormBlock::Saved& s = saved(li);
+    if (!w.acts.empty()) w.acts[li].expand(N);
     // remat full: re-run the block from its input (its output h[li + 1] is rewritten with the same values)
     if (policy_.remat == Remat::Full) blocks_[li].forward(ctx, w.h[li], w.h[li + 1], s, w.scratch);
     blocks_[li].backward(ctx, w.h[li], s, w.dh, w.scratch);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -56,6 +57,7 @@ struct HybridWork {
   unit::ScaledEmbeddingUnit::Saved<T> embed;
   std::vector<unit::PeriLnBlock::Saved<T>> blocks;  // per layer (remat none / attn)
   std::vector<T*> inputs;                           // remat full: each block's input
+  std::vector<unit::Bf16Store> acts;                // saved_dtype bf16: each block's activations
   unit::PeriLnBlock::Saved<T> kinds[4];  // remat full: per layer kind; attn: kinds[0] holds the mixers
   unit::LmHeadUnit::Saved<T> head;
   unit::PeriLnBlock::Scratch<T> scratch;
@@ -89,9 +91,19 @@ struct HybridWork {
     blocks.assign(full ? 0 : static_cast<size_t>(L), {});
     inputs.assign(full ? static_cast<size_t>(L) : 0, nullptr);
     for (auto& x : inputs) plan.add(&x, n * d);
-    for (int64_t l = 0; l < static_cast<int64_t>(blocks.size()); ++l)
+    const bool bf16 = policy.saved == SavedDtype::BF16 && std::is_same_v<T, float>;
+    acts.assign(bf16 ? blocks.size() : 0, {});
+    for (int64_t l = 0; l < static_cast<int64_t>(blocks.size()); ++l) {
+      if (bf16) plan.keep_activations_in(&acts[static_cast<size_t>(l)], n);
       blocks[static_cast<size_t>(l)].plan(plan, c, l, n, true, policy.remat == Remat::None);
+    }
+    plan.keep_activations_in(nullptr, 0);
     saved_bytes = plan.bytes();
+    if (bf16) {  // the layers' fp32 activations, live one layer at a time
+      std::vector<unit::Plan> staging;
+      for (const auto& a : acts) staging.push_back(a.staging);
+      plan.add_overlay(std::move(staging));
+    }
     if (policy.remat != Remat::None) plan.add_overlay(rerun_alternatives(c, n));
     if (full) plan.add(&rerun, n * d);
     embed.plan(plan, c, n);
@@ -199,6 +211,7 @@ class Runner {
     for (size_t l = 0; l < u_.blocks.size(); ++l) {
       need(static_cast<int>(l) + 1);
       u_.blocks[l].forward(ctx, h, k_.saved(c_, static_cast<int64_t>(l)), k_.scratch, lp);
+      if (!k_.acts.empty()) k_.acts[l].compress(N_);  // saved_dtype bf16
       done(static_cast<int>(l) + 1);
     }
     need(last);
@@ -220,6 +233,7 @@ class Runner {
       for (size_t l = u_.blocks.size(); l-- > 0;) {
         need(static_cast<int>(l) + 1);
         unit::PeriLnBlock::Saved<T>& s = k_.saved(c_, static_cast<int64_t>(l));
+        if (!k_.acts.empty()) k_.acts[l].expand(N_);
         if (o_.memory.remat == Remat::Full) {  // re-run the block from its kept input into the shared Saved
           std::copy(s.h_in, s.h_in + N_ * d_, k_.rerun);
           LossParts again;  // its MoE statistics were counted by the forward
@@ -286,6 +300,8 @@ LossParts olmo3moe_run(const ModelConfig& c, const Olmo3MoeOptions& opts, const 
                        Olmo3MoeRunInfo* info) {
   olmo3moe_check_supported(c);
   OLMO_CHECK(opts.kda_chunk > 0, "olmo3moe: kda_chunk must be > 0, got ", opts.kda_chunk);
+  OLMO_CHECK((std::is_same_v<T, float>) || opts.memory.saved == SavedDtype::F32,
+             "olmo3moe: saved_dtype bf16 is for the float model (the float64 path checks gradients)");
   const HybridUnits units(c);
   HybridWork<T> work;  // one call: planned here, freed on return
   Runner<T> r(c, opts, w, grads, batch, units, work);
@@ -309,7 +325,7 @@ Olmo3MoeModel::Olmo3MoeModel(const ModelConfig& c, const Olmo3MoeOptions& opts) 
 }
 
 bool Olmo3MoeModel::set_memory_policy(const MemoryPolicy& policy) {
-  if (policy.saved != SavedDtype::F32) return false;
+  if (policy.saved == SavedDtype::BF16 && policy.remat == Remat::Full) return false;  // nothing to round
   opts_.memory = policy;
   return true;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "model/params.h"
 
@@ -39,6 +40,36 @@ size_t Plan::bytes() const {
   size_t t = 0;
   for (const auto& it : items_) t += round_up(it.bytes);
   return t;
+}
+
+void Plan::keep_activations_in(Bf16Store* store, int64_t tokens) {
+  bf16_ = store;
+  if (store == nullptr) return;
+  store->staging = Plan{};
+  store->items.clear();
+  store->planned_tokens = tokens;
+}
+
+void Plan::add_bf16(float** ptr, int64_t n) {
+  bf16_->staging.add(ptr, n);
+  bf16_->items.push_back({ptr, n});
+  add(&bf16_->items.back().bf16, n);
+}
+
+void Bf16Store::compress(int64_t tokens) const {
+  for (const Item& it : items)
+    f32_to_bf16(*it.fp32, it.bf16, static_cast<size_t>(it.n / planned_tokens * tokens));
+}
+
+void Bf16Store::expand(int64_t tokens) const {
+  for (const Item& it : items)
+    bf16_to_f32(it.bf16, *it.fp32, static_cast<size_t>(it.n / planned_tokens * tokens));
+}
+
+size_t Bf16Store::bf16_bytes() const {
+  size_t b = 0;
+  for (const Item& it : items) b += 2 * static_cast<size_t>(it.n);
+  return b;
 }
 
 void Plan::add_overlay(std::vector<Plan> alternatives) {

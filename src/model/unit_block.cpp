@@ -43,8 +43,8 @@ template <typename T>
 void PeriLnBlock::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t l, int64_t N, bool input,
                                  bool mixer) {
   const int64_t d = c.hidden_size;
-  if (input) p.add(&h_in, N * d);
-  for (T** b : {&x1, &a, &h_mid, &x2, &f}) p.add(b, N * d);
+  if (input) p.add_activation(&h_in, N * d);
+  for (T** b : {&x1, &a, &h_mid, &x2, &f}) p.add_activation(b, N * d);
   for (T** b : {&rs_pre_attn, &rs_post_attn, &rs_pre_ffn, &rs_post_ffn}) p.add(b, N);
   const bool is_kda = c.layer_types[static_cast<size_t>(l)] == LayerType::LinearAttention;
   if (mixer && is_kda) kda.plan(p, c, N);
@@ -164,11 +164,11 @@ int64_t PostNormBlock::saved_floats_per_token(const ModelConfig& c) {
 void PostNormBlock::Saved::plan(Plan& p, const ModelConfig& c, int64_t N, bool with_attn) {
   if (with_attn) attn.plan(p, c, N);
   const int64_t d = c.hidden_size;
-  p.add(&a, N * d);
+  p.add_activation(&a, N * d);
   p.add(&ra, N);
-  p.add(&hmid, N * d);
+  p.add_activation(&hmid, N * d);
   mlp.plan(p, c, N);
-  p.add(&m, N * d);
+  p.add_activation(&m, N * d);
   p.add(&rm, N);
 }
 

@@ -25,6 +25,7 @@ int64_t RopeAttentionUnit::saved_floats_per_token(const ModelConfig& c) {
 
 void RopeAttentionUnit::Saved::plan(Plan& p, const ModelConfig& c, int64_t N) {
   const int64_t HD = c.num_attention_heads * c.head_dim, KD = c.num_key_value_heads * c.head_dim;
+  // fp32 under saved_dtype bf16 too: the backward recomputes the probabilities from q, k and the fp32 lse
   p.add(&qraw, N * HD);
   p.add(&kraw, N * KD);
   p.add(&v, N * KD);
