@@ -46,6 +46,9 @@ struct HybridUnits {
 //   remat attn: one Saved per layer without the mixer's; the mixers' Saved (KDA, attention) overlaid, shared.
 //   remat full: the block inputs [N, d] per layer, and one Saved per layer kind (mixer x FFN) overlaid and
 //               shared; the backward re-runs a block's forward from its input (in `rerun`) into it.
+//   saved_dtype bf16 (none / attn): each layer's activations as bf16 copies (acts), their fp32 buffers one
+//               staging region overlaid across the layers; compressed after the layer's forward, restored
+//               before its backward.
 template <typename T>
 struct HybridWork {
   int64_t N = 0;  // planned tokens
