@@ -81,11 +81,7 @@ struct Olmo3::Work {
     }
     plan.keep_activations_in(nullptr, 0);
     saved_bytes = plan.bytes();
-    if (bf16) {  // the layers' fp32 activations, live one layer at a time
-      std::vector<unit::Plan> staging;
-      for (const auto& a : acts) staging.push_back(a.staging);
-      plan.add_overlay(std::move(staging));
-    }
+    if (bf16) plan.add_overlay(unit::Bf16Store::stagings(acts));
     if (full) s.emplace_back().plan(plan, c, N);
     if (policy.remat == Remat::Attn) shared_attn.plan(plan, c, N);
     plan.add(&hf, N * d);
@@ -144,14 +140,7 @@ size_t Olmo3::workspace_bytes() const {
 
 ActivationBytes Olmo3::activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
                                         const MemoryPolicy& policy) {
-  Work w;
-  w.policy = policy;
-  const unit::Plan p = w.plan(c, B * T);
-  ActivationBytes a;
-  a.saved = w.saved_bytes;
-  a.working = p.bytes() - w.saved_bytes;
-  a.kernels = unit::attention_workspace_bytes(c, B, T);
-  return a;
+  return unit::planned_activations<Work>(c, B, T, policy);
 }
 
 const float* Olmo3::hidden_state(int64_t index) const {

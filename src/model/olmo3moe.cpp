@@ -102,11 +102,7 @@ struct HybridWork {
     }
     plan.keep_activations_in(nullptr, 0);
     saved_bytes = plan.bytes();
-    if (bf16) {  // the layers' fp32 activations, live one layer at a time
-      std::vector<unit::Plan> staging;
-      for (const auto& a : acts) staging.push_back(a.staging);
-      plan.add_overlay(std::move(staging));
-    }
+    if (bf16) plan.add_overlay(unit::Bf16Store::stagings(acts));
     if (policy.remat != Remat::None) plan.add_overlay(rerun_alternatives(c, n));
     if (full) plan.add(&rerun, n * d);
     embed.plan(plan, c, n);
@@ -373,14 +369,7 @@ int64_t Olmo3MoeModel::scratch_floats_per_token(const ModelConfig& c) {
 ActivationBytes Olmo3MoeModel::activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
                                                 const MemoryPolicy& policy) {
   olmo3moe_check_supported(c);
-  HybridWork<float> w;
-  w.policy = policy;
-  const unit::Plan p = w.plan(c, B * T);
-  ActivationBytes a;
-  a.saved = w.saved_bytes;
-  a.working = p.bytes() - w.saved_bytes;
-  a.kernels = unit::attention_workspace_bytes(c, B, T);
-  return a;
+  return unit::planned_activations<HybridWork<float>>(c, B, T, policy);
 }
 
 LossParts Olmo3MoeModel::forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,

@@ -66,10 +66,10 @@ void Bf16Store::expand(int64_t tokens) const {
     bf16_to_f32(it.bf16, *it.fp32, static_cast<size_t>(it.n / planned_tokens * tokens));
 }
 
-size_t Bf16Store::bf16_bytes() const {
-  size_t b = 0;
-  for (const Item& it : items) b += 2 * static_cast<size_t>(it.n);
-  return b;
+std::vector<Plan> Bf16Store::stagings(const std::vector<Bf16Store>& layers) {
+  std::vector<Plan> v;
+  for (const Bf16Store& s : layers) v.push_back(s.staging);
+  return v;
 }
 
 void Plan::add_overlay(std::vector<Plan> alternatives) {

@@ -130,7 +130,8 @@ struct Bf16Store {
   // The first `tokens` tokens' values of every item (the block may be planned for more).
   void compress(int64_t tokens) const;
   void expand(int64_t tokens) const;
-  size_t bf16_bytes() const;
+  // The layers' staging plans, for one Plan::add_overlay (their fp32 buffers live one layer at a time).
+  static std::vector<Plan> stagings(const std::vector<Bf16Store>& layers);
 };
 
 // Explicit instantiation of a mixer unit (KdaUnit, SoftmaxAttentionUnit) for value type T.
@@ -151,5 +152,19 @@ AttentionConfig attention_config(const ModelConfig& c, int64_t B, int64_t T, int
 // The attention kernel's workspace for a [B, T] batch: the larger of forward and backward, over the full
 // and the sliding window (fp32).
 size_t attention_workspace_bytes(const ModelConfig& c, int64_t B, int64_t T);
+
+// model.h activation_bytes of a model's workspace type W: W has a `policy` and a plan(c, N) that returns
+// the unit::Plan it carves and sets W::saved_bytes.
+template <typename W>
+ActivationBytes planned_activations(const ModelConfig& c, int64_t B, int64_t T, const MemoryPolicy& policy) {
+  W w;
+  w.policy = policy;
+  const Plan p = w.plan(c, B * T);
+  ActivationBytes a;
+  a.saved = w.saved_bytes;
+  a.working = p.bytes() - w.saved_bytes;
+  a.kernels = attention_workspace_bytes(c, B, T);
+  return a;
+}
 
 }  // namespace olmosft::model::unit
