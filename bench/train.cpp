@@ -408,6 +408,7 @@ std::string shell_quote(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  olmosft::default_passive_omp_wait(argv);  // as olmosft itself does
   int threads = 2, steps = 2;
   bool torch = true;
   std::string only, dir, child_case;

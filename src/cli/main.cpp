@@ -57,6 +57,7 @@ static void print_help(std::ostream& os) {
 
 int main(int argc, char** argv) {
   using namespace olmosft::cli;
+  olmosft::default_passive_omp_wait(argv);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
       !std::strcmp(argv[1], "help")) {
     print_help(argc < 2 ? std::cerr : std::cout);

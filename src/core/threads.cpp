@@ -2,8 +2,10 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 namespace olmosft {
@@ -15,6 +17,17 @@ void set_threads(int n) {
 }
 
 int num_threads() { return omp_get_max_threads(); }
+
+void default_passive_omp_wait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  ::setenv("OMP_WAIT_POLICY", "passive", 1);
+  ::execv("/proc/self/exe", argv);  // returns only on failure: carry on with libgomp's default
+}
+
+const char* omp_wait_policy() {
+  const char* p = std::getenv("OMP_WAIT_POLICY");
+  return p != nullptr ? p : "unset";
+}
 
 BlasSingleThread::BlasSingleThread() : prev_(openblas_get_num_threads()) {
   if (prev_ != 1) openblas_set_num_threads(1);

@@ -25,6 +25,15 @@ class BlasSingleThread {
   int prev_;
 };
 
+// OpenMP threads wait passively (sleep) between parallel regions unless the user set OMP_WAIT_POLICY.
+// libgomp reads the variable once, when it is loaded (before main), so when it is unset this sets it to
+// "passive" and re-executes the program (/proc/self/exe, same argv) once; it returns when the variable was
+// already set or the exec failed. Measured on the shared 2-core CI machine type (bench/RESULTS.md
+// "Threads"): spinning threads made training steps 1.8-16x slower than passive ones. Call first in main.
+void default_passive_omp_wait(char** argv);
+// The OMP_WAIT_POLICY in effect ("unset" when none).
+const char* omp_wait_policy();
+
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_per_thread = 1);
 
 }  // namespace olmosft

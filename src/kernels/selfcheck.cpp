@@ -67,6 +67,7 @@ bool kernel_selfcheck(std::ostream& out) {
   }
   out << "SELFCHECK INFO BLAS: " << blas_description() << "\n";
   if (const std::string hint = blas_core_hint(); !hint.empty()) out << "SELFCHECK INFO " << hint << "\n";
+  out << "SELFCHECK threads=" << num_threads() << " omp_wait_policy=" << omp_wait_policy() << "\n";
   out << "SELFCHECK " << (all ? "all passed" : "FAILED") << "\n";
   return all;
 }

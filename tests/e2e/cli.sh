@@ -18,5 +18,10 @@ err=$("$bin" selfcheck --threads -3 2>&1); rc=$?
 check "bad --threads exits 2" "[ $rc -eq 2 ]"
 out=$("$bin" selfcheck --threads 1); rc=$?
 check "selfcheck passes" "[ $rc -eq 0 ] && grep -q 'SELFCHECK all passed' <<<\"\$out\""
+# OpenMP waits passively by default (core/threads.h default_passive_omp_wait); a user's setting wins.
+out=$(env -u OMP_WAIT_POLICY "$bin" selfcheck --threads 1)
+check "OMP_WAIT_POLICY defaults to passive" "grep -q 'omp_wait_policy=passive' <<<\"\$out\""
+out=$(OMP_WAIT_POLICY=active "$bin" selfcheck --threads 1)
+check "a user's OMP_WAIT_POLICY is kept" "grep -q 'omp_wait_policy=active' <<<\"\$out\""
 echo "$((9 - fails)) passed, $fails failed"
 [ $fails -eq 0 ]
