@@ -40,6 +40,11 @@ struct TrainOptions {
   // rank 0 alone prints, logs metrics/TensorBoard, writes checkpoint manifests and runs the end-of-run
   // checks and export (the other ranks return after the final checkpoint). See docs/dist.md.
   dist::Comm* comm = nullptr;
+  // For a model built without parameter storage (model::make_model_unallocated, as `olmosft train` builds
+  // it): the initial weights, asked for only the elements each rank owns (model::hf_param_fill reads just
+  // those bytes of the safetensors files; model::init_param_fill one tensor at a time). Empty: the model's
+  // own values.
+  model::ParamFill param_fill;
 };
 
 struct TrainResult {
