@@ -323,7 +323,7 @@ void ModelShards::reduce() {
   local_leaves_ = pushed_ = 0;
 }
 
-void ModelShards::finish() {
+void ModelShards::finish(bool hand_back) {
   if (hooks_) model_.set_param_residency({});
   per_layer_ = hooks_ = false;
   std::vector<model::Param>& ps = model_.params();
@@ -332,7 +332,7 @@ void ModelShards::finish() {
     const float* base = sp_->gather(u);
     for (size_t t = 0; t < ps.size(); ++t) {
       const auto& s = sp_->specs()[t];
-      if (s.unit != u) continue;
+      if (s.unit != u || !hand_back) continue;
       vals[t] = Tensor::empty(s.shape);
       std::memcpy(vals[t].data<float>(), base + sp_->offset_in_unit(int(t)), size_t(s.numel()) * 4);
     }
@@ -340,7 +340,7 @@ void ModelShards::finish() {
   }
   for (size_t t = 0; t < ps.size(); ++t) {
     ps[t].value = vals[t];
-    ps[t].grad = Tensor::zeros(vals[t].shape());
+    ps[t].grad = hand_back ? Tensor::zeros(vals[t].shape()) : Tensor();
   }
   if (bound_ && sp_->mode() == ShardMode::Sharded)
     for (int u = 0; u < sp_->units(); ++u) sp_->release(u);

@@ -89,8 +89,10 @@ class ModelShards {
   void end_leaf();    // dp: accumulate the leaf (pairwise); zero3 (collective): reduce-scatter what is left
   void reduce();      // collective in dp: leaf sums -> ShardedParams grads, reduced across ranks
 
-  // Collective: the model gets owned tensors with the current full weights (for export and callers).
-  void finish();
+  // Collective: the model gets owned tensors with the current full weights (for export and callers); with
+  // hand_back false (ranks that need no weights after training) the units are still gathered one at a time
+  // for the ranks that do, but this model is left without parameter storage.
+  void finish(bool hand_back = true);
 
  private:
   struct GradPages;  // reserved zero pages for one unit's leaf gradient (zero3)

@@ -412,7 +412,9 @@ TrainResult Run::finish() {
     return res_;
   }
   if (saved_step_ != steps) save(steps);
-  shards_->finish();            // collective: every rank's model holds the final weights
+  // Collective: rank 0's model holds the final weights; the others, which return now, never hold the whole
+  // model (their peak stays at their shard plus one unit).
+  shards_->finish(rank_ == 0);
   if (rank_ != 0) return res_;  // the end-of-run checks and the export are rank 0's
   out_ << "STEP-GUARD: reached step " << steps << (start_ == steps ? " (already, in the checkpoint)" : "")
        << "\n";
