@@ -14,7 +14,8 @@
 
 namespace olmosft::dist {
 
-std::vector<TensorSpec> model_specs(const std::vector<model::Param>& params, const std::vector<Shape>& shapes) {
+std::vector<TensorSpec> model_specs(const std::vector<model::Param>& params,
+                                    const std::vector<Shape>& shapes) {
   OLMO_CHECK(shapes.empty() || shapes.size() == params.size(), "model_specs: ", shapes.size(), " shapes for ",
              params.size(), " parameters");
   std::vector<TensorSpec> specs;
@@ -40,7 +41,8 @@ std::vector<TensorSpec> model_specs(const std::vector<model::Param>& params, con
 // backward writes; discard() gives the pages back and they read as zero again.
 struct ModelShards::GradPages {
   explicit GradPages(int64_t floats) : bytes(size_t(floats) * 4) {
-    void* q = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* q =
+        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     OLMO_CHECK(q != MAP_FAILED, "ModelShards: cannot reserve ", bytes,
                " bytes of address space for a gradient: ", std::strerror(errno));
     p = static_cast<float*>(q);
@@ -295,7 +297,8 @@ void ModelShards::end_leaf() {
       if (!reduced_[size_t(u)]) reduce_unit(u);
     for (int u = 0; u < sp_->units(); ++u)
       OLMO_CHECK(!early_[size_t(u)] || !pages_[size_t(u)]->touched(), "ModelShards: the model wrote the ",
-                 "gradient of residency group ", u, " after its backward was declared done (model.h "
+                 "gradient of residency group ", u,
+                 " after its backward was declared done (model.h "
                  "ParamResidency: done(g) after the loss gradient ends group g's backward); that gradient "
                  "would be lost");
   } else if (local_leaves_ > 1) {

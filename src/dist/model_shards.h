@@ -43,7 +43,6 @@
 #include <vector>
 
 #include "core/tensor.h"
-
 #include "dist/comm.h"
 #include "dist/sharded.h"
 #include "model/model.h"
@@ -85,9 +84,9 @@ class ModelShards {
   // leaf dist::leaf_of(mode(), local_leaves * N, N, rank, m) (the caller feeds it that leaf's rows).
   void begin_step(int64_t local_leaves);
   int64_t leaf_index(int64_t m) const;  // that global leaf index, for this step
-  void begin_leaf();  // model grads -> zeroed buffers
-  void end_leaf();    // dp: accumulate the leaf (pairwise); zero3 (collective): reduce-scatter what is left
-  void reduce();      // collective in dp: leaf sums -> ShardedParams grads, reduced across ranks
+  void begin_leaf();                    // model grads -> zeroed buffers
+  void end_leaf();  // dp: accumulate the leaf (pairwise); zero3 (collective): reduce-scatter what is left
+  void reduce();    // collective in dp: leaf sums -> ShardedParams grads, reduced across ranks
 
   // Collective: the model gets owned tensors with the current full weights (for export and callers); with
   // hand_back false (ranks that need no weights after training) the units are still gathered one at a time
@@ -112,8 +111,8 @@ class ModelShards {
   std::vector<std::unique_ptr<PairwiseSum>> sums_;  // dp: leaves; zero3: rounds (shard-sized)
   std::vector<std::unique_ptr<GradPages>> pages_;   // zero3: per unit, this leaf's full gradient
   std::vector<float> round_;                        // zero3: one reduce-scattered shard (several leaves)
-  std::vector<char> reduced_, early_;  // zero3, this leaf: unit reduced; reduced before end_leaf
-  bool leaf_open_ = false, backward_ = false;  // zero3: inside a leaf; past the loss gradient
+  std::vector<char> reduced_, early_;               // zero3, this leaf: unit reduced; reduced before end_leaf
+  bool leaf_open_ = false, backward_ = false;       // zero3: inside a leaf; past the loss gradient
 };
 
 }  // namespace olmosft::dist

@@ -19,7 +19,8 @@ ShardMode parse_mode(const std::string& s) {
 
 int64_t leaf_of(ShardMode mode, int64_t leaves, int size, int rank, int64_t m) {
   OLMO_CHECK(size >= 1 && rank >= 0 && rank < size && leaves % size == 0 && m >= 0 && m < leaves / size,
-             "dist: leaf ", m, " of rank ", rank, " of ", size, " with ", leaves, " leaves per step is out of range");
+             "dist: leaf ", m, " of rank ", rank, " of ", size, " with ", leaves,
+             " leaves per step is out of range");
   return mode == ShardMode::Sharded ? m * size + rank : int64_t(rank) * (leaves / size) + m;
 }
 

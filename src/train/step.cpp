@@ -112,7 +112,8 @@ std::vector<HostBatch> load_leaves(const StepContext& c, int64_t s, StepOutcome&
     // the step's rows [leaf * mb_rows, (leaf + 1) * mb_rows).
     for (int64_t m = 0; m < c.ga; ++m) {
       const int64_t leaf = dist::leaf_of(c.shards.mode(), c.leaves, c.comm.size(), c.comm.rank(), m);
-      micro.push_back(make_batch(c.ds, c.order.step_rows(s, static_cast<int>(leaf), static_cast<int>(c.leaves))));
+      micro.push_back(
+          make_batch(c.ds, c.order.step_rows(s, static_cast<int>(leaf), static_cast<int>(c.leaves))));
       local_total += micro.back().trained_count;
       if (c.flops) local_flops += c.flops->count(micro.back().view()).total();
     }
