@@ -176,6 +176,7 @@ void ModelShards::bind_for_step() {
 }
 
 void ModelShards::release_params() {
+  leaf_open_ = false;  // a leaf that failed half-way is over
   if (sp_->mode() == ShardMode::Replicated) return;
   for (auto& p : model_.params()) p.value = Tensor();
   for (int u = 0; u < sp_->units(); ++u) sp_->release(u);  // also units a failed leaf left gathered
