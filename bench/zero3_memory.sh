@@ -37,11 +37,12 @@ PY
 common=(tokenizer=builtin:bytes data.path="$tmp/data" data.epochs=4 seq_len=128 per_device_batch=1
   output_dir="$tmp/runs" export.hf=false eval.heldout=0 log.tensorboard=false perf.peak_tflops=1
   checkpoint.every=0 compute.threads=1 dist.mode=zero3)
-# Largest ru_maxrss over the ranks, MB (and every rank's, for the log).
+# Peak RSS of each rank (ru_maxrss via /usr/bin/time -o FILE.<rank>), MB: prints "rank0 max-of-the-others".
 run() {  # name binary np model-key=value global_batch steps
   local name=$1 bin=$2 np=$3 model=$4 gb=$5 steps=$6
   local rc=0
-  mpirun --oversubscribe --allow-run-as-root -np "$np" /usr/bin/time -f "maxrss_kb=%M" "$bin" train \
+  mpirun --oversubscribe --allow-run-as-root -np "$np" bash -c \
+    'exec /usr/bin/time -f "%M" -o "$0.$OMPI_COMM_WORLD_RANK" "$@"' "$tmp/$name.rss" "$bin" train \
     recipes/tiny-demo.yaml "${common[@]}" "$model" global_batch="$gb" steps="$steps" run_name="$name" \
     devices="$np" >"$tmp/$name.out" 2>"$tmp/$name.err" || rc=$?
   # exit 5: an end-of-run CHECK (a one-step run of a random model) failed; the memory figure stands
@@ -50,11 +51,17 @@ run() {  # name binary np model-key=value global_batch steps
     tail "$tmp/$name.err" >&2
     exit 1
   fi
-  sed -n 's/^maxrss_kb=//p' "$tmp/$name.err" | sort -n | tail -1 | awk '{printf "%.1f", $1 / 1024}'
+  local r0 others=""
+  r0=$(tail -1 "$tmp/$name.rss.0")
+  for ((k = 1; k < np; k++)); do others="$others $(tail -1 "$tmp/$name.rss.$k")"; done
+  echo "$r0 $(echo "${others:- $r0}" | tr ' ' '\n' | sort -n | tail -1)" | awk '{printf "%.1f %.1f", $1 / 1024, $2 / 1024}'
 }
 echo "$(getconf _NPROCESSORS_ONLN) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| model | parameters | binary | peak RSS MB/rank, 1 rank | 2 ranks | 4 ranks | 2 / 1 | 4 / 1 |"
+echo "Peak RSS (MB) of rank 0 (it alone gathers the final weights for the end-of-run checks and the export)"
+echo "and the largest of the other ranks; ratios: the other ranks against the 1-rank run of the same binary."
+echo
+echo "| model | parameters | binary | 1 rank | 2 ranks: rank 0 / rank 1 | 4 ranks: rank 0 / others | rank 1 of 2 vs 1 rank | others of 4 vs 1 rank |"
 echo "|---|---|---|---|---|---|---|---|"
 for spec in "tiny 362K model.init=tests/golden/model/olmo3_tiny 8 2" \
   "small 8.5M model.config=$tmp/small.json 8 2" "wide 54M model.config=$tmp/wide.json 4 1"; do
@@ -63,9 +70,9 @@ for spec in "tiny 362K model.init=tests/golden/model/olmo3_tiny 8 2" \
   [ -n "$before" ] && bins=("before:$before" "${bins[@]}")
   for b in "${bins[@]}"; do
     label=${b%%:*} bin=${b#*:}
-    r1=$(run "$name-$label-1" "$bin" 1 "$model" "$gb" "$steps")
-    r2=$(run "$name-$label-2" "$bin" 2 "$model" "$gb" "$steps")
-    r4=$(run "$name-$label-4" "$bin" 4 "$model" "$gb" "$steps")
-    echo "| $name | $params | $label | $r1 | $r2 | $r4 | $(awk "BEGIN{printf \"%.2f\", $r2/$r1}") | $(awk "BEGIN{printf \"%.2f\", $r4/$r1}") |"
+    read -r a1 _ <<<"$(run "$name-$label-1" "$bin" 1 "$model" "$gb" "$steps")"
+    read -r a2 o2 <<<"$(run "$name-$label-2" "$bin" 2 "$model" "$gb" "$steps")"
+    read -r a4 o4 <<<"$(run "$name-$label-4" "$bin" 4 "$model" "$gb" "$steps")"
+    echo "| $name | $params | $label | $a1 | $a2 / $o2 | $a4 / $o4 | $(awk "BEGIN{printf \"%.2f\", $o2/$a1}") | $(awk "BEGIN{printf \"%.2f\", $o4/$a1}") |"
   done
 done
