@@ -100,6 +100,18 @@ class CausalLM {
 // gains 1, biases 0; seeded Philox, the same whatever the thread count), or loaded from an HF dir.
 std::unique_ptr<CausalLM> make_model(const ModelConfig& config, uint64_t seed);
 
+// The activation memory of one forward_backward on B rows of T tokens under `policy`, from the plan the
+// model carves its workspace with (the same code path, so the two cannot drift).
+struct ActivationBytes {
+  size_t saved = 0;  // kept from the forward for the backward, all layers (MoE dispatch caches not included)
+  size_t working = 0;  // the rest of the planned block: residual streams, batch arrays, the layers' shared
+                       // scratch and, under recomputation, the one Saved the backward re-runs a layer into
+  size_t kernels = 0;  // allocated by kernels outside the block: the attention kernel's workspace (MoE
+                       // dispatch caches and cross-entropy tiles are not counted here)
+  size_t total() const { return saved + working + kernels; }
+};
+ActivationBytes activation_bytes(const ModelConfig& config, int64_t B, int64_t T, const MemoryPolicy& policy);
+
 // A model family: what parse_config, make_model and load_model dispatch on. Adding a family takes its
 // config keys (model/config.cpp), its assembly (a CausalLM composed of the layer units, src/model/unit_*.h)
 // and one entry in model_families() (model_factory.cpp).
@@ -107,6 +119,7 @@ struct ModelFamily {
   ModelType type;
   const char* model_type;                                      // HF config.json "model_type"
   std::unique_ptr<CausalLM> (*construct)(const ModelConfig&);  // allocates; parameters zero
+  ActivationBytes (*activations)(const ModelConfig&, int64_t B, int64_t T, const MemoryPolicy&);
 };
 const std::vector<ModelFamily>& model_families();
 

@@ -68,11 +68,20 @@ float checked_stdev(const ModelConfig& config) {
 const std::vector<ModelFamily>& model_families() {
   static const std::vector<ModelFamily> families = {
       {ModelType::Olmo3, "olmo3",
-       [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Olmo3>(c); }},
+       [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Olmo3>(c); },
+       &Olmo3::activation_bytes},
       {ModelType::Olmo3Moe, "olmo3moe",
-       [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Olmo3MoeModel>(c); }},
+       [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Olmo3MoeModel>(c); },
+       &Olmo3MoeModel::activation_bytes},
   };
   return families;
+}
+
+ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, const MemoryPolicy& policy) {
+  OLMO_CHECK(B > 0 && T > 0, "activation_bytes: B and T must be > 0, got B=", B, " T=", T);
+  for (const ModelFamily& f : model_families())
+    if (f.type == c.model_type) return f.activations(c, B, T, policy);
+  fail("activation_bytes: unknown model type '", c.model_type_name, "'");
 }
 
 std::vector<Param> allocate_params(const ModelConfig& config) {

@@ -44,6 +44,8 @@ RopeFreqs olmo3_rope_frequencies(const RopeParams& p, int64_t head_dim, int64_t 
 
 // The per-call workspace: saved activations (per layer) and scratch, carved from one block by the units'
 // plans (unit::Plan).
+using RopeAttentionSaved = unit::RopeAttentionUnit::Saved;
+
 struct Olmo3::Work {
   int64_t N = 0, B = 0, T = 0;
   Tensor block;           // U8 storage for everything below
@@ -56,6 +58,44 @@ struct Olmo3::Work {
   std::vector<int32_t> seg, pos;         // defaults when the batch has none
   Tensor attn_ws;                        // U8, attention kernel workspace
   size_t attn_ws_bytes = 0;
+  size_t saved_bytes = 0;  // the layers' Saved in the plan
+  MemoryPolicy policy;
+  RopeAttentionSaved shared_attn;     // remat attn: the attention Saved every layer re-runs into
+  std::vector<unit::Bf16Store> acts;  // saved_dtype bf16: each layer's activations
+
+  // The plan for N tokens: sets saved_bytes and the pointer slots the plan carves. The residual streams
+  // h are the blocks' inputs and outputs under every policy; remat full keeps one Saved (s[0]) for all
+  // layers, remat attn one attention Saved.
+  unit::Plan plan(const ModelConfig& c, int64_t N) {
+    const int64_t d = c.hidden_size, D = c.head_dim, L = c.num_hidden_layers;
+    unit::Plan plan;
+    h.assign(size_t(L + 1), nullptr);
+    for (auto& p : h) plan.add(&p, N * d);
+    const bool full = policy.remat == Remat::Full;
+    s.assign(full ? 0 : size_t(L), {});
+    const bool bf16 = policy.saved == SavedDtype::BF16;
+    acts.assign(bf16 ? s.size() : 0, {});
+    for (size_t l = 0; l < s.size(); ++l) {
+      if (bf16) plan.keep_activations_in(&acts[l], N);
+      s[l].plan(plan, c, N, /*attn=*/policy.remat == Remat::None);
+    }
+    plan.keep_activations_in(nullptr, 0);
+    saved_bytes = plan.bytes();
+    if (bf16) {  // the layers' fp32 activations, live one layer at a time
+      std::vector<unit::Plan> staging;
+      for (const auto& a : acts) staging.push_back(a.staging);
+      plan.add_overlay(std::move(staging));
+    }
+    if (full) s.emplace_back().plan(plan, c, N);
+    if (policy.remat == Remat::Attn) shared_attn.plan(plan, c, N);
+    plan.add(&hf, N * d);
+    plan.add(&rf, N);
+    plan.add(&xlse, N);
+    for (float** t : {&cos_s, &sin_s, &cos_f, &sin_f}) plan.add(t, N * D / 2);
+    scratch.plan(plan, c, N);
+    plan.add(&dh, N * d);
+    return plan;
+  }
 };
 
 Olmo3::Olmo3(const ModelConfig& config, Olmo3Options options) : cfg_(config), opt_(options) {
@@ -102,6 +142,18 @@ size_t Olmo3::workspace_bytes() const {
   return w_ ? w_->block.nbytes() + w_->attn_ws_bytes + (w_->seg.size() + w_->pos.size()) * 4 : 0;
 }
 
+ActivationBytes Olmo3::activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
+                                        const MemoryPolicy& policy) {
+  Work w;
+  w.policy = policy;
+  const unit::Plan p = w.plan(c, B * T);
+  ActivationBytes a;
+  a.saved = w.saved_bytes;
+  a.working = p.bytes() - w.saved_bytes;
+  a.kernels = unit::attention_workspace_bytes(c, B, T);
+  return a;
+}
+
 const float* Olmo3::hidden_state(int64_t index) const {
   OLMO_CHECK(w_ && index >= 0 && index <= cfg_.num_hidden_layers, "Olmo3::hidden_state: no state ", index);
   return w_->h[size_t(index)];
@@ -132,24 +184,16 @@ void Olmo3::prepare(const Batch& b) {
     if (params_[i].value.defined()) wp_[i] = params_[i].value.data<float>();
     if (params_[i].grad.defined()) gp_[i] = params_[i].grad.data<float>();
   }
-  if (!w_ || w_->N < N) {
+  if (!w_ || w_->N < N || !(w_->policy == policy_)) {
     delete w_;
     w_ = nullptr;
     auto* w = new Work();
-    const int64_t d = cfg_.hidden_size, D = cfg_.head_dim, L = cfg_.num_hidden_layers;
-    unit::Plan plan;
-    w->h.assign(size_t(L + 1), nullptr);
-    w->s.assign(size_t(L), {});
-    for (auto& p : w->h) plan.add(&p, N * d);
-    for (auto& s : w->s) s.plan(plan, cfg_, N);
-    plan.add(&w->hf, N * d);
-    plan.add(&w->rf, N);
-    plan.add(&w->xlse, N);
-    for (float** t : {&w->cos_s, &w->sin_s, &w->cos_f, &w->sin_f}) plan.add(t, N * D / 2);
-    w->scratch.plan(plan, cfg_, N);
-    plan.add(&w->dh, N * d);
+    w->policy = policy_;
+    const unit::Plan plan = w->plan(cfg_, N);
     w->block = Tensor::empty({int64_t(plan.bytes())}, DType::U8);
     plan.carve(static_cast<std::byte*>(w->block.raw_data()));
+    if (policy_.remat == Remat::Attn)
+      for (auto& x : w->s) x.attn = w->shared_attn;
     w->N = N;
     w_ = w;
   }
@@ -169,7 +213,7 @@ void Olmo3::prepare(const Batch& b) {
     }
   }
   // Attention workspace for both window settings and both passes, at the current thread count.
-  const size_t need = unit::RopeAttentionUnit::attention_workspace_bytes(cfg_, b.B, b.T);
+  const size_t need = unit::attention_workspace_bytes(cfg_, b.B, b.T);
   if (need > w_->attn_ws_bytes) {
     w_->attn_ws = Tensor::empty({int64_t(need)}, DType::U8);
     w_->attn_ws_bytes = need;
@@ -183,8 +227,19 @@ void Olmo3::prepare(const Batch& b) {
   sa.attn_ws_bytes = w_->attn_ws_bytes;
 }
 
+unit::PostNormBlock::Saved& Olmo3::saved(size_t layer) {
+  return w_->s[policy_.remat == Remat::Full ? 0 : layer];
+}
+
+bool Olmo3::set_memory_policy(const MemoryPolicy& policy) {
+  if (policy.saved == SavedDtype::BF16 && policy.remat == Remat::Full) return false;  // nothing to round
+  policy_ = policy;
+  return true;
+}
+
 unit::Ctx<float> Olmo3::context(const Batch& b) const {
   unit::Ctx<float> ctx{cfg_, b, wp_, &gp_};
+  ctx.recompute_mixer = policy_.remat == Remat::Attn;
   ctx.N = b.B * b.T;
   ctx.d = cfg_.hidden_size;
   ctx.seg = b.segments ? b.segments : w_->seg.data();
@@ -212,7 +267,8 @@ void Olmo3::run_forward(const Batch& b) {
   const unit::Ctx<float> ctx = context(b);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     need(int64_t(l) + 1);
-    blocks_[l].forward(ctx, w.h[l], w.h[l + 1], w.s[l], w.scratch);
+    blocks_[l].forward(ctx, w.h[l], w.h[l + 1], saved(l), w.scratch);
+    if (!w.acts.empty()) w.acts[l].compress(N);  // saved_dtype bf16
     done(int64_t(l) + 1);
   }
   need(int64_t(blocks_.size()) + 1);  // released by forward() after the logits, by run_backward() after the
@@ -294,7 +350,11 @@ void Olmo3::run_backward(const Batch& b, const LossConfig& loss, double grad_sca
   const unit::Ctx<float> ctx = context(b);
   for (size_t li = blocks_.size(); li-- > 0;) {
     need(int64_t(li) + 1);
-    blocks_[li].backward(ctx, w.h[li], w.s[li], w.dh, w.scratch);
+    unit::PostNormBlock::Saved& s = saved(li);
+    if (!w.acts.empty()) w.acts[li].expand(N);
+    // remat full: re-run the block from its input (its output h[li + 1] is rewritten with the same values)
+    if (policy_.remat == Remat::Full) blocks_[li].forward(ctx, w.h[li], w.h[li + 1], s, w.scratch);
+    blocks_[li].backward(ctx, w.h[li], s, w.dh, w.scratch);
     done(int64_t(li) + 1);
   }
   // Embedding: dE[tok] += dh (columns split across threads, so the order per element is fixed).

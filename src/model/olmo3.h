@@ -44,6 +44,8 @@ class Olmo3 : public CausalLM {
     res_ = std::move(hooks);
     return true;
   }
+  // remat none / attn / full with fp32 saved activations.
+  bool set_memory_policy(const MemoryPolicy& policy) override;
 
   // Residual stream of the last call: index 0 = after the embedding, l + 1 = after layer l; [B*T, d].
   const float* hidden_state(int64_t index) const;
@@ -51,6 +53,8 @@ class Olmo3 : public CausalLM {
   // attention kernel's per-thread tiles and the cross-entropy tiles, which do not grow with T).
   static int64_t activation_floats_per_token(const ModelConfig& c);
   size_t workspace_bytes() const;
+  // model.h activation_bytes for this family.
+  static ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, const MemoryPolicy& p);
 
  private:
   struct Work;
@@ -59,6 +63,7 @@ class Olmo3 : public CausalLM {
   void run_backward(const Batch& batch, const LossConfig& loss, double grad_scale, const LossParts& parts);
   void prepare(const Batch& batch);
   unit::Ctx<float> context(const Batch& batch) const;
+  unit::PostNormBlock::Saved& saved(size_t layer);  // the Saved layer `layer` runs with
   // Residency: calls the hook, then refreshes the group's value pointers (wp_).
   void need(int64_t g);
   void done(int64_t g);
@@ -73,6 +78,7 @@ class Olmo3 : public CausalLM {
   std::vector<float*> gp_;                     // gradient pointers
   RopeFreqs rope_sliding_, rope_full_;
   Work* w_ = nullptr;
+  MemoryPolicy policy_;
   ParamResidency res_;
 };
 

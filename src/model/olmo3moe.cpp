@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -38,40 +39,109 @@ struct HybridUnits {
 
 // The per-call workspace of one model: the residual stream and its gradient, the per-token batch
 // arrays, every unit's Saved and the shared Scratch, carved from one block planned from the units'
-// declarations (unit::Plan) and kept while the token count does not grow. The MoE layers' caches are
-// vectors sized by moe.cpp; they live here too, so their capacity is reused.
+// declarations (unit::Plan) for a memory policy (memory_policy.h) and kept while the token count and the
+// policy do not change. The MoE layers' caches are vectors sized by moe.cpp; they live in the Saved too, so
+// their capacity is reused.
+//   remat none: one Saved per layer.
+//   remat attn: one Saved per layer without the mixer's; the mixers' Saved (KDA, attention) overlaid, shared.
+//   remat full: the block inputs [N, d] per layer, and one Saved per layer kind (mixer x FFN) overlaid and
+//               shared; the backward re-runs a block's forward from its input (in `rerun`) into it.
+//   saved_dtype bf16 (none / attn): each layer's activations as bf16 copies (acts), their fp32 buffers one
+//               staging region overlaid across the layers; compressed after the layer's forward, restored
+//               before its backward.
 template <typename T>
 struct HybridWork {
   int64_t N = 0;  // planned tokens
-  Tensor block;   // U8 storage of everything below
-  T *h, *dh, *logpos;
+  MemoryPolicy policy;
+  Tensor block;  // U8 storage of everything below
+  T *h, *dh, *logpos, *rerun = nullptr;
   int32_t* seg;
   uint8_t* valid;
   unit::ScaledEmbeddingUnit::Saved<T> embed;
-  std::vector<unit::PeriLnBlock::Saved<T>> blocks;
+  std::vector<unit::PeriLnBlock::Saved<T>> blocks;  // per layer (remat none / attn)
+  std::vector<T*> inputs;                           // remat full: each block's input
+  std::vector<unit::Bf16Store> acts;                // saved_dtype bf16: each block's activations
+  unit::PeriLnBlock::Saved<T> kinds[4];  // remat full: per layer kind; attn: kinds[0] holds the mixers
   unit::LmHeadUnit::Saved<T> head;
   unit::PeriLnBlock::Scratch<T> scratch;
-  size_t saved_bytes = 0;  // the blocks' planned Saved (the MoE caches not included)
+  size_t saved_bytes = 0;  // planned Saved kept from the forward for the backward (MoE caches not included)
 
-  // Plans the block for N tokens unless the current one already holds them.
-  void ensure(const ModelConfig& c, int64_t n) {
-    if (n <= N) return;
+  static int kind(const ModelConfig& c, int64_t l) {
+    return (c.layer_types[static_cast<size_t>(l)] == LayerType::LinearAttention ? 2 : 0) +
+           (c.is_dense_layer(l) ? 1 : 0);
+  }
+  // What the backward re-runs into under remat attn / full; never live at the same time, so overlaid.
+  std::vector<unit::Plan> rerun_alternatives(const ModelConfig& c, int64_t n) {
+    std::vector<unit::Plan> alts;
+    bool seen[4] = {false, false, false, false};
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const int k = kind(c, l);
+      if (seen[k]) continue;
+      seen[k] = true;
+      if (policy.remat != Remat::Full) continue;
+      alts.emplace_back();
+      kinds[k].plan(alts.back(), c, l, n, /*input=*/false);
+    }
+    if (policy.remat == Remat::Attn && (seen[2] || seen[3])) kinds[0].kda.plan(alts.emplace_back(), c, n);
+    if (policy.remat == Remat::Attn && (seen[0] || seen[1])) kinds[0].attn.plan(alts.emplace_back(), c, n);
+    return alts;
+  }
+  // The plan for n tokens: sets saved_bytes and the pointer slots the plan carves.
+  unit::Plan plan(const ModelConfig& c, int64_t n) {
     unit::Plan plan;
-    blocks.assign(static_cast<size_t>(c.num_hidden_layers), {});
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) blocks[static_cast<size_t>(l)].plan(plan, c, l, n);
+    const int64_t L = c.num_hidden_layers, d = c.hidden_size;
+    const bool full = policy.remat == Remat::Full;
+    blocks.assign(full ? 0 : static_cast<size_t>(L), {});
+    inputs.assign(full ? static_cast<size_t>(L) : 0, nullptr);
+    for (auto& x : inputs) plan.add(&x, n * d);
+    const bool bf16 = policy.saved == SavedDtype::BF16 && std::is_same_v<T, float>;
+    acts.assign(bf16 ? blocks.size() : 0, {});
+    for (int64_t l = 0; l < static_cast<int64_t>(blocks.size()); ++l) {
+      if (bf16) plan.keep_activations_in(&acts[static_cast<size_t>(l)], n);
+      blocks[static_cast<size_t>(l)].plan(plan, c, l, n, true, policy.remat == Remat::None);
+    }
+    plan.keep_activations_in(nullptr, 0);
     saved_bytes = plan.bytes();
+    if (bf16) {  // the layers' fp32 activations, live one layer at a time
+      std::vector<unit::Plan> staging;
+      for (const auto& a : acts) staging.push_back(a.staging);
+      plan.add_overlay(std::move(staging));
+    }
+    if (policy.remat != Remat::None) plan.add_overlay(rerun_alternatives(c, n));
+    if (full) plan.add(&rerun, n * d);
     embed.plan(plan, c, n);
     head.plan(plan, c, n);
-    for (T** b : {&h, &dh}) plan.add(b, n * c.hidden_size);
+    for (T** b : {&h, &dh}) plan.add(b, n * d);
     plan.add(&logpos, n);
     plan.add(&seg, n);
     plan.add(&valid, n);
     scratch.plan(plan, c, n);
-    block = Tensor::empty({static_cast<int64_t>(plan.bytes())}, DType::U8);
-    plan.carve(static_cast<std::byte*>(block.raw_data()));
+    return plan;
+  }
+  // Plans the block for N tokens under policy p unless the current one already holds them.
+  void ensure(const ModelConfig& c, int64_t n, const MemoryPolicy& p) {
+    if (n <= N && p == policy) return;
+    policy = p;
+    const unit::Plan pl = plan(c, n);
+    block = Tensor::empty({static_cast<int64_t>(pl.bytes())}, DType::U8);
+    pl.carve(static_cast<std::byte*>(block.raw_data()));
+    for (auto& s : blocks)  // remat attn: every layer's mixer Saved is the shared one
+      if (policy.remat == Remat::Attn) {
+        s.kda = kinds[0].kda;
+        s.attn = kinds[0].attn;
+      }
     N = n;
   }
-  size_t saved_bytes_now() const {  // planned Saved + the MoE caches as sized by the last forward
+  // The Saved layer l runs with (remat full: its kind's, pointed at the layer's kept input).
+  unit::PeriLnBlock::Saved<T>& saved(const ModelConfig& c, int64_t l) {
+    if (policy.remat != Remat::Full) return blocks[static_cast<size_t>(l)];
+    unit::PeriLnBlock::Saved<T>& s = kinds[kind(c, l)];
+    s.h_in = inputs[static_cast<size_t>(l)];
+    return s;
+  }
+  // Planned Saved + the kept layers' MoE caches as sized by the last forward (remat full's shared ones
+  // are working memory, not counted).
+  size_t saved_bytes_now() const {
     size_t n = saved_bytes;
     for (const auto& s : blocks) n += s.moe_bytes();
     return n;
@@ -94,7 +164,7 @@ class Runner {
     OLMO_CHECK(b.tokens != nullptr, "olmo3moe: batch has no tokens");
     N_ = b.B * b.T;
     d_ = c.hidden_size;
-    k_.ensure(c, N_);
+    k_.ensure(c, N_, o.memory);
     int32_t* seg = k_.seg;
     for (int64_t i = 0; i < N_; ++i) seg[i] = b.segments ? b.segments[i] : 0;
     for (int64_t r = 0; r < b.B; ++r) attention_check_segments(seg + r * b.T, b.T, r);
@@ -131,6 +201,7 @@ class Runner {
     ctx.aux_scale = aux_scale;
     ctx.kda_chunk = o_.kda_chunk;
     ctx.kda_recurrent = o_.kda_recurrent;
+    ctx.recompute_mixer = o_.memory.remat == Remat::Attn;
     const bool bwd = g_ != nullptr;
     const int last = static_cast<int>(u_.blocks.size()) + 1;  // residency group of the final norm, LM head
     const bool tied = c_.tie_word_embeddings;                 // the LM head reads group 0
@@ -142,7 +213,8 @@ class Runner {
     if (!tied) done(0);
     for (size_t l = 0; l < u_.blocks.size(); ++l) {
       need(static_cast<int>(l) + 1);
-      u_.blocks[l].forward(ctx, h, k_.blocks[l], k_.scratch, lp);
+      u_.blocks[l].forward(ctx, h, k_.saved(c_, static_cast<int64_t>(l)), k_.scratch, lp);
+      if (!k_.acts.empty()) k_.acts[l].compress(N_);  // saved_dtype bf16
       done(static_cast<int>(l) + 1);
     }
     need(last);
@@ -163,7 +235,14 @@ class Runner {
       if (tied) done(0);
       for (size_t l = u_.blocks.size(); l-- > 0;) {
         need(static_cast<int>(l) + 1);
-        u_.blocks[l].backward(ctx, dh, k_.blocks[l], k_.scratch);
+        unit::PeriLnBlock::Saved<T>& s = k_.saved(c_, static_cast<int64_t>(l));
+        if (!k_.acts.empty()) k_.acts[l].expand(N_);
+        if (o_.memory.remat == Remat::Full) {  // re-run the block from its kept input into the shared Saved
+          std::copy(s.h_in, s.h_in + N_ * d_, k_.rerun);
+          LossParts again;  // its MoE statistics were counted by the forward
+          u_.blocks[l].forward(ctx, k_.rerun, s, k_.scratch, again);
+        }
+        u_.blocks[l].backward(ctx, dh, s, k_.scratch);
         done(static_cast<int>(l) + 1);
       }
       need(0);  // the embedding norm's gain
@@ -224,6 +303,8 @@ LossParts olmo3moe_run(const ModelConfig& c, const Olmo3MoeOptions& opts, const 
                        Olmo3MoeRunInfo* info) {
   olmo3moe_check_supported(c);
   OLMO_CHECK(opts.kda_chunk > 0, "olmo3moe: kda_chunk must be > 0, got ", opts.kda_chunk);
+  OLMO_CHECK((std::is_same_v<T, float>) || opts.memory.saved == SavedDtype::F32,
+             "olmo3moe: saved_dtype bf16 is for the float model (the float64 path checks gradients)");
   const HybridUnits units(c);
   HybridWork<T> work;  // one call: planned here, freed on return
   Runner<T> r(c, opts, w, grads, batch, units, work);
@@ -244,6 +325,12 @@ template LossParts olmo3moe_run<double>(const ModelConfig&, const Olmo3MoeOption
 Olmo3MoeModel::Olmo3MoeModel(const ModelConfig& c, const Olmo3MoeOptions& opts) : config_(c), opts_(opts) {
   olmo3moe_check_supported(c);
   params_ = allocate_params(c);
+}
+
+bool Olmo3MoeModel::set_memory_policy(const MemoryPolicy& policy) {
+  if (policy.saved == SavedDtype::BF16 && policy.remat == Remat::Full) return false;  // nothing to round
+  opts_.memory = policy;
+  return true;
 }
 
 bool Olmo3MoeModel::set_param_residency(ParamResidency hooks) {
@@ -281,6 +368,19 @@ LossParts Olmo3MoeModel::run(const Batch& batch, const LossConfig& loss, double 
 int64_t Olmo3MoeModel::scratch_floats_per_token(const ModelConfig& c) {
   return 2 * c.hidden_size + 3 + unit::ScaledEmbeddingUnit::saved_floats_per_token(c) +
          unit::LmHeadUnit::saved_floats_per_token(c) + unit::PeriLnBlock::Scratch<float>::per_token(c);
+}
+
+ActivationBytes Olmo3MoeModel::activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
+                                                const MemoryPolicy& policy) {
+  olmo3moe_check_supported(c);
+  HybridWork<float> w;
+  w.policy = policy;
+  const unit::Plan p = w.plan(c, B * T);
+  ActivationBytes a;
+  a.saved = w.saved_bytes;
+  a.working = p.bytes() - w.saved_bytes;
+  a.kernels = unit::attention_workspace_bytes(c, B, T);
+  return a;
 }
 
 LossParts Olmo3MoeModel::forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,

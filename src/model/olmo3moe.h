@@ -20,6 +20,7 @@ struct Olmo3MoeOptions {
   // Scalable-softmax query scale log(pos + 1): false = document-relative positions (Batch::positions,
   // OLMo-core's `cu_doc_lens` convention; packed == per-document), true = row positions 0..T-1.
   bool ssmax_row_positions = false;
+  MemoryPolicy memory;  // what the blocks keep for the backward (model.remat; memory_policy.h)
 };
 
 // The workspace of the last call (one block planned from the units' declarations, see HybridWork in
@@ -59,12 +60,16 @@ class Olmo3MoeModel : public CausalLM {
   LossParts forward(const Batch& batch, const LossConfig& loss, float* logits, float* logprobs) override;
   // Honours the hooks: groups 0 (embedding, embedding norm), 1 + l (block l), L + 1 (final norm, LM head).
   bool set_param_residency(ParamResidency hooks) override;
+  // remat none / attn / full with fp32 saved activations.
+  bool set_memory_policy(const MemoryPolicy& policy) override;
   Olmo3MoeOptions& options() { return opts_; }
   const Olmo3MoeRunInfo& last_run() const { return info_; }
   // What the planned block holds per token besides the blocks' Saved (Olmo3MoeRunInfo::scratch_bytes):
   // the residual stream and its gradient, the batch arrays, the embedding's and LM head's Saved and the
   // layers' shared Scratch (byte fields counted as one float; a few per-layer-size stand-ins not counted).
   static int64_t scratch_floats_per_token(const ModelConfig& c);
+  // model.h activation_bytes for this family.
+  static ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, const MemoryPolicy& p);
 
  private:
   LossParts run(const Batch& batch, const LossConfig& loss, double grad_scale, double aux_scale,

@@ -1,7 +1,9 @@
 #include "model/unit.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "model/params.h"
 
@@ -40,10 +42,51 @@ size_t Plan::bytes() const {
   return t;
 }
 
+void Plan::keep_activations_in(Bf16Store* store, int64_t tokens) {
+  bf16_ = store;
+  if (store == nullptr) return;
+  store->staging = Plan{};
+  store->items.clear();
+  store->planned_tokens = tokens;
+}
+
+void Plan::add_bf16(float** ptr, int64_t n) {
+  bf16_->staging.add(ptr, n);
+  bf16_->items.push_back({ptr, n});
+  add(&bf16_->items.back().bf16, n);
+}
+
+void Bf16Store::compress(int64_t tokens) const {
+  for (const Item& it : items)
+    f32_to_bf16(*it.fp32, it.bf16, static_cast<size_t>(it.n / planned_tokens * tokens));
+}
+
+void Bf16Store::expand(int64_t tokens) const {
+  for (const Item& it : items)
+    bf16_to_f32(it.bf16, *it.fp32, static_cast<size_t>(it.n / planned_tokens * tokens));
+}
+
+size_t Bf16Store::bf16_bytes() const {
+  size_t b = 0;
+  for (const Item& it : items) b += 2 * static_cast<size_t>(it.n);
+  return b;
+}
+
+void Plan::add_overlay(std::vector<Plan> alternatives) {
+  size_t n = 0;
+  for (const Plan& a : alternatives) n = std::max(n, a.bytes());
+  overlays_.push_back(std::move(alternatives));
+  items_.push_back({nullptr, n, nullptr, static_cast<int>(overlays_.size()) - 1});
+}
+
 void Plan::carve(std::byte* base) const {
   size_t off = 0;
   for (const auto& it : items_) {
-    it.set(it.slot, base + off);
+    if (it.overlay >= 0) {
+      for (const Plan& a : overlays_[static_cast<size_t>(it.overlay)]) a.carve(base + off);
+    } else {
+      it.set(it.slot, base + off);
+    }
     off += round_up(it.bytes);
   }
 }
@@ -73,6 +116,16 @@ AttentionConfig attention_config(const ModelConfig& c, int64_t B, int64_t T, int
   ac.window = window;
   ac.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   return ac;
+}
+
+size_t attention_workspace_bytes(const ModelConfig& c, int64_t B, int64_t T) {
+  size_t need = 0;
+  for (int64_t win : {int64_t(0), c.sliding_window}) {
+    const AttentionConfig ac = attention_config(c, B, T, win);
+    need = std::max(
+        {need, attention_forward_workspace_bytes<float>(ac), attention_backward_workspace_bytes<float>(ac)});
+  }
+  return need;
 }
 
 }  // namespace olmosft::model::unit

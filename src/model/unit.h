@@ -11,8 +11,10 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -63,10 +65,13 @@ struct Ctx {
   double aux_scale = 1.0;            // multiplies the MoE auxiliary losses' gradients
   int64_t kda_chunk = 64;            // KDA chunk size
   bool kda_recurrent = false;        // KDA: token-by-token recurrence instead of the chunked form
+  bool recompute_mixer = false;      // remat attn: blocks re-run the mixer's forward before its backward
 
   const T* W(int idx) const { return w[static_cast<size_t>(idx)]; }
   T* G(int idx) const { return (g == nullptr || idx < 0) ? nullptr : (*g)[static_cast<size_t>(idx)]; }
 };
+
+struct Bf16Store;
 
 // A workspace plan: (pointer, count) requests of any element type (float, double, int32, bytes) carved
 // from one block, each rounded up to 64 bytes. Units add their Saved / Scratch buffers; the model
@@ -78,6 +83,20 @@ class Plan {
     items_.push_back({ptr, static_cast<size_t>(n) * sizeof(U),
                       [](void* slot, std::byte* at) { *static_cast<U**>(slot) = reinterpret_cast<U*>(at); }});
   }
+  // A Saved's activation (a tensor the backward reads, as opposed to a per-token statistic such as an
+  // RMS-norm rstd or a softmax normaliser): planned as add() does, or, while a Bf16Store is set and U is
+  // float, as an fp32 staging buffer plus a bf16 copy (see Bf16Store).
+  template <typename U>
+  void add_activation(U** ptr, int64_t n) {
+    if constexpr (std::is_same_v<U, float>) {
+      if (bf16_ != nullptr) return add_bf16(ptr, n);
+    }
+    add(ptr, n);
+  }
+  void keep_activations_in(Bf16Store* store, int64_t tokens);  // nullptr: plain add() again
+  // One region that each of `alternatives` is carved into at the same address: buffers that are never
+  // live at the same time (recomputation's one Saved per layer kind). Its size is the largest one's.
+  void add_overlay(std::vector<Plan> alternatives);
   size_t bytes() const;
   void carve(std::byte* base) const;  // base: 64-byte aligned, bytes() long
 
@@ -86,8 +105,32 @@ class Plan {
     void* slot;
     size_t bytes;
     void (*set)(void*, std::byte*);
+    int overlay = -1;  // index into overlays_ (slot and set unused)
   };
+  void add_bf16(float** ptr, int64_t n);
   std::vector<Item> items_;
+  std::vector<std::vector<Plan>> overlays_;
+  Bf16Store* bf16_ = nullptr;
+};
+
+// One layer's activations kept in bf16 (model.saved_dtype=bf16, memory_policy.h). While a Plan sends its
+// activations here (Plan::keep_activations_in), each fp32 activation buffer of a Saved is planned in
+// `staging` (the model overlays the layers' stagings: the fp32 copy lives only while its layer runs) and
+// its bf16 copy in the model's block. After the layer's forward, compress() rounds the fp32 values to bf16
+// (nearest even); before its backward, expand() restores fp32 from them.
+struct Bf16Store {
+  struct Item {
+    float** fp32;
+    int64_t n;  // planned values
+    uint16_t* bf16 = nullptr;
+  };
+  Plan staging;
+  std::deque<Item> items;  // stable addresses: the block's plan holds &Item::bf16
+  int64_t planned_tokens = 0;
+  // The first `tokens` tokens' values of every item (the block may be planned for more).
+  void compress(int64_t tokens) const;
+  void expand(int64_t tokens) const;
+  size_t bf16_bytes() const;
 };
 
 // Explicit instantiation of a mixer unit (KdaUnit, SoftmaxAttentionUnit) for value type T.
@@ -105,5 +148,8 @@ std::vector<int> residency_groups(const ModelConfig& c);
 // The attention kernel's configuration for a [B, T] batch of a config's softmax attention (GQA, head_dim for
 // q, k and v, scale 1/sqrt(head_dim)) with the given window (0 = full causal). Both attention units use it.
 AttentionConfig attention_config(const ModelConfig& c, int64_t B, int64_t T, int64_t window);
+// The attention kernel's workspace for a [B, T] batch: the larger of forward and backward, over the full
+// and the sliding window (fp32).
+size_t attention_workspace_bytes(const ModelConfig& c, int64_t B, int64_t T);
 
 }  // namespace olmosft::model::unit

@@ -95,6 +95,9 @@ void SoftmaxAttentionUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t
   int64_t Gq, Lq, Gk, Lk;
   qk_norm_shape(c, true, &Gq, &Lq);
   qk_norm_shape(c, false, &Gk, &Lk);
+  // q, k, v and o stay fp32 even under saved_dtype bf16: the backward recomputes the probabilities from q, k
+  // and the forward's fp32 logsumexp, which rounded q, k would not match (measured: the SSMax gain's
+  // gradient moved by 30%)
   for (T** b : {&q, &qn, &o}) p.add(b, N * QD);
   for (T** b : {&k, &v, &kn}) p.add(b, N * KVD);
   p.add(&qrs, N * Gq);
@@ -102,7 +105,7 @@ void SoftmaxAttentionUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t
   p.add(&lse, N * H);
   if (c.scalable_softmax) p.add(&qs, N * QD);
   if (c.attention_gate_type == "elementwise")
-    for (T** b : {&zg, &og}) p.add(b, N * QD);
+    for (T** b : {&zg, &og}) p.add_activation(b, N * QD);
 }
 
 template <typename T>

@@ -40,14 +40,15 @@ int64_t PeriLnBlock::saved_floats_per_token(const ModelConfig& c, int64_t l) {
 }
 
 template <typename T>
-void PeriLnBlock::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t l, int64_t N) {
+void PeriLnBlock::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t l, int64_t N, bool input,
+                                 bool mixer) {
   const int64_t d = c.hidden_size;
-  for (T** b : {&h_in, &x1, &a, &h_mid, &x2, &f}) p.add(b, N * d);
+  if (input) p.add_activation(&h_in, N * d);
+  for (T** b : {&x1, &a, &h_mid, &x2, &f}) p.add_activation(b, N * d);
   for (T** b : {&rs_pre_attn, &rs_post_attn, &rs_pre_ffn, &rs_post_ffn}) p.add(b, N);
-  if (c.layer_types[static_cast<size_t>(l)] == LayerType::LinearAttention)
-    kda.plan(p, c, N);
-  else
-    attn.plan(p, c, N);
+  const bool is_kda = c.layer_types[static_cast<size_t>(l)] == LayerType::LinearAttention;
+  if (mixer && is_kda) kda.plan(p, c, N);
+  if (mixer && !is_kda) attn.plan(p, c, N);
   if (c.is_dense_layer(l)) mlp.plan(p, c, N);
 }
 
@@ -122,6 +123,12 @@ void PeriLnBlock::backward(const Ctx<T>& ctx, T* dh, const Saved<T>& s, const Sc
   add_into(dh, w.t, N * d);
   // h_mid = h_in + RMS_post_attn(a):  dA = da, dX = dx1
   rmsnorm_backward(dh, s.a, ctx.W(post_attn), s.rs_post_attn, w.dA, ctx.G(post_attn), N, d, eps);
+  if (ctx.recompute_mixer) {  // the mixer's Saved is shared by the layers: re-run this layer's into it
+    if (kda)
+      kda_unit.forward(ctx, s.x1, w.t, s.kda);
+    else
+      attn_unit.forward(ctx, s.x1, w.t, s.attn);
+  }
   if (kda)
     kda_unit.backward(ctx, s.x1, s.kda, w.dA, w.dX, w.kda);
   else
@@ -154,14 +161,14 @@ int64_t PostNormBlock::saved_floats_per_token(const ModelConfig& c) {
          3 * c.hidden_size + 2;
 }
 
-void PostNormBlock::Saved::plan(Plan& p, const ModelConfig& c, int64_t N) {
-  attn.plan(p, c, N);
+void PostNormBlock::Saved::plan(Plan& p, const ModelConfig& c, int64_t N, bool with_attn) {
+  if (with_attn) attn.plan(p, c, N);
   const int64_t d = c.hidden_size;
-  p.add(&a, N * d);
+  p.add_activation(&a, N * d);
   p.add(&ra, N);
-  p.add(&hmid, N * d);
+  p.add_activation(&hmid, N * d);
   mlp.plan(p, c, N);
-  p.add(&m, N * d);
+  p.add_activation(&m, N * d);
   p.add(&rm, N);
 }
 
@@ -201,6 +208,9 @@ void PostNormBlock::backward(const Ctx<float>& ctx, const float* x, const Saved&
   mlp.backward(ctx, s.hmid, s.mlp, w.dtmp, dh, w.mlp);
   // Attention half: hmid = x + RMSNorm_attn(a).
   rmsnorm_backward<float>(dh, s.a, ctx.W(post_attn), s.ra, w.dtmp, ctx.G(post_attn), N, d, eps);
+  // remat attn: the attention Saved is shared by the layers; re-run this layer's (a is rewritten with the
+  // same values, and is not read again)
+  if (ctx.recompute_mixer) attn.forward(ctx, x, s.a, s.attn, w.attn);
   attn.backward(ctx, x, s.attn, w.dtmp, dh, w.attn);
 }
 

@@ -6,8 +6,10 @@
 //
 // Parameters: model.layers.<l>.{pre,post}_{attention,feedforward}_layernorm plus the units'. Saves the
 // block input, the two normed inputs, the mixer and FFN outputs, h_mid and the four rstd (6 d + 4 floats
-// per token) plus the units' Saved; recomputes nothing. Saved and Scratch are carved from the model's
-// planned workspace (unit::Plan); one Scratch serves every layer.
+// per token) plus the units' Saved. Saved and Scratch are carved from the model's planned workspace
+// (unit::Plan); one Scratch serves every layer. Recomputation (model.remat, memory_policy.h): with
+// Ctx::recompute_mixer the backward first re-runs the mixer's forward from x1 into its Saved (remat attn);
+// remat full re-runs forward() from the kept block input (the model's runner does that).
 #pragma once
 #include <cstdint>
 
@@ -36,8 +38,10 @@ struct PeriLnBlock {
     SoftmaxAttentionUnit::Saved<T> attn;  // attention layers
     SwiGluMlpUnit::Saved<T> mlp;          // dense layers
     MoeUnit::Saved<T> moe;                // MoE layers (vectors sized by moe.cpp)
-    // Plans layer `layer`'s buffers: saved_floats_per_token(c, layer) * N values less the MoE cache.
-    void plan(Plan& p, const ModelConfig& c, int64_t layer, int64_t N);
+    // Plans layer `layer`'s buffers: saved_floats_per_token(c, layer) * N values less the MoE cache;
+    // without h_in when !input (recomputation points it at the kept block input) and without the mixer's
+    // Saved when !mixer (remat attn shares one across the layers).
+    void plan(Plan& p, const ModelConfig& c, int64_t layer, int64_t N, bool input = true, bool mixer = true);
     size_t moe_bytes() const { return moe.bytes(); }
   };
   // Shared by the layers: the block's temporaries [N, d] and the mixers' backward scratch.
@@ -77,7 +81,8 @@ struct PostNormBlock {
     RopeAttentionUnit::Saved attn;
     RecomputedSwiGluMlpUnit::Saved mlp;
     float *a, *ra, *hmid, *m, *rm;
-    void plan(Plan& p, const ModelConfig& c, int64_t N);
+    // Without the attention's Saved when !attn (remat attn shares one across the layers).
+    void plan(Plan& p, const ModelConfig& c, int64_t N, bool attn = true);
   };
   struct Scratch {
     RopeAttentionUnit::Scratch attn;

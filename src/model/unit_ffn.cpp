@@ -102,8 +102,8 @@ RecomputedSwiGluMlpUnit RecomputedSwiGluMlpUnit::resolve(const ParamIndex& idx, 
 }
 
 void RecomputedSwiGluMlpUnit::Saved::plan(Plan& p, const ModelConfig& c, int64_t N) {
-  p.add(&a, N * c.intermediate_size);
-  p.add(&b, N * c.intermediate_size);
+  p.add_activation(&a, N * c.intermediate_size);
+  p.add_activation(&b, N * c.intermediate_size);
 }
 
 void RecomputedSwiGluMlpUnit::Scratch::plan(Plan& p, const ModelConfig& c, int64_t N) {

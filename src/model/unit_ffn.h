@@ -32,7 +32,7 @@ struct SwiGluMlpUnit {
   struct Saved {
     T *a, *b, *h;  // gate / up pre-activations, hidden [N, F]
     void plan(Plan& p, const ModelConfig& c, int64_t N) {
-      for (T** x : {&a, &b, &h}) p.add(x, N * c.dense_mlp_intermediate_size);
+      for (T** x : {&a, &b, &h}) p.add_activation(x, N * c.dense_mlp_intermediate_size);
     }
   };
 

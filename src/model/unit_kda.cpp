@@ -57,8 +57,11 @@ template <typename T>
 void KdaUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
   const int64_t H = c.linear_num_key_heads, KD = H * c.linear_key_head_dim, VD = H * c.linear_value_head_dim,
                 R = c.linear_value_head_dim;
-  for (T** b : {&qin, &kin, &qc, &kc, &qn, &kn, &f, &g}) p.add(b, N * KD);
-  for (T** b : {&vin, &vc, &o, &zg, &y}) p.add(b, N * VD);
+  // the projections and their conv / norm outputs, the delta rule's output and the gated norm's: activations;
+  // the decay gates f, g (log space, summed over a chunk) and the per-head gates stay fp32
+  for (T** b : {&qin, &kin, &qc, &kc, &qn, &kn}) p.add_activation(b, N * KD);
+  for (T** b : {&f, &g}) p.add(b, N * KD);
+  for (T** b : {&vin, &vc, &o, &zg, &y}) p.add_activation(b, N * VD);
   for (T** b : {&flow, &glow}) p.add(b, N * R);
   for (T** b : {&blog, &beta}) p.add(b, N * H);
 }

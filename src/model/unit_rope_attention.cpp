@@ -25,6 +25,7 @@ int64_t RopeAttentionUnit::saved_floats_per_token(const ModelConfig& c) {
 
 void RopeAttentionUnit::Saved::plan(Plan& p, const ModelConfig& c, int64_t N) {
   const int64_t HD = c.num_attention_heads * c.head_dim, KD = c.num_key_value_heads * c.head_dim;
+  // fp32 under saved_dtype bf16 too: the backward recomputes the probabilities from q, k and the fp32 lse
   p.add(&qraw, N * HD);
   p.add(&kraw, N * KD);
   p.add(&v, N * KD);
@@ -44,17 +45,8 @@ void RopeAttentionUnit::Scratch::plan(Plan& p, const ModelConfig& c, int64_t N) 
   p.add(&dv, N * KD);
 }
 
-size_t RopeAttentionUnit::attention_workspace_bytes(const ModelConfig& c, int64_t B, int64_t T) {
-  size_t need = 0;
-  for (int64_t win : {int64_t(0), c.sliding_window}) {
-    const AttentionConfig ac = attention_config(c, B, T, win);
-    need = std::max(
-        {need, attention_forward_workspace_bytes<float>(ac), attention_backward_workspace_bytes<float>(ac)});
-  }
-  return need;
-}
-
-void RopeAttentionUnit::forward(const Ctx<float>& ctx, const float* x, float* a, Saved& s, Scratch& w) const {
+void RopeAttentionUnit::forward(const Ctx<float>& ctx, const float* x, float* a, const Saved& s,
+                                Scratch& w) const {
   const ModelConfig& cfg = ctx.c;
   const int64_t N = ctx.N, d = ctx.d, H = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads,
                 D = cfg.head_dim, HD = H * D, KD = Hkv * D;

@@ -35,11 +35,9 @@ struct RopeAttentionUnit {
   // prefix = "model.layers.<l>.self_attn."
   static RopeAttentionUnit resolve(const ParamIndex& idx, const std::string& prefix, LayerType type);
   static int64_t saved_floats_per_token(const ModelConfig& c);
-  // The attention kernel workspace both passes need, for either window.
-  static size_t attention_workspace_bytes(const ModelConfig& c, int64_t B, int64_t T);
 
   // x [N, d] -> a [N, d] (overwritten).
-  void forward(const Ctx<float>& ctx, const float* x, float* a, Saved& s, Scratch& w) const;
+  void forward(const Ctx<float>& ctx, const float* x, float* a, const Saved& s, Scratch& w) const;
   // da [N, d] -> dx [N, d] (ACCUMULATED); parameter gradients accumulated.
   void backward(const Ctx<float>& ctx, const float* x, const Saved& s, const float* da, float* dx,
                 Scratch& w) const;

@@ -296,6 +296,11 @@ TrainConfig Recipe::fields() const {
   c.model.config = str("model.config");
   c.model.memory.remat = model::parse_remat(str("model.remat"), src + ": model.remat");
   c.model.memory.saved = model::parse_saved_dtype(str("model.saved_dtype"), src + ": model.saved_dtype");
+  OLMO_CHECK(
+      !(c.model.memory.saved == model::SavedDtype::BF16 && c.model.memory.remat == model::Remat::Full), src,
+      ": model.saved_dtype=bf16 does nothing under model.remat=full (full keeps only the block inputs, "
+      "in fp32, so that the backward's re-run reproduces the forward); use model.remat=attn or none with "
+      "bf16, or saved_dtype fp32 with full");
   c.data.path = str("data.path");
   c.data.epochs = i64("data.epochs");
   OLMO_CHECK(c.data.epochs >= 1, src, ": data.epochs must be >= 1");

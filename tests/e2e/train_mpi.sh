@@ -71,8 +71,8 @@ for mode in dp zero3; do
       "[ $rc -eq 0 ] && same $mode$np ref"
   done
 done
-mpi 2 train "$dir/recipe.yaml" run_name=zs2 dist.mode=zero3 dist.gather=step >"$dir/zs2.out" 2>"$dir/zs2.err"; rc=$?
-check "zero3 with whole-model gathering (dist.gather=step) on 2 processes: bit-identical too" \
+mpi 2 train "$dir/recipe.yaml" run_name=zs2 dist.mode=zero3 dist.gather=step model.remat=attn >"$dir/zs2.out" 2>"$dir/zs2.err"; rc=$?
+check "zero3 with whole-model gathering (dist.gather=step) and model.remat=attn on 2 processes: bit-identical too" \
   "[ $rc -eq 0 ] && same zs2 ref && grep -q '^DIST mode=zero3 processes=2 comm=mpi gather=whole-model' '$dir/zs2.out' && grep -q 'gather=per-layer' '$dir/zero32.out'"
 check "one LOSS-PARTS line per step (rank 0 only) and the mode in the preflight" \
   "[ \$(grep -c '^LOSS-PARTS' '$dir/zero34.out') -eq 3 ] && grep -q 'processes=4 dist_mode=zero3 leaves_per_step=8' '$dir/zero34.out'"
@@ -80,8 +80,8 @@ check "one LOSS-PARTS line per step (rank 0 only) and the mode in the preflight"
 # The hybrid (KDA + MoE): MoE loss parts included.
 hy=(model.init="$G/model/olmo3moe_tiny" loss.moe_lb=0.01 loss.router_z=0.001 steps=2)
 "$bin" train "$dir/recipe.yaml" run_name=href "${hy[@]}" >"$dir/href.out" 2>"$dir/href.err"; rc1=$?
-mpi 2 train "$dir/recipe.yaml" run_name=hz2 dist.mode=zero3 "${hy[@]}" >"$dir/hz2.out" 2>"$dir/hz2.err"; rc=$?
-check "hybrid zero3 on 2 processes = 1 process, bit for bit (moe_lb > 0)" \
+mpi 2 train "$dir/recipe.yaml" run_name=hz2 dist.mode=zero3 model.remat=full "${hy[@]}" >"$dir/hz2.out" 2>"$dir/hz2.err"; rc=$?
+check "hybrid zero3 with model.remat=full on 2 processes = 1 process without, bit for bit (moe_lb > 0)" \
   "[ $rc1 -eq 0 ] && [ $rc -eq 0 ] && same hz2 href && grep -q 'moe_lb=0.0[1-9]' '$dir/hz2.out'"
 
 # Preemption: SIGTERM to rank 1 of 4 only (zero3); all ranks stop after the same step, one checkpoint.

@@ -161,7 +161,7 @@ void run_family(Record& rec, const std::string& fam, CausalLM& m) {
 }
 
 // The hybrid's float64 instantiation on the same (float-initialised) weights, chunk 16.
-void run_hybrid_double(Record& rec, CausalLM& m) {
+void run_hybrid_double(Record& rec, CausalLM& m, const MemoryPolicy& policy) {
   const ModelConfig& c = m.config();
   std::vector<std::vector<double>> w, g;
   for (auto& p : m.params()) {
@@ -175,6 +175,7 @@ void run_hybrid_double(Record& rec, CausalLM& m) {
   for (auto& x : g) gp.push_back(x.data());
   Olmo3MoeOptions opts;
   opts.kda_chunk = 16;
+  opts.memory = policy;
   const PackedBatch& a = batch_a(c.vocab_size);
   const LossConfig lc = loss_config();
   rec.parts("hybrid64.fb",
@@ -190,19 +191,22 @@ void run_hybrid_double(Record& rec, CausalLM& m) {
   rec.add("hybrid64.fwd_recurrent.logprobs", hash_of(logprobs.data(), static_cast<int64_t>(logprobs.size())));
 }
 
-Record compute() {
+// Every hash under a memory policy (the golden file was written under remat none).
+Record compute(const MemoryPolicy& policy = {}) {
   set_threads(1);
   Record rec;
   {
     const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3_tiny/config.json");
     auto m = make_model(c, 20261203);
+    EXPECT_TRUE(m->set_memory_policy(policy));
     run_family(rec, "olmo3", *m);
   }
   {
     const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3moe_tiny/config.json");
     auto m = make_model(c, 20261203);
+    EXPECT_TRUE(m->set_memory_policy(policy));
     run_family(rec, "hybrid", *m);
-    run_hybrid_double(rec, *m);
+    run_hybrid_double(rec, *m, policy);
   }
   return rec;
 }
@@ -212,6 +216,8 @@ std::string hex(uint64_t h) {
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
 }
+
+void expect_matches_golden(const Record& rec);
 
 TEST(ModelBitwise, MatchesGolden) {
   const Record rec = compute();
@@ -223,6 +229,15 @@ TEST(ModelBitwise, MatchesGolden) {
     ASSERT_TRUE(f.good()) << "cannot write " << kGolden;
     GTEST_SKIP() << "wrote " << kGolden << " (" << rec.rows.size() << " hashes)";
   }
+  expect_matches_golden(rec);
+}
+
+// Recomputation changes no bit: every loss part, gradient and output under remat full / attn equals the
+// golden file written under remat none (before recomputation existed).
+TEST(ModelBitwise, RematFullMatchesGolden) { expect_matches_golden(compute({Remat::Full, SavedDtype::F32})); }
+TEST(ModelBitwise, RematAttnMatchesGolden) { expect_matches_golden(compute({Remat::Attn, SavedDtype::F32})); }
+
+void expect_matches_golden(const Record& rec) {
   std::ifstream f(kGolden);
   ASSERT_TRUE(f.good()) << "missing " << kGolden << " (write it with OLMOSFT_WRITE_GOLDEN=1)";
   std::string line;

@@ -2,7 +2,9 @@
 // the hybrid's measured saved bytes and Olmo 3's planned workspace.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "core/threads.h"
@@ -121,4 +123,114 @@ TEST(ModelUnits, Olmo3WorkspaceMatchesTheDeclarations) {
   const double block = double(o3.workspace_bytes());
   EXPECT_GE(block, 4.0 * double(per_token * T));
   EXPECT_LE(block, 4.0 * double(per_token * T) * 1.5 + 1e6);  // + rounding, attention workspace, seg/pos
+}
+
+// activation_bytes (what `olmosft plan` reads) is the block each model really plans, under each remat
+// policy, and recomputation keeps less: full less than attn less than none.
+TEST(ModelUnits, ActivationBytesIsWhatTheModelsAllocateUnderEachRematPolicy) {
+  set_threads(1);
+  const int64_t T = 64;
+  for (const char* fam : {"olmo3_tiny", "olmo3moe_tiny"}) {
+    const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/" + fam + "/config.json");
+    const Row r(T, c.vocab_size);
+    size_t saved[3] = {0, 0, 0};
+    int i = 0;
+    for (const Remat remat : {Remat::None, Remat::Attn, Remat::Full}) {
+      const MemoryPolicy policy{remat, SavedDtype::F32};
+      auto m = make_model(c, 3);
+      ASSERT_TRUE(m->set_memory_policy(policy));
+      m->forward_backward(r.batch(), LossConfig{}, 1.0 / double(T), 1.0);
+      const ActivationBytes a = activation_bytes(c, 1, T, policy);
+      size_t planned = 0;
+      if (auto* o3 = dynamic_cast<Olmo3*>(m.get()))
+        planned = o3->workspace_bytes();
+      else
+        planned = dynamic_cast<Olmo3MoeModel&>(*m).last_run().workspace_bytes + a.kernels;
+      std::printf("[units] %s remat %s: saved %zu, working %zu, kernels %zu bytes (T = %lld)\n", fam,
+                  remat_name(remat), a.saved, a.working, a.kernels, static_cast<long long>(T));
+      EXPECT_EQ(planned, a.total()) << fam << " remat " << remat_name(remat);
+      saved[i++] = a.saved;
+    }
+    EXPECT_LT(saved[1], saved[0]) << fam << ": attn keeps less than none";
+    EXPECT_LT(saved[2], saved[1]) << fam << ": full keeps less than attn";
+    // full keeps the block inputs: L streams of d floats per token (Olmo 3: its L + 1 residual streams)
+    const int64_t streams = c.num_hidden_layers + (c.is_moe() ? 0 : 1);
+    EXPECT_EQ(saved[2], size_t(4 * streams * c.hidden_size * T)) << fam;
+  }
+}
+
+namespace {
+// Relative L2 distance between two models' gradients: over all parameters together (returned) and the
+// largest per tensor (worst, which).
+double grad_rel_diff(CausalLM& a, CausalLM& b, double* worst, std::string* which) {
+  double num_all = 0, den_all = 0;
+  *worst = 0;
+  for (size_t i = 0; i < a.params().size(); ++i) {
+    const float* x = a.params()[i].grad.data<float>();
+    const float* y = b.params()[i].grad.data<float>();
+    double num = 0, den = 0;
+    for (int64_t j = 0; j < a.params()[i].grad.numel(); ++j) {
+      num += (double(x[j]) - double(y[j])) * (double(x[j]) - double(y[j]));
+      den += double(x[j]) * double(x[j]);
+    }
+    num_all += num;
+    den_all += den;
+    const double r = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    if (r > *worst) {
+      *worst = r;
+      *which = a.params()[i].name + " (norm " + std::to_string(std::sqrt(den)) + ")";
+    }
+  }
+  return std::sqrt(num_all / den_all);
+}
+}  // namespace
+
+// model.saved_dtype=bf16: the kept activations take about half the bytes (per-token statistics, the
+// attention's q/k/v/o and KDA's decay gates stay fp32), the block equals activation_bytes, and the
+// gradients differ from fp32 by bf16 rounding only. Tolerance: each rounded value is off by at most 2^-9
+// (2e-3) relative; the measured relative L2 distance of all gradients together is 2.7e-3 (Olmo 3 tiny) to
+// 6.3e-3 (hybrid tiny, remat attn), i.e. 1.4-3 x 2^-9; the bound is 10 x 2^-9 = 2e-2. Per tensor the worst is
+// 6e-2, on the hybrid's SSMax gain whose gradient nearly cancels (norm 4e-4); the bound 2e-1 still catches
+// a layer restored from the wrong bf16 copy (errors of order 1). The distance must not be 0: the rounding
+// is really applied.
+TEST(ModelUnits, Bf16SavedActivationsHalveTheirBytesAndPerturbGradientsByRoundingOnly) {
+  set_threads(1);
+  const int64_t T = 64;
+  for (const char* fam : {"olmo3_tiny", "olmo3moe_tiny"}) {
+    const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/" + fam + "/config.json");
+    const Row r(T, c.vocab_size);
+    LossConfig lc;
+    lc.moe_lb = 0.01;
+    auto ref = make_model(c, 3);
+    const LossParts p32 = ref->forward_backward(r.batch(), lc, 1.0 / double(T), 1.0);
+    for (const Remat remat : {Remat::None, Remat::Attn}) {
+      const MemoryPolicy bf{remat, SavedDtype::BF16}, fp{remat, SavedDtype::F32};
+      auto m = make_model(c, 3);
+      ASSERT_TRUE(m->set_memory_policy(bf));
+      const LossParts p16 = m->forward_backward(r.batch(), lc, 1.0 / double(T), 1.0);
+      EXPECT_EQ(p16.ce_sum, p32.ce_sum) << fam << ": the forward's numbers are fp32";
+      std::string worst_name;
+      double worst = 0;
+      const double all = grad_rel_diff(*ref, *m, &worst, &worst_name);
+      const ActivationBytes a16 = activation_bytes(c, 1, T, bf), a32 = activation_bytes(c, 1, T, fp);
+      std::printf(
+          "[units] %s remat %s bf16: saved %zu bytes (fp32 %zu, ratio %.3f); gradient rel L2 %.2e, worst "
+          "tensor %.2e (%s)\n",
+          fam, remat_name(remat), a16.saved, a32.saved, double(a16.saved) / double(a32.saved), all, worst,
+          worst_name.c_str());
+      EXPECT_GT(all, 0.0) << fam;
+      EXPECT_LT(all, 2e-2) << fam;
+      EXPECT_LT(worst, 2e-1) << fam << " " << worst_name;
+      EXPECT_LT(double(a16.saved), 0.75 * double(a32.saved)) << fam;
+      size_t planned = 0;
+      if (auto* o3 = dynamic_cast<Olmo3*>(m.get()))
+        planned = o3->workspace_bytes();
+      else
+        planned = dynamic_cast<Olmo3MoeModel&>(*m).last_run().workspace_bytes + a16.kernels;
+      EXPECT_EQ(planned, a16.total()) << fam;
+    }
+    auto m = make_model(c, 3);
+    EXPECT_FALSE(m->set_memory_policy({Remat::Full, SavedDtype::BF16}))
+        << fam << ": nothing to round under full";
+  }
 }
