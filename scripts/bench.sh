@@ -48,5 +48,13 @@ else
   echo "bench.sh: bench/dist_train.sh failed" >&2
   status=1
 fi
+echo "== zero3_memory (bench/zero3_memory.sh: peak RSS per rank under mpirun -np 1/2/4; ZERO3_BEFORE=<binary> adds a before row)"
+if bench/zero3_memory.sh "$build" "${ZERO3_BEFORE:-}" | tee "$out/zero3_memory.md.tmp"; then
+  mv "$out/zero3_memory.md.tmp" "$out/zero3_memory.md"
+  { echo; echo "## zero3_memory"; echo; cat "$out/zero3_memory.md"; } >>"$summary"
+else
+  echo "bench.sh: bench/zero3_memory.sh failed" >&2
+  status=1
+fi
 echo "bench.sh: results in $out/"
 exit $status

@@ -12,13 +12,22 @@
 
 namespace {
 
-// The model factory hook: an HF directory to fine-tune (model.init) or a config.json to initialise.
-std::unique_ptr<olmosft::model::CausalLM> build_model(const olmosft::TrainConfig& c) {
+// The model factory hook: an HF directory to fine-tune (model.init) or a config.json to initialise. The
+// model is built without parameter storage; the trainer's shards ask `fill` for what each process owns, so
+// a process never holds the whole model while loading (docs/dist.md).
+std::unique_ptr<olmosft::model::CausalLM> build_model(const olmosft::TrainConfig& c,
+                                                      olmosft::model::ParamFill& fill) {
   olmosft::require_run_inputs(c);  // data.path, one of model.init / model.config
   const std::string& init = c.model.init;
   const std::string& cfg = c.model.config;
-  if (!init.empty()) return olmosft::model::load_model(init);
-  return olmosft::model::make_model(olmosft::model::load_config(cfg), static_cast<uint64_t>(c.seed));
+  olmosft::model::ModelConfig mc;
+  if (!init.empty()) {
+    fill = olmosft::model::hf_param_fill(init, &mc);
+  } else {
+    mc = olmosft::model::load_config(cfg);
+    fill = olmosft::model::init_param_fill(mc, static_cast<uint64_t>(c.seed));
+  }
+  return olmosft::model::make_model_unallocated(mc);
 }
 
 int train_main(int argc, char** argv) {
@@ -41,8 +50,8 @@ int train_main(int argc, char** argv) {
     // (Its warnings are printed once, by run_training's own preflight.)
     std::ostringstream quiet;
     (void)olmosft::train::plan_run(cfg, quiet);
-    std::unique_ptr<olmosft::model::CausalLM> m = build_model(cfg);
     olmosft::train::TrainOptions opts;
+    std::unique_ptr<olmosft::model::CausalLM> m = build_model(cfg, opts.param_fill);
     opts.comm = comm.get();
     olmosft::train::TrainResult res = olmosft::train::run_training(cfg, *m, opts);
     if (res.exit_code != 0 && comm->rank() == 0)

@@ -17,6 +17,13 @@ ShardMode parse_mode(const std::string& s) {
   fail("dist: unknown parallel mode '", s, "'; expected dp | replicated | zero3 | sharded");
 }
 
+int64_t leaf_of(ShardMode mode, int64_t leaves, int size, int rank, int64_t m) {
+  OLMO_CHECK(size >= 1 && rank >= 0 && rank < size && leaves % size == 0 && m >= 0 && m < leaves / size,
+             "dist: leaf ", m, " of rank ", rank, " of ", size, " with ", leaves,
+             " leaves per step is out of range");
+  return mode == ShardMode::Sharded ? m * size + rank : int64_t(rank) * (leaves / size) + m;
+}
+
 int64_t TensorSpec::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

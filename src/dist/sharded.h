@@ -72,6 +72,15 @@ class PairwiseSum {
   std::vector<std::vector<float>> pool_;
 };
 
+// The global index of this rank's m-th leaf (0 <= m < leaves/size) of a step of `leaves` leaves:
+//   Replicated: contiguous, rank p runs leaves [p*leaves/size, (p+1)*leaves/size) (summed locally, then one
+//               all-reduce);
+//   Sharded:    interleaved, rank p runs leaves m*size + p, so "round" m is the `size` consecutive leaves
+//               [m*size, (m+1)*size) and each unit's gradient can be reduce-scattered right after its
+//               backward; the rounds are then summed pairwise on the owner's shard (docs/dist.md).
+// For leaves and size powers of two both give the perfect binary tree over the leaves in leaf order.
+int64_t leaf_of(ShardMode mode, int64_t leaves, int size, int rank, int64_t m);
+
 class ShardedParams {
  public:
   static constexpr int64_t kAlign = 256;
@@ -105,6 +114,10 @@ class ShardedParams {
   int64_t unit_padded(int u) const { return units_[size_t(u)].padded; }  // full flat length of unit u
 
   float* grad_buffer(int u);  // full-size local gradient of unit u (zeroed when created)
+  // This rank's reduced gradient of unit u: unit_shard(u) elements (the owned part in zero3, the whole
+  // padded unit in replicated mode), for callers that reduce-scatter into it themselves (ModelShards).
+  float* owned_grad(int u) { return units_[size_t(u)].g.data(); }
+  int64_t unit_shard(int u) const { return units_[size_t(u)].shard; }
   float* grad(int tensor) { return grad_buffer(specs_[size_t(tensor)].unit) + toff_[size_t(tensor)]; }
   void reduce_grads(int u);  // see the header comment
   // Deterministic global gradient norm (of the reduced gradients; a collective).

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/bf16.h"
 #include "io/atomic_file.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
@@ -190,6 +191,55 @@ const TensorInfo& Reader::at(const std::string& name) const {
   const TensorInfo* t = find(name);
   OLMO_CHECK(t != nullptr, path_, ": no tensor named '", name, "'");
   return *t;
+}
+
+namespace {
+
+// Reads exactly n bytes at offset off (retrying short reads); errors name the file.
+void pread_all(int fd, const std::string& path, void* dst, size_t n, uint64_t off) {
+  auto* p = static_cast<uint8_t*>(dst);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
+    if (r < 0 && errno == EINTR) continue;
+    OLMO_CHECK(r > 0, path, ": cannot read ", n, " bytes at offset ", off, ": ",
+               r == 0 ? "unexpected end of file (truncated since it was opened?)" : std::strerror(errno));
+    p += r;
+    off += static_cast<uint64_t>(r);
+    n -= static_cast<size_t>(r);
+  }
+}
+
+}  // namespace
+
+void Reader::read_f32(const TensorInfo& t, int64_t begin, int64_t n, float* out) const {
+  OLMO_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16 || t.dtype == DType::F16, path_, ": tensor '",
+             t.name, "' is ", dtype_name(t.dtype), "; expected F32, BF16 or F16");
+  const uint64_t es = dtype_size(t.dtype), numel = t.nbytes() / es;
+  OLMO_CHECK(begin >= 0 && n >= 0 && static_cast<uint64_t>(begin) + static_cast<uint64_t>(n) <= numel, path_,
+             ": tensor '", t.name, "': elements [", begin, ", ", begin + n, ") are outside its ", numel);
+  if (n == 0) return;
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  OLMO_CHECK(fd >= 0, "cannot open safetensors file ", path_, ": ", std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const uint64_t off = 8 + header_.header_size + t.begin + static_cast<uint64_t>(begin) * es;
+  if (t.dtype == DType::F32) {
+    pread_all(fd, path_, out, static_cast<size_t>(n) * 4, off);
+    return;
+  }
+  constexpr int64_t kChunk = int64_t(1) << 21;  // elements per read (4 MiB of 16-bit values)
+  std::vector<uint16_t> buf(static_cast<size_t>(std::min(n, kChunk)));
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t k = std::min(kChunk, n - i);
+    pread_all(fd, path_, buf.data(), static_cast<size_t>(k) * 2, off + static_cast<uint64_t>(i) * 2);
+    if (t.dtype == DType::BF16) {
+      bf16_to_f32(buf.data(), out + i, static_cast<size_t>(k));
+    } else {
+      for (int64_t j = 0; j < k; ++j) out[i + j] = f16_to_f32(buf[static_cast<size_t>(j)]);
+    }
+  }
 }
 
 Tensor Reader::view(const std::string& name) const {

@@ -57,6 +57,10 @@ class Reader {
   // otherwise an aligned copy.
   Tensor view(const std::string& name) const;
   Tensor copy(const std::string& name) const;  // always a fresh, owned copy
+  // Elements [begin, begin + n) of tensor t (flat, row-major) as fp32 (F32, BF16, F16; the conversions are
+  // exact), read with pread: the mapping is not touched, so only `out` (and a 4 MiB bounce buffer for
+  // 16-bit dtypes) adds to the process's resident memory. For loading one shard of a model per rank.
+  void read_f32(const TensorInfo& t, int64_t begin, int64_t n, float* out) const;
 
  private:
   Reader() = default;

@@ -41,6 +41,12 @@ std::vector<safetensors::NamedTensor> HfModel::fp32_masters() const {
   return out;
 }
 
+void HfModel::read_f32(const std::string& name, int64_t begin, int64_t n, float* out) const {
+  for (const auto& r : readers_)
+    if (const safetensors::TensorInfo* t = r->find(name)) return r->read_f32(*t, begin, n, out);
+  fail(dir, ": model has no tensor '", name, "'");
+}
+
 std::map<DType, size_t> HfModel::dtype_counts() const {
   std::map<DType, size_t> m;
   for (const auto& [n, t] : tensors) m[t.dtype()]++;

@@ -31,6 +31,9 @@ struct HfModel {
   std::vector<safetensors::NamedTensor> named() const;
   // fp32 master copies (fresh storage), registry order.
   std::vector<safetensors::NamedTensor> fp32_masters() const;
+  // Elements [begin, begin + n) of a tensor as fp32, read from its file with pread (only those bytes;
+  // safetensors::Reader::read_f32), for loading one shard per rank.
+  void read_f32(const std::string& name, int64_t begin, int64_t n, float* out) const;
   std::map<DType, size_t> dtype_counts() const;  // tensors per stored dtype
   uint64_t total_bytes() const;
 

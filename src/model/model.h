@@ -66,7 +66,10 @@ struct Param {
 // that honours them calls need(g) before it reads the VALUES of group g in a call and done(g) after their
 // last use in that call (in forward_backward: groups 0..L+1 in the forward, L+1 stays until the loss
 // gradient is through the final norm, then blocks L..1 again in the backward). Gradient tensors must stay
-// valid for the whole call.
+// valid for the whole call. ZeRO-3 reduce-scatters gradients early on this contract: once done(L+1) came
+// after the loss gradient, group L+1's gradient and, at its next done(g), block group g's (1 <= g <= L)
+// gradient of the call must be complete (group 0's may be written until the call returns); a model that
+// writes a group's gradient after that is refused by dist::ModelShards (an error, never a wrong sum).
 struct ParamResidency {
   std::function<void(int group)> need, done;
 };
@@ -130,6 +133,19 @@ std::vector<Param> allocate_params(const ModelConfig& config);
 //   (stream = FNV-1a of the name). Gradients are zeroed.
 void init_params(std::vector<Param>& params, const ModelConfig& config, uint64_t seed);
 std::unique_ptr<CausalLM> load_model(const std::string& hf_dir);
+
+// Loading one shard at a time (dist::ModelShards): a model built with no parameter storage (every
+// Param::value and grad undefined; the registry's shapes, model/params.h) and a ParamFill that writes
+// elements [begin, begin + n) of parameter `index` (registry order, flat row-major) as fp32 into out.
+using ParamFill = std::function<void(size_t index, int64_t begin, int64_t n, float* out)>;
+std::unique_ptr<CausalLM> make_model_unallocated(const ModelConfig& config);
+// The values make_model(config, seed) would hold; each call initialises the whole tensor it reads from
+// (one tensor at a time, so a rank holds at most one full tensor besides its shard).
+ParamFill init_param_fill(const ModelConfig& config, uint64_t seed);
+// The values load_model(hf_dir) would hold, read with pread from the safetensors files: only the bytes
+// asked for (bf16/f16 converted exactly). The directory is validated at once (config, names, shapes,
+// dtypes, index); *config receives its config.
+ParamFill hf_param_fill(const std::string& hf_dir, ModelConfig* config);
 
 // The model's current parameters as (HF name, tensor) pairs in registry order, for export_hf_dir /
 // safetensors::write: views of the fp32 masters (no copy), converted to `dtype` while being written

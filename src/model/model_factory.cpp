@@ -36,6 +36,33 @@ uint64_t name_stream(const std::string& name) {
   return h;
 }
 
+// Set while make_model_unallocated constructs: allocate_params then leaves the storage out.
+thread_local bool t_no_storage = false;
+
+// One parameter of init_params (index = its registry position).
+void init_param(Param& p, size_t i, float stdev, uint64_t seed) {
+  // HF Olmo3PreTrainedModel._init_weights: Linear/Embedding ~ N(0, initializer_range), RMSNorm gains 1,
+  // biases 0; the hybrid's KDA decay A_log = log U[1, 16], dt_bias 0, SSMax scale 1 (docs/hybrid.md).
+  if (ends_with(p.name, "norm.weight") || ends_with(p.name, hf::kSsmaxScale)) {
+    p.value.fill(1.0f);
+  } else if (ends_with(p.name, ".bias") || ends_with(p.name, hf::kDtBias)) {
+    p.value.zero();
+  } else if (ends_with(p.name, hf::kALog)) {
+    fill_uniform(p.value, Rng{seed, static_cast<uint64_t>(i)}, 1.0f, 16.0f);
+    float* v = p.value.data<float>();
+    for (int64_t j = 0; j < p.value.numel(); ++j) v[j] = std::log(v[j]);
+  } else if (p.value.ndim() >= 2) {
+    fill_normal(p.value, Rng{seed, name_stream(p.name)}, 0.0f, stdev);
+  }
+}
+
+float checked_stdev(const ModelConfig& config) {
+  const float stdev = float(config.initializer_range);
+  OLMO_CHECK(stdev >= 0 && std::isfinite(stdev),
+             "make_model: initializer_range must be finite and >= 0, got ", config.initializer_range);
+  return stdev;
+}
+
 }  // namespace
 
 const std::vector<ModelFamily>& model_families() {
@@ -64,8 +91,10 @@ std::vector<Param> allocate_params(const ModelConfig& config) {
   for (const auto& s : reg) {
     Param p;
     p.name = s.name;
-    p.value = Tensor::zeros(s.shape, DType::F32);
-    p.grad = Tensor::zeros(s.shape, DType::F32);
+    if (!t_no_storage) {
+      p.value = Tensor::zeros(s.shape, DType::F32);
+      p.grad = Tensor::zeros(s.shape, DType::F32);
+    }
     p.decay = s.decay;
     params.push_back(std::move(p));
   }
@@ -73,25 +102,10 @@ std::vector<Param> allocate_params(const ModelConfig& config) {
 }
 
 void init_params(std::vector<Param>& params, const ModelConfig& config, uint64_t seed) {
-  const float stdev = float(config.initializer_range);
-  OLMO_CHECK(stdev >= 0 && std::isfinite(stdev),
-             "make_model: initializer_range must be finite and >= 0, got ", config.initializer_range);
+  const float stdev = checked_stdev(config);
   for (size_t i = 0; i < params.size(); ++i) {
-    Param& p = params[i];
-    // HF Olmo3PreTrainedModel._init_weights: Linear/Embedding ~ N(0, initializer_range), RMSNorm gains 1,
-    // biases 0; the hybrid's KDA decay A_log = log U[1, 16], dt_bias 0, SSMax scale 1 (docs/hybrid.md).
-    if (ends_with(p.name, "norm.weight") || ends_with(p.name, hf::kSsmaxScale)) {
-      p.value.fill(1.0f);
-    } else if (ends_with(p.name, ".bias") || ends_with(p.name, hf::kDtBias)) {
-      p.value.zero();
-    } else if (ends_with(p.name, hf::kALog)) {
-      fill_uniform(p.value, Rng{seed, static_cast<uint64_t>(i)}, 1.0f, 16.0f);
-      float* v = p.value.data<float>();
-      for (int64_t j = 0; j < p.value.numel(); ++j) v[j] = std::log(v[j]);
-    } else if (p.value.ndim() >= 2) {
-      fill_normal(p.value, Rng{seed, name_stream(p.name)}, 0.0f, stdev);
-    }
-    p.grad.zero();
+    init_param(params[i], i, stdev, seed);
+    params[i].grad.zero();
   }
 }
 
@@ -112,6 +126,39 @@ std::unique_ptr<CausalLM> load_model(const std::string& hf_dir) {
     p.grad.zero();
   }
   return m;
+}
+
+std::unique_ptr<CausalLM> make_model_unallocated(const ModelConfig& config) {
+  struct Flag {
+    Flag() { t_no_storage = true; }
+    ~Flag() { t_no_storage = false; }
+  } flag;
+  return construct(config);
+}
+
+ParamFill init_param_fill(const ModelConfig& config, uint64_t seed) {
+  const float stdev = checked_stdev(config);
+  auto reg = std::make_shared<const std::vector<ParamSpec>>(param_registry(config));
+  return [reg, stdev, seed](size_t i, int64_t begin, int64_t n, float* out) {
+    OLMO_CHECK(i < reg->size(), "init_param_fill: parameter ", i, " of ", reg->size());
+    const ParamSpec& s = (*reg)[i];
+    OLMO_CHECK(begin >= 0 && n >= 0 && begin + n <= shape_numel(s.shape), "init_param_fill: ", s.name,
+               ": elements [", begin, ", ", begin + n, ") are outside its ", shape_numel(s.shape));
+    Param p;
+    p.name = s.name;
+    p.value = Tensor::zeros(s.shape, DType::F32);
+    init_param(p, i, stdev, seed);
+    std::memcpy(out, p.value.data<float>() + begin, size_t(n) * 4);
+  };
+}
+
+ParamFill hf_param_fill(const std::string& hf_dir, ModelConfig* config) {
+  auto hf = std::make_shared<const HfModel>(load_hf_dir(hf_dir));  // validated; nothing read but headers
+  if (config) *config = hf->config;
+  return [hf](size_t i, int64_t begin, int64_t n, float* out) {
+    OLMO_CHECK(i < hf->registry.size(), hf->dir, ": parameter ", i, " of ", hf->registry.size());
+    hf->read_f32(hf->registry[i].name, begin, n, out);
+  };
 }
 
 std::vector<safetensors::NamedTensor> export_tensors(CausalLM& model, std::optional<DType> dtype) {

@@ -74,12 +74,13 @@ DistLine dist_facts(dist::Comm& comm, dist::ModelShards& shards, int64_t leaves_
     P += static_cast<double>(t.numel());
     if (t.unit == 0 || t.unit == master.units() - 1) P_ends += static_cast<double>(t.numel());
   }
-  // Minimum bytes per rank per step: all-reduce (dp) = reduce-scatter + all-gather = 2(N-1)/N x 4P; zero3
-  // whole-model: the same; zero3 per layer: the forward and backward all-gathers of every leaf + one
-  // reduce-scatter = (N-1)/N x 4 x (leaves_per_rank x (2P - P_ends) + P).
-  const double f = 4.0 * (world - 1) / world;
-  const double min_bytes =
-      shards.per_layer() ? f * (static_cast<double>(leaves_per_rank) * (2 * P - P_ends) + P) : 2 * f * P;
+  // Minimum bytes per rank per step, f = (N-1)/N x 4 bytes: dp: all-reduce = reduce-scatter + all-gather =
+  // 2fP; zero3 reduce-scatters every leaf's gradient (docs/dist.md): whole-model f(P + leaves_per_rank x P),
+  // per layer the forward and backward all-gathers of every leaf too: f x leaves_per_rank x (3P - P_ends).
+  const double f = 4.0 * (world - 1) / world, lpr = static_cast<double>(leaves_per_rank);
+  const double min_bytes = shards.mode() == dist::ShardMode::Replicated ? 2 * f * P
+                           : shards.per_layer()                         ? f * lpr * (3 * P - P_ends)
+                                                                        : f * (P + lpr * P);
   auto per_rank = [&](size_t k) {
     std::vector<double> v;
     for (size_t i = k; i < all.size(); i += 4) v.push_back(all[i]);

@@ -59,7 +59,7 @@ void StepParts::add_leaf(const model::LossParts& lp, int64_t leaves) {
 }
 
 StepParts gather_loss_parts(dist::Comm& comm, const std::vector<model::LossParts>& mine, int64_t leaves,
-                            int64_t step) {
+                            int64_t step, dist::ShardMode mode) {
   const size_t world = static_cast<size_t>(comm.size());
   double nm = static_cast<double>(mine[0].moe_layers.size());
   std::vector<double> nms(world);
@@ -73,9 +73,16 @@ StepParts gather_loss_parts(dist::Comm& comm, const std::vector<model::LossParts
     pack_loss_parts(mine[m], &packed[m * R]);
   }
   comm.all_gather(packed.data(), all.data(), static_cast<int64_t>(packed.size()));
+  // all[] holds rank 0's leaves, then rank 1's, ...; slot[l] = where leaf l is.
+  const int64_t per = leaves / static_cast<int64_t>(world);
+  std::vector<size_t> slot(static_cast<size_t>(leaves));
+  for (int p = 0; p < static_cast<int>(world); ++p)
+    for (int64_t m = 0; m < per; ++m)
+      slot[static_cast<size_t>(dist::leaf_of(mode, leaves, static_cast<int>(world), p, m))] =
+          static_cast<size_t>(p * per + m);
   StepParts sp;
   for (int64_t l = 0; l < leaves; ++l)
-    sp.add_leaf(unpack_loss_parts(&all[static_cast<size_t>(l) * R], moe_layers), leaves);
+    sp.add_leaf(unpack_loss_parts(&all[slot[static_cast<size_t>(l)] * R], moe_layers), leaves);
   return sp;
 }
 
@@ -101,10 +108,12 @@ std::vector<HostBatch> load_leaves(const StepContext& c, int64_t s, StepOutcome&
   int64_t local_total = 0;
   double local_flops = 0;
   try {
-    std::vector<RowRef> rows = c.order.step_rows(s, c.comm.rank(), c.comm.size());
+    // This rank's m-th leaf is the step's leaf dist::leaf_of(...) (ModelShards::leaf_index): its rows are
+    // the step's rows [leaf * mb_rows, (leaf + 1) * mb_rows).
     for (int64_t m = 0; m < c.ga; ++m) {
-      std::vector<RowRef> mr(rows.begin() + m * c.mb_rows, rows.begin() + (m + 1) * c.mb_rows);
-      micro.push_back(make_batch(c.ds, mr));
+      const int64_t leaf = dist::leaf_of(c.shards.mode(), c.leaves, c.comm.size(), c.comm.rank(), m);
+      micro.push_back(
+          make_batch(c.ds, c.order.step_rows(s, static_cast<int>(leaf), static_cast<int>(c.leaves))));
       local_total += micro.back().trained_count;
       if (c.flops) local_flops += c.flops->count(micro.back().view()).total();
     }
@@ -173,8 +182,8 @@ StepOutcome run_step(const StepContext& c, int64_t s, Clock::time_point t0) {
   std::vector<model::LossParts> parts = run_leaves(c, micro, t0, o);
   if (o.error.empty() && !o.abandoned) {
     // Loss parts of every leaf, gathered in leaf order and added in that order (any process count).
-    o.parts = gather_loss_parts(c.comm, parts, c.leaves, s);
-    c.shards.reduce();  // leaf sums -> reduce-scatter (zero3) / all-reduce (dp)
+    o.parts = gather_loss_parts(c.comm, parts, c.leaves, s, c.shards.mode());
+    c.shards.reduce();  // leaf sums -> all-reduce (dp) / the rounds' sums on each shard (zero3)
   }
   c.shards.release_params();
   return o;

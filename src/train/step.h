@@ -39,9 +39,10 @@ struct StepParts {
   void add_leaf(const model::LossParts& lp, int64_t leaves);
 };
 
-// Collective: every rank's leaves' parts, gathered in leaf order and added (`step` names it in errors).
+// Collective: every rank's leaves' parts (rank p's m-th is leaf dist::leaf_of(mode, leaves, N, p, m)),
+// gathered and added in leaf order (`step` names it in errors).
 StepParts gather_loss_parts(dist::Comm& comm, const std::vector<model::LossParts>& mine, int64_t leaves,
-                            int64_t step);
+                            int64_t step, dist::ShardMode mode = dist::ShardMode::Replicated);
 
 // The step's loss terms: token means over the `total` trained targets, MoE terms averaged over leaves.
 struct StepLosses {

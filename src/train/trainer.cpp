@@ -236,8 +236,10 @@ void Run::preflight() {
              model_.config().model_type_name, " model");
   // Processes (mpirun -np N; docs/dist.md): each reads its own rows of every step (DataOrder::step_rows).
   // A step's rows are cut into `leaves` micro-batches of mb_rows rows, whatever N; rank p runs leaves
-  // [p*leaves/N, (p+1)*leaves/N). Leaf gradients are summed pairwise and then across ranks in a fixed tree,
-  // the loss parts per leaf in leaf order: per-step losses and updates do not depend on N.
+  // [p*leaves/N, (p+1)*leaves/N) in dp, leaves p, p+N, p+2N, ... in zero3 (dist::leaf_of). Leaf gradients
+  // are summed in the perfect binary tree over the leaves in leaf order (dp: pairwise on the rank, then
+  // across ranks; zero3: across ranks per round of N leaves, then the rounds pairwise on each shard), the
+  // loss parts per leaf in leaf order: per-step losses and updates do not depend on N.
   mode_ = dist::parse_mode(cfg_.dist.mode);
   OLMO_CHECK(world_ == 1 || d.devices == world_, src, ": devices=", d.devices, " but ", world_,
              " processes were started (mpirun -np ", world_, "); set devices=", world_,
@@ -288,7 +290,8 @@ void Run::setup() {
   const std::string manifest_sha = io::sha256_file(ds.dir() + "/manifest.json");
   flops_ = std::make_unique<FlopModel>(model_.config());
   // Weights, gradients and AdamW moments live in the shards from here on (the model sees views).
-  shards_ = std::make_unique<dist::ModelShards>(comm_, model_, mode_, cfg_.dist.gather == "layer");
+  shards_ = std::make_unique<dist::ModelShards>(comm_, model_, mode_, cfg_.dist.gather == "layer",
+                                                opts_.param_fill);
   Resumed r = resume(cfg_, comm_, shards_->params(), ckpt_root_, ds.dir(), manifest_sha, out_, err_);
   start_ = saved_step_ = r.start;
   carried_ = std::move(r.carried);
@@ -409,7 +412,9 @@ TrainResult Run::finish() {
     return res_;
   }
   if (saved_step_ != steps) save(steps);
-  shards_->finish();            // collective: every rank's model holds the final weights
+  // Collective: rank 0's model holds the final weights; the others, which return now, never hold the whole
+  // model (their peak stays at their shard plus one unit).
+  shards_->finish(rank_ == 0);
   if (rank_ != 0) return res_;  // the end-of-run checks and the export are rank 0's
   out_ << "STEP-GUARD: reached step " << steps << (start_ == steps ? " (already, in the checkpoint)" : "")
        << "\n";

@@ -38,8 +38,14 @@ struct TrainOptions {
   bool install_sigterm_handler = true;
   // The process group (mpirun): nullptr = one process. Every rank calls run_training with the same recipe;
   // rank 0 alone prints, logs metrics/TensorBoard, writes checkpoint manifests and runs the end-of-run
-  // checks and export (the other ranks return after the final checkpoint). See docs/dist.md.
+  // checks and export (the other ranks return after the final checkpoint, their model left without
+  // parameter storage after a completed run). See docs/dist.md.
   dist::Comm* comm = nullptr;
+  // For a model built without parameter storage (model::make_model_unallocated, as `olmosft train` builds
+  // it): the initial weights, asked for only the elements each rank owns (model::hf_param_fill reads just
+  // those bytes of the safetensors files; model::init_param_fill one tensor at a time). Empty: the model's
+  // own values.
+  model::ParamFill param_fill;
 };
 
 struct TrainResult {

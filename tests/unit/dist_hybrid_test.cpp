@@ -85,15 +85,14 @@ std::vector<std::string> train_steps(dist::Comm& comm, dist::ShardMode mode, boo
     AdamWConfig acfg;
     acfg.lr = 1e-3;
     acfg.weight_decay = 0.1;
-    const int64_t N = comm.size(), p = comm.rank();
-    const int64_t lo = kLeaves * p / N, hi = kLeaves * (p + 1) / N;
+    const int64_t N = comm.size();
     for (int64_t s = 1; s <= kSteps; ++s) {
       int64_t total = 0;
       for (int64_t l = 0; l < kLeaves; ++l) total += Leaf(s, l, c.vocab_size).trained_count;
       shards.bind_for_step();
-      shards.begin_step(hi - lo);
-      for (int64_t l = lo; l < hi; ++l) {
-        const Leaf leaf(s, l, c.vocab_size);
+      shards.begin_step(kLeaves / N);
+      for (int64_t k = 0; k < kLeaves / N; ++k) {
+        const Leaf leaf(s, shards.leaf_index(k), c.vocab_size);  // zero3: interleaved, dp: contiguous
         shards.begin_leaf();
         m->forward_backward(leaf.batch(), lc, 1.0 / double(total), 1.0 / double(kLeaves));
         shards.end_leaf();
