@@ -43,7 +43,7 @@ void print_summary(const Recipe& r, const Rendered& out, std::ostream& os) {
      << " tokens = " << r.train.batch.tokens_per_step << " tokens per step\n"
      << "  coordinator " << out.coordinator << ", termination grace " << r.train.checkpoint.grace_seconds
      << " s\n";
-  for (const auto& w : r.warnings) os << w << "\n";
+  for (const auto& w : out.warnings) os << w << "\n";
 }
 
 int render_main(int argc, char** argv) {

@@ -164,6 +164,8 @@ Rendered render(const Recipe& r, const RenderOptions& opt) {
   const ClusterSpec& c = r.cluster;
   const SliceSpec& s = c.slice;
   Rendered out;
+  // Refused first: nothing is rendered for a slice this build would misuse without the recipe saying so.
+  out.warnings = accelerator_warnings(r);
   out.replicated_job = s.kind == SliceSpec::Kind::Tpu ? "slice" : "node";
   std::string suffix = opt.suffix;
   if (suffix.empty()) {
@@ -261,9 +263,9 @@ Rendered render(const Recipe& r, const RenderOptions& opt) {
   OJson meta = {{"name", js}, {"namespace", c.namespace_}, {"labels", labels}};
   if (!c.exclusive_topology.empty())
     meta["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] = c.exclusive_topology;
-  if (!r.warnings.empty()) {  // what this build's pods would really do, on the object itself
+  if (!out.warnings.empty()) {  // what this build's pods would really do, on the object itself
     std::string w;
-    for (const auto& line : r.warnings) w += (w.empty() ? "" : "\n") + line;
+    for (const auto& line : out.warnings) w += (w.empty() ? "" : "\n") + line;
     meta["annotations"]["olmosft.io/warning"] = w;
   }
 

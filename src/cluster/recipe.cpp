@@ -419,43 +419,6 @@ ClusterSpec read_cluster(const std::string& origin, const std::map<std::string, 
 
 }  // namespace
 
-namespace {
-
-// What this build's pods would do on the slice, said plainly: it trains on CPUs only (device=cuda has no
-// backend yet, issue #15, and no TPU backend exists). Accelerators it would leave idle are refused unless
-// cluster.allow_cpu_on_accelerator_hosts=true; what is rendered anyway gets a warning line.
-void judge_device(Recipe& r) {
-  const SliceSpec& s = r.cluster.slice;
-  const bool tpu = s.kind == SliceSpec::Kind::Tpu;
-  const std::string what = std::to_string(s.devices()) + (tpu ? " TPU chips" : " GPUs") + " of " + s.text +
-                           " (" + std::to_string(s.hosts) + " pods)";
-  OLMO_CHECK(!(tpu && r.train.device == "cuda"), r.origin, ": key 'device': cuda on TPU slice ", s.text,
-             " (device=cuda needs NVIDIA GPU nodes: cluster.accelerator)");
-  if (r.train.device == "cuda") {
-    r.warnings.push_back(
-        "WARNING: device=cuda: this olmosft build trains on CPU only (no CUDA training backend yet, issue "
-        "#15). These manifests are what a CUDA build needs for the " +
-        what +
-        "; run with this build's image, every pod would fail at preflight with 'device=cuda: this "
-        "build has no CUDA training backend yet'.");
-    return;
-  }
-  OLMO_CHECK(r.cluster.allow_cpu_on_accelerator_hosts, r.origin, ": key 'cluster.",
-             tpu ? "slice" : "accelerator", "': ", s.text, " (", s.devices(),
-             tpu ? " TPU chips, " : " GPUs, ", s.hosts, " pods): this olmosft build ",
-             tpu ? "cannot use TPUs" : "trains on CPU only (device=cpu)",
-             ": its pods would train on the hosts' CPUs and leave the accelerators idle. Set "
-             "cluster.allow_cpu_on_accelerator_hosts=true to render it anyway",
-             tpu ? "" : ", or device: cuda for the manifests a CUDA build needs");
-  r.warnings.push_back("WARNING: CPU TRAINING ON ACCELERATOR HOSTS: this olmosft build " +
-                       std::string(tpu ? "cannot use TPUs" : "trains on CPU only (device=cpu)") + ": the " +
-                       what +
-                       " stay idle and every pod trains on its host's CPUs "
-                       "(cluster.allow_cpu_on_accelerator_hosts=true).");
-}
-
-}  // namespace
-
 Recipe parse_recipe(const std::string& text, const std::string& origin,
                     const std::vector<std::string>& overrides) {
   Recipe r;
@@ -492,9 +455,9 @@ Recipe parse_recipe(const std::string& text, const std::string& origin,
   check_fits(r);
   // What the pods will read, read back (devices included).
   r.train = olmosft::Recipe::parse(r.effective_yaml(), as_trainer).config();
-  // What the pod's `olmosft train` would refuse, refused now; the device is judged by judge_device.
+  // What the pod's `olmosft train` would refuse, refused now; the device is judged by
+  // accelerator_warnings when rendering.
   olmosft::require_run_inputs(r.train, /*model_from_recipe=*/true, /*check_device=*/false);
-  judge_device(r);
   return r;
 }
 
@@ -504,6 +467,34 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   std::stringstream ss;
   ss << f.rdbuf();
   return parse_recipe(ss.str(), path, overrides);
+}
+
+std::vector<std::string> accelerator_warnings(const Recipe& r) {
+  const SliceSpec& s = r.cluster.slice;
+  const bool tpu = s.kind == SliceSpec::Kind::Tpu;
+  const std::string what = std::to_string(s.devices()) + (tpu ? " TPU chips" : " GPUs") + " of " + s.text +
+                           " (" + std::to_string(s.hosts) + " pods)";
+  OLMO_CHECK(!(tpu && r.train.device == "cuda"), r.origin, ": key 'device': cuda on TPU slice ", s.text,
+             " (device=cuda needs NVIDIA GPU nodes: cluster.accelerator)");
+  if (r.train.device == "cuda") {
+    return {
+        "WARNING: device=cuda: this olmosft build trains on CPU only (no CUDA training backend yet, issue "
+        "#15). These manifests are what a CUDA build needs for the " +
+        what +
+        "; run with this build's image, every pod would fail at preflight with 'device=cuda: this "
+        "build has no CUDA training backend yet'."};
+  }
+  OLMO_CHECK(r.cluster.allow_cpu_on_accelerator_hosts, r.origin, ": key 'cluster.",
+             tpu ? "slice" : "accelerator", "': ", s.text, " (", s.devices(),
+             tpu ? " TPU chips, " : " GPUs, ", s.hosts, " pods): this olmosft build ",
+             tpu ? "cannot use TPUs" : "trains on CPU only (device=cpu)",
+             ": its pods would train on the hosts' CPUs and leave the accelerators idle. Set "
+             "cluster.allow_cpu_on_accelerator_hosts=true to render it anyway",
+             tpu ? "" : ", or device: cuda for the manifests a CUDA build needs");
+  return {"WARNING: CPU TRAINING ON ACCELERATOR HOSTS: this olmosft build " +
+          std::string(tpu ? "cannot use TPUs" : "trains on CPU only (device=cpu)") + ": the " + what +
+          " stay idle and every pod trains on its host's CPUs "
+          "(cluster.allow_cpu_on_accelerator_hosts=true)."};
 }
 
 }  // namespace olmosft::cluster

@@ -95,9 +95,6 @@ struct Recipe {
   // train.batch.grad_accum), checkpoint.grace_seconds, mesh, and the raw cluster section.
   TrainConfig train;
   ClusterSpec cluster;  // read from train.cluster
-  // Lines `k8s render`/`launch` print loudly (and the JobSet carries as an annotation): what this build's
-  // pods would really do on the slice (train on the hosts' CPUs; refuse device=cuda at preflight).
-  std::vector<std::string> warnings;
 
   std::string effective_yaml() const;  // the recipe after overrides, as YAML
 };
@@ -113,5 +110,13 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
 // whole number), the trainer's batch arithmetic over the slice's devices, the mesh covering them. Sets
 // r.train.batch (devices and the derived numbers). Called by parse_recipe; exposed for tests.
 void check_fits(Recipe& r);
+
+// What this build's pods would really do on the slice, said plainly (issue #15): it trains on CPUs only.
+// Throws for accelerators it would leave idle (a TPU slice; GPU nodes with device=cpu) unless
+// cluster.allow_cpu_on_accelerator_hosts, and for device=cuda on a TPU slice; returns the warning lines
+// `k8s render`/`launch` print (and the JobSet carries): CPU training on accelerator hosts, or device=cuda,
+// which this build's pods refuse at preflight. Called by render(), not by parse_recipe (`k8s watch` reads the
+// recipes of runs rendered before these rules).
+std::vector<std::string> accelerator_warnings(const Recipe& r);
 
 }  // namespace olmosft::cluster

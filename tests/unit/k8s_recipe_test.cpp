@@ -255,15 +255,15 @@ TEST(K8sGpu, AcceleratorKeysAndDeviceHonesty) {
   EXPECT_EQ(r.cluster.gpu_label, "gke");
   EXPECT_EQ(r.cluster.nccl_socket_ifname, "eth0");
   EXPECT_FALSE(r.cluster.host_network);
-  ASSERT_EQ(r.warnings.size(), 1u);
-  EXPECT_EQ(
-      r.warnings[0].rfind("WARNING: device=cuda: this olmosft build trains on CPU only (no CUDA training "
-                          "backend yet, issue #15). These manifests are what a CUDA build needs for the "
-                          "16 GPUs of gpu-h200-2x8 (2 pods)",
-                          0),
-      0u)
-      << r.warnings[0];
-  EXPECT_NE(r.warnings[0].find("every pod would fail at preflight"), std::string::npos);
+  const std::vector<std::string> w = accelerator_warnings(r);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].rfind("WARNING: device=cuda: this olmosft build trains on CPU only (no CUDA training "
+                       "backend yet, issue #15). These manifests are what a CUDA build needs for the "
+                       "16 GPUs of gpu-h200-2x8 (2 pods)",
+                       0),
+            0u)
+      << w[0];
+  EXPECT_NE(w[0].find("every pod would fail at preflight"), std::string::npos);
   // The generic node label instead of GKE's.
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> ov = gpu;
@@ -276,7 +276,8 @@ TEST(K8sGpu, AcceleratorKeysAndDeviceHonesty) {
   EXPECT_EQ(n.cluster.slice.accelerator_value, "NVIDIA-H200");
   EXPECT_EQ(n.cluster.nccl_socket_ifname, "^lo");
   // device=cpu on GPU nodes: refused unless asked for, then rendered with a loud line.
-  std::string e = error_of([&] { parse_recipe(kBase, "r.yaml", with({"device=cpu"})); });
+  std::string e =
+      error_of([&] { accelerator_warnings(parse_recipe(kBase, "r.yaml", with({"device=cpu"}))); });
   EXPECT_EQ(
       e.rfind("r.yaml: key 'cluster.accelerator': gpu-h200-2x8 (16 GPUs, 2 pods): "
               "this olmosft build trains on CPU only (device=cpu): its pods would train on the hosts' CPUs "
@@ -286,8 +287,8 @@ TEST(K8sGpu, AcceleratorKeysAndDeviceHonesty) {
       << e;
   Recipe c =
       parse_recipe(kBase, "r.yaml", with({"device=cpu", "cluster.allow_cpu_on_accelerator_hosts=true"}));
-  ASSERT_EQ(c.warnings.size(), 1u);
-  EXPECT_EQ(c.warnings[0].rfind("WARNING: CPU TRAINING ON ACCELERATOR HOSTS:", 0), 0u) << c.warnings[0];
+  ASSERT_EQ(accelerator_warnings(c).size(), 1u);
+  EXPECT_EQ(accelerator_warnings(c)[0].rfind("WARNING: CPU TRAINING ON ACCELERATOR HOSTS:", 0), 0u);
   // Bad values name the key.
   e = error_of([&] { parse_recipe(kBase, "r.yaml", with({"cluster.accelerator=nvidia-k80"})); });
   EXPECT_NE(e.find("r.yaml: key 'cluster.accelerator': unknown GPU accelerator 'nvidia-k80' (known: "),
@@ -317,21 +318,29 @@ TEST(K8sGpu, AcceleratorKeysAndDeviceHonesty) {
 // Issue #15 item 5: this build cannot use a TPU. A TPU slice is refused unless the recipe accepts CPU
 // training on the TPU hosts, and then every render says so; device=cuda on a TPU slice is refused outright.
 TEST(K8sGpu, TpuSliceIsHonest) {
-  std::string e =
-      error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.allow_cpu_on_accelerator_hosts=false"}); });
+  std::string e = error_of([] {
+    accelerator_warnings(parse_recipe(kBase, "r.yaml", {"cluster.allow_cpu_on_accelerator_hosts=false"}));
+  });
   EXPECT_EQ(e,
             "r.yaml: key 'cluster.slice': tpu-v4-4x4x8 (128 TPU chips, 32 pods): this olmosft build cannot "
             "use TPUs: its pods would train on the hosts' CPUs and leave the accelerators "
             "idle. Set cluster.allow_cpu_on_accelerator_hosts=true to render it anyway");
   Recipe r = parse_recipe(kBase, "r.yaml", {});
-  ASSERT_EQ(r.warnings.size(), 1u);
+  ASSERT_EQ(accelerator_warnings(r).size(), 1u);
   EXPECT_EQ(
-      r.warnings[0],
+      accelerator_warnings(r)[0],
       "WARNING: CPU TRAINING ON ACCELERATOR HOSTS: this olmosft build cannot use TPUs: the 128 TPU chips of "
       "tpu-v4-4x4x8 (32 pods) stay idle and every pod trains on its host's CPUs "
       "(cluster.allow_cpu_on_accelerator_hosts=true).");
-  e = error_of([] { parse_recipe(kBase, "r.yaml", {"device=cuda"}); });
+  e = error_of([] { accelerator_warnings(parse_recipe(kBase, "r.yaml", {"device=cuda"})); });
   EXPECT_EQ(e,
             "r.yaml: key 'device': cuda on TPU slice tpu-v4-4x4x8 (device=cuda needs NVIDIA GPU nodes: "
             "cluster.accelerator)");
+  // render() refuses with the same message; the recipe itself still parses, so `k8s watch` can read the stop
+  // rules of a run rendered before these rules (its ConfigMap has no allow_cpu_on_accelerator_hosts).
+  Recipe old = parse_recipe(kBase, "r.yaml", {"cluster.allow_cpu_on_accelerator_hosts=false"});
+  EXPECT_TRUE(old.cluster.stop_rules.nan_loss);
+  EXPECT_NE(error_of([&] { render(old, {"x"}); }).find("this olmosft build cannot use TPUs"),
+            std::string::npos);
+  EXPECT_EQ(render(r, {"x"}).warnings, accelerator_warnings(r));
 }
