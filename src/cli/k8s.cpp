@@ -33,6 +33,9 @@ void print_summary(const Recipe& r, const Rendered& out, std::ostream& os) {
      << r.cluster.queue << "\n"
      << "  slice " << s.text << ": " << s.hosts << " pods x " << s.devices_per_host << " "
      << (s.kind == SliceSpec::Kind::Tpu ? "chips" : "GPUs") << " = " << s.devices() << " devices"
+     << (s.gpu ? " (" + s.gpu->accelerator + ", " + std::to_string(s.gpu->memory_gb) + " GB each, " +
+                     s.accelerator_key + "=" + s.accelerator_value + ")"
+               : "")
      << (r.cluster.host_network ? ", hostNetwork" : "") << "\n"
      << "  batch: " << s.devices() << " devices x " << r.train.batch.per_device_batch << " = "
      << r.train.batch.slots << " rows per micro-step, gradient accumulation " << r.train.batch.grad_accum
@@ -40,6 +43,7 @@ void print_summary(const Recipe& r, const Rendered& out, std::ostream& os) {
      << " tokens = " << r.train.batch.tokens_per_step << " tokens per step\n"
      << "  coordinator " << out.coordinator << ", termination grace " << r.train.checkpoint.grace_seconds
      << " s\n";
+  for (const auto& w : out.warnings) os << w << "\n";
 }
 
 int render_main(int argc, char** argv) {

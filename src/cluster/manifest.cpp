@@ -91,6 +91,34 @@ OJson env_field(const std::string& name, const std::string& path) {
   return OJson{{"name", name}, {"valueFrom", {{"fieldRef", {{"fieldPath", path}}}}}};
 }
 
+// GPU pods: one per node (a required anti-affinity on the run's label, besides taking every GPU of the
+// node), the GPU nodes' taint tolerated, and /dev/shm as memory (NCCL's intra-node shared-memory transport;
+// a container's default /dev/shm is 64 MiB).
+void add_gpu_pod_parts(const std::string& js, OJson& pod_spec) {
+  pod_spec["affinity"] = {{"podAntiAffinity",
+                           {{"requiredDuringSchedulingIgnoredDuringExecution",
+                             OJson::array({{{"labelSelector", {{"matchLabels", {{"olmosft.io/run", js}}}}},
+                                            {"topologyKey", "kubernetes.io/hostname"}}})}}}};
+  pod_spec["tolerations"] =
+      OJson::array({{{"key", "nvidia.com/gpu"}, {"operator", "Exists"}, {"effect", "NoSchedule"}}});
+  pod_spec["containers"][0]["volumeMounts"].push_back({{"name", "dshm"}, {"mountPath", "/dev/shm"}});
+  pod_spec["volumes"].push_back({{"name", "dshm"}, {"emptyDir", {{"medium", "Memory"}}}});
+}
+
+// GPU launcher environment: one process per GPU, world = nodes x GPUs, NCCL bootstrapped from pod 0's DNS
+// name (NCCL_COMM_ID: rank 0 starts NCCL's bootstrap root there; cluster_ops.md 5.3), sockets on the pod's
+// interface, NVLink SHARP off (its reductions vary between calls: nccl#1497).
+void add_gpu_env(const Recipe& r, const Rendered& out, OJson& data) {
+  const SliceSpec& s = r.cluster.slice;
+  data["OLMOSFT_DEVICE"] = r.train.device;
+  data["OLMOSFT_WORLD_SIZE"] = std::to_string(s.devices());
+  data["OLMOSFT_LOCAL_WORLD_SIZE"] = std::to_string(s.devices_per_host);
+  data["NCCL_COMM_ID"] = out.coordinator;
+  data["NCCL_SOCKET_IFNAME"] = r.cluster.nccl_socket_ifname;
+  data["NCCL_NVLS_ENABLE"] = "0";
+  data["NCCL_DEBUG"] = "WARN";
+}
+
 }  // namespace
 
 bool is_dns1035_label(const std::string& s) {
@@ -136,6 +164,8 @@ Rendered render(const Recipe& r, const RenderOptions& opt) {
   const ClusterSpec& c = r.cluster;
   const SliceSpec& s = c.slice;
   Rendered out;
+  // Refused first: nothing is rendered for a slice this build would misuse without the recipe saying so.
+  out.warnings = accelerator_warnings(r);
   out.replicated_job = s.kind == SliceSpec::Kind::Tpu ? "slice" : "node";
   std::string suffix = opt.suffix;
   if (suffix.empty()) {
@@ -179,7 +209,9 @@ Rendered render(const Recipe& r, const RenderOptions& opt) {
         {"OLMOSFT_DEVICES_PER_POD", std::to_string(s.devices_per_host)},
         {"OLMOSFT_SUBDOMAIN", out.subdomain},
         {"OLMOSFT_COORDINATOR_PORT", std::to_string(c.coordinator_port)},
+        {"OLMOSFT_COORDINATOR", out.coordinator},
         {"OLMOSFT_CHECKPOINT_GRACE_SECONDS", std::to_string(r.train.checkpoint.grace_seconds)}}}};
+  if (s.kind == SliceSpec::Kind::Gpu) add_gpu_env(r, out, cm_env["data"]);
 
   // 3. The JobSet.
   OJson container = {
@@ -193,6 +225,8 @@ Rendered render(const Recipe& r, const RenderOptions& opt) {
             env_field("REPLICATED_JOB_NAME", "metadata.labels['jobset.sigs.k8s.io/replicatedjob-name']"),
             env_field("JOB_INDEX", "metadata.labels['jobset.sigs.k8s.io/job-index']"),
             env_field("RESTART_ATTEMPT", "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"),
+            env_field("OLMOSFT_NODE_RANK",
+                      "metadata.annotations['batch.kubernetes.io/job-completion-index']"),
             env_field("POD_NAME", "metadata.name"), env_field("POD_NAMESPACE", "metadata.namespace")})},
       {"ports", OJson::array({{{"name", "coordinator"}, {"containerPort", c.coordinator_port}}})},
       {"resources",
@@ -214,11 +248,9 @@ Rendered render(const Recipe& r, const RenderOptions& opt) {
     pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet";
   }
   pod_spec["nodeSelector"] = node_selector;
-  if (s.kind == SliceSpec::Kind::Gpu)
-    pod_spec["tolerations"] =
-        OJson::array({{{"key", "nvidia.com/gpu"}, {"operator", "Exists"}, {"effect", "NoSchedule"}}});
   pod_spec["containers"] = OJson::array({container});
   pod_spec["volumes"] = OJson::array({{{"name", "recipe"}, {"configMap", {{"name", js + "-recipe"}}}}});
+  if (s.kind == SliceSpec::Kind::Gpu) add_gpu_pod_parts(js, pod_spec);
 
   OJson job_spec = {{"parallelism", s.hosts},
                     {"completions", s.hosts},
@@ -230,7 +262,12 @@ Rendered render(const Recipe& r, const RenderOptions& opt) {
   labels["kueue.x-k8s.io/queue-name"] = c.queue;
   OJson meta = {{"name", js}, {"namespace", c.namespace_}, {"labels", labels}};
   if (!c.exclusive_topology.empty())
-    meta["annotations"] = {{"alpha.jobset.sigs.k8s.io/exclusive-topology", c.exclusive_topology}};
+    meta["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] = c.exclusive_topology;
+  if (!out.warnings.empty()) {  // what this build's pods would really do, on the object itself
+    std::string w;
+    for (const auto& line : out.warnings) w += (w.empty() ? "" : "\n") + line;
+    meta["annotations"]["olmosft.io/warning"] = w;
+  }
 
   OJson jobset = {
       {"apiVersion", "jobset.x-k8s.io/v1alpha2"},

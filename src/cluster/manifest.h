@@ -25,6 +25,9 @@ struct Rendered {
   std::string replicated_job;  // "slice" (TPU) or "node" (GPU)
   std::string subdomain;
   std::string coordinator;  // host:port of pod 0
+  // accelerator_warnings(): what this build's pods would really do (printed; a JobSet annotation). Not kept
+  // in manifest.json (the annotation is).
+  std::vector<std::string> warnings;
   // (file name, object) in apply order: ConfigMaps first, then the JobSet.
   std::vector<std::pair<std::string, OJson>> objects;
 };
@@ -35,6 +38,7 @@ std::string make_jobset_name(const std::string& run_name, const std::string& suf
                              int replicas, int pods_per_job);
 bool is_dns1035_label(const std::string& s);
 
+// Throws what accelerator_warnings() refuses (this build cannot use the slice's accelerators).
 Rendered render(const Recipe& r, const RenderOptions& opt = {});
 
 // YAML text of one object (strings that would re-parse as numbers/bools are quoted; multi-line strings are

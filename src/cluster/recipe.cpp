@@ -98,10 +98,24 @@ struct Reader {
   }
 };
 
-const std::set<std::string> kClusterKeys = {
-    "namespace",          "queue",        "image",           "slice",     "host_network", "node_pool",
-    "exclusive_topology", "max_restarts", "service_account", "container", "command",      "coordinator_port",
-    "stop_rules"};
+const std::set<std::string> kClusterKeys = {"namespace",
+                                            "queue",
+                                            "image",
+                                            "slice",
+                                            "accelerator",
+                                            "nodes",
+                                            "gpu_label",
+                                            "nccl_socket_ifname",
+                                            "allow_cpu_on_accelerator_hosts",
+                                            "host_network",
+                                            "node_pool",
+                                            "exclusive_topology",
+                                            "max_restarts",
+                                            "service_account",
+                                            "container",
+                                            "command",
+                                            "coordinator_port",
+                                            "stop_rules"};
 const std::set<std::string> kStopKeys = {"nan_loss", "max_required_rbf", "stall_minutes"};
 
 // DNS-1123 label check for namespace / queue names (what the API server requires for those objects).
@@ -113,6 +127,46 @@ bool dns1123_label(const std::string& s) {
 }
 
 }  // namespace
+
+const std::vector<GpuType>& gpu_types() {
+  // GKE's cloud.google.com/gke-accelerator values and machine types (cluster_ops.md: values seen in public
+  // manifests), GPU Feature Discovery's nvidia.com/gpu.product (nvidia-smi's name, spaces as '-'; check
+  // both with `kubectl get nodes -L cloud.google.com/gke-accelerator,nvidia.com/gpu.product`).
+  static const std::vector<GpuType> types = {
+      {"nvidia-tesla-a100", "a100", "NVIDIA-A100-SXM4-40GB", 8, 40, "a2-highgpu-8g"},
+      {"nvidia-a100-80gb", "a100-80gb", "NVIDIA-A100-SXM4-80GB", 8, 80, "a2-ultragpu-8g"},
+      {"nvidia-h100-80gb", "h100", "NVIDIA-H100-80GB-HBM3", 8, 80, "a3-highgpu-8g"},
+      {"nvidia-h100-mega-80gb", "h100-mega", "NVIDIA-H100-80GB-HBM3", 8, 80, "a3-megagpu-8g"},
+      {"nvidia-h200-141gb", "h200", "NVIDIA-H200", 8, 141, "a3-ultragpu-8g"},
+      {"nvidia-b200", "b200", "NVIDIA-B200", 8, 180, "a4-highgpu-8g"},
+      {"nvidia-l4", "l4", "NVIDIA-L4", 8, 24, "g2-standard-96"},
+  };
+  return types;
+}
+
+const GpuType& find_gpu_type(const std::string& name, bool by_model) {
+  std::string known;
+  for (const auto& t : gpu_types()) {
+    if ((by_model ? t.model : t.accelerator) == name) return t;
+    known += (known.empty() ? "" : ", ") + (by_model ? t.model : t.accelerator);
+  }
+  fail("unknown GPU ", by_model ? "model '" : "accelerator '", name, "' (known: ", known, ")");
+}
+
+SliceSpec gpu_slice(const GpuType& type, int nodes) {
+  OLMO_CHECK(nodes >= 1 && nodes <= 4096, "GPU nodes: ", nodes, " is out of range [1, 4096]");
+  SliceSpec s;
+  s.kind = SliceSpec::Kind::Gpu;
+  s.gpu = &type;
+  s.generation = type.model;
+  s.hosts = nodes;
+  s.devices_per_host = type.gpus_per_node;
+  s.text = "gpu-" + type.model + "-" + std::to_string(nodes) + "x" + std::to_string(type.gpus_per_node);
+  s.accelerator_key = "cloud.google.com/gke-accelerator";
+  s.accelerator_value = type.accelerator;
+  s.resource_name = "nvidia.com/gpu";
+  return s;
+}
 
 SliceSpec parse_slice(const std::string& text) {
   SliceSpec s;
@@ -164,30 +218,20 @@ SliceSpec parse_slice(const std::string& text) {
       s.hosts = static_cast<int>(chips / 4), s.devices_per_host = 4;
     }
   } else if (text.rfind("gpu-", 0) == 0) {
-    s.kind = SliceSpec::Kind::Gpu;
-    s.generation = text.substr(4, dash - 4);
     OLMO_CHECK(dims.size() == 2, "slice '", text, "': GPU shape must be <nodes>x<gpus per node>, got '",
                shape, "'");
-    static const std::map<std::string, std::string> gpus = {{"a100", "nvidia-tesla-a100"},
-                                                            {"a100-80gb", "nvidia-a100-80gb"},
-                                                            {"h100", "nvidia-h100-80gb"},
-                                                            {"h100-mega", "nvidia-h100-mega-80gb"},
-                                                            {"h200", "nvidia-h200-141gb"},
-                                                            {"b200", "nvidia-b200"},
-                                                            {"l4", "nvidia-l4"}};
-    auto it = gpus.find(s.generation);
-    if (it == gpus.end()) {
-      std::string known;
-      for (const auto& [k, v] : gpus) known += (known.empty() ? "" : ", ") + k;
-      fail("slice '", text, "': unknown GPU model '", s.generation, "' (known: ", known, ")");
+    const GpuType* found = nullptr;
+    try {
+      found = &find_gpu_type(text.substr(4, dash - 4), /*by_model=*/true);
+    } catch (const Error& e) {
+      fail("slice '", text, "': ", e.what());
     }
-    s.accelerator_key = "cloud.google.com/gke-accelerator";
-    s.accelerator_value = it->second;
-    s.resource_name = "nvidia.com/gpu";
-    s.hosts = static_cast<int>(dims[0]);
+    const GpuType& type = *found;
+    OLMO_CHECK(dims[1] <= type.gpus_per_node, "slice '", text, "': ", dims[1], " GPUs per node, but a ",
+               type.accelerator, " node has ", type.gpus_per_node, " (", type.machine, ")");
+    s = gpu_slice(type, static_cast<int>(dims[0]));
     s.devices_per_host = static_cast<int>(dims[1]);
-    OLMO_CHECK(s.devices_per_host <= 16, "slice '", text, "': ", s.devices_per_host,
-               " GPUs per node is more than 16");
+    s.text = text;
   } else {
     fail("slice '", text, "': ", forms);
   }
@@ -271,6 +315,41 @@ void check_fits(Recipe& r) {
 
 namespace {
 
+// The slice: cluster.slice (TPU, or the gpu-<model>-NxG form), or cluster.accelerator + cluster.nodes (GPU).
+void read_slice(const Reader& rd, ClusterSpec& c) {
+  const auto slice = rd.get("slice"), acc = rd.get("accelerator");
+  OLMO_CHECK(!(slice && acc), rd.where("cluster.accelerator"),
+             ": give cluster.slice (a TPU slice) or cluster.accelerator (GPU nodes), not both");
+  OLMO_CHECK(slice || acc, rd.where("cluster.slice"),
+             ": missing (required: cluster.slice for a TPU slice, or cluster.accelerator for GPU nodes)");
+  if (slice) {
+    OLMO_CHECK(!rd.get("nodes"), rd.where("cluster.nodes"),
+               ": only with cluster.accelerator (a slice string carries its own shape)");
+    try {
+      c.slice = parse_slice(*slice);
+    } catch (const Error& e) {
+      fail(rd.where("cluster.slice"), ": ", e.what());
+    }
+  } else {
+    const GpuType* type = nullptr;
+    try {
+      type = &find_gpu_type(*acc);
+    } catch (const Error& e) {
+      fail(rd.where("cluster.accelerator"), ": ", e.what());
+    }
+    const int nodes = rd.get("nodes") ? static_cast<int>(rd.integer("nodes", 1, 4096)) : 1;
+    c.slice = gpu_slice(*type, nodes);
+  }
+  if (auto v = rd.get("gpu_label")) c.gpu_label = *v;
+  OLMO_CHECK(c.gpu_label == "gke" || c.gpu_label == "nvidia", rd.where("cluster.gpu_label"),
+             ": expected gke (cloud.google.com/gke-accelerator) or nvidia (nvidia.com/gpu.product), got '",
+             c.gpu_label, "'");
+  if (c.slice.kind == SliceSpec::Kind::Gpu && c.gpu_label == "nvidia") {
+    c.slice.accelerator_key = "nvidia.com/gpu.product";
+    c.slice.accelerator_value = c.slice.gpu->product;
+  }
+}
+
 ClusterSpec read_cluster(const std::string& origin, const std::map<std::string, std::string>& raw) {
   Reader rd{origin, raw};
   OLMO_CHECK(!raw.empty(), rd.where("cluster"), ": missing (required)");
@@ -290,12 +369,7 @@ ClusterSpec read_cluster(const std::string& origin, const std::map<std::string, 
   c.image = need("image");
   OLMO_CHECK(c.image.find(' ') == std::string::npos, rd.where("cluster.image"),
              ": expected an image reference");
-  const std::string slice = need("slice");  // outside the try: its error already names the key
-  try {
-    c.slice = parse_slice(slice);
-  } catch (const Error& e) {
-    fail(rd.where("cluster.slice"), ": ", e.what());
-  }
+  read_slice(rd, c);
   c.host_network = c.slice.multi_host_tpu();
   if (rd.get("host_network")) c.host_network = rd.boolean("host_network");
   if (auto v = rd.get("node_pool")) c.node_pool = *v;
@@ -320,6 +394,13 @@ ClusterSpec read_cluster(const std::string& origin, const std::map<std::string, 
   } else {
     c.command = {"olmosft", "train", "/etc/olmosft/recipe.yaml"};
   }
+  if (rd.get("allow_cpu_on_accelerator_hosts"))
+    c.allow_cpu_on_accelerator_hosts = rd.boolean("allow_cpu_on_accelerator_hosts");
+  if (auto v = rd.get("nccl_socket_ifname")) c.nccl_socket_ifname = *v;
+  OLMO_CHECK(!c.nccl_socket_ifname.empty() && c.nccl_socket_ifname.size() < 256 &&
+                 c.nccl_socket_ifname.find_first_of(" \t\n") == std::string::npos,
+             rd.where("cluster.nccl_socket_ifname"),
+             ": expected an interface name or NCCL's list form (eth0, ^lo)");
   if (rd.get("coordinator_port"))
     c.coordinator_port = static_cast<int>(rd.integer("coordinator_port", 1, 65535));
   if (rd.get("stop_rules.nan_loss")) c.stop_rules.nan_loss = rd.boolean("stop_rules.nan_loss");
@@ -374,7 +455,9 @@ Recipe parse_recipe(const std::string& text, const std::string& origin,
   check_fits(r);
   // What the pods will read, read back (devices included).
   r.train = olmosft::Recipe::parse(r.effective_yaml(), as_trainer).config();
-  olmosft::require_run_inputs(r.train);  // what the pod's `olmosft train` would refuse, refused now
+  // What the pod's `olmosft train` would refuse, refused now; the device is judged by
+  // accelerator_warnings when rendering.
+  olmosft::require_run_inputs(r.train, /*model_from_recipe=*/true, /*check_device=*/false);
   return r;
 }
 
@@ -384,6 +467,34 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   std::stringstream ss;
   ss << f.rdbuf();
   return parse_recipe(ss.str(), path, overrides);
+}
+
+std::vector<std::string> accelerator_warnings(const Recipe& r) {
+  const SliceSpec& s = r.cluster.slice;
+  const bool tpu = s.kind == SliceSpec::Kind::Tpu;
+  const std::string what = std::to_string(s.devices()) + (tpu ? " TPU chips" : " GPUs") + " of " + s.text +
+                           " (" + std::to_string(s.hosts) + " pods)";
+  OLMO_CHECK(!(tpu && r.train.device == "cuda"), r.origin, ": key 'device': cuda on TPU slice ", s.text,
+             " (device=cuda needs NVIDIA GPU nodes: cluster.accelerator)");
+  if (r.train.device == "cuda") {
+    return {
+        "WARNING: device=cuda: this olmosft build trains on CPU only (no CUDA training backend yet, issue "
+        "#15). These manifests are what a CUDA build needs for the " +
+        what +
+        "; run with this build's image, every pod would fail at preflight with 'device=cuda: this "
+        "build has no CUDA training backend yet'."};
+  }
+  OLMO_CHECK(r.cluster.allow_cpu_on_accelerator_hosts, r.origin, ": key 'cluster.",
+             tpu ? "slice" : "accelerator", "': ", s.text, " (", s.devices(),
+             tpu ? " TPU chips, " : " GPUs, ", s.hosts, " pods): this olmosft build ",
+             tpu ? "cannot use TPUs" : "trains on CPU only (device=cpu)",
+             ": its pods would train on the hosts' CPUs and leave the accelerators idle. Set "
+             "cluster.allow_cpu_on_accelerator_hosts=true to render it anyway",
+             tpu ? "" : ", or device: cuda for the manifests a CUDA build needs");
+  return {"WARNING: CPU TRAINING ON ACCELERATOR HOSTS: this olmosft build " +
+          std::string(tpu ? "cannot use TPUs" : "trains on CPU only (device=cpu)") + ": the " + what +
+          " stay idle and every pod trains on its host's CPUs "
+          "(cluster.allow_cpu_on_accelerator_hosts=true)."};
 }
 
 }  // namespace olmosft::cluster

@@ -15,7 +15,25 @@
 
 namespace olmosft::cluster {
 
-// A slice description: "tpu-<gen>-<topology>" (tpu-v4-4x4x8) or "gpu-<model>-<nodes>x<gpus>" (gpu-h100-2x8).
+// A GPU type the launcher knows (docs/k8s.md has the table): GKE's node label value, which is also the
+// recipe's `cluster.accelerator`; the short model name of the gpu-<model>-NxG slice form; NVIDIA GPU Feature
+// Discovery's `nvidia.com/gpu.product` value; the GPUs of the largest standard machine of that type (one
+// pod per node takes them all); the memory of one GPU.
+struct GpuType {
+  std::string accelerator;  // nvidia-h200-141gb
+  std::string model;        // h200
+  std::string product;      // NVIDIA-H200
+  int gpus_per_node = 0;    // 8
+  int memory_gb = 0;        // 141 (GB as the product name says it)
+  std::string machine;      // a3-ultragpu-8g (GKE machine type with gpus_per_node of them)
+};
+const std::vector<GpuType>& gpu_types();
+// The type with this accelerator value (or, by_model, this short model name); throws olmosft::Error listing
+// the known ones.
+const GpuType& find_gpu_type(const std::string& name, bool by_model = false);
+
+// A slice description: "tpu-<gen>-<topology>" (tpu-v4-4x4x8) or "gpu-<model>-<nodes>x<gpus>" (gpu-h100-2x8;
+// also what cluster.accelerator + cluster.nodes make).
 struct SliceSpec {
   enum class Kind { Tpu, Gpu };
   std::string text;
@@ -27,12 +45,15 @@ struct SliceSpec {
   std::string accelerator_key;    // node label key for the accelerator type
   std::string accelerator_value;  // e.g. tpu-v4-podslice, nvidia-h100-80gb
   std::string resource_name;      // google.com/tpu or nvidia.com/gpu
+  const GpuType* gpu = nullptr;   // GPU only: the type (gpu_types())
   bool multi_host_tpu() const { return kind == Kind::Tpu && hosts > 1; }
   int devices() const { return hosts * devices_per_host; }
 };
 
 // Parses a slice string; throws olmosft::Error naming the string and the accepted forms.
 SliceSpec parse_slice(const std::string& text);
+// `nodes` whole nodes of one GPU type (cluster.accelerator + cluster.nodes): gpu-<model>-<nodes>x<gpus>.
+SliceSpec gpu_slice(const GpuType& type, int nodes);
 
 struct StopRules {
   bool nan_loss = true;                    // any non-finite LOSS-PARTS value
@@ -54,6 +75,13 @@ struct ClusterSpec {
   std::vector<std::string> command;  // default: olmosft train /etc/olmosft/recipe.yaml
   int coordinator_port = 29500;
   StopRules stop_rules;
+  // GPU node selector: "gke" (cloud.google.com/gke-accelerator) or "nvidia" (nvidia.com/gpu.product, the
+  // label NVIDIA's GPU Feature Discovery / GPU Operator sets on any cluster).
+  std::string gpu_label = "gke";
+  std::string nccl_socket_ifname = "eth0";  // GPU: NCCL_SOCKET_IFNAME (the pod's interface)
+  // This build trains on CPUs only: a slice whose accelerators it would leave idle (TPU; GPU with
+  // device=cpu) is refused unless the recipe says so here.
+  bool allow_cpu_on_accelerator_hosts = false;
 };
 
 struct Recipe {
@@ -82,5 +110,13 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
 // whole number), the trainer's batch arithmetic over the slice's devices, the mesh covering them. Sets
 // r.train.batch (devices and the derived numbers). Called by parse_recipe; exposed for tests.
 void check_fits(Recipe& r);
+
+// What this build's pods would really do on the slice, said plainly (issue #15): it trains on CPUs only.
+// Throws for accelerators it would leave idle (a TPU slice; GPU nodes with device=cpu) unless
+// cluster.allow_cpu_on_accelerator_hosts, and for device=cuda on a TPU slice; returns the warning lines
+// `k8s render`/`launch` print (and the JobSet carries): CPU training on accelerator hosts, or device=cuda,
+// which this build's pods refuse at preflight. Called by render(), not by parse_recipe (`k8s watch` reads the
+// recipes of runs rendered before these rules).
+std::vector<std::string> accelerator_warnings(const Recipe& r);
 
 }  // namespace olmosft::cluster

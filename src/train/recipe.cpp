@@ -27,6 +27,9 @@ const std::vector<RecipeKey>& recipe_keys() {
        "re-run its forward in the backward) or attn (re-run only the attention / KDA mixers); bit-identical"},
       {"model.saved_dtype", KeyType::String, "fp32",
        "dtype of the activations kept for the backward: fp32 or bf16 (half the memory; changes the numbers)"},
+      {"device", KeyType::String, "cpu",
+       "compute device: cpu, or cuda (NVIDIA GPUs; this build has no CUDA training backend yet, issue #15, "
+       "and refuses it before any compute)"},
       {"tokenizer", KeyType::String, "",
        "HF tokenizer directory; must match the one the dataset was built with"},
       {"data.path", KeyType::String, "", "packed dataset directory written by `olmosft data build`"},
@@ -291,6 +294,9 @@ TrainConfig Recipe::fields() const {
              "not . or ..");
   OLMO_CHECK(!c.output_dir.empty(), src, ": output_dir must not be empty");
   c.seed = i64("seed");
+  c.device = str("device");
+  OLMO_CHECK(c.device == "cpu" || c.device == "cuda", src, ": key 'device' expects cpu or cuda, got '",
+             c.device, "'");
   c.tokenizer = str("tokenizer");
   c.model.init = str("model.init");
   c.model.config = str("model.config");
@@ -423,7 +429,15 @@ std::vector<Recipe::Change> Recipe::diff(const Recipe& before, const Recipe& aft
   return out;
 }
 
-void require_run_inputs(const TrainConfig& c, bool model_from_recipe) {
+void require_device_supported(const TrainConfig& c) {
+  OLMO_CHECK(
+      c.device != "cuda", c.source,
+      ": device=cuda: this build has no CUDA training backend yet (issue #15); set device: cpu to train "
+      "on the CPUs (docs/cuda.md says what exists for CUDA so far)");
+}
+
+void require_run_inputs(const TrainConfig& c, bool model_from_recipe, bool check_device) {
+  if (check_device) require_device_supported(c);
   OLMO_CHECK(!c.data.path.empty(), c.source,
              ": data.path is required (a dataset written by `olmosft data build`)");
   if (!model_from_recipe) return;

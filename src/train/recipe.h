@@ -49,6 +49,7 @@ struct TrainConfig {
   std::set<std::string> given;  // keys set in the file or an override (not defaults)
   std::string run_name, output_dir;
   int64_t seed = 0;
+  std::string device = "cpu";  // cpu | cuda (cuda is refused by require_device_supported in this build)
   std::string tokenizer;
   struct Model {
     std::string init, config;    // model.init (HF directory) / model.config (config.json, random init)
@@ -145,8 +146,13 @@ class Recipe {
 // What `olmosft train` requires beyond types and ranges, checked without touching any file: data.path, and
 // (with model_from_recipe) exactly one of model.init / model.config. `olmosft train`, the trainer (whose
 // caller may pass the model in: model_from_recipe=false) and `k8s render` (a pod would fail after scheduling)
-// call it. Throws olmosft::Error naming the recipe and the key.
-void require_run_inputs(const TrainConfig& c, bool model_from_recipe = true);
+// call it. Throws olmosft::Error naming the recipe and the key. With check_device it first calls
+// require_device_supported; `k8s render` passes false and reports the device itself (it renders GPU JobSets
+// for a device=cuda recipe, saying plainly that this build's pods would refuse it).
+void require_run_inputs(const TrainConfig& c, bool model_from_recipe = true, bool check_device = true);
+// Refuses a device this build cannot train on (device=cuda: no CUDA training backend yet, issue #15), before
+// any compute. Throws olmosft::Error naming the recipe and the key.
+void require_device_supported(const TrainConfig& c);
 
 // True for keys a resumed run may change without changing what it computes beyond summation order: the
 // process layout, threads, logging, evaluation, export, checkpoint cadence, cluster and mesh settings.

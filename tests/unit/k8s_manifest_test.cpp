@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 
@@ -22,6 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kRecipe = std::string(OLMOSFT_SOURCE_DIR) + "/recipes/olmo35-small-sft.k8s.yaml";
+const std::string kGpuRecipe = std::string(OLMOSFT_SOURCE_DIR) + "/recipes/olmo35-small-sft.gpu.k8s.yaml";
 
 fs::path scratch(const std::string& name) {
   fs::path p =
@@ -80,6 +82,13 @@ TEST(K8sManifest, RunbookRecipeMatchesSettings) {
   EXPECT_EQ(js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"].as<std::string>(), "post-training");
   EXPECT_EQ(js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"].as<std::string>(),
             "cloud.google.com/gke-nodepool");
+  // This build cannot use the TPUs: the recipe says it accepts CPU training there, and the JobSet says so.
+  EXPECT_EQ(
+      js["metadata"]["annotations"]["olmosft.io/warning"].as<std::string>().rfind(
+          "WARNING: CPU TRAINING ON ACCELERATOR HOSTS: this olmosft build cannot use TPUs: the 128 TPU chips "
+          "of tpu-v4-4x4x8 (32 pods) stay idle",
+          0),
+      0u);
   EXPECT_EQ(js["spec"]["failurePolicy"]["maxRestarts"].as<int>(), 3);
   EXPECT_EQ(js["spec"]["network"]["subdomain"].as<std::string>(), "olmo35-sft-h045-tpu-abc123");
   EXPECT_TRUE(js["spec"]["network"]["enableDNSHostnames"].as<bool>());
@@ -156,6 +165,110 @@ TEST(K8sManifest, GpuSliceAndRefusal) {
   }
 }
 
+// Issue #15: the shipped GPU recipe, rendered and read back from YAML, field by field.
+TEST(K8sManifest, GpuRecipeMatchesSettings) {
+  Recipe r = load_recipe(kGpuRecipe, {});
+  Rendered out = render(r, {"g1"});
+  fs::path dir = scratch("gpu");
+  write_rendered(out, dir.string());
+  std::vector<YAML::Node> docs;
+  for (const char* f : {"0-configmap-recipe.yaml", "1-configmap-env.yaml", "2-jobset.yaml"})
+    docs.push_back(YAML::LoadFile((dir / f).string()));
+  const YAML::Node& js = docs[2];
+  const std::string name = "olmo35-sft-h045-h200-g1";
+  EXPECT_EQ(js["metadata"]["name"].as<std::string>(), name);
+  EXPECT_EQ(js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"].as<std::string>(), "post-training");
+  EXPECT_FALSE(js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"]);  // GPU: none
+  EXPECT_EQ(js["metadata"]["annotations"]["olmosft.io/warning"].as<std::string>().rfind(
+                "WARNING: device=cuda: this olmosft build trains on CPU only", 0),
+            0u);
+  EXPECT_EQ(js["spec"]["failurePolicy"]["restartStrategy"].as<std::string>(), "BlockingRecreate");
+  EXPECT_EQ(js["spec"]["successPolicy"]["targetReplicatedJobs"][0].as<std::string>(), "node");
+  EXPECT_EQ(js["spec"]["network"]["subdomain"].as<std::string>(), name);
+  EXPECT_TRUE(js["spec"]["network"]["enableDNSHostnames"].as<bool>());
+  EXPECT_TRUE(js["spec"]["network"]["publishNotReadyAddresses"].as<bool>());
+  ASSERT_EQ(js["spec"]["replicatedJobs"].size(), 1u);
+  const YAML::Node rj = js["spec"]["replicatedJobs"][0];
+  EXPECT_EQ(rj["name"].as<std::string>(), "node");
+  EXPECT_EQ(rj["replicas"].as<int>(), 1);
+  const YAML::Node job = rj["template"]["spec"];
+  EXPECT_EQ(job["parallelism"].as<int>(), 2);  // one pod per node
+  EXPECT_EQ(job["completions"].as<int>(), 2);
+  EXPECT_EQ(job["completionMode"].as<std::string>(), "Indexed");
+  EXPECT_EQ(job["backoffLimit"].as<int>(), 0);
+  const YAML::Node pod = job["template"]["spec"];
+  EXPECT_EQ(job["template"]["metadata"]["labels"]["olmosft.io/run"].as<std::string>(), name);
+  EXPECT_FALSE(pod["hostNetwork"]);
+  EXPECT_FALSE(pod["dnsPolicy"]);
+  EXPECT_EQ(pod["terminationGracePeriodSeconds"].as<int>(), 900);
+  ASSERT_EQ(pod["nodeSelector"].size(), 1u);
+  EXPECT_EQ(pod["nodeSelector"]["cloud.google.com/gke-accelerator"].as<std::string>(), "nvidia-h200-141gb");
+  ASSERT_EQ(pod["tolerations"].size(), 1u);
+  EXPECT_EQ(pod["tolerations"][0]["key"].as<std::string>(), "nvidia.com/gpu");
+  EXPECT_EQ(pod["tolerations"][0]["operator"].as<std::string>(), "Exists");
+  EXPECT_EQ(pod["tolerations"][0]["effect"].as<std::string>(), "NoSchedule");
+  // One pod per node: a required anti-affinity on the run's own pod label, per hostname.
+  const YAML::Node anti =
+      pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+  ASSERT_EQ(anti.size(), 1u);
+  EXPECT_EQ(anti[0]["topologyKey"].as<std::string>(), "kubernetes.io/hostname");
+  EXPECT_EQ(anti[0]["labelSelector"]["matchLabels"]["olmosft.io/run"].as<std::string>(), name);
+  const YAML::Node c = pod["containers"][0];
+  EXPECT_EQ(c["image"].as<std::string>(), "us-docker.pkg.dev/ai2-olmo/olmo/olmosft:latest");
+  EXPECT_EQ(c["command"][0].as<std::string>(), "olmosft");
+  EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"].as<std::string>(), "8");
+  EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"].Tag(), "!");  // quoted: a Quantity string
+  EXPECT_EQ(c["resources"]["requests"]["nvidia.com/gpu"].as<std::string>(), "8");
+  EXPECT_FALSE(c["resources"]["limits"]["google.com/tpu"]);
+  ASSERT_EQ(c["volumeMounts"].size(), 2u);
+  EXPECT_EQ(c["volumeMounts"][1]["name"].as<std::string>(), "dshm");
+  EXPECT_EQ(c["volumeMounts"][1]["mountPath"].as<std::string>(), "/dev/shm");
+  ASSERT_EQ(pod["volumes"].size(), 2u);
+  EXPECT_EQ(pod["volumes"][1]["name"].as<std::string>(), "dshm");
+  EXPECT_EQ(pod["volumes"][1]["emptyDir"]["medium"].as<std::string>(), "Memory");
+  std::map<std::string, std::string> field_env;
+  for (const auto& e : c["env"])
+    field_env[e["name"].as<std::string>()] = e["valueFrom"]["fieldRef"]["fieldPath"].as<std::string>();
+  EXPECT_EQ(field_env["OLMOSFT_NODE_RANK"],
+            "metadata.annotations['batch.kubernetes.io/job-completion-index']");
+  // The rendezvous and NCCL environment: pod 0's DNS name through the JobSet's headless service.
+  const YAML::Node env = docs[1]["data"];
+  const std::string pod0 = name + "-node-0-0." + name + ":29500";
+  EXPECT_EQ(out.coordinator, pod0);
+  EXPECT_EQ(env["OLMOSFT_COORDINATOR"].as<std::string>(), pod0);
+  EXPECT_EQ(env["NCCL_COMM_ID"].as<std::string>(), pod0);
+  EXPECT_EQ(env["NCCL_SOCKET_IFNAME"].as<std::string>(), "eth0");
+  EXPECT_EQ(env["NCCL_NVLS_ENABLE"].as<std::string>(), "0");
+  EXPECT_EQ(env["NCCL_NVLS_ENABLE"].Tag(), "!");
+  EXPECT_EQ(env["NCCL_DEBUG"].as<std::string>(), "WARN");
+  EXPECT_EQ(env["OLMOSFT_DEVICE"].as<std::string>(), "cuda");
+  EXPECT_EQ(env["OLMOSFT_WORLD_SIZE"].as<std::string>(), "16");
+  EXPECT_EQ(env["OLMOSFT_LOCAL_WORLD_SIZE"].as<std::string>(), "8");
+  EXPECT_EQ(env["OLMOSFT_NUM_PODS"].as<std::string>(), "2");
+  EXPECT_EQ(env["OLMOSFT_DEVICES_PER_POD"].as<std::string>(), "8");
+  // The mounted recipe parses back: 16 devices, device=cuda (which the pods' `olmosft train` refuses).
+  Recipe back = parse_recipe(docs[0]["data"]["recipe.yaml"].as<std::string>(), "cm", {});
+  EXPECT_EQ(back.train.batch.devices, 16);
+  EXPECT_EQ(back.train.batch.slots, 16);
+  EXPECT_EQ(back.train.batch.grad_accum, 1);
+  EXPECT_EQ(back.train.device, "cuda");
+  EXPECT_EQ(back.cluster.slice.text, "gpu-h200-2x8");
+  // gpu_label=nvidia: NVIDIA GPU Feature Discovery's product label instead of GKE's.
+  Rendered gfd = render(load_recipe(kGpuRecipe, {"cluster.gpu_label=nvidia"}), {"g2"});
+  const auto& sel =
+      gfd.objects.back()
+          .second["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["nodeSelector"];
+  EXPECT_EQ(sel, (OJson{{"nvidia.com/gpu.product", "NVIDIA-H200"}}));
+  // A TPU render has none of the GPU parts.
+  const Rendered tpu = render(load_recipe(kRecipe, {}), {"t1"});
+  const OJson& tpu_pod =
+      tpu.objects.back().second["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
+  EXPECT_FALSE(tpu_pod.contains("affinity"));
+  EXPECT_FALSE(tpu_pod.contains("tolerations"));
+  EXPECT_EQ(tpu_pod["volumes"].size(), 1u);
+  fs::remove_all(dir);
+}
+
 TEST(K8sManifest, CliRenderRefusesBeforeWriting) {
   fs::path dir = scratch("cli");
   int rc = 0;
@@ -170,6 +283,9 @@ TEST(K8sManifest, CliRenderRefusesBeforeWriting) {
       rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("32 pods x 4 chips = 128 devices"), std::string::npos) << out;
+  EXPECT_NE(out.find("\nWARNING: CPU TRAINING ON ACCELERATOR HOSTS: this olmosft build cannot use TPUs"),
+            std::string::npos)
+      << out;
   EXPECT_TRUE(fs::exists(dir / "m" / "2-jobset.yaml"));
   // Issue #17: a second render into the same --out is refused (manifests of two renders must not mix), and
   // so is a recipe the pods' `olmosft train` would refuse (no data.path), before anything is written.
@@ -184,6 +300,30 @@ TEST(K8sManifest, CliRenderRefusesBeforeWriting) {
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("data.path is required"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(dir / "n"));
+  // Issue #15: a TPU slice without cluster.allow_cpu_on_accelerator_hosts is refused, nothing written.
+  out = run(std::string(OLMOSFT_BINARY) + " k8s render " + kRecipe +
+                " cluster.allow_cpu_on_accelerator_hosts=false --out " + (dir / "t").string(),
+            rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("this olmosft build cannot use TPUs: its pods would train on the hosts' CPUs"),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(fs::exists(dir / "t"));
+  // The GPU recipe renders (device=cuda) and says plainly what this build's pods would do.
+  out = run(
+      std::string(OLMOSFT_BINARY) + " k8s render " + kGpuRecipe + " --suffix g --out " + (dir / "g").string(),
+      rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("2 pods x 8 GPUs = 16 devices (nvidia-h200-141gb, 141 GB each, "
+                     "cloud.google.com/gke-accelerator=nvidia-h200-141gb)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(
+      out.find("\nWARNING: device=cuda: this olmosft build trains on CPU only (no CUDA training backend "
+               "yet, issue #15)"),
+      std::string::npos)
+      << out;
+  EXPECT_TRUE(fs::exists(dir / "g" / "2-jobset.yaml"));
   fs::remove_all(dir);
 }
 
@@ -200,6 +340,8 @@ TEST(K8sManifest, KubectlClientDryRun) {
   fs::path dir = scratch("kubectl");
   write_rendered(out, (dir / "m").string());
   fs::remove(dir / "m" / "manifest.json");  // kubectl -f DIR reads every .json/.yaml file
+  write_rendered(render(load_recipe(kGpuRecipe, {}), {"abc123"}), (dir / "g").string());  // issue #15
+  fs::remove(dir / "g" / "manifest.json");
 
   std::mutex mu;
   std::vector<std::string> seen;
@@ -239,7 +381,8 @@ TEST(K8sManifest, KubectlClientDryRun) {
   int rc = 0;
   std::string cmd = "HOME=" + dir.string() + " " + kubectl + " --kubeconfig " + kc.string() +
                     " --cache-dir " + (dir / "cache").string() +
-                    " apply --dry-run=client --validate=false -f " + (dir / "m").string();
+                    " apply --dry-run=client --validate=false -f " + (dir / "m").string() + " -f " +
+                    (dir / "g").string();
   std::string text = run(cmd, rc);
   srv.stop();
   std::fprintf(stderr, "%s\n%s", cmd.c_str(), text.c_str());
@@ -249,6 +392,9 @@ TEST(K8sManifest, KubectlClientDryRun) {
   EXPECT_NE(text.find("configmap/olmo35-sft-h045-tpu-abc123-env created (dry run)"), std::string::npos)
       << text;
   EXPECT_NE(text.find("jobset.jobset.x-k8s.io/olmo35-sft-h045-tpu-abc123 created (dry run)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("jobset.jobset.x-k8s.io/olmo35-sft-h045-h200-abc123 created (dry run)"),
             std::string::npos)
       << text;
   for (const auto& s : seen) EXPECT_EQ(s.rfind("GET ", 0), 0u) << "kubectl changed something: " << s;

@@ -24,6 +24,7 @@ cluster:
   queue: post-training
   image: example.com/olmosft:1
   slice: tpu-v4-4x4x8
+  allow_cpu_on_accelerator_hosts: true
 )";
 
 std::string error_of(const std::function<void()>& f) {
@@ -61,7 +62,13 @@ TEST(K8sSlice, Catalogue) {
   EXPECT_NE(error_of([] { parse_slice("tpu-v9-4x4x8"); }).find("unknown TPU generation 'v9'"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse_slice("tpu-v4-4x4"); }).find("needs 3 dimensions"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_slice("gpu-k80-1x8"); }).find("unknown GPU model 'k80'"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_slice("gpu-k80-1x8"); }).find("slice 'gpu-k80-1x8': unknown GPU model 'k80'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_slice("gpu-h100-2x16");
+            }).find("16 GPUs per node, but a nvidia-h100-80gb node has 8 (a3-highgpu-8g)"),
+            std::string::npos);
+  EXPECT_EQ(parse_slice("gpu-l4-3x4").devices(), 12);  // part of a node: one pod per node all the same
   EXPECT_NE(error_of([] { parse_slice("v4-4x4x8"); }).find("expected 'tpu-"), std::string::npos);
   EXPECT_NE(error_of([] { parse_slice("tpu-v4-4xax8"); }).find("bad shape"), std::string::npos);
 }
@@ -146,7 +153,9 @@ TEST(K8sRecipe, OverridesAndValidation) {
     std::string base = kBase;
     base.erase(base.find("  slice: tpu-v4-4x4x8\n"), std::string("  slice: tpu-v4-4x4x8\n").size());
     e = error_of([&] { parse_recipe(base, "r.yaml", {}); });
-    EXPECT_EQ(e, "r.yaml: key 'cluster.slice': missing (required)");
+    EXPECT_EQ(e,
+              "r.yaml: key 'cluster.slice': missing (required: cluster.slice for a TPU slice, or "
+              "cluster.accelerator for GPU nodes)");
   }
   e = error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.namespace=Olmo_NS"}); });
   EXPECT_NE(e.find("not a valid namespace name"), std::string::npos) << e;
@@ -194,4 +203,144 @@ TEST(K8sNames, Dns1035AndLength) {
   EXPECT_FALSE(is_dns1035_label("1abc"));
   EXPECT_NE(error_of([] { make_jobset_name("x", "ABC", "slice", 1, 4); }).find("lowercase"),
             std::string::npos);
+}
+
+// Issue #15: GPU nodes by accelerator type. The table's numbers are the launcher's (docs/k8s.md); an
+// unknown type is refused listing the known ones.
+TEST(K8sGpu, AcceleratorTable) {
+  const GpuType& h200 = find_gpu_type("nvidia-h200-141gb");
+  EXPECT_EQ(h200.gpus_per_node, 8);
+  EXPECT_EQ(h200.memory_gb, 141);
+  EXPECT_EQ(h200.product, "NVIDIA-H200");
+  EXPECT_EQ(h200.machine, "a3-ultragpu-8g");
+  const GpuType& h100 = find_gpu_type("nvidia-h100-80gb");
+  EXPECT_EQ(h100.gpus_per_node, 8);
+  EXPECT_EQ(h100.memory_gb, 80);
+  EXPECT_EQ(h100.product, "NVIDIA-H100-80GB-HBM3");
+  EXPECT_EQ(&find_gpu_type("h200", /*by_model=*/true), &h200);
+  EXPECT_EQ(gpu_types().size(), 7u);
+  for (const auto& t : gpu_types()) {  // every row complete; the short form round-trips
+    EXPECT_GT(t.gpus_per_node, 0) << t.accelerator;
+    EXPECT_GT(t.memory_gb, 0) << t.accelerator;
+    EXPECT_EQ(t.product.rfind("NVIDIA-", 0), 0u) << t.accelerator;
+    EXPECT_EQ(parse_slice("gpu-" + t.model + "-2x" + std::to_string(t.gpus_per_node)).gpu, &t);
+  }
+  SliceSpec s = gpu_slice(h200, 3);
+  EXPECT_EQ(s.text, "gpu-h200-3x8");
+  EXPECT_EQ(s.hosts, 3);
+  EXPECT_EQ(s.devices(), 24);
+  EXPECT_EQ(s.accelerator_key, "cloud.google.com/gke-accelerator");
+  EXPECT_EQ(s.accelerator_value, "nvidia-h200-141gb");
+  EXPECT_EQ(s.resource_name, "nvidia.com/gpu");
+  std::string e = error_of([] { find_gpu_type("nvidia-k80"); });
+  EXPECT_EQ(
+      e,
+      "unknown GPU accelerator 'nvidia-k80' (known: nvidia-tesla-a100, nvidia-a100-80gb, nvidia-h100-80gb, "
+      "nvidia-h100-mega-80gb, nvidia-h200-141gb, nvidia-b200, nvidia-l4)");
+}
+
+TEST(K8sGpu, AcceleratorKeysAndDeviceHonesty) {
+  // 2 H200 nodes x 8 GPUs x 1 row = 16 rows per micro-step, device=cuda: rendered, with a warning.
+  const std::vector<std::string> gpu = {"cluster.slice=",
+                                        "cluster.allow_cpu_on_accelerator_hosts=false",
+                                        "cluster.accelerator=nvidia-h200-141gb",
+                                        "cluster.nodes=2",
+                                        "per_device_batch=1",
+                                        "device=cuda"};
+  Recipe r = parse_recipe(kBase, "r.yaml", gpu);
+  EXPECT_EQ(r.cluster.slice.text, "gpu-h200-2x8");
+  EXPECT_EQ(r.train.batch.devices, 16);
+  EXPECT_EQ(r.train.batch.slots, 16);
+  EXPECT_EQ(r.train.device, "cuda");
+  EXPECT_EQ(r.cluster.gpu_label, "gke");
+  EXPECT_EQ(r.cluster.nccl_socket_ifname, "eth0");
+  EXPECT_FALSE(r.cluster.host_network);
+  const std::vector<std::string> w = accelerator_warnings(r);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].rfind("WARNING: device=cuda: this olmosft build trains on CPU only (no CUDA training "
+                       "backend yet, issue #15). These manifests are what a CUDA build needs for the "
+                       "16 GPUs of gpu-h200-2x8 (2 pods)",
+                       0),
+            0u)
+      << w[0];
+  EXPECT_NE(w[0].find("every pod would fail at preflight"), std::string::npos);
+  // The generic node label instead of GKE's.
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> ov = gpu;
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    return ov;
+  };
+  Recipe n =
+      parse_recipe(kBase, "r.yaml", with({"cluster.gpu_label=nvidia", "cluster.nccl_socket_ifname=^lo"}));
+  EXPECT_EQ(n.cluster.slice.accelerator_key, "nvidia.com/gpu.product");
+  EXPECT_EQ(n.cluster.slice.accelerator_value, "NVIDIA-H200");
+  EXPECT_EQ(n.cluster.nccl_socket_ifname, "^lo");
+  // device=cpu on GPU nodes: refused unless asked for, then rendered with a loud line.
+  std::string e =
+      error_of([&] { accelerator_warnings(parse_recipe(kBase, "r.yaml", with({"device=cpu"}))); });
+  EXPECT_EQ(
+      e.rfind("r.yaml: key 'cluster.accelerator': gpu-h200-2x8 (16 GPUs, 2 pods): "
+              "this olmosft build trains on CPU only (device=cpu): its pods would train on the hosts' CPUs "
+              "and leave the accelerators idle. Set cluster.allow_cpu_on_accelerator_hosts=true",
+              0),
+      0u)
+      << e;
+  Recipe c =
+      parse_recipe(kBase, "r.yaml", with({"device=cpu", "cluster.allow_cpu_on_accelerator_hosts=true"}));
+  ASSERT_EQ(accelerator_warnings(c).size(), 1u);
+  EXPECT_EQ(accelerator_warnings(c)[0].rfind("WARNING: CPU TRAINING ON ACCELERATOR HOSTS:", 0), 0u);
+  // Bad values name the key.
+  e = error_of([&] { parse_recipe(kBase, "r.yaml", with({"cluster.accelerator=nvidia-k80"})); });
+  EXPECT_NE(e.find("r.yaml: key 'cluster.accelerator': unknown GPU accelerator 'nvidia-k80' (known: "),
+            std::string::npos)
+      << e;
+  e = error_of([&] { parse_recipe(kBase, "r.yaml", with({"cluster.nodes=0"})); });
+  EXPECT_NE(e.find("key 'cluster.nodes': 0 is out of range [1, 4096]"), std::string::npos) << e;
+  e = error_of([&] { parse_recipe(kBase, "r.yaml", with({"cluster.gpu_label=aks"})); });
+  EXPECT_NE(e.find("key 'cluster.gpu_label': expected gke (cloud.google.com/gke-accelerator) or nvidia"),
+            std::string::npos)
+      << e;
+  e = error_of([&] { parse_recipe(kBase, "r.yaml", with({"cluster.nccl_socket_ifname=eth0 eth1"})); });
+  EXPECT_NE(e.find("key 'cluster.nccl_socket_ifname': expected an interface name"), std::string::npos) << e;
+  e = error_of([&] { parse_recipe(kBase, "r.yaml", with({"cluster.slice=tpu-v4-2x2x4"})); });
+  EXPECT_NE(e.find("key 'cluster.accelerator': give cluster.slice (a TPU slice) or cluster.accelerator (GPU "
+                   "nodes), not both"),
+            std::string::npos)
+      << e;
+  e = error_of([] { parse_recipe(kBase, "r.yaml", {"cluster.nodes=2"}); });
+  EXPECT_NE(e.find("key 'cluster.nodes': only with cluster.accelerator"), std::string::npos) << e;
+  e = error_of(
+      [&] { parse_recipe(kBase, "r.yaml", with({"cluster.allow_cpu_on_accelerator_hosts=maybe"})); });
+  EXPECT_NE(e.find("key 'cluster.allow_cpu_on_accelerator_hosts': expected true or false"), std::string::npos)
+      << e;
+}
+
+// Issue #15 item 5: this build cannot use a TPU. A TPU slice is refused unless the recipe accepts CPU
+// training on the TPU hosts, and then every render says so; device=cuda on a TPU slice is refused outright.
+TEST(K8sGpu, TpuSliceIsHonest) {
+  std::string e = error_of([] {
+    accelerator_warnings(parse_recipe(kBase, "r.yaml", {"cluster.allow_cpu_on_accelerator_hosts=false"}));
+  });
+  EXPECT_EQ(e,
+            "r.yaml: key 'cluster.slice': tpu-v4-4x4x8 (128 TPU chips, 32 pods): this olmosft build cannot "
+            "use TPUs: its pods would train on the hosts' CPUs and leave the accelerators "
+            "idle. Set cluster.allow_cpu_on_accelerator_hosts=true to render it anyway");
+  Recipe r = parse_recipe(kBase, "r.yaml", {});
+  ASSERT_EQ(accelerator_warnings(r).size(), 1u);
+  EXPECT_EQ(
+      accelerator_warnings(r)[0],
+      "WARNING: CPU TRAINING ON ACCELERATOR HOSTS: this olmosft build cannot use TPUs: the 128 TPU chips of "
+      "tpu-v4-4x4x8 (32 pods) stay idle and every pod trains on its host's CPUs "
+      "(cluster.allow_cpu_on_accelerator_hosts=true).");
+  e = error_of([] { accelerator_warnings(parse_recipe(kBase, "r.yaml", {"device=cuda"})); });
+  EXPECT_EQ(e,
+            "r.yaml: key 'device': cuda on TPU slice tpu-v4-4x4x8 (device=cuda needs NVIDIA GPU nodes: "
+            "cluster.accelerator)");
+  // render() refuses with the same message; the recipe itself still parses, so `k8s watch` can read the stop
+  // rules of a run rendered before these rules (its ConfigMap has no allow_cpu_on_accelerator_hosts).
+  Recipe old = parse_recipe(kBase, "r.yaml", {"cluster.allow_cpu_on_accelerator_hosts=false"});
+  EXPECT_TRUE(old.cluster.stop_rules.nan_loss);
+  EXPECT_NE(error_of([&] { render(old, {"x"}); }).find("this olmosft build cannot use TPUs"),
+            std::string::npos);
+  EXPECT_EQ(render(r, {"x"}).warnings, accelerator_warnings(r));
 }

@@ -1,7 +1,12 @@
 #include "train/recipe.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "core/error.h"
@@ -160,4 +165,56 @@ TEST(Recipe, FieldsAreRangeCheckedWithTheKeyNamed) {
   // Batch numbers that do not divide name the keys whatever the other keys say.
   EXPECT_NE(e("steps: 3\nglobal_batch: 6\nper_device_batch: 4\n").find("global_batch=6 is not divisible"),
             std::string::npos);
+}
+
+// Issue #15: `device: cpu|cuda`. This build has no CUDA training backend, so device=cuda is read (a k8s
+// render of a GPU recipe needs it) but refused by the run's preflight, before any file is opened.
+TEST(Recipe, DeviceKeyAndCudaRefusal) {
+  EXPECT_EQ(Recipe::parse("steps: 3\n", "t.yaml").config().device, "cpu");  // the default
+  TrainConfig c = Recipe::parse("steps: 3\ndevice: cuda\n", "gpu.yaml").config();
+  EXPECT_EQ(c.device, "cuda");
+  std::string e = error_of([] { (void)Recipe::parse("steps: 3\ndevice: gpu\n", "bad.yaml").config(); });
+  EXPECT_NE(e.find("bad.yaml: key 'device' expects cpu or cuda, got 'gpu'"), std::string::npos) << e;
+  e = error_of([] { (void)Recipe::parse("steps: 3\n", "t.yaml", {"device=CUDA"}).config(); });
+  EXPECT_NE(e.find("key 'device' expects cpu or cuda, got 'CUDA'"), std::string::npos) << e;
+  c.data.path = "/nonexistent/data";  // never opened: the device is refused first
+  c.model.init = "/nonexistent/hf";
+  const std::string want =
+      "gpu.yaml: device=cuda: this build has no CUDA training backend yet (issue #15); set device: cpu";
+  e = error_of([&] { require_device_supported(c); });
+  EXPECT_EQ(e.rfind(want, 0), 0u) << e;
+  e = error_of([&] { require_run_inputs(c); });
+  EXPECT_EQ(e.rfind(want, 0), 0u) << e;
+  e = error_of([&] { require_run_inputs(c, /*model_from_recipe=*/false); });  // the trainer's preflight
+  EXPECT_EQ(e.rfind(want, 0), 0u) << e;
+  EXPECT_EQ(error_of([&] { require_run_inputs(c, true, /*check_device=*/false); }), "");
+  c.device = "cpu";
+  EXPECT_EQ(error_of([&] { require_device_supported(c); }), "");
+  // The device changes the numbers (bf16 compute on a GPU): not a key a resumed run may change silently.
+  EXPECT_FALSE(recipe_key_operational("device"));
+}
+
+// The binary: `olmosft train` on a device=cuda recipe exits 2 with the refusal and writes nothing.
+TEST(Recipe, TrainCliRefusesCudaBeforeAnyCompute) {
+  const std::string dir = ::testing::TempDir() + "olmosft-device-" + std::to_string(::getpid());
+  const std::string yaml = dir + ".yaml";
+  {
+    std::ofstream f(yaml);
+    f << "run_name: cuda-run\noutput_dir: " << dir << "\ndevice: cuda\nsteps: 3\n"
+      << "data:\n  path: /nonexistent/data\nmodel:\n  config: /nonexistent/config.json\n";
+  }
+  std::string out;
+  FILE* p = ::popen((std::string(OLMOSFT_BINARY) + " train " + yaml + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int rc = ::pclose(p);
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << rc << "\n" << out;
+  EXPECT_NE(out.find(yaml + ": device=cuda: this build has no CUDA training backend yet (issue #15)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("/nonexistent"), std::string::npos) << "a file was looked at first:\n" << out;
+  EXPECT_FALSE(std::filesystem::exists(dir)) << "the run wrote into " << dir;
+  std::remove(yaml.c_str());
 }

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The container image the k8s manifests name (issue #15): ./Dockerfile is linted with hadolint (installed by
+# scripts/install-deps.sh into deps/lint/; without it the lint is skipped visibly, except under CI=true, where
+# it fails), and the invariants the rendered manifests depend on are checked against what `olmosft k8s
+# render` writes for every shipped recipes/*.k8s.yaml: the image name, the command the pods run, the binary's
+# path, a non-root user, a CUDA runtime base. The image itself is not built here.
+set -u
+bin=$1
+out=${2:-$(mktemp -d)}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+df="$root/Dockerfile"
+fails=0
+n=0
+check() { n=$((n+1)); if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+rm -rf "$out" && mkdir -p "$out"
+
+hadolint="${OLMOSFT_HADOLINT:-$root/deps/lint/hadolint}"
+if [ -x "$hadolint" ]; then
+  lint=$("$hadolint" --no-color "$df" 2>&1); rc=$?
+  echo "$lint"
+  check "hadolint Dockerfile: no findings ($("$hadolint" --version))" "[ $rc -eq 0 ] && [ -z \"\$lint\" ]"
+  # The linter can fail: a Dockerfile with a known finding (DL3007, FROM ...:latest) is reported.
+  printf 'FROM debian:latest\nUSER 1000\n' >"$out/bad.Dockerfile"
+  bad=$("$hadolint" --no-color "$out/bad.Dockerfile" 2>&1); rc=$?
+  check "hadolint reports a known finding (DL3007)" "[ $rc -ne 0 ] && grep -q DL3007 <<<\"\$bad\""
+elif [ "${CI:-}" = "true" ]; then
+  check "hadolint installed at $hadolint (scripts/install-deps.sh)" "false"
+else
+  echo "*** SKIPPED: hadolint lint: no $hadolint (scripts/install-deps.sh installs it)"
+fi
+
+# What the Dockerfile documents and does.
+image=$(sed -n 's/^#   image: \(.*\)$/\1/p' "$df")
+check "the Dockerfile documents one image name" "[ -n \"$image\" ] && [ \$(grep -c '^#   image: ' \"$df\") -eq 1 ]"
+check "its build line tags that image" "grep -qF \"docker build -t $image .\" \"$df\""
+check "ENTRYPOINT is /usr/local/bin/olmosft" "grep -qxF 'ENTRYPOINT [\"/usr/local/bin/olmosft\"]' \"$df\""
+check "the binary is staged at /usr/local/bin/olmosft" \
+  "grep -qF 'cp build/olmosft /stage/usr/local/bin/olmosft' \"$df\" && grep -qF 'COPY --from=build /stage/ /' \"$df\""
+check "PATH is the base image's (it holds /usr/local/bin)" "! grep -q '^ENV PATH' \"$df\""
+check "the final stage runs as a non-root numeric user" "[ \"\$(grep '^USER ' \"$df\" | tail -1)\" = 'USER 1000:1000' ]"
+check "the final stage is a CUDA runtime base" \
+  "[ \"\$(grep '^FROM ' \"$df\" | tail -1)\" = 'FROM nvidia/cuda:\${CUDA_TAG}-runtime-ubuntu24.04' ]"
+check "the build stage is the same distribution (devel)" \
+  "[ \"\$(grep '^FROM ' \"$df\" | head -1)\" = 'FROM nvidia/cuda:\${CUDA_TAG}-devel-ubuntu24.04 AS build' ]"
+check ".dockerignore keeps build outputs and environments out" \
+  "grep -qx 'build\*/' \"$root/.dockerignore\" && grep -qx 'deps/venv/' \"$root/.dockerignore\""
+
+# What the manifests of every shipped k8s recipe name, as rendered.
+for recipe in "$root"/recipes/*.k8s.yaml; do
+  name=$(basename "$recipe" .yaml)
+  r=$("$bin" k8s render "$recipe" --suffix e2e --out "$out/$name" 2>&1); rc=$?
+  check "$name renders" "[ $rc -eq 0 ]" || echo "$r"
+  c=$(jq -c '.objects[-1].object.spec.replicatedJobs[0].template.spec.template.spec.containers[0]' \
+    "$out/$name/manifest.json")
+  check "$name: the pods run the Dockerfile's image ($image)" "[ \"\$(jq -r .image <<<'$c')\" = '$image' ]"
+  check "$name: the pods' command is olmosft on PATH (/usr/local/bin/olmosft in the image)" \
+    "[ \"\$(jq -r '.command[0]' <<<'$c')\" = olmosft ]"
+  check "$name: the recipe is mounted at /etc/olmosft, which the image leaves free" \
+    "[ \"\$(jq -r '.volumeMounts[0].mountPath' <<<'$c')\" = /etc/olmosft ] && ! grep -q /etc/olmosft \"$df\""
+done
+echo "$((n - fails)) passed, $fails failed"
+[ $fails -eq 0 ]
