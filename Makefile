@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DOLMOSFT_WERROR=ON
 
-.PHONY: all deps build test demo bench reference format clean
+.PHONY: all deps build test demo bench reference fuzz format clean
 
 all: build
 
@@ -30,6 +30,14 @@ bench: build
 reference: build
 	scripts/install-deps.sh --reference
 	OLMOSFT=$(BUILD)/olmosft scripts/make-fixtures.sh
+
+# libFuzzer targets (clang++ + compiler-rt, ASan + UBSan; docs/fuzz.md): each mutated for FUZZ_SECONDS from its
+# seed corpus, FUZZ_JOBS at a time; exits non-zero on a finding. Not part of make test (which replays the
+# seed corpora only).
+FUZZ_SECONDS ?= 60
+FUZZ_JOBS ?= 1
+fuzz: deps $(BUILD)/build.ninja
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=$(FUZZ_JOBS) tests/fuzz/run.sh $(BUILD)
 
 format:
 	git ls-files '*.cpp' '*.h' | xargs clang-format -i

@@ -37,6 +37,24 @@ struct Header {
 };
 static_assert(sizeof(Header) == kRowsHeaderBytes);
 
+// The manifest's `tokenizer` section, read by the trainer and `data inspect`: an object whose known fields
+// have their types (a string eos_id made the trainer's value() throw nlohmann's type_error).
+void check_tokenizer_section(const nlohmann::json& m, const std::string& mpath) {
+  auto it = m.find("tokenizer");
+  if (it == m.end()) return;  // the trainer reports a missing section itself
+  OLMO_CHECK(it->is_object(), mpath, ": 'tokenizer' must be an object, got ", io::json_excerpt(*it));
+  for (const char* k : {"eos_id", "pad_id", "vocab_size"}) {
+    auto f = it->find(k);
+    OLMO_CHECK(f == it->end() || f->is_number_integer(), mpath, ": 'tokenizer.", k,
+               "' must be an integer, got ", io::json_excerpt(*f));
+  }
+  for (const char* k : {"spec", "tokenizer_sha256", "template_sha256"}) {
+    auto f = it->find(k);
+    OLMO_CHECK(f == it->end() || f->is_string(), mpath, ": 'tokenizer.", k, "' must be a string, got ",
+               io::json_excerpt(*f));
+  }
+}
+
 void write_all(int fd, const void* data, size_t n, const std::string& path) {
   auto* p = static_cast<const uint8_t*>(data);
   while (n > 0) {
@@ -184,40 +202,58 @@ PackedDataset PackedDataset::open(const std::string& dir, Options opts) {
   ss << in.rdbuf();
   ds.manifest_ = io::parse_json(ss.str(), mpath);
   const auto& m = ds.manifest_;
-  auto get = [&](const nlohmann::json& obj, const char* key) -> const nlohmann::json& {
+  // Typed reads: a wrong type or range is an error naming the key (nlohmann's get<>() threw its own
+  // type_error, and rows * record_bytes could overflow).
+  auto get = [&](const nlohmann::json& obj, const std::string& where,
+                 const char* key) -> const nlohmann::json& {
     auto it = obj.find(key);
-    OLMO_CHECK(it != obj.end(), mpath, ": missing key '", key, "'");
+    OLMO_CHECK(it != obj.end(), mpath, ": missing key '", where, key, "'");
     return *it;
   };
-  OLMO_CHECK(m.is_object() && get(m, "format") == "olmosft-packed-sft", mpath,
-             ": 'format' is not \"olmosft-packed-sft\"");
-  auto ver = get(m, "format_version");
+  auto get_int = [&](const nlohmann::json& obj, const std::string& where, const char* key, int64_t lo,
+                     int64_t hi) {
+    const nlohmann::json& v = get(obj, where, key);
+    OLMO_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi &&
+                   !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)),
+               mpath, ": '", where, key, "' must be an integer in [", lo, ", ", hi, "], got ",
+               io::json_excerpt(v));
+    return v.get<int64_t>();
+  };
+  auto get_str = [&](const nlohmann::json& obj, const std::string& where, const char* key) {
+    const nlohmann::json& v = get(obj, where, key);
+    OLMO_CHECK(v.is_string(), mpath, ": '", where, key, "' must be a string, got ", io::json_excerpt(v));
+    return v.get<std::string>();
+  };
+  OLMO_CHECK(m.is_object(), mpath, ": expected a JSON object");
+  OLMO_CHECK(get(m, "", "format") == "olmosft-packed-sft", mpath, ": 'format' is not \"olmosft-packed-sft\"");
+  const auto& ver = get(m, "", "format_version");
   OLMO_CHECK(ver.is_number_integer() && ver.get<int64_t>() == kManifestFormatVersion, mpath,
              ": format_version ", io::json_excerpt(ver), " is not supported (this build reads version ",
              kManifestFormatVersion, ")");
-  auto sl = get(m, "seq_len");
-  OLMO_CHECK(sl.is_number_integer() && sl.get<int64_t>() > 0, mpath, ": bad seq_len ", io::json_excerpt(sl));
-  ds.seq_len_ = sl.get<int64_t>();
-  const auto& files = get(m, "epoch_files");
+  ds.seq_len_ = get_int(m, "", "seq_len", 1, kMaxSeqLen);
+  check_tokenizer_section(m, mpath);
+  const auto& files = get(m, "", "epoch_files");
   OLMO_CHECK(files.is_array() && !files.empty(), mpath, ": 'epoch_files' must be a non-empty list");
   for (size_t e = 0; e < files.size(); ++e) {
     const auto& f = files[e];
+    const std::string where = "epoch_files[" + std::to_string(e) + "].";
     OLMO_CHECK(f.is_object(), mpath, ": epoch_files[", e, "] is not an object");
     EpochFile ef;
-    std::string name = get(f, "file").get<std::string>();
-    OLMO_CHECK(name == epoch_file_name(static_cast<int>(e)), mpath, ": epoch_files[", e, "].file is ", name,
-               ", expected ", epoch_file_name(static_cast<int>(e)));
+    std::string name = get_str(f, where, "file");
+    OLMO_CHECK(name == epoch_file_name(static_cast<int>(e)), mpath, ": ", where, "file is ",
+               io::json_excerpt(name), ", expected ", epoch_file_name(static_cast<int>(e)));
     ef.path = dir + "/" + name;
-    ef.rows = get(f, "rows").get<int64_t>();
-    ef.record_bytes = get(f, "record_bytes").get<int64_t>();
+    ef.record_bytes = get_int(f, where, "record_bytes", 0, INT64_MAX);
     OLMO_CHECK(ef.record_bytes == row_record_bytes(ds.seq_len_), ef.path, ": record_bytes ", ef.record_bytes,
                " does not match seq_len ", ds.seq_len_);
+    // rows such that the file size (header + rows x (record + checksum)) fits in an int64
+    ef.rows = get_int(f, where, "rows", 0, (INT64_MAX - kRowsHeaderBytes) / (ef.record_bytes + 8));
+    const std::string checksums_sha256 = get_str(f, where, "checksums_sha256");
     const int64_t want = kRowsHeaderBytes + ef.rows * (ef.record_bytes + 8);
     int fd = ::open(ef.path.c_str(), O_RDONLY | O_CLOEXEC);
     OLMO_CHECK(fd >= 0, ef.path, ": cannot open: ", std::strerror(errno));
     struct stat st {};
-    ::fstat(fd, &st);
-    if (st.st_size != want) {
+    if (::fstat(fd, &st) != 0 || st.st_size != want) {
       ::close(fd);
       fail(ef.path, ": size ", st.st_size, " bytes, expected ", want, " (", ef.rows, " rows of ",
            ef.record_bytes, " bytes + header + checksums): truncated or not from this manifest");
@@ -241,7 +277,7 @@ PackedDataset PackedDataset::open(const std::string& dir, Options opts) {
                ef.path, ": header does not match the manifest");
     ef.checksums = reinterpret_cast<const uint64_t*>(ef.base + h.checksums_offset);
     std::string sum = io::sha256_hex(ef.checksums, static_cast<size_t>(ef.rows) * 8);
-    OLMO_CHECK(sum == get(f, "checksums_sha256").get<std::string>(), ef.path,
+    OLMO_CHECK(sum == checksums_sha256, ef.path,
                ": checksum table SHA-256 does not match the manifest (file modified or from another build)");
     ds.files_.push_back(std::move(ef));
   }

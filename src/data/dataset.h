@@ -28,6 +28,8 @@ namespace olmosft {
 inline constexpr uint32_t kRowsFormatVersion = 1;
 inline constexpr uint32_t kManifestFormatVersion = 1;
 inline constexpr int64_t kRowsHeaderBytes = 64;
+// The largest seq_len a manifest may declare (token positions are int32).
+inline constexpr int64_t kMaxSeqLen = INT32_MAX;
 
 int64_t row_record_bytes(int64_t seq_len);
 std::string epoch_file_name(int epoch);

@@ -312,7 +312,14 @@ std::optional<Value> Renderer::filter_value(const std::string& f, const Value& v
   if (f == "string") return Value::str(to_str(v));
   if (f == "int") {
     if (v.kind == Value::Int) return v;
-    if (v.kind == Value::Float) return Value::integer(static_cast<int64_t>(v.f));
+    if (v.kind == Value::Float) {
+      // Python: int(nan) is a ValueError (the filter's default), int(inf) an OverflowError; a float beyond
+      // 64 bits is refused here (a plain cast was undefined behaviour).
+      if (std::isnan(v.f)) return a.empty() ? Value::integer(0) : a[0];
+      if (!(v.f > -9.2233720368547758e18 && v.f < 9.2233720368547758e18))
+        err("int of " + to_str(v) + " is out of range (this engine has 64-bit integers)");
+      return Value::integer(static_cast<int64_t>(v.f));
+    }
     if (v.kind == Value::Bool) return Value::integer(v.b);
     if (v.kind == Value::Str) {
       try {
@@ -336,6 +343,8 @@ std::optional<Value> Renderer::filter_value(const std::string& f, const Value& v
   }
   if (f == "abs") {
     if (!v.is_num()) err("abs of a non-number");
+    if (v.kind == Value::Int && v.i == INT64_MIN)
+      err("integer overflow in abs (this engine has 64-bit integers)");
     return v.kind == Value::Float ? Value::real(std::fabs(v.f))
                                   : Value::integer(std::llabs(v.kind == Value::Int ? v.i : v.b));
   }

@@ -18,6 +18,14 @@
 
 namespace olmosft::tmpl {
 
+// Limits that turn a runaway template into an error naming its line instead of a hang or an out-of-memory
+// kill: range() length (Jinja2's sandbox MAX_RANGE, which transformers' chat-template environment applies)
+// and the size of a string made by one operation (repetition, concatenation); and the nesting of
+// expressions, of blocks and of macro calls (the parser and the renderer recurse once per level).
+inline constexpr int64_t kMaxRange = 100000;
+inline constexpr int kMaxNesting = 100;
+inline constexpr size_t kMaxStringBytes = size_t{1} << 26;
+
 // ============================================================================================== values
 
 struct Value;
@@ -162,6 +170,7 @@ struct Expr {
   std::vector<std::unique_ptr<Expr>> kids;
   std::vector<std::pair<std::string, std::unique_ptr<Expr>>> kwargs;
   bool negate = false;  // Test: "is not"
+  int depth = 1;        // levels of the tree below and including this node (bounded by kMaxNesting)
 };
 using ExprP = std::unique_ptr<Expr>;
 
@@ -210,6 +219,9 @@ class Renderer {
   Value slice(const Expr& e);
   Value subscript(const Value& o, const Value& k);
   Value binary(const std::string& op, const Value& a, const Value& b);
+  [[noreturn]] void overflow(const std::string& op) const {
+    err("integer overflow in '" + op + "' (this engine has 64-bit integers)");
+  }
   Value kwarg(Kwargs& kw, const std::string& name, Args& a, size_t pos, Value def);
   Value call(const Expr& e);
   // template_filters.cpp: filters, tests, string methods
@@ -226,6 +238,7 @@ class Renderer {
   std::string origin_;
   RenderResult& out_;
   int line_ = 0;
+  int calls_ = 0;  // macro calls in progress (bounded by kMaxNesting)
 };
 
 }  // namespace olmosft::tmpl

@@ -3,6 +3,8 @@
 // Python escapes, operators).
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "data/template_internal.h"
@@ -134,10 +136,15 @@ std::vector<Tok> lex_expr(const std::string& src, const std::function<void(const
       std::string t = src.substr(b, p - b);
       t.erase(std::remove(t.begin(), t.end(), '_'), t.end());
       Tok tk{is_float ? Tok::Float : Tok::Int, t};
+      // Python has big integers and reads 1e999 as inf; this engine has 64-bit integers and refuses what
+      // does not fit rather than throwing std::out_of_range from stoll/stod.
+      errno = 0;
       if (is_float)
-        tk.f = std::stod(t);
+        tk.f = std::strtod(t.c_str(), nullptr);
       else
-        tk.i = std::stoll(t);
+        tk.i = std::strtoll(t.c_str(), nullptr, 10);
+      if (errno == ERANGE && !is_float)
+        err("integer literal '" + t.substr(0, 40) + "' is out of range (this engine has 64-bit integers)");
       out.push_back(tk);
       continue;
     }

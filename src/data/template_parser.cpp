@@ -32,7 +32,10 @@ class Parser {
     if (!at_end()) err("unexpected '" + peek().text + "' (unsupported syntax)");
   }
 
-  ExprP expr() { return cond(); }
+  ExprP expr() {
+    Nest g(*this);
+    return cond();
+  }
 
   ExprP cond() {
     ExprP a = or_();
@@ -48,23 +51,26 @@ class Parser {
         b->lit = Value::undef();
       }
       ExprP e = mk(Expr::Cond);
-      e->kids.push_back(std::move(c));
-      e->kids.push_back(std::move(a));
-      e->kids.push_back(std::move(b));
+      add(*e, std::move(c));
+      add(*e, std::move(a));
+      add(*e, std::move(b));
       a = std::move(e);
     }
     return a;
   }
   ExprP or_() { return left_assoc(&Parser::and_, Expr::Or, {"or"}, true); }
   ExprP and_() { return left_assoc(&Parser::not_, Expr::And, {"and"}, true); }
+  // Prefix operators are counted in a loop, then wrapped by add() (which bounds the depth), not recursed.
   ExprP not_() {
-    if (at_name("not")) {
-      ++p_;
+    size_t n = 0;
+    for (; at_name("not"); ++p_) ++n;
+    ExprP a = compare();
+    for (; n > 0; --n) {
       ExprP e = mk(Expr::Not);
-      e->kids.push_back(not_());
-      return e;
+      add(*e, std::move(a));
+      a = std::move(e);
     }
-    return compare();
+    return a;
   }
   ExprP compare() {
     ExprP a = math1();
@@ -91,14 +97,15 @@ class Parser {
   ExprP math2() { return left_assoc(&Parser::pow_, Expr::Bin, {"*", "/", "//", "%"}); }
   ExprP pow_() { return left_assoc(&Parser::unary, Expr::Bin, {"**"}); }
   ExprP unary() {
-    if (at_op("-") || at_op("+")) {
-      bool neg = t_[p_++].text == "-";
-      ExprP e = mk(neg ? Expr::Neg : Expr::Pos);
-      e->kids.push_back(unary());
-      return e;
+    std::vector<Expr::Kind> signs;
+    for (; at_op("-") || at_op("+"); ++p_) signs.push_back(peek().text == "-" ? Expr::Neg : Expr::Pos);
+    ExprP a = filters(postfix(primary()));
+    for (auto k = signs.rbegin(); k != signs.rend(); ++k) {
+      ExprP e = mk(*k);
+      add(*e, std::move(a));
+      a = std::move(e);
     }
-    ExprP a = postfix(primary());
-    return filters(std::move(a));
+    return a;
   }
   ExprP postfix(ExprP a) {
     while (true) {
@@ -109,11 +116,11 @@ class Parser {
           e = mk(Expr::Item);
           ExprP idx = mk(Expr::Lit);
           idx->lit = Value::integer(t_[p_++].i);
-          e->kids.push_back(std::move(a));
-          e->kids.push_back(std::move(idx));
+          add(*e, std::move(a));
+          add(*e, std::move(idx));
         } else {
           e->name = expect_name();
-          e->kids.push_back(std::move(a));
+          add(*e, std::move(a));
         }
         a = std::move(e);
       } else if (at_op("[")) {
@@ -134,17 +141,17 @@ class Parser {
         }
         expect_op("]");
         ExprP e = mk(is_slice ? Expr::Slice : Expr::Item);
-        e->kids.push_back(std::move(a));
+        add(*e, std::move(a));
         if (is_slice) {
-          for (auto& p : parts) e->kids.push_back(std::move(p));  // may be null
+          for (auto& p : parts) add(*e, std::move(p));  // may be null
         } else {
           if (!parts[0]) err("empty subscript");
-          e->kids.push_back(std::move(parts[0]));
+          add(*e, std::move(parts[0]));
         }
         a = std::move(e);
       } else if (at_op("(")) {
         ExprP e = mk(Expr::Call);
-        e->kids.push_back(std::move(a));
+        add(*e, std::move(a));
         args(*e);
         a = std::move(e);
       } else {
@@ -158,10 +165,10 @@ class Parser {
       if (peek().kind == Tok::Name && peek(1).kind == Tok::Op && peek(1).text == "=") {
         std::string k = expect_name();
         ++p_;
-        e.kwargs.emplace_back(k, expr());
+        add_kw(e, k, expr());
       } else {
         if (!e.kwargs.empty()) err("positional argument after keyword argument");
-        e.kids.push_back(expr());
+        add(e, expr());
       }
       if (!at_op(")")) expect_op(",");
     }
@@ -173,7 +180,7 @@ class Parser {
         ++p_;
         ExprP e = mk(Expr::Filter);
         e->name = expect_name();
-        e->kids.push_back(std::move(a));
+        add(*e, std::move(a));
         if (at_op("(")) args(*e);
         a = std::move(e);
       } else if (at_name("is")) {
@@ -184,13 +191,13 @@ class Parser {
           e->negate = true;
         }
         e->name = expect_name();
-        e->kids.push_back(std::move(a));
+        add(*e, std::move(a));
         if (at_op("(")) {
           args(*e);
         } else if (peek().kind == Tok::Str || peek().kind == Tok::Int || peek().kind == Tok::Float ||
                    (peek().kind == Tok::Name && !at_name("and") && !at_name("or") && !at_name("else") &&
                     !at_name("if") && !at_name("in") && !at_name("not") && !at_name("is"))) {
-          e->kids.push_back(postfix(primary()));  // `is equalto 'x'`, `is divisibleby 3`
+          add(*e, postfix(primary()));  // `is equalto 'x'`, `is divisibleby 3`
         }
         a = std::move(e);
       } else {
@@ -233,11 +240,11 @@ class Parser {
       ExprP a = expr();
       if (at_op(",")) {  // tuple -> list
         ExprP l = mk(Expr::ListE);
-        l->kids.push_back(std::move(a));
+        add(*l, std::move(a));
         while (at_op(",")) {
           ++p_;
           if (at_op(")")) break;
-          l->kids.push_back(expr());
+          add(*l, expr());
         }
         a = std::move(l);
       }
@@ -259,6 +266,34 @@ class Parser {
   void set_pos(size_t p) { p_ = p; }
 
  private:
+  // Parser recursion (parentheses, brackets, arguments: one expr() per level) and the depth of the tree it
+  // builds (which also grows without recursion: a+a+a..., x|f|f..., a.b.c...) are bounded by kMaxNesting: the
+  // renderer evaluates, and the destructor frees, a tree recursively, so a template of 100,000 '(' or '+1'
+  // was a stack overflow. Real templates nest a handful of levels.
+  struct Nest {
+    Parser& p;
+    explicit Nest(Parser& parser) : p(parser) {
+      if (++p.nest_ > kMaxNesting)
+        p.err("expression nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    }
+    ~Nest() { --p.nest_; }
+  };
+  void add(Expr& parent, ExprP kid) {
+    if (kid && kid->depth >= parent.depth) {
+      parent.depth = kid->depth + 1;
+      if (parent.depth > kMaxNesting)
+        err("expression nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    }
+    parent.kids.push_back(std::move(kid));
+  }
+  void add_kw(Expr& parent, const std::string& k, ExprP kid) {
+    if (kid->depth >= parent.depth) {
+      parent.depth = kid->depth + 1;
+      if (parent.depth > kMaxNesting)
+        err("expression nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    }
+    parent.kwargs.emplace_back(k, std::move(kid));
+  }
   ExprP mk(Expr::Kind k) {
     auto e = std::make_unique<Expr>();
     e->kind = k;
@@ -269,10 +304,10 @@ class Parser {
   ExprP collection(Expr::Kind k, const char* close) {
     ExprP e = mk(k);
     while (!at_op(close)) {
-      e->kids.push_back(expr());
+      add(*e, expr());
       if (k == Expr::DictE) {
         expect_op(":");
-        e->kids.push_back(expr());
+        add(*e, expr());
       }
       if (!at_op(close)) expect_op(",");
     }
@@ -299,14 +334,15 @@ class Parser {
   ExprP bin(Expr::Kind k, const std::string& op, ExprP a, ExprP b) {
     ExprP e = mk(k);
     e->name = op;
-    e->kids.push_back(std::move(a));
-    e->kids.push_back(std::move(b));
+    add(*e, std::move(a));
+    add(*e, std::move(b));
     return e;
   }
   std::string origin_;
   int line_;
   std::vector<Tok> t_;
   size_t p_ = 0;
+  int nest_ = 0;
 };
 
 class TemplateParser {
@@ -317,6 +353,14 @@ class TemplateParser {
   // Parses nodes until one of the end keywords; returns the keyword found ("" at end of input).
   std::string parse_body(std::vector<std::unique_ptr<Node>>& out, const std::vector<std::string>& ends,
                          Parser** end_parser_out = nullptr) {
+    // One level per open block ({% if %}, {% for %}, {% macro %}, ...): bounded like expressions, since
+    // parsing, rendering and freeing the tree recurse per level.
+    struct Level {
+      int& n;
+      ~Level() { --n; }
+    } level{++blocks_};
+    if (blocks_ > kMaxNesting && i_ > 0)
+      fail(origin_, " line ", toks_[i_ - 1].line, ": blocks nested deeper than ", kMaxNesting, " levels");
     while (i_ < toks_.size()) {
       const TplTok& t = toks_[i_++];
       if (t.kind == TplTok::Text) {
@@ -455,6 +499,7 @@ class TemplateParser {
   std::string origin_;
   std::vector<TplTok> toks_;
   size_t i_ = 0;
+  int blocks_ = 0;
   std::unique_ptr<Parser> cur_, last_end_;
 };
 

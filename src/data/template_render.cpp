@@ -172,9 +172,15 @@ void Renderer::define_macro(const Node& n) {
       sc[k] = v;
     }
     int saved_line = line_;
+    // Python raises RecursionError for a macro that calls itself without end; this was a stack overflow.
+    if (calls_ >= kMaxNesting)
+      err("macro '" + mn->targets[0] + "': calls nested deeper than " + std::to_string(kMaxNesting) +
+          " levels (unbounded recursion?)");
+    ++calls_;
     scopes.push_back(std::move(sc));
     std::string r = capture(mn->body);
     scopes.pop_back();
+    --calls_;
     line_ = saved_line;
     return Value::str(r);
   });
@@ -219,7 +225,11 @@ Value Renderer::eval(const Expr& e) {
       Value v = eval(*e.kids[0]);
       if (!v.is_num()) err(std::string("bad operand type for unary ") + (e.kind == Expr::Neg ? "-" : "+"));
       if (e.kind == Expr::Pos) return v;
-      return v.kind == Value::Float ? Value::real(-v.f) : Value::integer(-(v.kind == Value::Int ? v.i : v.b));
+      if (v.kind == Value::Float) return Value::real(-v.f);
+      int64_t r = 0;
+      if (__builtin_sub_overflow(int64_t{0}, v.kind == Value::Int ? v.i : int64_t{v.b}, &r))
+        err("integer overflow in unary - (this engine has 64-bit integers)");
+      return Value::integer(r);
     }
     case Expr::And: {
       Value a = eval(*e.kids[0]);
@@ -359,6 +369,8 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b) {
       ((a.kind == Value::Str && b.kind == Value::Int) || (a.kind == Value::Int && b.kind == Value::Str))) {
     const Value& s = a.kind == Value::Str ? a : b;
     int64_t n = a.kind == Value::Int ? a.i : b.i;
+    if (n > 0 && !s.s.empty() && static_cast<uint64_t>(n) > kMaxStringBytes / s.s.size())
+      err("string repetition makes more than " + std::to_string(kMaxStringBytes) + " bytes");
     std::string r;
     for (int64_t k = 0; k < n; ++k) r += s.s;
     return Value::str(r);
@@ -379,14 +391,20 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b) {
       double q = std::floor(a.num() / b.num());
       return op == "//" ? Value::real(q) : Value::real(a.num() - q * b.num());
     }
-    int64_t x = iv(a), y = iv(b), q = x / y;
+    int64_t x = iv(a), y = iv(b);
+    if (x == INT64_MIN && y == -1) overflow(op);
+    int64_t q = x / y;
     if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
     return op == "//" ? Value::integer(q) : Value::integer(x - q * y);
   }
   if (op == "**") {
     if (!fl && iv(b) >= 0) {
-      int64_t r = 1;
-      for (int64_t k = 0; k < iv(b); ++k) r *= iv(a);
+      // by squaring: O(log exponent), every product checked (2 ** 10**18 was a loop of 10**18 steps)
+      int64_t r = 1, base = iv(a);
+      for (int64_t e = iv(b); e > 0; e >>= 1) {
+        if ((e & 1) && __builtin_mul_overflow(r, base, &r)) overflow(op);
+        if (e > 1 && __builtin_mul_overflow(base, base, &base)) overflow(op);
+      }
       return Value::integer(r);
     }
     return Value::real(std::pow(a.num(), b.num()));
@@ -395,8 +413,12 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b) {
     double x = a.num(), y = b.num();
     return Value::real(op == "+" ? x + y : op == "-" ? x - y : x * y);
   }
-  int64_t x = iv(a), y = iv(b);
-  return Value::integer(op == "+" ? x + y : op == "-" ? x - y : x * y);
+  int64_t x = iv(a), y = iv(b), r = 0;
+  bool bad = op == "+"   ? __builtin_add_overflow(x, y, &r)
+             : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                         : __builtin_mul_overflow(x, y, &r);
+  if (bad) overflow(op);
+  return Value::integer(r);
 }
 
 Value Renderer::kwarg(Kwargs& kw, const std::string& name, Args& a, size_t pos, Value def) {
@@ -465,8 +487,18 @@ Value Renderer::call(const Expr& e) {
       } else
         err("range() needs arguments");
       if (st == 0) err("range() step is zero");
+      // Jinja2's sandbox (transformers renders chat templates in ImmutableSandboxedEnvironment) refuses
+      // ranges longer than MAX_RANGE = 100000; so does this engine (a range(10**18) was a hang).
+      const double count =
+          std::ceil((static_cast<double>(hi) - static_cast<double>(lo)) / static_cast<double>(st));
+      if (count > static_cast<double>(kMaxRange))
+        err("range() of " + std::to_string(static_cast<int64_t>(std::min(count, 9e18))) +
+            " items is too big (the sandbox limit is " + std::to_string(kMaxRange) + ")");
       List l;
-      for (int64_t k = lo; st > 0 ? k < hi : k > hi; k += st) l.push_back(Value::integer(k));
+      for (int64_t k = lo; st > 0 ? k < hi : k > hi;) {
+        l.push_back(Value::integer(k));
+        if (__builtin_add_overflow(k, st, &k)) break;
+      }
       return Value::make_list(std::move(l));
     }
     err("unknown function '" + n + "' (unsupported)");

@@ -265,6 +265,12 @@ void Tokenizer::finish_setup() {
   int32_t max_id = -1;
   for (auto& [b, id] : bytes_id_) max_id = std::max(max_id, id);
   for (auto& a : added_) max_id = std::max(max_id, a.id);
+  // The id -> bytes table has max_id + 1 slots: an id far beyond the number of tokens (2^31 - 1 in a small
+  // vocab) would allocate gigabytes for holes. Real vocabularies are dense (HF adds tokens at the end).
+  const size_t entries = bytes_id_.size() + added_.size();
+  if (static_cast<size_t>(max_id) >= 2 * entries + 1024)
+    fail("token id ", max_id, " is far beyond the ", entries,
+         " tokens of the vocabulary and added tokens (ids must be nearly dense)");
   id_bytes_.assign(static_cast<size_t>(max_id) + 1, std::string());
   special_flag_.assign(id_bytes_.size(), 0);
   for (auto& [b, id] : bytes_id_) id_bytes_[id] = b;
@@ -294,11 +300,34 @@ struct HfJsonLoader {
 
   std::string where(const std::string& k) const { return origin + ": " + k; }
 
+  // obj[key] as a string / flag, `def` when absent or null; anything else is an error naming `section.key`
+  // (json::value() threw nlohmann's type_error for a wrong type or a non-object).
+  std::string str_of(const json& obj, const char* section, const char* key,
+                     const std::string& def = "") const {
+    const json* v = field(obj, section, key);
+    if (!v) return def;
+    if (!v->is_string())
+      fail(where(std::string(section) + "." + key), ": expected a string, got ", io::json_excerpt(*v));
+    return v->get<std::string>();
+  }
+  bool flag_of(const json& obj, const char* section, const char* key, bool def) const {
+    const json* v = field(obj, section, key);
+    if (!v) return def;
+    if (!v->is_boolean())
+      fail(where(std::string(section) + "." + key), ": expected true or false, got ", io::json_excerpt(*v));
+    return v->get<bool>();
+  }
+  const json* field(const json& obj, const char* section, const char* key) const {
+    if (!obj.is_object()) fail(where(section), ": expected an object, got ", io::json_excerpt(obj));
+    auto it = obj.find(key);
+    return it == obj.end() || it->is_null() ? nullptr : &*it;
+  }
+
   void normalizer(const json& j) {
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
       const json& nz = j["normalizer"];
-      bool ok = nz.is_object() && nz.value("type", "") == "Sequence" && nz.contains("normalizers") &&
-                nz["normalizers"].is_array() && nz["normalizers"].empty();
+      bool ok = nz.is_object() && str_of(nz, "normalizer", "type") == "Sequence" &&
+                nz.contains("normalizers") && nz["normalizers"].is_array() && nz["normalizers"].empty();
       if (!ok)
         fail(where("normalizer"), ": unsupported normalizer ", nz.dump().substr(0, 200),
              " (only null is implemented; a normalizer would change ids silently)");
@@ -307,17 +336,17 @@ struct HfJsonLoader {
 
   // model.type and its flags, then model.vocab.
   void model(const json& m) {
-    std::string mtype = m.value("type", "");
+    std::string mtype = str_of(m, "model", "type");
     if (mtype.empty() && m.contains("merges")) mtype = "BPE";
     if (mtype != "BPE")
       fail(where("model.type"), ": unsupported tokenizer model '", mtype,
            "' (only byte-level BPE is implemented; WordPiece/Unigram/WordLevel are not)");
-    if (m.value("byte_fallback", false))
+    if (flag_of(m, "model", "byte_fallback", false))
       fail(where("model.byte_fallback"), ": byte_fallback BPE is not supported");
     if (m.contains("dropout") && !m["dropout"].is_null())
       fail(where("model.dropout"), ": BPE dropout is not supported");
-    if (!m.value("continuing_subword_prefix", std::string()).empty() ||
-        !m.value("end_of_word_suffix", std::string()).empty())
+    if (!str_of(m, "model", "continuing_subword_prefix").empty() ||
+        !str_of(m, "model", "end_of_word_suffix").empty())
       fail(where("model"), ": continuing_subword_prefix/end_of_word_suffix are not supported");
     if (!m.contains("vocab") || !m["vocab"].is_object()) fail(where("model.vocab"), ": expected an object");
     std::string raw;
@@ -363,15 +392,15 @@ struct HfJsonLoader {
       t.merges_.emplace(key, (static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(mi->second));
       ++rank;
     }
-    t.whole_piece_lookup_ = m.value("ignore_merges", false);
+    t.whole_piece_lookup_ = flag_of(m, "model", "ignore_merges", false);
     return rank;
   }
 
   void split(const json& p) {
     if (!p.contains("pattern") || !p["pattern"].is_object() || !p["pattern"].contains("Regex"))
       fail(where("pre_tokenizer"), ": Split with a non-regex pattern is not supported");
-    std::string beh = p.value("behavior", "");
-    bool inv = p.value("invert", false);
+    std::string beh = str_of(p, "pre_tokenizer", "behavior");
+    bool inv = flag_of(p, "pre_tokenizer", "invert", false);
     if (beh == "Removed" && inv) {
       t.split_keep_gaps_ = false;
     } else if (beh == "Isolated" && !inv) {
@@ -381,14 +410,14 @@ struct HfJsonLoader {
            " is not supported (Removed+invert or Isolated)");
     }
     if (!t.pattern_.empty()) fail(where("pre_tokenizer"), ": more than one regex split is not supported");
-    t.pattern_ = p["pattern"]["Regex"].get<std::string>();
+    t.pattern_ = str_of(p["pattern"], "pre_tokenizer.pattern", "Regex");
     desc += "Split(regex) + ";
   }
 
   void bytelevel(const json& p) {
-    if (p.value("add_prefix_space", false))
+    if (flag_of(p, "pre_tokenizer", "add_prefix_space", false))
       fail(where("pre_tokenizer"), ": ByteLevel add_prefix_space=true is not supported");
-    if (p.value("use_regex", true)) {
+    if (flag_of(p, "pre_tokenizer", "use_regex", true)) {
       if (!t.pattern_.empty())
         fail(where("pre_tokenizer"), ": ByteLevel use_regex=true after a Split is not supported");
       t.pattern_ = kGpt2Pattern;
@@ -404,12 +433,15 @@ struct HfJsonLoader {
     const json pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
     if (pre.is_null())
       fail(where("pre_tokenizer"), ": missing (a byte-level BPE needs a ByteLevel pre-tokenizer)");
-    std::string ptype = pre.value("type", "");
+    std::string ptype = str_of(pre, "pre_tokenizer", "type");
     if (ptype == "ByteLevel") {
       bytelevel(pre);
     } else if (ptype == "Sequence") {
-      for (const json& p : pre.value("pretokenizers", json::array())) {
-        std::string ty = p.value("type", "");
+      const json* steps = field(pre, "pre_tokenizer", "pretokenizers");
+      if (steps && !steps->is_array())
+        fail(where("pre_tokenizer.pretokenizers"), ": expected a list, got ", io::json_excerpt(*steps));
+      for (const json& p : steps ? *steps : json::array()) {
+        std::string ty = str_of(p, "pre_tokenizer.pretokenizers[]", "type");
         if (byte_level) fail(where("pre_tokenizer"), ": a pre-tokenizer after ByteLevel is not supported");
         if (ty == "Split") {
           split(p);
@@ -426,8 +458,9 @@ struct HfJsonLoader {
   }
 
   void decoder(const json& j) {
-    if (j.contains("decoder") && !j["decoder"].is_null() && j["decoder"].value("type", "") != "ByteLevel")
-      fail(where("decoder"), ": unsupported decoder '", j["decoder"].value("type", ""),
+    if (j.contains("decoder") && !j["decoder"].is_null() &&
+        str_of(j["decoder"], "decoder", "type") != "ByteLevel")
+      fail(where("decoder"), ": unsupported decoder '", str_of(j["decoder"], "decoder", "type"),
            "' (ByteLevel expected)");
   }
 
@@ -437,15 +470,20 @@ struct HfJsonLoader {
       for (const json& a : j["added_tokens"]) {
         AddedToken at;
         try {
-          at.id = a.at("id").get<int32_t>();
+          const json& id = a.at("id");
+          if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX ||
+              (id.is_number_unsigned() && id.get<uint64_t>() > INT32_MAX))
+            fail(where("added_tokens"), "[", k, "].id: expected an integer in [0, 2^31), got ",
+                 io::json_excerpt(id));
+          at.id = id.get<int32_t>();
           at.content = a.at("content").get<std::string>();
-          at.special = a.value("special", false);
-          at.lstrip = a.value("lstrip", false);
-          at.rstrip = a.value("rstrip", false);
+          at.special = flag_of(a, "added_tokens[]", "special", false);
+          at.lstrip = flag_of(a, "added_tokens[]", "lstrip", false);
+          at.rstrip = flag_of(a, "added_tokens[]", "rstrip", false);
         } catch (const json::exception& e) {
           fail(where("added_tokens"), "[", k, "]: ", e.what());
         }
-        if (a.value("single_word", false))
+        if (flag_of(a, "added_tokens[]", "single_word", false))
           fail(where("added_tokens"), "[", k, "] '", at.content, "': single_word=true is not supported");
         if (at.content.empty() || at.id < 0)
           fail(where("added_tokens"), "[", k, "]: empty content or negative id");

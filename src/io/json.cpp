@@ -57,7 +57,10 @@ nlohmann::json parse_json(std::string_view text, const std::string& what, int ma
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(what + ": not valid JSON: " + e.what());
+    // nlohmann quotes the offending token whole: a 1 MB number made a 1 MB error line.
+    std::string msg = e.what();
+    if (msg.size() > 300) msg = msg.substr(0, 300) + "... (" + std::to_string(msg.size()) + " bytes)";
+    throw Error(what + ": not valid JSON: " + msg);
   }
 }
 

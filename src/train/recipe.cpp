@@ -180,6 +180,11 @@ void flatten(const YAML::Node& node, const std::string& prefix, const std::strin
              std::vector<std::pair<std::string, std::string>>& out, std::map<std::string, int>& lines) {
   if (node.IsMap()) {
     for (const auto& kv : node) {
+      // A complex key (`? [a]` or `{a: 1}: 2`) has no dotted name; as<std::string>() threw yaml-cpp's
+      // BadConversion, which escaped as a non-olmosft error.
+      if (!kv.first.IsScalar())
+        fail(source, ": line ", kv.first.Mark().line + 1,
+             ": a key must be a plain name, not a list or a map");
       std::string key = kv.first.as<std::string>();
       const std::string full = prefix.empty() ? key : prefix + "." + key;
       const int line = kv.first.Mark().line + 1;
@@ -468,15 +473,18 @@ void derive_batch(TrainConfig& c) {
   const std::string& src = c.source;
   double slots = static_cast<double>(d.devices) * d.per_device_batch;
   double rounded = std::round(slots);
-  OLMO_CHECK(rounded >= 1 && std::fabs(slots - rounded) < 1e-9, src,
+  // (rounded <= 2^62: the cast below is defined; 9e18 devices x 1e300 rows per device made it undefined)
+  OLMO_CHECK(rounded >= 1 && rounded <= 0x1p62 && std::fabs(slots - rounded) < 1e-9, src,
              ": devices x per_device_batch = ", d.devices, " x ", d.per_device_batch, " = ", slots,
-             " rows per micro-step, which is not a whole number >= 1");
+             " rows per micro-step, which is not a whole number >= 1 (and at most 2^62)");
   d.slots = static_cast<int64_t>(rounded);
   OLMO_CHECK(d.global_batch % d.slots == 0, src, ": global_batch=", d.global_batch,
              " is not divisible by devices x per_device_batch = ", d.slots,
              " (gradient accumulation must be a whole number of micro-steps)");
   d.grad_accum = d.global_batch / d.slots;
-  d.tokens_per_step = d.global_batch * d.seq_len;
+  OLMO_CHECK(!__builtin_mul_overflow(d.global_batch, d.seq_len, &d.tokens_per_step), src,
+             ": global_batch x seq_len = ", d.global_batch, " x ", d.seq_len,
+             " tokens per step does not fit in 64 bits");
   if (d.schedule_steps == 0) d.schedule_steps = d.steps;
   d.warmup_steps =
       static_cast<int64_t>(std::floor(static_cast<double>(d.schedule_steps) * c.optimizer.warmup_frac));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -649,6 +650,31 @@ TEST(DataReader, ValidatesManifestSizesAndChecksums) {
     fs::remove(d + "/manifest.json");
     expect_open_error(d, "manifest.json");
   }
+  // Found by tests/fuzz/fuzz_manifest (docs/fuzz.md): a wrong JSON type threw nlohmann's type_error (not an
+  // olmosft::Error), and rows x record_bytes overflowed (undefined behaviour) into a wrong size message.
+  auto edited = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+    std::string d = copy(name);
+    auto m = nlohmann::json::parse(slurp(d + "/manifest.json"));
+    edit(m);
+    std::ofstream(d + "/manifest.json") << m.dump();
+    return d;
+  };
+  expect_open_error(edited("file5", [](auto& m) { m["epoch_files"][0]["file"] = 5; }),
+                    "'epoch_files[0].file' must be a string, got 5");
+  expect_open_error(edited("rowsbig", [](auto& m) { m["epoch_files"][0]["rows"] = int64_t{1} << 62; }),
+                    "'epoch_files[0].rows' must be an integer in [0, ");
+  expect_open_error(edited("rowsneg", [](auto& m) { m["epoch_files"][0]["rows"] = -1; }),
+                    "'epoch_files[0].rows' must be an integer");
+  expect_open_error(edited("rowsfloat", [](auto& m) { m["epoch_files"][0]["rows"] = 2.5; }),
+                    "'epoch_files[0].rows' must be an integer");
+  expect_open_error(edited("sumnum", [](auto& m) { m["epoch_files"][0]["checksums_sha256"] = nullptr; }),
+                    "'epoch_files[0].checksums_sha256' must be a string, got null");
+  expect_open_error(edited("seqbig", [](auto& m) { m["seq_len"] = int64_t{1} << 40; }),
+                    "'seq_len' must be an integer in [1, 2147483647]");
+  expect_open_error(edited("toknum", [](auto& m) { m["tokenizer"]["eos_id"] = "2"; }),
+                    "'tokenizer.eos_id' must be an integer, got \"2\"");
+  expect_open_error(edited("tokobj", [](auto& m) { m["tokenizer"] = 7; }), "'tokenizer' must be an object");
+  expect_open_error(edited("notobj", [](auto& m) { m = nlohmann::json::array(); }), "expected a JSON object");
   auto ds = PackedDataset::open(o.out_dir);
   EXPECT_NO_THROW(ds.verify_all());
 }

@@ -54,6 +54,15 @@ TEST(IoJson, InvalidJsonNamesTheSource) {
   EXPECT_EQ(e.rfind("cfg.json: not valid JSON: ", 0), 0u) << e;
 }
 
+// Found by tests/e2e/hostile_inputs.sh: nlohmann's parse error quotes the offending token whole, so a number
+// of a million digits (a forward --tokens file) made a 1 MB error line; the message is cut.
+TEST(IoJson, AHugeInvalidTokenGivesAShortError) {
+  const std::string e = error_of("[[1, 2, " + std::string(1000000, '9') + "]]", "tokens.json");
+  EXPECT_EQ(e.rfind("tokens.json: not valid JSON: ", 0), 0u) << e.substr(0, 200);
+  EXPECT_LT(e.size(), 400u);
+  EXPECT_NE(e.find(" bytes)"), std::string::npos) << e;
+}
+
 TEST(IoJson, ExcerptCutsLongValuesAtCharacterBoundaries) {
   EXPECT_EQ(io::json_excerpt(nlohmann::json(12)), "12");
   const std::string big(1 << 20, 'x');

@@ -162,6 +162,21 @@ TEST(Recipe, FieldsAreRangeCheckedWithTheKeyNamed) {
     EXPECT_NE(e("steps: 3\n", {bad}).find("must be one directory name under output_dir"), std::string::npos)
         << bad;
   EXPECT_EQ(e("steps: 3\n", {"run_name=olmo-3.5_sft"}), "");
+  // Found by tests/fuzz/fuzz_recipe (docs/fuzz.md): a complex YAML key threw yaml-cpp's BadConversion (not an
+  // olmosft::Error); global_batch x seq_len and devices x per_device_batch overflowed (undefined behaviour).
+  EXPECT_NE(e("steps: 3\ncluster:\n  ? [a]\n  : 1\n").find("t.yaml: line 3: a key must be a plain name"),
+            std::string::npos)
+      << e("steps: 3\ncluster:\n  ? [a]\n  : 1\n");
+  EXPECT_NE(e("steps: 3\n{a: 1}: 2\n").find("a key must be a plain name, not a list or a map"),
+            std::string::npos);
+  EXPECT_NE(
+      e("steps: 1\nglobal_batch: 9223372036854775807\nseq_len: 9223372036854775807\n")
+          .find("global_batch x seq_len = 9223372036854775807 x 9223372036854775807 tokens per step does "
+                "not fit in 64 bits"),
+      std::string::npos);
+  EXPECT_NE(e("steps: 1\ndevices: 9223372036854775807\nper_device_batch: 1e10\n")
+                .find("which is not a whole number >= 1 (and at most 2^62)"),
+            std::string::npos);
   // Batch numbers that do not divide name the keys whatever the other keys say.
   EXPECT_NE(e("steps: 3\nglobal_batch: 6\nper_device_batch: 4\n").find("global_batch=6 is not divisible"),
             std::string::npos);

@@ -88,6 +88,58 @@ TEST(TokTemplate, UnsupportedSyntaxNamesTheLine) {
   expect_error("{{ 'abc }}", "line 1");
 }
 
+// Found by tests/fuzz/fuzz_template (docs/fuzz.md): each was a crash (stack overflow, std::out_of_range), an
+// undefined signed overflow, or a hang / out-of-memory before; now an olmosft::Error naming the line.
+TEST(TokTemplate, HostileTemplatesAreErrorsNotCrashes) {
+  auto expect_error = [](const std::string& src, const std::string& needle) {
+    try {
+      tmpl::Template t(src, "h.jinja");
+      t.render({{"messages", ordered_json::array()}});
+      ADD_FAILURE() << "accepted: " << src.substr(0, 80);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("h.jinja line"), std::string::npos) << e.what();
+    }
+  };
+  auto repeat = [](const std::string& s, int n) {
+    std::string r;
+    for (int k = 0; k < n; ++k) r += s;
+    return r;
+  };
+  // integer literals beyond 64 bits (stoll threw std::out_of_range)
+  expect_error("{{ 99999999999999999999 }}", "integer literal '99999999999999999999' is out of range");
+  // 64-bit overflow (undefined behaviour; Python has big integers)
+  expect_error("{{ 9223372036854775807 + 1 }}", "integer overflow in '+'");
+  expect_error("{{ -9223372036854775807 - 2 }}", "integer overflow in '-'");
+  expect_error("{{ 4294967296 * 4294967296 }}", "integer overflow in '*'");
+  expect_error("{{ 2 ** 64 }}", "integer overflow in '**'");
+  expect_error("{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow in '//'");
+  expect_error("{{ 1e300 | int }}", "out of range");
+  // 2 ** 62 is exact (exponentiation by squaring), a huge exponent of 1 is quick (it looped 10**18 times)
+  tmpl::Template pw("{{ 2 ** 62 }} {{ 1 ** 9000000000000000000 }} {{ (-2) ** 63 }}", "p.jinja");
+  EXPECT_EQ(pw.render(ordered_json::object()).text, "4611686018427387904 1 -9223372036854775808");
+  // Jinja2's sandbox range limit (a range of 10**12 items exhausted memory)
+  expect_error("{% for i in range(1000000000000) %}{% endfor %}",
+               "range() of 1000000000000 items is too big");
+  tmpl::Template rg(
+      "{{ range(100000) | length }} {{ range(9223372036854775806, 9223372036854775807, 5) | list }}",
+      "r.jinja");
+  EXPECT_EQ(rg.render(ordered_json::object()).text, "100000 [9223372036854775806]");
+  expect_error("{{ 'ab' * 1000000000000 }}", "string repetition makes more than");
+  // nesting: expressions, blocks, macro recursion (stack overflows at depth 100,000, or unbounded)
+  expect_error("{{ " + repeat("(", 100000) + "1" + repeat(")", 100000) + " }}",
+               "nested deeper than 100 levels");
+  expect_error("{{ " + repeat("not ", 100000) + "1 }}", "nested deeper than 100 levels");
+  expect_error("{{ 1" + repeat(" + 1", 100000) + " }}", "nested deeper than 100 levels");
+  expect_error("{{ x" + repeat("|trim", 1000) + " }}", "nested deeper than 100 levels");
+  expect_error(repeat("{% if true %}", 100000), "blocks nested deeper than 100 levels");
+  expect_error("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "macro 'f': calls nested deeper than 100");
+  // what real templates do stays accepted
+  tmpl::Template ok("{{ " + repeat("(", 50) + "1" + repeat(")", 50) + " }} {{ 1" + repeat(" + 1", 90) + " }}",
+                    "ok.jinja");
+  EXPECT_EQ(ok.render(ordered_json::object()).text, "1 91");
+}
+
 TEST(TokTemplate, Olmo3ThinkTemplateMatchesTheReferenceCopy) {
   // The copy in tests/golden is the one in /work/shared/reference/templates (open-instruct's olmo_thinker).
   std::string s = template_source("olmo3_think");

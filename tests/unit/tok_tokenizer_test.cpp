@@ -272,6 +272,48 @@ TEST(TokTokenizer, UnsupportedTokenizersAreRejected) {
   }
 }
 
+// Found by tests/fuzz/fuzz_tokenizer (docs/fuzz.md): a key of the wrong JSON type threw nlohmann's type_error
+// (not an olmosft::Error), a float id was cast with undefined behaviour, and an id far beyond the vocabulary
+// made the id table allocate gigabytes of holes. Each is now an error naming the file and the key.
+TEST(TokTokenizer, WrongJsonTypesAreErrorsNamingTheKey) {
+  // dolma2's first 300 tokens, its merges among them and 4 added tokens (the fuzz seed; loads in
+  // milliseconds)
+  static const json base = json::parse(
+      io::read_file(std::string(OLMOSFT_SOURCE_DIR) + "/tests/fuzz/corpus_tokenizer/dolma2-cl100k-300.json"));
+  EXPECT_EQ(Tokenizer::from_hf_json(base.dump(), "test.json").encode("Hello 123").size(), 9u);
+  auto expect_error = [](const std::function<void(json&)>& f, const std::string& needle) {
+    json j = base;
+    f(j);
+    try {
+      Tokenizer::from_hf_json(j.dump(), "test.json");
+      ADD_FAILURE() << "accepted a tokenizer that should be rejected (" << needle << ")";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([](json& j) { j["model"]["byte_fallback"] = json::object(); },
+               "test.json: model.byte_fallback: expected true or false, got {}");
+  expect_error([](json& j) { j["model"]["type"] = 5; }, "test.json: model.type: expected a string, got 5");
+  expect_error([](json& j) { j["model"] = json::array(); }, "test.json: model: expected an object");
+  expect_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = "no"; },
+               "pre_tokenizer.use_regex: expected true or false, got \"no\"");
+  expect_error([](json& j) { j["pre_tokenizer"]["pretokenizers"] = 3; },
+               "pre_tokenizer.pretokenizers: expected a list, got 3");
+  expect_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][0] = 3; }, "expected an object, got 3");
+  expect_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = 1; },
+               "pre_tokenizer.pattern.Regex: expected a string, got 1");
+  expect_error([](json& j) { j["decoder"] = "ByteLevel"; }, "test.json: decoder: expected an object");
+  expect_error([](json& j) { j["added_tokens"][0]["special"] = 1; },
+               "added_tokens[].special: expected true or false, got 1");
+  expect_error([](json& j) { j["added_tokens"][0]["id"] = 1e300; },
+               "added_tokens[0].id: expected an integer in [0, 2^31), got 1e+300");
+  expect_error(
+      [](json& j) {
+        j["added_tokens"].push_back({{"id", 50000000}, {"content", "<|far|>"}, {"special", true}});
+      },
+      "token id 50000000 is far beyond the 305 tokens");
+}
+
 // Long single-word runs (tests/reference/tok_long_runs.py, HF tokenizers on the same file): each is one
 // pre-tokenizer piece of up to 256 KiB, so the BPE merge loop runs at length. The old merge scanned every
 // pair per merge (quadratic: minutes for 256 KiB); this also catches a faster loop that merges in another
