@@ -8,7 +8,8 @@
 # GPU_CHECK_SANITIZE=1 adds compute-sanitizer memcheck over every test binary (not the benchmark);
 # GPU_CHECK_BENCH=0 skips the benchmark. cuBLASLt: the toolkit's; if it has none, a pip wheel's
 # (python3 -c 'import nvidia.cublas'), passed as -DOLMOSFT_CUBLAS_ROOT.
-# The log goes to $OUT/gpu-check.log when OUT is set (the device tool's output folder), else to the build folder.
+# The log goes to $OUT/gpu-check.log and a results table (per test binary, then the benchmark lines) to
+# $OUT/gpu-check-results.md when OUT is set (the device tool's output folder), else to the build folder.
 #
 #   scripts/gpu-check.sh --stage   here, once: copy GoogleTest's source (/usr/src/googletest, which the GPU
 #                                  image lacks) to deps/googletest (git-ignored), to be carried
@@ -29,6 +30,7 @@ fi
 build="${BUILD:-build-gpu}"
 mkdir -p "$build"
 log="${OUT:-$build}/gpu-check.log"
+results="${OUT:-$build}/gpu-check-results.md"  # one table row per test binary, then the benchmark lines
 
 check() {
   local status=0
@@ -70,12 +72,17 @@ check() {
   fi
   echo "configured and built in $((SECONDS - t0)) s"
 
-  local t
+  local t rc
+  printf '| test binary | result | s |\n|---|---|---|\n' >"$results"
   for t in "$build"/*_test; do
+    [[ "$t" == */cuda_bench_test ]] && continue
     echo "== $t (OLMOSFT_REQUIRE_CUDA_DEVICE=1)"
     t0=$SECONDS
-    OLMOSFT_REQUIRE_CUDA_DEVICE=1 timeout 120 "$t" --gtest_brief=1 || status=1
-    echo "   ($((SECONDS - t0)) s)"
+    OLMOSFT_REQUIRE_CUDA_DEVICE=1 timeout 120 "$t" --gtest_brief=1
+    rc=$?
+    [[ $rc == 0 ]] || status=1
+    echo "   ($((SECONDS - t0)) s, exit $rc)"
+    echo "| $(basename "$t") | $([[ $rc == 0 ]] && echo pass || echo "FAIL ($rc)") | $((SECONDS - t0)) |" >>"$results"
   done
   if [[ "${GPU_CHECK_SANITIZE:-0}" == 1 ]]; then
     for t in "$build"/*_test; do
@@ -86,8 +93,13 @@ check() {
   fi
   if [[ $status == 0 && "${GPU_CHECK_BENCH:-1}" == 1 && -x "$build/cuda_bench_test" ]]; then
     echo "== benchmark (OLMOSFT_CUDA_BENCH=1)"
-    OLMOSFT_CUDA_BENCH=1 OLMOSFT_REQUIRE_CUDA_DEVICE=1 timeout 120 "$build/cuda_bench_test" || status=1
+    OLMOSFT_CUDA_BENCH=1 OLMOSFT_REQUIRE_CUDA_DEVICE=1 timeout 120 "$build/cuda_bench_test" >"$build/bench.log" 2>&1 ||
+      status=1
+    cat "$build/bench.log"
+    { echo; echo '```'; grep '^bench ' "$build/bench.log"; echo '```'; } >>"$results"
   fi
+  echo "== results ($results)"
+  cat "$results"
   echo "== gpu-check: $([[ $status == 0 ]] && echo PASS || echo FAIL)"
   return $status
 }

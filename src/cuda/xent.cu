@@ -158,18 +158,15 @@ XentStats FusedXent::forward(const uint16_t* h, const uint16_t* W, const int32_t
   XentStats st;
   if (N == 0) return st;
   const int64_t V = cfg_.valid_vocab;
-  for (int64_t r0 = 0; r0 < N; r0 += block_) {
-    const int64_t nr = std::min(block_, N - r0);
-    for (int64_t c = 0; c < nchunks_; ++c) {
-      const int64_t c0 = c * chunk_, nc = std::min(chunk_, V - c0);
-      gemm_.matmul(Op::N, Op::T, nr, nc, d_, 1.0f, h + r0 * d_, d_, W + c0 * d_, d_, 0.0f, logits_.data(),
-                   OutType::F32, nc, stream);
-      chunk_stats_kernel<<<unsigned(nr), kThreads, 0, stream>>>(
-          logits_.data(), nc, r0, c0, c, nchunks_, targets, mask, cfg_.ignore_index, V, part_max_.data(),
-          part_sum_.data(), tgt_logit_.data());
-      check(cudaGetLastError(), "FusedXent::forward (chunk stats)");
-    }
-  }
+  tiles(
+      h, W, N, stream,
+      [&](int64_t r0, int64_t nr, int64_t c, int64_t c0, int64_t nc) {
+        chunk_stats_kernel<<<unsigned(nr), kThreads, 0, stream>>>(
+            logits_.data(), nc, r0, c0, c, nchunks_, targets, mask, cfg_.ignore_index, V, part_max_.data(),
+            part_sum_.data(), tgt_logit_.data());
+        check(cudaGetLastError(), "FusedXent::forward (chunk stats)");
+      },
+      nullptr);
   finalize_kernel<<<dev::grid_for(N, kThreads), kThreads, 0, stream>>>(
       part_max_.data(), part_sum_.data(), tgt_logit_.data(), targets, mask, cfg_.ignore_index, V, N, nchunks_,
       lse, row_ce_.data(), row_z_.data());
@@ -200,28 +197,39 @@ void FusedXent::backward(const uint16_t* h, const uint16_t* W, const int32_t* ta
   require(std::isfinite(scale), "FusedXent::backward: scale must be finite");
   if (N == 0 || (!dh && !dW)) return;
   const int64_t V = cfg_.valid_vocab;
+  auto per_tile = [&](int64_t r0, int64_t nr, int64_t c, int64_t c0, int64_t nc) {
+    grad_tile_kernel<<<unsigned(nr), kThreads, 0, stream>>>(logits_.data(), nc, r0, c0, targets, mask,
+                                                            cfg_.ignore_index, V, lse, scale, cfg_.z_loss,
+                                                            dlogit_.data());
+    check(cudaGetLastError(), "FusedXent::backward (dlogit)");
+    if (dh)
+      gemm_.matmul(Op::N, Op::N, nr, d_, nc, 1.0f, dlogit_.data(), nc, W + c0 * d_, d_, c == 0 ? 0.0f : 1.0f,
+                   dh_acc_.data(), OutType::F32, d_, stream);
+    if (dW)
+      gemm_.matmul(Op::T, Op::N, nc, d_, nr, 1.0f, dlogit_.data(), nc, h + r0 * d_, d_, 1.0f, dW + c0 * d_,
+                   OutType::F32, d_, stream);
+  };
+  auto after_block = [&](int64_t r0, int64_t nr) {
+    if (!dh) return;
+    to_bf16_kernel<<<dev::grid_for(nr * d_, kThreads), kThreads, 0, stream>>>(dh_acc_.data(), dh + r0 * d_,
+                                                                              nr * d_);
+    check(cudaGetLastError(), "FusedXent::backward (dh)");
+  };
+  tiles(h, W, N, stream, per_tile, after_block);
+}
+
+void FusedXent::tiles(const uint16_t* h, const uint16_t* W, int64_t N, cudaStream_t stream,
+                      const TileFn& per_tile, const std::function<void(int64_t, int64_t)>& after_block) {
+  const int64_t V = cfg_.valid_vocab;
   for (int64_t r0 = 0; r0 < N; r0 += block_) {
     const int64_t nr = std::min(block_, N - r0);
     for (int64_t c = 0; c < nchunks_; ++c) {
       const int64_t c0 = c * chunk_, nc = std::min(chunk_, V - c0);
       gemm_.matmul(Op::N, Op::T, nr, nc, d_, 1.0f, h + r0 * d_, d_, W + c0 * d_, d_, 0.0f, logits_.data(),
                    OutType::F32, nc, stream);
-      grad_tile_kernel<<<unsigned(nr), kThreads, 0, stream>>>(logits_.data(), nc, r0, c0, targets, mask,
-                                                              cfg_.ignore_index, V, lse, scale, cfg_.z_loss,
-                                                              dlogit_.data());
-      check(cudaGetLastError(), "FusedXent::backward (dlogit)");
-      if (dh)
-        gemm_.matmul(Op::N, Op::N, nr, d_, nc, 1.0f, dlogit_.data(), nc, W + c0 * d_, d_,
-                     c == 0 ? 0.0f : 1.0f, dh_acc_.data(), OutType::F32, d_, stream);
-      if (dW)
-        gemm_.matmul(Op::T, Op::N, nc, d_, nr, 1.0f, dlogit_.data(), nc, h + r0 * d_, d_, 1.0f, dW + c0 * d_,
-                     OutType::F32, d_, stream);
+      per_tile(r0, nr, c, c0, nc);
     }
-    if (dh) {
-      to_bf16_kernel<<<dev::grid_for(nr * d_, kThreads), kThreads, 0, stream>>>(dh_acc_.data(), dh + r0 * d_,
-                                                                                nr * d_);
-      check(cudaGetLastError(), "FusedXent::backward (dh)");
-    }
+    if (after_block) after_block(r0, nr);
   }
 }
 

@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "cuda/check.h"
 #include "cuda/gemm.h"
@@ -60,6 +61,12 @@ class FusedXent {
   size_t workspace_bytes() const;
 
  private:
+  // For each row block and vocabulary chunk in order: the tile's logits into logits_ (one GEMM), then
+  // per_tile(r0, nr, c, c0, nc); after each row block's last chunk, after_block(r0, nr) (if given).
+  using TileFn = std::function<void(int64_t, int64_t, int64_t, int64_t, int64_t)>;
+  void tiles(const uint16_t* h, const uint16_t* W, int64_t N, cudaStream_t stream, const TileFn& per_tile,
+             const std::function<void(int64_t, int64_t)>& after_block);
+
   Gemm& gemm_;
   int64_t max_tokens_, d_, V_rows_, chunk_, block_, nchunks_;
   XentConfig cfg_;

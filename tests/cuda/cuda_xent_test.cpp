@@ -150,7 +150,7 @@ void check_against_reference(const Problem& p, const Result& r, float scale_num)
   for (int64_t i = 0; i < kN; ++i)
     if (!is_trained(p, i)) {
       for (int64_t c = 0; c < kD; ++c)
-        ASSERT_EQ(r.dh[size_t(i * kD + c)], 0) << "untrained token " << i << " has dh";
+        ASSERT_EQ(bf(r.dh[size_t(i * kD + c)]), 0.0) << "untrained token " << i << " has dh";
     }
 }
 
