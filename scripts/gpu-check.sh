@@ -13,7 +13,7 @@
 #
 #   scripts/gpu-check.sh --stage   here, once: copy GoogleTest's source (/usr/src/googletest, which the GPU
 #                                  image lacks) to deps/googletest (git-ignored), to be carried
-#   scripts/gpu-check.sh           there: device tool run, carry ["deps/googletest"], timeout_s 300
+#   scripts/gpu-check.sh           there: device tool run, carry ["deps/googletest"], timeout_s 480
 # Env: BUILD (default build-gpu), OLMOSFT_GTEST_SOURCE (a GoogleTest source tree; default deps/googletest if
 # present, else an installed GoogleTest). Exit status 0 only when everything passed.
 set -uo pipefail
