@@ -19,7 +19,7 @@ if(NOT olmosft_cuda_mode STREQUAL "AUTO")
   endif()
 endif()
 if(olmosft_cuda_mode STREQUAL "OFF")
-  message(STATUS "CUDA: off (OLMOSFT_CUDA=OFF): olmosft_cuda and cuda_smoke_test are not built")
+  message(STATUS "CUDA: off (OLMOSFT_CUDA=OFF): olmosft_cuda and the cuda_*_test binaries are not built")
   return()
 endif()
 
@@ -30,7 +30,7 @@ if(NOT CMAKE_CUDA_COMPILER)
     message(FATAL_ERROR "OLMOSFT_CUDA=ON but CMake found no CUDA compiler (nvcc): put nvcc on PATH "
                         "(/usr/local/cuda/bin), or set CUDACXX or -DCMAKE_CUDA_COMPILER=/path/to/nvcc")
   endif()
-  message(STATUS "CUDA: nvcc not found: olmosft_cuda and cuda_smoke_test are not built (OLMOSFT_CUDA=AUTO)")
+  message(STATUS "CUDA: nvcc not found: olmosft_cuda and the cuda_*_test binaries are not built (OLMOSFT_CUDA=AUTO)")
   return()
 endif()
 
