@@ -1,7 +1,8 @@
 # cuda area (issue 13): the CUDA toolchain in the build. OLMOSFT_CUDA=AUTO builds the CUDA targets when CMake
 # finds nvcc, ON requires nvcc, OFF skips them. The targets (docs/cuda.md):
-#   olmosft_cuda     static library, src/cuda/*.cu (the smoke kernel); links CUDA::cudart, not olmosft_lib
-#   cuda_smoke_test  GoogleTest, tests/cuda/*_test.cpp; skipped at run time without a device
+#   olmosft_cuda     static library, src/cuda/*.cu (smoke kernel, issue 15 device kernels); links CUDA::cudart
+#                    and cuBLASLt, not olmosft_lib
+#   cuda_*_test      GoogleTest, one per tests/cuda/*_test.cpp; skipped at run time without a device
 #   cuda             builds both
 # Kept out of olmosft_lib (whose glob takes src/**/*.cpp only) so the CPU build never needs nvcc. Also included
 # by the standalone project tests/cuda/CMakeLists.txt (scripts/gpu-check.sh), so paths are relative to this file.
@@ -18,7 +19,7 @@ if(NOT olmosft_cuda_mode STREQUAL "AUTO")
   endif()
 endif()
 if(olmosft_cuda_mode STREQUAL "OFF")
-  message(STATUS "CUDA: off (OLMOSFT_CUDA=OFF): olmosft_cuda and cuda_smoke_test are not built")
+  message(STATUS "CUDA: off (OLMOSFT_CUDA=OFF): olmosft_cuda and the cuda_*_test binaries are not built")
   return()
 endif()
 
@@ -29,7 +30,7 @@ if(NOT CMAKE_CUDA_COMPILER)
     message(FATAL_ERROR "OLMOSFT_CUDA=ON but CMake found no CUDA compiler (nvcc): put nvcc on PATH "
                         "(/usr/local/cuda/bin), or set CUDACXX or -DCMAKE_CUDA_COMPILER=/path/to/nvcc")
   endif()
-  message(STATUS "CUDA: nvcc not found: olmosft_cuda and cuda_smoke_test are not built (OLMOSFT_CUDA=AUTO)")
+  message(STATUS "CUDA: nvcc not found: olmosft_cuda and the cuda_*_test binaries are not built (OLMOSFT_CUDA=AUTO)")
   return()
 endif()
 
@@ -52,7 +53,29 @@ set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
 file(GLOB OLMOSFT_CUDA_SOURCES CONFIGURE_DEPENDS ${OLMOSFT_CUDA_ROOT}/src/cuda/*.cu)
 add_library(olmosft_cuda STATIC ${OLMOSFT_CUDA_SOURCES})
 target_include_directories(olmosft_cuda PUBLIC ${OLMOSFT_CUDA_ROOT}/src)
-target_link_libraries(olmosft_cuda PUBLIC CUDA::cudart)
+# cuBLASLt (the GEMM wrapper, src/cuda/gemm.cu): the toolkit's, else one named by OLMOSFT_CUBLAS_ROOT (a
+# directory with include/cublasLt.h and lib/libcublasLt.so*, e.g. the nvidia-cublas Python wheel's
+# site-packages/nvidia/cublas, for a GPU machine whose toolkit lacks the library; scripts/gpu-check.sh looks).
+set(OLMOSFT_CUBLAS_ROOT "" CACHE PATH "Directory with include/cublasLt.h and lib/libcublasLt.so when the toolkit has none")
+if(OLMOSFT_CUBLAS_ROOT)
+  find_path(OLMOSFT_CUBLASLT_INCLUDE cublasLt.h PATHS ${OLMOSFT_CUBLAS_ROOT}/include NO_DEFAULT_PATH)
+  find_library(OLMOSFT_CUBLASLT_LIB NAMES cublasLt libcublasLt.so.13 libcublasLt.so.12
+               PATHS ${OLMOSFT_CUBLAS_ROOT}/lib NO_DEFAULT_PATH)
+  if(NOT OLMOSFT_CUBLASLT_INCLUDE OR NOT OLMOSFT_CUBLASLT_LIB)
+    message(FATAL_ERROR "OLMOSFT_CUBLAS_ROOT=${OLMOSFT_CUBLAS_ROOT}: expected include/cublasLt.h and "
+                        "lib/libcublasLt.so* there")
+  endif()
+  add_library(olmosft_cublaslt INTERFACE)
+  target_include_directories(olmosft_cublaslt SYSTEM INTERFACE ${OLMOSFT_CUBLASLT_INCLUDE})
+  target_link_libraries(olmosft_cublaslt INTERFACE ${OLMOSFT_CUBLASLT_LIB})
+  set(olmosft_cublaslt_target olmosft_cublaslt)
+elseif(TARGET CUDA::cublasLt)
+  set(olmosft_cublaslt_target CUDA::cublasLt)
+else()
+  message(FATAL_ERROR "CUDA: the toolkit at ${CUDAToolkit_LIBRARY_DIR} has no cuBLASLt; pass "
+                      "-DOLMOSFT_CUBLAS_ROOT=<dir with include/cublasLt.h and lib/libcublasLt.so*> or -DOLMOSFT_CUDA=OFF")
+endif()
+target_link_libraries(olmosft_cuda PUBLIC CUDA::cudart ${olmosft_cublaslt_target})
 # The directory's options (-Wall -Werror -march=native, from add_compile_options) are GCC's, which nvcc
 # rejects: replace them on this target with nvcc's own. Host code gets GCC's warnings through -Xcompiler;
 # ptxas reports spills and local-memory use, and with OLMOSFT_WERROR every warning is an error.

@@ -15,23 +15,9 @@
 
 #include "core/bf16.h"
 #include "cuda/smoke.h"
+#include "cuda_test_util.h"
 
 namespace {
-
-// True when a CUDA device is visible; else *why says what the runtime answered (and, when a device is
-// required, the test has failed).
-bool have_device(std::string* why) {
-  const int n = olmosft::cuda::device_count(why);
-  if (n > 0) {
-    std::printf("CUDA device 0 of %d: %s\n", n, olmosft::cuda::describe_device(0).c_str());
-    return true;
-  }
-  const char* req = std::getenv("OLMOSFT_REQUIRE_CUDA_DEVICE");
-  if (req && std::string(req) == "1") {
-    ADD_FAILURE() << "OLMOSFT_REQUIRE_CUDA_DEVICE=1 but no CUDA device: " << *why;
-  }
-  return false;
-}
 
 // Finite bf16 values from random bits (exponent 0xff, inf and NaN, excluded), plus the edge cases.
 std::vector<uint16_t> finite_bf16(size_t n, uint32_t seed) {
@@ -47,8 +33,7 @@ std::vector<uint16_t> finite_bf16(size_t n, uint32_t seed) {
 }  // namespace
 
 TEST(Smoke, Bf16FmaMatchesCpuBitForBit) {
-  std::string why;
-  if (!have_device(&why)) GTEST_SKIP() << "skipped: no CUDA device (" << why << ")";
+  OLMOSFT_SKIP_WITHOUT_CUDA_DEVICE();
   const size_t n = size_t{1} << 20;
   const auto x = finite_bf16(n, 1);
   const auto y = finite_bf16(n, 2);
