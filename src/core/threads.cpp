@@ -20,8 +20,14 @@ int num_threads() { return omp_get_max_threads(); }
 
 void default_passive_omp_wait(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  // The binary's own path, not /proc/self/exe: the process name (comm, what ps and pgrep show) is taken
+  // from the path executed.
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0 || n >= static_cast<ssize_t>(sizeof(self) - 1)) return;
+  self[n] = '\0';
   ::setenv("OMP_WAIT_POLICY", "passive", 1);
-  ::execv("/proc/self/exe", argv);  // returns only on failure: carry on with libgomp's default
+  ::execv(self, argv);  // returns only on failure: carry on with libgomp's default
 }
 
 const char* omp_wait_policy() {
