@@ -15,6 +15,7 @@
 #include "kernels/moe.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "train/batch.h"
 #include "train/flops.h"
 
 namespace olmosft::train {
@@ -88,15 +89,13 @@ void check_mesh(const TrainConfig& cfg, const PlanDevice& dev) {
 }
 
 moe::MoeDims moe_dims_of(const model::ModelConfig& m, double buffer_factor) {
-  moe::MoeDims md;
-  md.d = m.hidden_size;
-  md.experts = m.n_routed_experts;
-  md.top_k = m.num_experts_per_tok;
-  md.expert_hidden = m.moe_intermediate_size;
-  md.latent = m.latent_moe_dim;
-  md.shared_hidden = m.shared_expert_intermediate_size;
-  md.buffer_factor = buffer_factor;
-  return md;
+  return {.d = m.hidden_size,
+          .experts = m.n_routed_experts,
+          .top_k = m.num_experts_per_tok,
+          .expert_hidden = m.moe_intermediate_size,
+          .latent = m.latent_moe_dim,
+          .shared_hidden = m.shared_expert_intermediate_size,
+          .buffer_factor = buffer_factor};  // weight_mult does not change sizes
 }
 
 // The activation-side parts: the model's planned block and attention workspace, MoE dispatch buffers and
@@ -188,14 +187,7 @@ double step_flops(const model::ModelConfig& m, const Derived& d) {
   std::vector<int32_t> pos(size_t(T), 0);
   std::vector<uint8_t> trained(size_t(T), 1);
   for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t);
-  model::Batch b;
-  b.B = 1;
-  b.T = T;
-  b.tokens = zeros.data();
-  b.segments = zeros.data();
-  b.positions = pos.data();
-  b.targets = zeros.data();
-  b.trained = trained.data();
+  const model::Batch b = batch_view(1, T, zeros, zeros, pos, zeros, trained);
   return FlopModel(m).count(b).total() * double(d.global_batch);
 }
 

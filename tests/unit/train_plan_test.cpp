@@ -16,6 +16,7 @@
 #include "model/olmo3.h"
 #include "model/olmo3moe.h"
 #include "model/params.h"
+#include "train/batch.h"
 #include "train/plan.h"
 
 using namespace olmosft;
@@ -68,17 +69,7 @@ struct Rows {
       trained.push_back(1);
     }
   }
-  model::Batch view() const {
-    model::Batch b;
-    b.B = B;
-    b.T = T;
-    b.tokens = tokens.data();
-    b.segments = segments.data();
-    b.positions = positions.data();
-    b.targets = targets.data();
-    b.trained = trained.data();
-    return b;
-  }
+  model::Batch view() const { return batch_view(B, T, tokens, segments, positions, targets, trained); }
 };
 
 }  // namespace
@@ -215,13 +206,7 @@ TEST(TrainPlan, BadInputIsAnError) {
 }
 
 TEST(TrainPlan, MoeWorkspaceBoundsFollowTheBufferFactor) {
-  moe::MoeDims d;
-  d.d = 64;
-  d.experts = 8;
-  d.top_k = 2;
-  d.expert_hidden = 32;
-  d.latent = 16;
-  d.shared_hidden = 64;
+  moe::MoeDims d{.d = 64, .experts = 8, .top_k = 2, .expert_hidden = 32, .latent = 16, .shared_hidden = 64};
   const moe::MoeWorkspace dropless = moe::moe_workspace_bytes(d, 1000, 2);
   d.buffer_factor = 1.0;
   const moe::MoeWorkspace capped = moe::moe_workspace_bytes(d, 1000, 2);
