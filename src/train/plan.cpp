@@ -256,11 +256,12 @@ std::vector<Candidate> candidates(const model::ModelConfig& m, const TrainConfig
 }  // namespace
 
 const std::vector<PlanDevice>& accelerator_devices() {
-  // Memory as sold (GB = 1e9 bytes for the GPUs, GiB for TPU v4's HBM); dense bf16 peak FLOP/s.
+  // Memory as nvidia-smi reports it (MiB) for the GPUs, HBM per chip for TPU v4; dense bf16 peak FLOP/s.
+  constexpr double kMiB = 1024.0 * 1024.0;
   static const std::vector<PlanDevice> devices = {
-      {"h100-80gb", DeviceKind::Gpu, 80e9, 989e12, "H100 SXM 80 GB HBM3"},
-      {"h200-141gb", DeviceKind::Gpu, 141e9, 989e12, "H200 141 GB HBM3e"},
-      {"a100-80gb", DeviceKind::Gpu, 80e9, 312e12, "A100 80 GB HBM2e"},
+      {"h100-80gb", DeviceKind::Gpu, 81559 * kMiB, 989e12, "H100 SXM, 81,559 MiB"},
+      {"h200-141gb", DeviceKind::Gpu, 143771 * kMiB, 989e12, "H200 SXM, 143,771 MiB"},
+      {"a100-80gb", DeviceKind::Gpu, 81920 * kMiB, 312e12, "A100 SXM 80 GB, 81,920 MiB"},
       {"tpu-v4", DeviceKind::Tpu, 32 * kGiB, 275e12, "TPU v4 chip, 32 GiB HBM"},
   };
   return devices;
