@@ -130,14 +130,20 @@ void activation_parts(const model::ModelConfig& m, const TrainConfig& cfg, const
                                   : "dropless worst case: N rows per expert (a token picks an expert once)";
     parts.push_back({"MoE dispatch buffers", double(w.transient()),
                      "one layer's expert scratch at moe.buffer_factor=" + num(bf) + ": " + bound + ", " +
-                         std::to_string(parallel) + " experts at once"});
+                         std::to_string(parallel) + " experts at once",
+                     true});
+    if (moe_layers < m.num_hidden_layers)
+      parts.push_back({"dense MLP backward",
+                       double(moe::swiglu_mlp_backward_workspace_bytes(N, m.dense_mlp_intermediate_size)),
+                       "the dense layers' SwiGLU backward scratch (dh, da, db)", true});
   }
   XentConfig xc;
   xc.valid_vocab = m.vocab_size;
   xc.vocab_chunk = cfg.compute.vocab_tile;
   parts.push_back({"cross-entropy tiles", double(xent_workspace_bytes(N, m.hidden_size, xc)),
                    "compute.vocab_tile=" + std::to_string(cfg.compute.vocab_tile) +
-                       " columns x 1,024 rows (every target trained: upper bound)"});
+                       " columns x 1,024 rows (every target trained: upper bound)",
+                   true});
 }
 
 // The state parts: weights, gradients, moments, leaf accumulation and communication buffers.
@@ -351,7 +357,14 @@ MemoryPlan plan_memory(const model::ModelConfig& m, const TrainConfig& cfg, cons
     p.parts.push_back({"runtime", runtime_bytes(cfg),
                        "binary, libraries, OpenBLAS/OpenMP" +
                            std::string(cfg.batch.devices > 1 ? ", MPI" : "") + " (measured, tiny configs)"});
-  for (const PlanPart& part : p.parts) p.step_peak += part.bytes;
+  double transient = 0;  // one layer's kernel call at a time: the largest of them
+  for (const PlanPart& part : p.parts) {
+    if (part.transient)
+      transient = std::max(transient, part.bytes);
+    else
+      p.step_peak += part.bytes;
+  }
+  p.step_peak += transient;
   const int64_t shard = cfg.dist.mode == "zero3" ? cfg.batch.devices : 1;
   if (opt.device.kind == DeviceKind::Cpu) p.load_peak = load_bytes(p.params, shard) + runtime_bytes(cfg);
   p.budget = opt.headroom * opt.device.memory;
@@ -416,9 +429,9 @@ std::string format_plan(const MemoryPlan& p) {
      << "  note\n";
   for (const PlanPart& part : p.parts)
     os << "  " << std::left << std::setw(26) << part.name << std::right << std::setw(12) << gib(part.bytes)
-       << "  " << part.note << "\n";
-  os << "  " << std::left << std::setw(26) << "step peak (sum)" << std::right << std::setw(12)
-     << gib(p.step_peak) << "\n";
+       << "  " << (part.transient ? "[transient] " : "") << part.note << "\n";
+  os << "  " << std::left << std::setw(26) << "step peak" << std::right << std::setw(12) << gib(p.step_peak)
+     << "  the parts held through the step + the largest [transient] one\n";
   if (p.load_peak > 0)
     os << "  " << std::left << std::setw(26) << "load peak" << std::right << std::setw(12) << gib(p.load_peak)
        << "  model values + gradients before sharding, then the shards\n";

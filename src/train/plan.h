@@ -50,6 +50,7 @@ struct PlanPart {
   std::string name;
   double bytes = 0;  // per device
   std::string note;
+  bool transient = false;  // held inside one layer's kernel call: only the largest transient counts
 };
 
 struct MemoryPlan {
@@ -58,7 +59,7 @@ struct MemoryPlan {
   int64_t params = 0;
   double rows = 0;  // rows per device per micro-step (fractional: a row spread over 1/rows devices)
   std::vector<PlanPart> parts;
-  double step_peak = 0;  // sum of parts
+  double step_peak = 0;  // the parts held through the step plus the largest transient part
   double load_peak = 0;  // while the weights are loaded and sharded (0 on accelerators: host memory)
   double budget = 0;     // headroom x device memory
   bool fits = false;
