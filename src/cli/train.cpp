@@ -7,6 +7,7 @@
 #include "dist/comm.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "train/plan.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -50,6 +51,12 @@ int train_main(int argc, char** argv) {
     // (Its warnings are printed once, by run_training's own preflight.)
     std::ostringstream quiet;
     (void)olmosft::train::plan_run(cfg, quiet);
+    // The memory plan from config.json alone (train/plan.h): a run that cannot fit is refused here, before
+    // any weight is read.
+    olmosft::require_run_inputs(cfg);
+    const olmosft::train::MemoryPlan mp = olmosft::train::require_fit(
+        olmosft::train::recipe_model_config(cfg), cfg, olmosft::train::local_processes(comm->size()));
+    if (comm->rank() == 0) std::cout << olmosft::train::preflight_line(mp);
     olmosft::train::TrainOptions opts;
     std::unique_ptr<olmosft::model::CausalLM> m = build_model(cfg, opts.param_fill);
     opts.comm = comm.get();

@@ -1,5 +1,6 @@
 #include "kernels/cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -49,6 +50,20 @@ void gather_rows(const T* h, int64_t d, const int64_t* rows, int64_t nr, T* out)
       16);
 }
 }  // namespace
+
+size_t xent_workspace_bytes(int64_t trained, int64_t d, const XentConfig& cfg, size_t elem) {
+  OLMO_CHECK(trained >= 0 && d > 0 && cfg.valid_vocab > 0 && cfg.vocab_chunk >= 0 && cfg.row_block >= 0,
+             "xent_workspace_bytes: bad sizes trained=", trained, " d=", d, " valid_vocab=", cfg.valid_vocab);
+  const int64_t V = cfg.valid_vocab;
+  const int64_t chunk = cfg.vocab_chunk == 0 ? V : std::min(cfg.vocab_chunk, V);
+  const int64_t all = std::max<int64_t>(1, trained);
+  const int64_t block = cfg.row_block == 0 ? all : std::min(cfg.row_block, all);
+  // make_plan's row list grows by push_back: its capacity is at most twice the rows (libstdc++ doubles).
+  const size_t rows = size_t(2 * trained) * sizeof(int64_t);
+  const size_t fwd = size_t(block * d + block * chunk) * elem + size_t(3 * block) * sizeof(double);
+  const size_t bwd = size_t(2 * block * d + block * chunk) * elem;
+  return rows + std::max(fwd, bwd);
+}
 
 template <typename T>
 XentStats xent_forward(const T* h, const T* W, const int32_t* targets, const uint8_t* mask, int64_t N,

@@ -50,6 +50,12 @@ template <typename T>
 void xent_backward(const T* h, const T* W, const int32_t* targets, const uint8_t* mask, const T* lse,
                    int64_t N, int64_t d, int64_t V_rows, const XentConfig& cfg, double scale, T* dh, T* dW);
 
+// The bytes xent_forward / xent_backward allocate besides their arguments (the tiles), at most, for
+// `trained` trained tokens (T = float unless elem says otherwise): the trained-row list, plus the larger
+// of the forward's tile (h rows, logits, running max/sum/target) and the backward's (h rows, logit
+// gradients, dh rows). For planning (train/plan.h).
+size_t xent_workspace_bytes(int64_t trained, int64_t d, const XentConfig& cfg, size_t elem = sizeof(float));
+
 // Tensor overloads: h [N, d], W [V_rows, d] (F32/F64), targets I32 [N], mask U8 [N] or undefined, lse [N].
 XentStats xent_forward(const Tensor& h, const Tensor& W, const Tensor& targets, const Tensor& mask,
                        const XentConfig& cfg, Tensor& lse);

@@ -53,6 +53,35 @@ size_t MoeCache<T>::bytes() const {
   return n + topk.size() * sizeof(int32_t) + kept.size() + loads.size() * sizeof(int64_t);
 }
 
+MoeWorkspace moe_workspace_bytes(const MoeDims& dims, int64_t N, int64_t parallel, size_t elem) {
+  validate(dims);
+  OLMO_CHECK(N >= 0 && parallel >= 1, "moe_workspace_bytes: N must be >= 0 and parallel >= 1, got N=", N,
+             " parallel=", parallel);
+  const auto n = [](int64_t v) { return static_cast<size_t>(v); };
+  const int64_t d = dims.d, E = dims.experts, k = dims.top_k, F = dims.expert_hidden, S = dims.shared_hidden;
+  const int64_t Lt = dims.latent > 0 ? dims.latent : d, lat = dims.latent > 0 ? Lt : 0;
+  int64_t per_expert = N;  // dropless: a token routes to an expert at most once
+  if (dims.buffer_factor > 0)
+    per_expert = std::min<int64_t>(
+        N, static_cast<int64_t>(
+               std::ceil(dims.buffer_factor * static_cast<double>(N * k) / static_cast<double>(E) - 1e-9)));
+  const int64_t rows =
+      std::min(parallel * per_expert, N * k);  // scratch rows held by the expert loop at once
+  MoeWorkspace w;
+  // MoeCache: probs, lse, weights, z, r, shared a/b/h (T); topk (int32), kept (uint8), loads (int64).
+  w.cache = n(N * E + N + N * k + N * lat + N * Lt + 3 * N * S) * elem + n(N * k) * 4 + n(N * k) + n(E) * 8;
+  const size_t groups = n(N * k) * sizeof(int64_t);  // group_by_expert's slot lists
+  // Forward: router logits, grouped slots, Y [N*k, Lt], then the expert scratch (Z, A, B, H, Ye per row) or
+  // the shared expert's output.
+  w.forward = n(N * E + N * k * Lt) * elem + groups +
+              std::max(n(rows * (3 * F + 2 * Lt)), S > 0 ? n(N * d) : size_t(0)) * elem;
+  // Backward: dr, dw, dZs, grouped slots; then the expert scratch (Z, A, B, H, Ye, dYe, dZ and the SwiGLU
+  // backward's dh, da, db per row), or dz with the shared expert's backward (dh, da, db) / the router's dlog.
+  w.backward = n(N * lat + N * k + N * k * Lt) * elem + groups +
+               std::max(n(rows * (6 * F + 4 * Lt)), n(N * Lt + std::max(3 * N * S, N * E))) * elem;
+  return w;
+}
+
 template <typename T>
 void swiglu_mlp_forward(const T* x, const T* Wg, const T* Wu, const T* Wd, int64_t N, int64_t d, int64_t F,
                         T* a, T* b, T* h, T* y) {
@@ -71,6 +100,11 @@ void swiglu_mlp_backward(const T* x, const T* Wg, const T* Wu, const T* Wd, int6
   swiglu_backward(dh.data(), a, b, da.data(), db.data(), N * F);
   linear_backward(da.data(), x, Wg, dx, dWg, N, d, F, accumulate_dx);
   linear_backward(db.data(), x, Wu, dx, dWu, N, d, F, true);
+}
+
+size_t swiglu_mlp_backward_workspace_bytes(int64_t N, int64_t F, size_t elem) {
+  OLMO_CHECK(N >= 0 && F >= 0, "swiglu_mlp_backward_workspace_bytes: N and F must be >= 0");
+  return static_cast<size_t>(3 * N * F) * elem;
 }
 
 template <typename T>

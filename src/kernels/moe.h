@@ -104,6 +104,19 @@ template <typename T>
 void moe_backward(const MoeDims& dims, const MoeWeights<T>& w, const MoeGrads<T>& g, const T* x,
                   const MoeCache<T>& cache, const T* dout, double lb_coef, double z_coef, T* dx);
 
+// The bytes moe_forward / moe_backward allocate for N tokens (T = float unless elem says otherwise), for
+// planning (train/plan.h). `parallel` experts are processed at once (the OpenMP threads of the expert loop;
+// every expert for a grouped GEMM); each keeps a scratch of n_e rows for the largest expert it ran. Rows
+// per expert: dropless (buffer_factor <= 0) the worst case n_e = N (a token picks an expert at most once),
+// with a capacity n_e <= ceil(buffer_factor * N * k / E); in all, at most N * k assignments.
+struct MoeWorkspace {
+  size_t cache = 0;     // MoeCache::bytes(): kept from the forward to the backward
+  size_t forward = 0;   // peak transient inside moe_forward, on top of the cache
+  size_t backward = 0;  // peak transient inside moe_backward
+  size_t transient() const { return forward > backward ? forward : backward; }
+};
+MoeWorkspace moe_workspace_bytes(const MoeDims& d, int64_t N, int64_t parallel, size_t elem = sizeof(float));
+
 // Plain SwiGLU MLP (dense layer / shared expert): y = (silu(x Wg^T) * (x Wu^T)) Wd^T. a, b, h: [N, F]
 // saved pre-activations and hidden. The backward ACCUMULATES into dx when accumulate_dx (else
 // overwrites) and into dWg, dWu, dWd.
@@ -114,5 +127,7 @@ template <typename T>
 void swiglu_mlp_backward(const T* x, const T* Wg, const T* Wu, const T* Wd, int64_t N, int64_t d, int64_t F,
                          const T* a, const T* b, const T* h, const T* dy, T* dx, T* dWg, T* dWu, T* dWd,
                          bool accumulate_dx);
+// The bytes swiglu_mlp_backward allocates (dh, da, db: 3 x N x F values), for planning.
+size_t swiglu_mlp_backward_workspace_bytes(int64_t N, int64_t F, size_t elem = sizeof(float));
 
 }  // namespace olmosft::moe

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -292,6 +293,10 @@ void Run::setup() {
   // Weights, gradients and AdamW moments live in the shards from here on (the model sees views).
   shards_ = std::make_unique<dist::ModelShards>(comm_, model_, mode_, cfg_.dist.gather == "layer",
                                                 opts_.param_fill);
+  // The model's own per-tensor values and gradients were just freed; glibc keeps freed heap blocks (tensors
+  // under its mmap threshold) resident, which would add up to 2 x 4P to every step's peak RSS (measured:
+  // bench/RESULTS.md "Memory plan"). Hand them back to the OS.
+  ::malloc_trim(0);
   Resumed r = resume(cfg_, comm_, shards_->params(), ckpt_root_, ds.dir(), manifest_sha, out_, err_);
   start_ = saved_step_ = r.start;
   carried_ = std::move(r.carried);

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# `olmosft plan` from the command line (docs/plan.md): a fitting plan (exit 0, `PLAN fits=yes`), a refused one
+# with its change (exit 1), bad input (exit 2), and `olmosft train` refusing a run that cannot fit BEFORE any
+# weight is read (a model directory holding only config.json: had the weights been read, the error would be
+# the missing safetensors).
+set -u
+bin=$1
+dir=$2
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+G="$root/tests/golden"
+rm -rf "$dir" && mkdir -p "$dir"
+pass=0
+fails=0
+check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+
+out=$("$bin" plan "$root/recipes/tiny-demo.yaml" --model olmo3-tiny --peak-tflops 1 2>&1); rc=$?
+check "a fitting plan exits 0" "[ $rc -eq 0 ]"
+check "it prints the parts and the PLAN line" "grep -q 'AdamW moments' <<<\"\$out\" && grep -q '^PLAN fits=yes' <<<\"\$out\""
+out=$("$bin" plan "$root/recipes/olmo3-7b-sft.yaml" --model olmo3-7b --device h100-80gb --devices 16 \
+  per_device_batch=1 dist.mode=zero3 2>&1); rc=$?
+check "a refused plan exits 1" "[ $rc -eq 1 ]"
+check "it names the smallest change that fits" "grep -q '^DOES NOT FIT: .*smallest change that fits: ' <<<\"\$out\""
+out=$("$bin" plan "$root/recipes/tiny-demo.yaml" --model olmo3-tiny --device h100 2>&1); rc=$?
+check "an unknown device exits 2 naming the choices" "[ $rc -eq 2 ] && grep -q \"unknown device 'h100'.*h200-141gb\" <<<\"\$out\""
+out=$("$bin" plan "$root/recipes/tiny-demo.yaml" --model olmo3-tiny devices=4 global_batch=2 per_device_batch=0.5 2>&1); rc=$?
+check "fractional rows on a CPU exit 2" "[ $rc -eq 2 ] && grep -q 'whole rows' <<<\"\$out\""
+
+"$bin" data build --input "$G/data/convs.jsonl" --tokenizer builtin:bytes --seq-len 256 --seed 7 --quiet \
+  --out "$dir/data" >/dev/null 2>&1
+mkdir -p "$dir/olmo7b"
+"$bin" plan "$root/recipes/tiny-demo.yaml" --model olmo3-7b --save-model-config "$dir/olmo7b/config.json" \
+  >/dev/null 2>&1
+out=$("$bin" train "$root/recipes/tiny-demo.yaml" model.init="$dir/olmo7b" tokenizer=builtin:bytes \
+  data.path="$dir/data" global_batch=1 per_device_batch=1 steps=1 output_dir="$dir/runs" 2>&1); rc=$?
+check "train refuses the 7B on this CPU with exit 2" "[ $rc -eq 2 ]"
+check "... with the plan's message, before reading weights" \
+  "grep -q 'DOES NOT FIT' <<<\"\$out\" && ! grep -qi 'safetensors' <<<\"\$out\""
+check "... and creates no run directory" "[ ! -e '$dir/runs' ]"
+
+echo "plan_cli: $pass passed, $fails failed"
+[ "$fails" -eq 0 ]
