@@ -59,13 +59,21 @@ for m in $models; do
           skipped+=("$m T=$T ranks=$np remat=$remat (plan $(/usr/bin/python3 -c "print('%.1f' % ($plan*$np/2**30))") GiB in all)")
           continue
         fi
-        if ! mpirun --oversubscribe --allow-run-as-root -np "$np" /usr/bin/time -f "MAXRSS %M" "$bin" train \
+        # Each rank's /usr/bin/time writes its own file (on the shared stderr the ranks' lines interleaved).
+        rm -f "$tmp"/rss.*
+        if ! mpirun --oversubscribe --allow-run-as-root -np "$np" sh -c \
+          '/usr/bin/time -f "MAXRSS %M" -o "$0.${OMPI_COMM_WORLD_RANK:-0}" "$@"' "$tmp/rss" "$bin" train \
           "${args[@]}" >"$tmp/out" 2>&1; then
           why=$(grep -m1 -E "not supported|DOES NOT FIT|rror" "$tmp/out" | cut -c1-120 || true)
           echo "| $m | $T | $np | $remat | $(/usr/bin/python3 -c "print('%.3f' % ($plan/2**30))") | refused: $why | |"
           continue
         fi
-        kb=$(sed -n 's/^MAXRSS \([0-9]*\)$/\1/p' "$tmp/out" | sort -n | tail -1)
+        kb=$(cat "$tmp"/rss.* 2>/dev/null | sed -n 's/^MAXRSS \([0-9]*\)$/\1/p' | sort -n | tail -1)
+        if [ -z "$kb" ]; then
+          echo "| $m | $T | $np | $remat | $(/usr/bin/python3 -c "print('%.3f' % ($plan/2**30))") | no MAXRSS line | |"
+          tail -5 "$tmp/out" >&2
+          continue
+        fi
         /usr/bin/python3 -c "
 p, k = $plan, $kb * 1024
 print('| $m | $T | $np | $remat | %.3f | %.3f | %.3f |' % (p / 2**30, k / 2**30, k / p))"

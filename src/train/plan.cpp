@@ -115,13 +115,22 @@ void activation_parts(const model::ModelConfig& m, const TrainConfig& cfg, const
   parts.push_back({"attention workspace", double(a.kernels) * share, "the attention kernel's tiles"});
   const int64_t N = int64_t(std::ceil(double(B * T) * share));
   if (m.is_moe()) {
-    int64_t moe_layers = 0;
-    for (int64_t l = 0; l < m.num_hidden_layers; ++l) moe_layers += m.is_dense_layer(l) ? 0 : 1;
+    // remat full keeps one Saved per layer kind (model/olmo3moe.cpp HybridWork): one MoE cache for each
+    // mixer kind (KDA, softmax attention) among the MoE layers.
+    int64_t moe_layers = 0, moe_kinds = 0;
+    bool kind_seen[2] = {false, false};
+    for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
+      if (m.is_dense_layer(l)) continue;
+      ++moe_layers;
+      bool& seen = kind_seen[m.layer_types[static_cast<size_t>(l)] == model::LayerType::LinearAttention];
+      if (!seen) ++moe_kinds;
+      seen = true;
+    }
     const bool cpu = o.device.kind == DeviceKind::Cpu;
     const int64_t parallel = cpu ? (o.threads > 0 ? o.threads : num_threads()) : m.n_routed_experts;
     const double bf = cfg.moe.buffer_factor;
     const moe::MoeWorkspace w = moe::moe_workspace_bytes(moe_dims_of(m, bf), N, parallel);
-    const int64_t cached = pol.remat == model::Remat::Full ? std::min<int64_t>(1, moe_layers) : moe_layers;
+    const int64_t cached = pol.remat == model::Remat::Full ? moe_kinds : moe_layers;
     parts.push_back({"MoE dispatch caches", double(w.cache) * double(cached),
                      "router probabilities, routes, latent in/out per MoE layer; " + std::to_string(cached) +
                          " of " + std::to_string(moe_layers) + " layers held at once"});
