@@ -179,9 +179,17 @@ void state_parts(const model::ModelConfig& m, const TrainConfig& cfg, const Plan
   parts.push_back(
       {"AdamW moments", 8.0 * double(P) / double(shard), "fp32 m and v" + std::string(zero3 ? ", 1/N" : "")});
   const int64_t leaves = cfg.batch.grad_accum;
-  if (leaves > 1)
+  if (leaves > 1 && zero3)  // per-unit reduce-scatter: shard-sized round accumulators (docs/dist.md)
+    parts.push_back({"gradient accumulation",
+                     4.0 * double(P) / double(N) * (std::floor(std::log2(double(leaves))) + 1.0) +
+                         4.0 * double(u.largest) / double(N),
+                     "shard-sized pairwise partial sums of " + std::to_string(leaves) + " leaves per rank"});
+  else if (leaves > 1)
     parts.push_back({"gradient accumulation", 4.0 * double(P) * (2.0 + std::ceil(std::log2(double(leaves)))),
                      "a leaf buffer and the pairwise partial sums of " + std::to_string(leaves) + " leaves"});
+  if (zero3 && cpu)  // counted as held: the model's workspace is still allocated when it arrives
+    parts.push_back({"final weights (rank 0)", 4.0 * double(P),
+                     "rank 0 gathers the fp32 weights for the end-of-run checks and the HF export"});
   double comm = 0;
   std::string comm_note = "one process: none";
   if (N > 1 && zero3) {

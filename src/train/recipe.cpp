@@ -26,7 +26,8 @@ const std::vector<RecipeKey>& recipe_keys() {
        "activation recomputation: none (keep every layer's activations), full (keep each block's input and "
        "re-run its forward in the backward) or attn (re-run only the attention / KDA mixers); bit-identical"},
       {"model.saved_dtype", KeyType::String, "fp32",
-       "dtype of the activations kept for the backward: fp32 or bf16 (half the memory; changes the numbers)"},
+       "dtype of the activations kept for the backward: fp32 or bf16 (about half of them; not with "
+       "model.remat=full; changes the gradients by bf16 rounding)"},
       {"device", KeyType::String, "cpu",
        "compute device: cpu, or cuda (NVIDIA GPUs; this build has no CUDA training backend yet, issue #15, "
        "and refuses it before any compute)"},
