@@ -455,7 +455,7 @@ std::string format_plan(const MemoryPlan& p) {
      << "  the parts held through the step + the largest [transient] one\n";
   if (p.load_peak > 0)
     os << "  " << std::left << std::setw(26) << "load peak" << std::right << std::setw(12) << gib(p.load_peak)
-       << "  model values + gradients before sharding, then the shards\n";
+       << "  this rank's shard (params, gradients, m, v: 16P/N) + one fp32 tensor\n";
   os << "  " << std::left << std::setw(26) << "budget" << std::right << std::setw(12) << gib(p.budget) << "  "
      << num(p.opt.headroom * 100) << "% of " << gib(p.opt.device.memory) << " GiB\n\n";
   os << "  FLOPs per step " << num(p.flops_per_step) << " (" << d.global_batch << " rows of " << d.seq_len
