@@ -20,6 +20,7 @@
 #include "kernels/adamw.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "mpi_test_util.h"
 #include "train/batch.h"
 
 namespace fs = std::filesystem;
@@ -118,34 +119,13 @@ std::vector<std::string> train_steps(dist::Comm& comm, dist::ShardMode mode, boo
   return out;
 }
 
-std::string self_exe() { return fs::read_symlink("/proc/self/exe").string(); }
+using mpitest::MpiRun;
+using mpitest::read_lines;
 
-struct MpiRun {
-  int rc = -1;
-  std::string log;
-};
-
+// mpirun -np N <this test binary> --gtest_filter=DistHybridWorker.Run, writing its digests to `out`.
 MpiRun mpirun(int np, const std::string& out, const fs::path& scratch, int limit = 120) {
-  const std::string log = (scratch / ("mpirun-" + std::to_string(np) + ".log")).string();
-  const std::string cmd =
-      "OLMOSFT_DIST_HYBRID_WORKER='" + out +
-      "' OMP_NUM_THREADS=1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none "
-      "OMPI_MCA_rmaps_base_oversubscribe=1 timeout -s KILL " +
-      std::to_string(limit) + " mpirun --oversubscribe --allow-run-as-root -np " + std::to_string(np) + " " +
-      self_exe() + " --gtest_filter=DistHybridWorker.Run > " + log + " 2>&1";
-  const int st = std::system(cmd.c_str());
-  MpiRun r;
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  std::ifstream f(log);
-  r.log.assign(std::istreambuf_iterator<char>(f), {});
-  return r;
-}
-
-std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream f(path);
-  std::vector<std::string> v;
-  for (std::string l; std::getline(f, l);) v.push_back(l);
-  return v;
+  return mpitest::mpirun_worker(np, "OLMOSFT_DIST_HYBRID_WORKER='" + out + "'", "DistHybridWorker.Run",
+                                scratch, limit);
 }
 
 }  // namespace

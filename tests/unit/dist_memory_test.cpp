@@ -23,6 +23,7 @@
 #include "model/config.h"
 #include "model/hf_dir.h"
 #include "model/model.h"
+#include "mpi_test_util.h"
 #include "train/batch.h"
 
 namespace fs = std::filesystem;
@@ -111,25 +112,11 @@ void one_step(dist::Comm& comm, dist::ModelShards& shards, model::CausalLM& m) {
   shards.params().clip_and_step(a, 1.0, 1);
 }
 
-struct MpiRun {
-  int rc = -1;
-  std::string log;
-};
+using mpitest::MpiRun;
 
+// mpirun -np N <this test binary> --gtest_filter=DistMemoryWorker.Run with the `env` assignments.
 MpiRun mpirun(int np, const std::string& env, const fs::path& scratch, int limit = 300) {
-  const std::string log = (scratch / ("mpirun-" + std::to_string(np) + ".log")).string();
-  const std::string cmd =
-      env +
-      " OMP_NUM_THREADS=1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none "
-      "OMPI_MCA_rmaps_base_oversubscribe=1 timeout -s KILL " +
-      std::to_string(limit) + " mpirun --oversubscribe --allow-run-as-root -np " + std::to_string(np) + " " +
-      fs::read_symlink("/proc/self/exe").string() + " --gtest_filter=DistMemoryWorker.Run > " + log + " 2>&1";
-  const int st = std::system(cmd.c_str());
-  MpiRun r;
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  std::ifstream f(log);
-  r.log.assign(std::istreambuf_iterator<char>(f), {});
-  return r;
+  return mpitest::mpirun_worker(np, env, "DistMemoryWorker.Run", scratch, limit);
 }
 
 // Per rank: VmHWM at start, after loading, after one step (bytes).

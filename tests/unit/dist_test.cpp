@@ -22,6 +22,7 @@
 #include "dist/sharded.h"
 #include "dist_toy.h"
 #include "io/hash.h"
+#include "mpi_test_util.h"
 #include "train/checkpoint.h"
 
 namespace fs = std::filesystem;
@@ -79,39 +80,12 @@ std::map<std::string, std::string> parse_args(const std::string& s) {
   return m;
 }
 
-std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream f(path);
-  std::vector<std::string> v;
-  for (std::string l; std::getline(f, l);) v.push_back(l);
-  return v;
-}
+using mpitest::MpiRun;
+using mpitest::read_lines;
 
-std::string self_exe() { return fs::read_symlink("/proc/self/exe").string(); }
-
-struct MpiRun {
-  int rc = -1;
-  double seconds = 0;
-  std::string log;
-};
-
-// mpirun -np N <this test binary> --gtest_filter=DistWorker.Run, bounded by `limit` seconds.
+// mpirun -np N <this test binary> --gtest_filter=DistWorker.Run with OLMOSFT_DIST_WORKER=args.
 MpiRun mpirun(int np, const std::string& args, const std::string& scratch, int limit = 60) {
-  const std::string log =
-      scratch + "/mpirun-" + std::to_string(np) + "-" + std::to_string(::getpid()) + ".log";
-  std::string cmd =
-      "OLMOSFT_DIST_WORKER='" + args +
-      "' OMP_NUM_THREADS=1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none "
-      "OMPI_MCA_rmaps_base_oversubscribe=1 timeout -s KILL " +
-      std::to_string(limit) + " mpirun --oversubscribe --allow-run-as-root -np " + std::to_string(np) + " " +
-      self_exe() + " --gtest_filter=DistWorker.Run > " + log + " 2>&1";
-  const auto t0 = std::chrono::steady_clock::now();
-  const int st = std::system(cmd.c_str());
-  MpiRun r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  std::ifstream f(log);
-  r.log.assign(std::istreambuf_iterator<char>(f), {});
-  return r;
+  return mpitest::mpirun_worker(np, "OLMOSFT_DIST_WORKER='" + args + "'", "DistWorker.Run", scratch, limit);
 }
 
 fs::path scratch_dir(const std::string& name) {
