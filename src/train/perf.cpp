@@ -39,11 +39,12 @@ double run_peak(dist::Comm& comm, const std::string& run_dir, double configured_
   return peak;
 }
 
-double rss_bytes() {
+double proc_status_bytes(const char* key) {
   std::ifstream f("/proc/self/status");
+  const std::string k = std::string(key) + ":";
   std::string line;
   while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return 1024.0 * std::atof(line.c_str() + 6);
+    if (line.rfind(k, 0) == 0) return 1024.0 * std::atof(line.c_str() + k.size());
   return 0;
 }
 

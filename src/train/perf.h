@@ -24,8 +24,11 @@ double median(std::vector<double> v);
 // prints the PREFLIGHT peak_flops line. An error on rank 0 throws on every rank.
 double run_peak(dist::Comm& comm, const std::string& run_dir, double configured_tflops, std::ostream& out);
 
-// Resident set size of this process in bytes (VmRSS of /proc/self/status; 0 when unavailable).
-double rss_bytes();
+// A memory figure of this process in bytes: the /proc/self/status line `key` (VmRSS, VmHWM, ...; its kB
+// value); 0 when unavailable.
+double proc_status_bytes(const char* key);
+// Resident set size of this process in bytes (VmRSS; 0 when unavailable).
+inline double rss_bytes() { return proc_status_bytes("VmRSS"); }
 
 // Step times of a run and the steps that stalled (> 3x the running median of at least 3 earlier steps).
 class StepTimes {

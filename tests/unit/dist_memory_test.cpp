@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "mpi_test_util.h"
 #include "train/batch.h"
+#include "train/perf.h"
 
 namespace fs = std::filesystem;
 using namespace olmosft;
@@ -34,12 +35,7 @@ namespace {
 constexpr int64_t kLeaves = 4, kT = 16;
 
 // VmHWM (peak resident set) of this process, bytes.
-double vm_hwm() {
-  std::ifstream f("/proc/self/status");
-  for (std::string l; std::getline(f, l);)
-    if (l.rfind("VmHWM:", 0) == 0) return std::stod(l.substr(6)) * 1024.0;
-  return -1;
-}
+double vm_hwm() { return train::proc_status_bytes("VmHWM"); }
 
 // Olmo 3, 12 blocks of d 512 (4.2M parameters each) and vocab 4096: 54M parameters, blocks ~93%.
 nlohmann::json wide_config() {
