@@ -1,5 +1,7 @@
-// `make bench` → build/bench_gemm: the machine's fp32 FMA peak (1 and 2 threads) and OpenBLAS sgemm
-// throughput (through olmosft::gemm) at training shapes, as fractions of the measured peaks.
+// `make bench` → build/bench_gemm: the machine's fp32 FMA peak (1 and 2 threads) and, at training shapes,
+// the three CPU GEMM set-ups measured in the same run (through olmosft::gemm_compute): OpenBLAS fp32, oneDNN
+// fp32 and bf16 compute (oneDNN, bf16 operands, fp32 sums), as ratios to each other and fractions of the
+// measured peaks. The "auto" fp32 choice (kernels/gemm.h auto_gemm_lib) is printed with the figures.
 // Prints markdown table rows. Best of `reps` timed runs after one warm-up; the machine may be shared,
 // so 2-thread numbers are noisy (see bench/RESULTS.md).
 #include "kernels/gemm.h"
@@ -130,7 +132,8 @@ struct Shape3 {
   int64_t M, N, K;
 };
 
-Rate sgemm_rate(const Shape3& s, int reps) {
+Rate gemm_rate(const Shape3& s, int reps, const CpuGemm& g) {
+  ScopedCpuGemm use(g);
   const int64_t a_rows = s.ta == Trans::N ? s.M : s.K, a_cols = s.ta == Trans::N ? s.K : s.M;
   const int64_t b_rows = s.tb == Trans::N ? s.K : s.N, b_cols = s.tb == Trans::N ? s.N : s.K;
   std::vector<float> A(size_t(a_rows * a_cols)), B(size_t(b_rows * b_cols)), C(size_t(s.M * s.N));
@@ -141,13 +144,40 @@ Rate sgemm_rate(const Shape3& s, int reps) {
   Rate best;
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 is the warm-up
     const double t0 = now(), c0 = cpu_now();
-    gemm<float>(s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), a_cols, B.data(), b_cols, 0.f, C.data(), s.N);
+    gemm_compute<float>(Precision::Compute, s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), a_cols, B.data(),
+                        b_cols, 0.f, C.data(), s.N);
     const double dt = now() - t0, dc = cpu_now() - c0;
     if (rep == 0) continue;
     best.wall = std::max(best.wall, gflop / dt);
     best.per_cpu = std::max(best.per_cpu, gflop / dc);
   }
   return best;
+}
+// One row per (shape, threads): GFLOP per CPU-second of each set-up (the stable figure on a shared machine;
+// wall in the details), their ratios, and the best fp32 one as a fraction of the 1-core fp32 peak.
+template <size_t NS>
+void shape_table(const Shape3 (&shapes)[NS], const Rate* peak) {
+  std::string why;
+  const bool bf16 = onednn_bf16_supported(&why);
+  std::printf(
+      "\nfp32 library chosen by compute.gemm=auto on this machine: %s\n\n| shape | threads | OpenBLAS fp32 "
+      "GFLOP/CPU-s (wall GFLOP/s) | oneDNN fp32 | bf16 compute (oneDNN) | oneDNN / OpenBLAS | bf16 / best "
+      "fp32 "
+      "| best fp32 / 1-core fp32 peak |\n|---|---|---|---|---|---|---|---|\n",
+      gemm_lib_name(auto_gemm_lib()));
+  for (const auto& s : shapes)
+    for (int t : {1, 2}) {
+      set_threads(t);
+      const int reps = double(s.M) * double(s.N) * double(s.K) < 1e8 ? 40 : 5;
+      const Rate ob = gemm_rate(s, reps, {GemmLib::OpenBLAS, ComputeDtype::F32});
+      const Rate od = gemm_rate(s, reps, {GemmLib::OneDNN, ComputeDtype::F32});
+      const Rate b16 = bf16 ? gemm_rate(s, reps, {GemmLib::OneDNN, ComputeDtype::BF16}) : Rate{-1, -1};
+      const double best32 = std::max(ob.per_cpu, od.per_cpu);
+      std::printf("| %s | %d | %.1f (%.1f) | %.1f (%.1f) | %.1f (%.1f) | %.2f | %.2f | %.2f |\n", s.name, t,
+                  ob.per_cpu, ob.wall, od.per_cpu, od.wall, b16.per_cpu, b16.wall, od.per_cpu / ob.per_cpu,
+                  b16.per_cpu / best32, peak[1].per_cpu > 0 ? best32 / peak[1].per_cpu : 0.0);
+    }
+  if (!bf16) std::printf("\nbf16 compute: %s\n", why.c_str());
 }
 }  // namespace
 
@@ -156,7 +186,7 @@ int main() {
   // peak[t]: the machine's fp32 peak for t threads = the better of the 8-lane (AVX2) and 16-lane (AVX-512)
   // FMA loops. OpenBLAS 0.3.21 may use AVX2 kernels on CPUs it does not know (bench/RESULTS.md), so the
   // AVX2 peak is printed too.
-  Rate peak[3], peak256[3];
+  Rate peak[3];
   std::printf(
       "| measurement | threads | GFLOP/s (wall, best) | fraction of wall peak | GFLOP per CPU-second | "
       "fraction of "
@@ -168,7 +198,6 @@ int main() {
         std::printf("| fp32 FMA peak, %d-lane | %d | n/a (not built for this ISA) | | | | |\n", lanes, t);
         continue;
       }
-      if (lanes == 8) peak256[t] = r;
       if (r.wall > peak[t].wall) peak[t].wall = r.wall;
       if (r.per_cpu > peak[t].per_cpu) peak[t].per_cpu = r.per_cpu;
       std::printf("| fp32 FMA peak (12 x %d-lane FMA chains) | %d | %.1f | | %.1f | | |\n", lanes, t, r.wall,
@@ -187,15 +216,7 @@ int main() {
       {"LM head 512 tok x 1024 -> 32000 (NT)", Trans::N, Trans::T, 512, 32000, 1024},
       {"expert 128 tok x 1024 -> 512 (NT)", Trans::N, Trans::T, 128, 512, 1024},
   };
-  for (const auto& s : shapes)
-    for (int t : {1, 2}) {
-      set_threads(t);
-      const Rate g = sgemm_rate(s, double(s.M) * double(s.N) * double(s.K) < 1e8 ? 40 : 5);
-      std::printf("| %s | %d | %.1f | %.2f | %.1f | %.2f | %.2f |\n", s.name, t, g.wall,
-                  peak[t].wall > 0 ? g.wall / peak[t].wall : 0.0, g.per_cpu,
-                  peak[1].per_cpu > 0 ? g.per_cpu / peak[1].per_cpu : 0.0,
-                  peak256[1].per_cpu > 0 ? g.per_cpu / peak256[1].per_cpu : 0.0);
-    }
+  shape_table(shapes, peak);
   set_threads(saved);
   return 0;
 }

@@ -22,8 +22,11 @@
 // window, KDA's chunked delta rule, the LM head over trained targets; docs/train.md "MFU accounting").
 //
 // Usage: bench_train [--threads N] [--steps S] [--cases a,b,...] [--no-torch] [--dir D]
-//        bench_train --child CASE --dir D --threads N --steps S     (internal)
-// Prints a markdown table and one greppable line per case:
+//                    [--gemm auto|openblas|onednn] [--compare-bf16]
+//        bench_train --child CASE --dir D --threads N --steps S [--gemm L] [--dtype fp32|bf16]   (internal)
+// --gemm: our fp32 GEMM library (recipe key compute.gemm; default auto). --compare-bf16: our step also runs
+// with bf16 compute (compute.dtype=bf16) in the same run, and a second table gives its step rate against
+// fp32's and the per-step loss difference. Prints a markdown table and one greppable line per case:
 //   BENCH train case=... ours_tok_s=... mfu=... ours_peak_mib=... torch_tok_s=... torch_ratio=... ...
 //   pypi_torch_tok_s=... pypi_torch_ratio=... ...   (or torch=skipped / pypi_torch=skipped)
 #include <unistd.h>
@@ -44,6 +47,7 @@
 #include "core/threads.h"
 #include "io/safetensors.h"
 #include "kernels/adamw.h"
+#include "kernels/gemm.h"
 #include "model/model.h"
 #include "model/olmo3.h"
 #include "model/olmo3moe.h"
@@ -405,13 +409,46 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
+struct Result {
+  const Case* cs;
+  json ours;
+  std::vector<json> peer;  // per peer; null when skipped or failed
+  json bf16;               // ours with compute.dtype=bf16 (--compare-bf16)
+};
+
+// --compare-bf16: our bf16-compute step against our fp32 step, same case, same run.
+void print_bf16_table(const std::vector<Result>& results) {
+  std::printf(
+      "\n## bench_train: bf16 compute (compute.dtype=bf16) against fp32, ours, same run\n\n| case | fp32 "
+      "s/step | "
+      "bf16 s/step | bf16 / fp32 step rate | CPU s fp32 / bf16 | step-1 loss fp32 / bf16 | worst per-step "
+      "loss gap (relative) |\n|---|---|---|---|---|---|---|\n");
+  for (const Result& r : results) {
+    if (!r.bf16.is_object()) {
+      std::printf("| %s | bf16 run failed or skipped | | | | | |\n", r.cs->name.c_str());
+      continue;
+    }
+    const json &a = r.ours, &b = r.bf16;
+    const double sa = a["best_sec_per_step"].get<double>(), sb = b["best_sec_per_step"].get<double>();
+    double worst = 0;
+    for (size_t i = 0; i < std::min(a["losses"].size(), b["losses"].size()); ++i) {
+      const double la = a["losses"][i]["ce"].get<double>(), lb = b["losses"][i]["ce"].get<double>();
+      worst = std::max(worst, std::fabs(la - lb) / std::fabs(la));
+    }
+    std::printf("| %s | %.3f | %.3f | %.2fx | %.2f / %.2f | %.6f / %.6f | %.2g |\n", r.cs->name.c_str(), sa,
+                sb, sa / sb, a["cpu_sec_per_step"].get<double>(), b["cpu_sec_per_step"].get<double>(),
+                a["losses"][0]["ce"].get<double>(), b["losses"][0]["ce"].get<double>(), worst);
+    std::printf("BENCH train_bf16 case=%s fp32_s=%.4f bf16_s=%.4f speedup=%.3f loss_rel_diff_max=%.2g\n",
+                r.cs->name.c_str(), sa, sb, sa / sb, worst);
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   olmosft::default_passive_omp_wait(argv);  // as olmosft itself does
   int threads = 2, steps = 2;
-  bool torch = true;
-  std::string only, dir, child_case;
+  bool torch = true, compare_bf16 = false;
+  std::string only, dir, child_case, gemm = "auto", dtype = "fp32";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -433,15 +470,24 @@ int main(int argc, char** argv) {
       child_case = next();
     else if (a == "--no-torch")
       torch = false;
+    else if (a == "--gemm")
+      gemm = next();
+    else if (a == "--dtype")
+      dtype = next();
+    else if (a == "--compare-bf16")
+      compare_bf16 = true;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--threads N] [--steps S] [--cases a,b] [--no-torch] [--dir D]\n"
+                   "usage: %s [--threads N] [--steps S] [--cases a,b] [--no-torch] [--dir D] [--gemm "
+                   "auto|openblas|onednn] [--compare-bf16]\n"
                    "cases: tiny-dense, small-dense, tiny-hybrid, small-hybrid\n",
                    argv[0]);
       return 2;
     }
   }
   set_threads(threads);
+  const CpuGemm setup{parse_gemm_lib(gemm, "--gemm"), parse_compute_dtype(dtype, "--dtype")};
+  set_cpu_gemm(setup);
   if (!child_case.empty()) return child(child_case, dir, steps);
 
   const bool own_dir = dir.empty();
@@ -464,11 +510,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_train: PyTorch peer '%s' skipped: %s not found\n", p.name.c_str(),
                    p.python.c_str());
   }
-  struct Result {
-    const Case* cs;
-    json ours;
-    std::vector<json> peer;  // per peer; null when skipped or failed
-  };
   std::vector<Result> results;
   const std::string load_start = loadavg3();
   double peak = 0;  // the best SGEMM rate seen in this run (measured before every case; load only lowers it)
@@ -479,11 +520,11 @@ int main(int argc, char** argv) {
     peak = std::max(peak, train::measure_peak_flops(5));  // the trainer's SGEMM probe, best of 5
     const std::string cdir = dir + "/" + cs.name;
     std::string raw;
-    Result r{&cs,
-             run_json(std::string(argv[0]) + " --child " + cs.name + " --dir " + shell_quote(cdir) +
-                          " --threads " + std::to_string(threads) + " --steps " + std::to_string(steps),
-                      &raw),
-             std::vector<json>(peers.size())};
+    const std::string ours_cmd = std::string(argv[0]) + " --child " + cs.name + " --dir " +
+                                 shell_quote(cdir) + " --threads " + std::to_string(threads) + " --steps " +
+                                 std::to_string(steps) + " --gemm " + gemm_lib_name(setup.fp32);
+    Result r{&cs, run_json(ours_cmd, &raw), std::vector<json>(peers.size()), json()};
+    if (compare_bf16 && r.ours.is_object()) r.bf16 = run_json(ours_cmd + " --dtype bf16", nullptr);
     if (!r.ours.is_object()) {
       std::fprintf(stderr, "bench_train: our run of %s failed: %s\n", cs.name.c_str(),
                    raw.substr(0, 500).c_str());
@@ -634,6 +675,7 @@ int main(int argc, char** argv) {
       "moments, the loop's transient memory and the process's libraries (*_base_mib = RSS before the loop). "
       "loss_rel_diff_max: worst relative gap of the per-step losses over all %d steps (warm-up included).\n",
       steps + 1);
+  if (compare_bf16) print_bf16_table(results);
   if (own_dir) fs::remove_all(dir);
   return status;
 }

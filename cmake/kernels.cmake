@@ -2,3 +2,14 @@
 # a*b + c*d into FMAs by default in C++ (-ffp-contract=fast), which changes the last bit of the YaRN
 # blend. Turn contraction off for that file only (the other kernels are compared with tolerances).
 set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/rope.cpp PROPERTIES COMPILE_OPTIONS -ffp-contract=off)
+
+# oneDNN (Debian's libdnnl-dev, deps/apt-core.txt): the bf16 GEMMs (compute.dtype=bf16) and the optional fp32
+# GEMM library (compute.gemm=onednn); src/kernels/gemm_onednn.cpp. Its CMake package wants OpenCL's headers
+# (its GPU runtime, unused here), so the library is found directly.
+find_path(OLMOSFT_DNNL_INCLUDE dnnl.hpp)
+find_library(OLMOSFT_DNNL_LIB NAMES dnnl)
+if(NOT OLMOSFT_DNNL_INCLUDE OR NOT OLMOSFT_DNNL_LIB)
+  message(FATAL_ERROR "oneDNN not found (dnnl.hpp, libdnnl.so): run scripts/install-deps.sh (Debian's libdnnl-dev)")
+endif()
+target_include_directories(olmosft_lib SYSTEM PUBLIC ${OLMOSFT_DNNL_INCLUDE})
+target_link_libraries(olmosft_lib PUBLIC ${OLMOSFT_DNNL_LIB})

@@ -83,7 +83,8 @@ XentStats xent_forward(const T* h, const T* W, const int32_t* targets, const uin
     std::fill(run_sum.begin(), run_sum.end(), 0.0);
     for (int64_t c0 = 0; c0 < V; c0 += p.chunk) {
       const int64_t nc = std::min(p.chunk, V - c0);
-      gemm<T>(Trans::N, Trans::T, nr, nc, d, T(1), hb.data(), d, W + c0 * d, d, T(0), logits.data(), nc);
+      gemm_compute<T>(Precision::Compute, Trans::N, Trans::T, nr, nc, d, T(1), hb.data(), d, W + c0 * d, d,
+                      T(0), logits.data(), nc);
       parallel_for(
           nr,
           [&](int64_t b, int64_t e) {
@@ -129,7 +130,8 @@ void xent_backward(const T* h, const T* W, const int32_t* targets, const uint8_t
     gather_rows(h, d, rows, nr, hb.data());
     for (int64_t c0 = 0; c0 < V; c0 += p.chunk) {
       const int64_t nc = std::min(p.chunk, V - c0);
-      gemm<T>(Trans::N, Trans::T, nr, nc, d, T(1), hb.data(), d, W + c0 * d, d, T(0), g.data(), nc);
+      gemm_compute<T>(Precision::Compute, Trans::N, Trans::T, nr, nc, d, T(1), hb.data(), d, W + c0 * d, d,
+                      T(0), g.data(), nc);
       parallel_for(
           nr,
           [&](int64_t b, int64_t e) {
@@ -144,9 +146,11 @@ void xent_backward(const T* h, const T* W, const int32_t* targets, const uint8_t
           },
           4);
       if (dh)
-        gemm<T>(Trans::N, Trans::N, nr, d, nc, T(1), g.data(), nc, W + c0 * d, d, c0 == 0 ? T(0) : T(1),
-                dhb.data(), d);
-      if (dW) gemm<T>(Trans::T, Trans::N, nc, d, nr, T(1), g.data(), nc, hb.data(), d, T(1), dW + c0 * d, d);
+        gemm_compute<T>(Precision::Compute, Trans::N, Trans::N, nr, d, nc, T(1), g.data(), nc, W + c0 * d, d,
+                        c0 == 0 ? T(0) : T(1), dhb.data(), d);
+      if (dW)
+        gemm_compute<T>(Precision::Compute, Trans::T, Trans::N, nc, d, nr, T(1), g.data(), nc, hb.data(), d,
+                        T(1), dW + c0 * d, d);
     }
     if (dh)
       for (int64_t r = 0; r < nr; ++r)

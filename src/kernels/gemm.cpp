@@ -1,17 +1,24 @@
 #include "kernels/gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
 #include <climits>
 #include <type_traits>
+#include <vector>
+
+#include "core/bf16.h"
+#include "kernels/gemm_onednn.h"
 
 namespace olmosft {
 
 namespace {
 std::atomic<bool> g_count_flops{false};
 std::atomic<uint64_t> g_flops{0};
+std::atomic<GemmLib> g_fp32_lib{GemmLib::OpenBLAS};
+std::atomic<ComputeDtype> g_compute{ComputeDtype::F32};
 
 const char* tname(Trans t) { return t == Trans::N ? "N" : "T"; }
 
@@ -36,28 +43,92 @@ void check_gemm_args(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const 
   }
 }
 
+// The cases no library is called for: nothing to do, or C = beta*C (BLAS would reject lda=0 for K=0).
+// Otherwise counts the FLOPs and returns false.
 template <typename T>
-void gemm_unchecked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-                    const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  if (K == 0 || alpha == T(0)) {  // C = beta*C; BLAS would reject lda=0 for K=0
+bool gemm_trivial(int64_t M, int64_t N, int64_t K, T alpha, T beta, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return true;
+  if (K == 0 || alpha == T(0)) {
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
-    return;
+    return true;
   }
   if (g_count_flops.load(std::memory_order_relaxed))
     g_flops.fetch_add(2 * uint64_t(M) * uint64_t(N) * uint64_t(K), std::memory_order_relaxed);
+  return false;
+}
+
+template <typename T>
+void gemm_unchecked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                    const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
   const CBLAS_TRANSPOSE cta = ta == Trans::N ? CblasNoTrans : CblasTrans;
   const CBLAS_TRANSPOSE ctb = tb == Trans::N ? CblasNoTrans : CblasTrans;
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, cta, ctb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C,
-                int(ldc));
+    if (g_fp32_lib.load(std::memory_order_relaxed) == GemmLib::OneDNN)
+      onednn::matmul_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else
+      cblas_sgemm(CblasRowMajor, cta, ctb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C,
+                  int(ldc));
   } else {
     cblas_dgemm(CblasRowMajor, cta, ctb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C,
                 int(ldc));
   }
 }
+// A stored rows x cols (leading dimension ld) as dense bf16 (leading dimension cols), into a per-thread
+// buffer.
+const uint16_t* to_bf16(const float* X, int64_t rows, int64_t cols, int64_t ld, std::vector<uint16_t>& buf) {
+  buf.resize(static_cast<size_t>(rows * cols));
+  uint16_t* out = buf.data();
+#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t(1) << 16) && !omp_in_parallel())
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = f32_to_bf16(X[r * ld + c]);
+  return out;
+}
+
+void gemm_bf16_unchecked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                         int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (gemm_trivial(M, N, K, alpha, beta, C, ldc)) return;
+  thread_local std::vector<uint16_t> abuf, bbuf;
+  // Stored shapes: A is [M,K] (N) or [K,M] (T); B is [K,N] (N) or [N,K] (T).
+  const int64_t ar = ta == Trans::N ? M : K, ac = ta == Trans::N ? K : M;
+  const int64_t br = tb == Trans::N ? K : N, bc = tb == Trans::N ? N : K;
+  const uint16_t* a16 = to_bf16(A, ar, ac, lda, abuf);
+  const uint16_t* b16 = to_bf16(B, br, bc, ldb, bbuf);
+  onednn::matmul_bf16(ta, tb, M, N, K, alpha, a16, ac, b16, bc, beta, C, ldc);
+}
 }  // namespace
+
+void set_cpu_gemm(const CpuGemm& g) {
+  if (g.compute == ComputeDtype::BF16) {
+    std::string why;
+    OLMO_CHECK(onednn::bf16_supported(&why), "bf16 compute needs oneDNN's bf16 matmul: ", why);
+  }
+  g_fp32_lib.store(g.fp32);
+  g_compute.store(g.compute);
+}
+
+bool onednn_bf16_supported(std::string* why) { return onednn::bf16_supported(why); }
+
+CpuGemm cpu_gemm() { return {g_fp32_lib.load(), g_compute.load()}; }
+
+GemmLib auto_gemm_lib() { return blas_core_hint().empty() ? GemmLib::OpenBLAS : GemmLib::OneDNN; }
+
+GemmLib parse_gemm_lib(const std::string& text, const std::string& where) {
+  if (text == "auto") return auto_gemm_lib();
+  if (text == "openblas") return GemmLib::OpenBLAS;
+  if (text == "onednn") return GemmLib::OneDNN;
+  throw Error(where + ": expected auto, openblas or onednn, got '" + text + "'");
+}
+
+ComputeDtype parse_compute_dtype(const std::string& text, const std::string& where) {
+  if (text == "fp32") return ComputeDtype::F32;
+  if (text == "bf16") return ComputeDtype::BF16;
+  throw Error(where + ": expected fp32 or bf16, got '" + text + "'");
+}
+
+const char* gemm_lib_name(GemmLib l) { return l == GemmLib::OneDNN ? "onednn" : "openblas"; }
+const char* compute_dtype_name(ComputeDtype d) { return d == ComputeDtype::BF16 ? "bf16" : "fp32"; }
 
 template <typename T>
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
@@ -82,6 +153,21 @@ void gemm_strided_batched(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T
                    C + b * stride_c, ldc);
 }
 
+template <typename T>
+void gemm_compute(Precision p, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                  int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  check_gemm_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+  if constexpr (std::is_same_v<T, float>) {
+    if (p == Precision::Compute && g_compute.load(std::memory_order_relaxed) == ComputeDtype::BF16)
+      return gemm_bf16_unchecked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  gemm_unchecked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template void gemm_compute<float>(Precision, Trans, Trans, int64_t, int64_t, int64_t, float, const float*,
+                                  int64_t, const float*, int64_t, float, float*, int64_t);
+template void gemm_compute<double>(Precision, Trans, Trans, int64_t, int64_t, int64_t, double, const double*,
+                                   int64_t, const double*, int64_t, double, double*, int64_t);
 template void gemm<float>(Trans, Trans, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
                           int64_t, float, float*, int64_t);
 template void gemm<double>(Trans, Trans, int64_t, int64_t, int64_t, double, const double*, int64_t,
@@ -125,23 +211,26 @@ void gemm(Trans ta, Trans tb, float alpha, const Tensor& A, const Tensor& B, flo
 }
 
 template <typename T>
-void linear_forward(const T* x, const T* W, T* y, int64_t N, int64_t in, int64_t out) {
-  gemm<T>(Trans::N, Trans::T, N, out, in, T(1), x, in, W, in, T(0), y, out);
+void linear_forward(const T* x, const T* W, T* y, int64_t N, int64_t in, int64_t out, Precision p) {
+  gemm_compute<T>(p, Trans::N, Trans::T, N, out, in, T(1), x, in, W, in, T(0), y, out);
 }
 
 template <typename T>
 void linear_backward(const T* dy, const T* x, const T* W, T* dx, T* dW, int64_t N, int64_t in, int64_t out,
-                     bool accumulate_dx) {
-  if (dx) gemm<T>(Trans::N, Trans::N, N, in, out, T(1), dy, out, W, in, accumulate_dx ? T(1) : T(0), dx, in);
-  if (dW) gemm<T>(Trans::T, Trans::N, out, in, N, T(1), dy, out, x, in, T(1), dW, in);
+                     bool accumulate_dx, Precision p) {
+  if (dx)
+    gemm_compute<T>(p, Trans::N, Trans::N, N, in, out, T(1), dy, out, W, in, accumulate_dx ? T(1) : T(0), dx,
+                    in);
+  if (dW) gemm_compute<T>(p, Trans::T, Trans::N, out, in, N, T(1), dy, out, x, in, T(1), dW, in);
 }
 
-template void linear_forward<float>(const float*, const float*, float*, int64_t, int64_t, int64_t);
-template void linear_forward<double>(const double*, const double*, double*, int64_t, int64_t, int64_t);
+template void linear_forward<float>(const float*, const float*, float*, int64_t, int64_t, int64_t, Precision);
+template void linear_forward<double>(const double*, const double*, double*, int64_t, int64_t, int64_t,
+                                     Precision);
 template void linear_backward<float>(const float*, const float*, const float*, float*, float*, int64_t,
-                                     int64_t, int64_t, bool);
+                                     int64_t, int64_t, bool, Precision);
 template void linear_backward<double>(const double*, const double*, const double*, double*, double*, int64_t,
-                                      int64_t, int64_t, bool);
+                                      int64_t, int64_t, bool, Precision);
 
 namespace {
 struct LinearDims {
@@ -212,6 +301,13 @@ std::string blas_description() {
   std::string cfg = openblas_get_config(), core = openblas_get_corename();
   while (!cfg.empty() && cfg.back() == ' ') cfg.pop_back();
   return cfg + " core=" + core;
+}
+
+std::string gemm_description() {
+  const CpuGemm g = cpu_gemm();
+  return std::string("fp32=") + gemm_lib_name(g.fp32) + " compute=" + compute_dtype_name(g.compute) +
+         " (auto: " + gemm_lib_name(auto_gemm_lib()) + "); " + blas_description() + "; " +
+         onednn::description();
 }
 
 std::string blas_core_hint() {

@@ -127,7 +127,7 @@ MoeStats moe_forward(const MoeDims& dims, const MoeWeights<T>& w, const T* x, co
 
   // Router in T precision (fp32 for the float model) on the full-width x.
   std::vector<T> logits(static_cast<size_t>(N * E));
-  linear_forward(x, w.router, logits.data(), N, d, E);
+  linear_forward(x, w.router, logits.data(), N, d, E, Precision::Exact);
   int64_t routed = 0;
   for (int64_t t = 0; t < N; ++t) routed += (valid == nullptr || valid[t]) ? 1 : 0;
   c.routed = routed;
@@ -371,7 +371,7 @@ void moe_backward(const MoeDims& dims, const MoeWeights<T>& w, const MoeGrads<T>
       for (int64_t e = 0; e < E; ++e) dl[e] = static_cast<T>(p[e] * (dp[static_cast<size_t>(e)] - dot + zc));
     }
   }
-  linear_backward(dlog.data(), x, w.router, dx, g.router, N, d, E, true);
+  linear_backward(dlog.data(), x, w.router, dx, g.router, N, d, E, true, Precision::Exact);
 }
 
 #define OLMOSFT_MOE_INST(T)                                                                                  \

@@ -287,7 +287,9 @@ LossParts Olmo3::forward(const Batch& batch, const LossConfig& loss, float* logi
   LossParts parts = loss_forward(batch, loss);
   const int64_t N = batch.B * batch.T, d = cfg_.hidden_size, V = cfg_.vocab_size;
   const float* W = wp_[size_t(lm_head_)];
-  if (logits) gemm<float>(Trans::N, Trans::T, N, V, d, 1.0f, w_->hf, d, W, d, 0.0f, logits, V);
+  if (logits)
+    gemm_compute<float>(Precision::Compute, Trans::N, Trans::T, N, V, d, 1.0f, w_->hf, d, W, d, 0.0f, logits,
+                        V);
   if (logprobs) {
     parallel_for(
         N,

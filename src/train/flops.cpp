@@ -213,7 +213,8 @@ double measure_peak_flops(int reps) {
   double best = 0;
   for (int rep = 0; rep < reps; ++rep) {
     const auto t0 = Clock::now();
-    gemm<float>(Trans::N, Trans::N, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    gemm_compute<float>(Precision::Compute, Trans::N, Trans::N, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                        c.data(), n);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (dt > 0) best = std::max(best, 2.0 * n * n * n / dt);
   }
@@ -290,9 +291,11 @@ double run_peak_flops(const std::string& run_dir, double configured_tflops, std:
   j["peak_flops"] = peak;
   j["origin"] = configured > 0 ? "configured" : "measured";
   j["per"] = "process";
-  j["method"] = configured > 0 ? "perf.peak_tflops" : "best of three 1024^3 SGEMMs, all BLAS threads";
+  j["method"] = configured > 0 ? "perf.peak_tflops"
+                               : "best of three 1024^3 GEMMs in the run's compute dtype, all threads";
   j["threads"] = num_threads();
   j["blas"] = blas_description();
+  j["gemm"] = gemm_description();
   fs::create_directories(run_dir, ec);
   OLMO_CHECK(!ec, "cannot create the run directory ", run_dir, " for ", path, ": ", ec.message());
   io::write_file_atomic(path, j.dump(2) + "\n");

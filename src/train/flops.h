@@ -78,7 +78,8 @@ struct KdaFlops {
 };
 KdaFlops kda_document_flops(int64_t n, int64_t K, int64_t V, int64_t chunk, bool recompute);
 
-// Peak fp32 FLOP/s of this process: the best of `reps` 1024^3 SGEMMs (OpenBLAS, all its threads).
+// Peak FLOP/s of this process: the best of `reps` 1024^3 GEMMs in the run's compute dtype (cpu_gemm(): fp32
+// on its library, or bf16 operands), all threads.
 double measure_peak_flops(int reps = 3);
 
 // The run's peak FLOP/s per process, fixed for the whole run. On the first start it is

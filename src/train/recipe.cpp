@@ -71,6 +71,12 @@ const std::vector<RecipeKey>& recipe_keys() {
       {"compute.vocab_tile", KeyType::Int, "8192",
        "vocabulary chunk for the tiled cross-entropy (0 = untiled)"},
       {"compute.threads", KeyType::Int, "0", "CPU threads (0 = all cores)"},
+      {"compute.dtype", KeyType::String, "fp32",
+       "CPU weight GEMMs' operands: fp32, or bf16 (rounded to bf16, products summed in fp32 by oneDNN; "
+       "weights, gradients and optimizer state stay fp32)"},
+      {"compute.gemm", KeyType::String, "auto",
+       "CPU fp32 GEMM library: auto (this machine's measured choice, `olmosft selfcheck` prints it), "
+       "openblas or onednn"},
       {"checkpoint.every", KeyType::Int, "0", "save every N steps (0 = only the final and preemption saves)"},
       {"checkpoint.keep_last", KeyType::Int, "3",
        "checkpoints to keep (older ones are deleted after a save)"},
@@ -350,6 +356,8 @@ TrainConfig Recipe::fields() const {
   c.compute.vocab_tile = i64("compute.vocab_tile");
   OLMO_CHECK(c.compute.vocab_tile >= 0, src, ": compute.vocab_tile must be >= 0");
   c.compute.threads = i64("compute.threads");
+  c.compute.gemm.fp32 = parse_gemm_lib(str("compute.gemm"), src + ": compute.gemm");
+  c.compute.gemm.compute = parse_compute_dtype(str("compute.dtype"), src + ": compute.dtype");
 
   c.checkpoint.every = i64("checkpoint.every");
   c.checkpoint.keep_last = i64("checkpoint.keep_last");

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gemm.h"
 #include "model/memory_policy.h"
 
 namespace olmosft {
@@ -78,6 +79,7 @@ struct TrainConfig {
   } moe;
   struct Compute {
     int64_t vocab_tile = 0, threads = 0;
+    CpuGemm gemm;  // compute.gemm ("auto" resolved here) / compute.dtype
   } compute;
   struct Checkpoint {
     int64_t every = 0, keep_last = 1, grace_seconds = 1;

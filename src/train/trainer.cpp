@@ -62,6 +62,7 @@ RunPlan plan_run(const TrainConfig& cfg, std::ostream& err) {
   p.d = cfg.batch;
   const Derived& d = p.d;
   if (cfg.compute.threads > 0) set_threads(static_cast<int>(cfg.compute.threads));
+  set_cpu_gemm(cfg.compute.gemm);
   require_run_inputs(cfg, /*model_from_recipe=*/false);  // the caller built the model
   const std::string data_path = cfg.data.path;
   p.ds = std::make_shared<PackedDataset>(PackedDataset::open(data_path));
