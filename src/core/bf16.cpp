@@ -44,7 +44,7 @@ void bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
 }
 
 void f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
-#pragma omp parallel for schedule(static) if (n > (1u << 20))
+#pragma omp parallel for simd schedule(static) if (n > (1u << 20))
   for (size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }
 

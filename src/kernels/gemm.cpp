@@ -81,8 +81,12 @@ const uint16_t* to_bf16(const float* X, int64_t rows, int64_t cols, int64_t ld, 
   buf.resize(static_cast<size_t>(rows * cols));
   uint16_t* out = buf.data();
 #pragma omp parallel for schedule(static) if (rows * cols >= (int64_t(1) << 16) && !omp_in_parallel())
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = f32_to_bf16(X[r * ld + c]);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = X + r * ld;
+    uint16_t* o = out + r * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) o[c] = f32_to_bf16(x[c]);
+  }
   return out;
 }
 
