@@ -7,7 +7,8 @@
 # listed. A policy the model cannot follow yet (the trainer refuses it) is reported as refused.
 # Usage: scripts/plan-measure.sh [build-dir] > table.md
 #   env: MODELS (olmo3-tiny olmo3-small olmo3moe-tiny olmo3moe-d2small), TS (4096 16384 65536), RANKS (1 2 4),
-#        REMATS (none; add full once recomputation lands), MEASURE_LIMIT_GIB (12), CORES (nproc)
+#        REMATS (none; add full once recomputation lands), MEASURE_LIMIT_GIB (12), CORES (nproc),
+#        EXTRA (more key=value overrides for both plan and train, e.g. "compute.dtype=bf16")
 # Not part of `make test` (minutes per row at T = 65,536).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +52,7 @@ for m in $models; do
         args=(recipes/tiny-demo.yaml model.config="$tmp/$m.json" tokenizer=builtin:bytes data.path="$tmp/d$T"
           seq_len="$T" global_batch="$np" per_device_batch=1 devices="$np" dist.mode=zero3 model.remat="$remat"
           steps=1 output_dir="$tmp/runs" run_name="r$m$T$np$remat" export.hf=false eval.heldout=0
-          log.tensorboard=false checkpoint.every=0 perf.peak_tflops=1 compute.threads="$th")
+          log.tensorboard=false checkpoint.every=0 perf.peak_tflops=1 compute.threads="$th" ${EXTRA:-})
         plan=$("$bin" plan "${args[@]}" --model "$m" --save-model-config "$tmp/$m.json" --device cpu-1000gib \
           | sed -n 's/^PLAN .*peak_bytes=\([0-9]*\).*/\1/p')
         total=$(/usr/bin/python3 -c "print(int($plan * $np / 2**30 > $limit_gib))")

@@ -98,6 +98,29 @@ moe::MoeDims moe_dims_of(const model::ModelConfig& m, double buffer_factor) {
           .buffer_factor = buffer_factor};  // weight_mult does not change sizes
 }
 
+// compute.dtype=bf16 on CPU: every thread keeps the bf16 copies of the largest two operands it has rounded
+// (kernels/gemm.cpp, reused from step to step). The main thread's come from the projections over N tokens
+// (activations N x the widest projection side, or a weight) and the LM head's tiles; each other thread's from
+// the MoE experts it runs (`rows` tokens at most, the dispatch buffers' bound).
+double bf16_operand_bytes(const model::ModelConfig& m, int64_t N, const XentConfig& xc, int64_t threads,
+                          int64_t rows) {
+  int64_t widest = std::max(
+      {m.hidden_size, m.intermediate_size, m.num_attention_heads * m.head_dim, m.attention_hidden_size});
+  if (m.is_moe())
+    widest = std::max({widest, m.dense_mlp_intermediate_size, m.shared_expert_intermediate_size,
+                       m.linear_num_key_heads * std::max(m.linear_key_head_dim, m.linear_value_head_dim)});
+  const int64_t chunk = xc.vocab_chunk == 0 ? xc.valid_vocab : std::min(xc.vocab_chunk, xc.valid_vocab);
+  const int64_t block = xc.row_block == 0 ? N : std::min(xc.row_block, N), d = m.hidden_size;
+  const double a = double(std::max(N * widest, block * std::max(d, chunk)));
+  const double b = std::max({double(N * widest), double(widest) * double(widest), double(chunk * d)});
+  double workers = 0;
+  if (m.is_moe() && threads > 1) {
+    const int64_t F = std::max(m.moe_intermediate_size, m.latent_moe_dim > 0 ? m.latent_moe_dim : d);
+    workers = double(threads - 1) * (double(rows * F) + std::max(double(rows * F), double(F * F)));
+  }
+  return 2.0 * (a + b + workers);
+}
+
 // The activation-side parts: the model's planned block and attention workspace, MoE dispatch buffers and
 // cross-entropy tiles, for `rows` rows of T tokens (rows < 1: a row spread over 1/rows devices).
 void activation_parts(const model::ModelConfig& m, const TrainConfig& cfg, const PlanOptions& o, double rows,
@@ -153,6 +176,18 @@ void activation_parts(const model::ModelConfig& m, const TrainConfig& cfg, const
                    "compute.vocab_tile=" + std::to_string(cfg.compute.vocab_tile) +
                        " columns x 1,024 rows (every target trained: upper bound)",
                    true});
+  if (o.device.kind == DeviceKind::Cpu && cfg.compute.gemm.compute == ComputeDtype::BF16) {
+    const int64_t threads = o.threads > 0 ? o.threads : num_threads();
+    const double bf = cfg.moe.buffer_factor;
+    const int64_t rows =
+        m.is_moe() && bf > 0
+            ? int64_t(std::ceil(bf * double(N * m.num_experts_per_tok) / double(m.n_routed_experts)))
+            : N;
+    parts.push_back(
+        {"bf16 GEMM operands", bf16_operand_bytes(m, N, xc, threads, rows),
+         "compute.dtype=bf16: each thread's bf16 copies of its largest GEMM operands (kept between "
+         "steps)"});
+  }
 }
 
 // The state parts: weights, gradients, moments, leaf accumulation and communication buffers.
