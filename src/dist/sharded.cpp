@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace olmosft::dist {
 
@@ -257,8 +258,15 @@ double ShardedParams::clip_and_step(const AdamWConfig& cfg, double max_norm, int
     const double coef = std::min(1.0, max_norm / (norm + 1e-6));
     if (coef < 1.0) {
       const float c = float(coef);
-      for (auto& U : units_)
-        for (auto& x : U.g) x *= c;
+      for (auto& U : units_) {
+        float* g = U.g.data();
+        parallel_for(
+            static_cast<int64_t>(U.g.size()),
+            [&](int64_t b, int64_t e) {
+              for (int64_t i = b; i < e; ++i) g[i] *= c;
+            },
+            1 << 14);
+      }
     }
   }
   std::vector<AdamWParam<float>> segs;
