@@ -44,66 +44,67 @@ void trsm_unit_lower(bool trans, int64_t n, int64_t N, const T* A, int64_t lda, 
                 B, (int)ldb);
 }
 
-// y[c] = exp(x[c]) for x <= 0 (all exponents in this file are non-positive), written so GCC vectorises it
+// exp(x) for x <= 0 (all exponents in this file are non-positive), written so GCC vectorises it
 // (std::exp and std::floor do not vectorise without -ffast-math; the selects need -fno-trapping-math,
 // set for these files in cmake/kda.cmake): n = round(x / ln2) (by truncating
 // x/ln2 - 1/2 toward zero, valid for x <= 0), r = x - n ln2 (Cody-Waite split),
 // exp(r) by its Taylor series (degree 7 for float, 13 for double: truncation below half an ulp for
 // |r| <= ln2/2), times 2^n built in the exponent bits. Results below the smallest normal number are
-// flushed to zero (std::exp would return a denormal < 1.2e-38 / 2.3e-308).
-template <typename T>
-void vexp_nonpos(const T* x, T* y, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-#pragma omp simd
-    for (int64_t c = 0; c < n; ++c) {
-      const float x0 = x[c];
-      const float keep = float(x0 >= -87.0f);
-      const float xv = std::max(x0, -87.0f);
-      const float k = float(int32_t(xv * 1.44269504088896341f - 0.5f));  // round to nearest for x <= 0
-      const float r = (xv - k * 0.693359375f) + k * 2.12194440e-4f;
-      float p = 1.0f / 5040.0f;
-      p = p * r + 1.0f / 720.0f;
-      p = p * r + 1.0f / 120.0f;
-      p = p * r + 1.0f / 24.0f;
-      p = p * r + 1.0f / 6.0f;
-      p = p * r + 0.5f;
-      p = p * r + 1.0f;
-      p = p * r + 1.0f;
-      const int32_t bits = (int32_t(k) + 127) << 23;
-      y[c] = keep * p * std::bit_cast<float>(bits);
-    }
-  } else {
-#pragma omp simd
-    for (int64_t c = 0; c < n; ++c) {
-      const double x0 = x[c];
-      const double keep = double(x0 >= -708.0);
-      const double xv = std::max(x0, -708.0);
-      const double k = double(int64_t(xv * 1.4426950408889634074 - 0.5));  // round to nearest for x <= 0
-      const double r = (xv - k * 6.93145751953125e-1) - k * 1.42860682030941723212e-6;
-      double p = 1.0 / 6227020800.0;
-      p = p * r + 1.0 / 479001600.0;
-      p = p * r + 1.0 / 39916800.0;
-      p = p * r + 1.0 / 3628800.0;
-      p = p * r + 1.0 / 362880.0;
-      p = p * r + 1.0 / 40320.0;
-      p = p * r + 1.0 / 5040.0;
-      p = p * r + 1.0 / 720.0;
-      p = p * r + 1.0 / 120.0;
-      p = p * r + 1.0 / 24.0;
-      p = p * r + 1.0 / 6.0;
-      p = p * r + 0.5;
-      p = p * r + 1.0;
-      p = p * r + 1.0;
-      const int64_t bits = (int64_t(k) + 1023) << 52;
-      y[c] = keep * p * std::bit_cast<double>(bits);
-    }
-  }
+// flushed to zero (std::exp would return a denormal < 1.2e-38 / 2.3e-308). Scalar, inlined into the
+// vectorised loops below.
+inline float exp_nonpos(float x0) {
+  const float keep = float(x0 >= -87.0f);
+  const float xv = std::max(x0, -87.0f);
+  const float k = float(int32_t(xv * 1.44269504088896341f - 0.5f));  // round to nearest for x <= 0
+  const float r = (xv - k * 0.693359375f) + k * 2.12194440e-4f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (int32_t(k) + 127) << 23;
+  return keep * p * std::bit_cast<float>(bits);
 }
 
-// dst[c] = a[c] - b[c], the decay exponent Gam_i - Gam_j, computed in double and rounded to T.
+inline double exp_nonpos(double x0) {
+  const double keep = double(x0 >= -708.0);
+  const double xv = std::max(x0, -708.0);
+  const double k = double(int64_t(xv * 1.4426950408889634074 - 0.5));  // round to nearest for x <= 0
+  const double r = (xv - k * 6.93145751953125e-1) - k * 1.42860682030941723212e-6;
+  double p = 1.0 / 6227020800.0;
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  const int64_t bits = (int64_t(k) + 1023) << 52;
+  return keep * p * std::bit_cast<double>(bits);
+}
+
+// y[c] = exp(x[c]), the exponent rounded to T first.
 template <typename T>
-void diff(const double* a, const double* b, T* dst, int64_t n) {
-  for (int64_t c = 0; c < n; ++c) dst[c] = T(a[c] - b[c]);
+void vexp_nonpos(const double* x, T* y, int64_t n) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) y[c] = exp_nonpos(T(x[c]));
+}
+
+// y[c] = exp(a[c] - b[c]): the decay factor of an exponent Gam_i - Gam_j (<= 0), the difference taken in
+// double and rounded to T.
+template <typename T>
+void vexp_diff(const double* a, const double* b, T* y, int64_t n) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) y[c] = exp_nonpos(T(a[c] - b[c]));
 }
 
 // The chunk GEMMs are small (chunk x K x V) and run inside the per-(row, head) OpenMP loop; a threaded
@@ -139,7 +140,7 @@ template <typename T>
 struct Work {
   int64_t C, K, V;
   std::vector<double> Gm;  // cumulative log-decay, kept in double (see below)
-  std::vector<T> xd, E;    // [C*K] exponent / exp scratch
+  std::vector<T> E;        // [K] exp scratch
   std::vector<T> Qs, Kc, Vc, eG, eL, Kg, Kl, Qg, bt, P, Akk, Aqk, W, U, Vn, O;
   // backward
   std::vector<T> dO, dVn, dA, dQg, dW, dKl, dZu, dM, dq, dk, dv, dGm, db, Sd, dGlast;
@@ -150,7 +151,6 @@ struct Work {
   Work(int64_t C_, int64_t K_, int64_t V_, bool bwd) : C(C_), K(K_), V(V_) {
     auto z = [](std::vector<T>& x, int64_t n) { x.assign(static_cast<size_t>(n), T(0)); };
     Gm.assign(static_cast<size_t>(C * K), 0.0);
-    xd.assign(static_cast<size_t>(C * K), T(0));
     E.assign(static_cast<size_t>(K), T(0));
     for (auto* x : {&Qs, &Kc, &eG, &eL, &Kg, &Kl, &Qg, &W}) z(*x, C * K);
     for (auto* x : {&Vc, &U, &Vn, &O}) z(*x, C * V);
@@ -172,6 +172,25 @@ struct Work {
 // state across the chunk (the backward's first pass: no Q terms, no Aqk).
 enum class Prep { State, Full };
 
+// One pair j <= i of a chunk: p = sum_c k_i[c] k_j[c] e[c] and (kQ) a = sum_c q~_i[c] k_j[c] e[c] with
+// e[c] = exp(Gam_i[c] - Gam_j[c]), kept in ep[] when kKeep. One loop: the exponentials never go to memory
+// unless kept.
+template <bool kQ, bool kKeep, typename T>
+void pair_sums(const double* Gi, const double* Gj, const T* ki, const T* kj, const T* qi, int64_t K, T* ep,
+               T& p, T& a) {
+  T ps = 0, as = 0;
+#pragma omp simd reduction(+ : ps, as)
+  for (int64_t c = 0; c < K; ++c) {
+    const T e = exp_nonpos(T(Gi[c] - Gj[c]));
+    if constexpr (kKeep) ep[c] = e;
+    const T kje = kj[c] * e;
+    ps += ki[c] * kje;
+    if constexpr (kQ) as += qi[c] * kje;
+  }
+  p = ps;
+  a = as;
+}
+
 // P, Akk (and with Prep::Full Aqk) of a chunk of n tokens from Gam, K and Q~. When w.Ep is allocated (the
 // backward) the pairwise exponentials are kept there for pairwise_backward.
 template <typename T>
@@ -185,22 +204,14 @@ void pairwise_forward(Work<T>& w, int64_t n, Prep mode) {
     for (int64_t j = 0; j <= (mode == Prep::Full ? i : i - 1); ++j) {
       const double* Gj = w.Gm.data() + j * K;
       const T* kj = w.Kc.data() + j * K;
-      T* e = keep ? w.Ep.data() + w.pair_row(i) + j * K : w.E.data();
-      diff(Gi, Gj, w.xd.data(), K);
-      vexp_nonpos(w.xd.data(), e, K);
       T p = 0, a = 0;
-      if (mode == Prep::Full) {
-#pragma omp simd reduction(+ : p, a)
-        for (int64_t c = 0; c < K; ++c) {
-          const T kje = kj[c] * e[c];
-          p += ki[c] * kje;
-          a += qi[c] * kje;
-        }
-        w.Aqk[i * C + j] = a;
-      } else {
-#pragma omp simd reduction(+ : p)
-        for (int64_t c = 0; c < K; ++c) p += ki[c] * (kj[c] * e[c]);
-      }
+      if (keep)
+        pair_sums<true, true>(Gi, Gj, ki, kj, qi, K, w.Ep.data() + w.pair_row(i) + j * K, p, a);
+      else if (mode == Prep::Full)
+        pair_sums<true, false>(Gi, Gj, ki, kj, qi, K, w.E.data(), p, a);
+      else
+        pair_sums<false, false>(Gi, Gj, ki, kj, qi, K, w.E.data(), p, a);
+      if (mode == Prep::Full) w.Aqk[i * C + j] = a;
       w.P[i * C + j] = j < i ? p : T(0);
       w.Akk[i * C + j] = j < i ? w.bt[i] * p : T(0);
     }
@@ -226,11 +237,9 @@ void prepare(Work<T>& w, const Chunk& ch, int64_t b, int64_t h, const KdaDims& d
     w.bt[i] = beta[idx];
   }
   const double* Gl = w.Gm.data() + (n - 1) * K;
-  for (int64_t x = 0; x < n * K; ++x) w.xd[x] = T(w.Gm[x]);
-  vexp_nonpos(w.xd.data(), w.eG.data(), n * K);
+  vexp_nonpos(w.Gm.data(), w.eG.data(), n * K);
   for (int64_t i = 0; i < n; ++i) {
-    diff(Gl, w.Gm.data() + i * K, w.xd.data(), K);
-    vexp_nonpos(w.xd.data(), w.eL.data() + i * K, K);
+    vexp_diff(Gl, w.Gm.data() + i * K, w.eL.data() + i * K, K);
   }
   for (int64_t x = 0; x < n * K; ++x) {
     w.Kg[x] = w.Kc[x] * w.eG[x];
