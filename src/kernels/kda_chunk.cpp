@@ -19,6 +19,7 @@
 #include <bit>
 #include <cmath>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -513,7 +514,7 @@ void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T*
         std::fill(Gs.begin(), Gs.end(), T(0));
         for (int64_t ci = nc - 1; ci >= 0; --ci) {
           chunk_backward(w, a, chunks[c0 + ci], Sin.data() + ci * KV, Gs.data());
-          std::copy(w.Sd.begin(), w.Sd.end(), Gs.begin());
+          std::swap(w.Sd, Gs);  // dL/d(state entering it) = Gs of the chunk before
         }
       }
     }
