@@ -141,7 +141,6 @@ template <typename T>
 struct Work {
   int64_t C, K, V;
   std::vector<double> Gm;  // cumulative log-decay, kept in double (see below)
-  std::vector<T> E;        // [K] exp scratch
   std::vector<T> Qs, Kc, Vc, eG, eL, Kg, Kl, Qg, bt, P, Akk, Aqk, W, U, Vn, O;
   // backward
   std::vector<T> dO, dVn, dA, dQg, dW, dKl, dZu, dM, dq, dk, dv, dGm, db, Sd, dGlast;
@@ -152,7 +151,6 @@ struct Work {
   Work(int64_t C_, int64_t K_, int64_t V_, bool bwd) : C(C_), K(K_), V(V_) {
     auto z = [](std::vector<T>& x, int64_t n) { x.assign(static_cast<size_t>(n), T(0)); };
     Gm.assign(static_cast<size_t>(C * K), 0.0);
-    E.assign(static_cast<size_t>(K), T(0));
     for (auto* x : {&Qs, &Kc, &eG, &eL, &Kg, &Kl, &Qg, &W}) z(*x, C * K);
     for (auto* x : {&Vc, &U, &Vn, &O}) z(*x, C * V);
     for (auto* x : {&P, &Akk, &Aqk}) z(*x, C * C);
@@ -209,9 +207,9 @@ void pairwise_forward(Work<T>& w, int64_t n, Prep mode) {
       if (keep)
         pair_sums<true, true>(Gi, Gj, ki, kj, qi, K, w.Ep.data() + w.pair_row(i) + j * K, p, a);
       else if (mode == Prep::Full)
-        pair_sums<true, false>(Gi, Gj, ki, kj, qi, K, w.E.data(), p, a);
+        pair_sums<true, false>(Gi, Gj, ki, kj, qi, K, static_cast<T*>(nullptr), p, a);
       else
-        pair_sums<false, false>(Gi, Gj, ki, kj, qi, K, w.E.data(), p, a);
+        pair_sums<false, false>(Gi, Gj, ki, kj, qi, K, static_cast<T*>(nullptr), p, a);
       if (mode == Prep::Full) w.Aqk[i * C + j] = a;
       w.P[i * C + j] = j < i ? p : T(0);
       w.Akk[i * C + j] = j < i ? w.bt[i] * p : T(0);
