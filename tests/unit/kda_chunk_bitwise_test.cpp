@@ -104,6 +104,12 @@ std::string unsegmented_case() {
   return r;
 }
 
+// Head sizes that are not a multiple of the vector width (remainder loops), three heads, chunk 16.
+template <typename T>
+std::string odd_case() {
+  return run_hashes<T>({2, 70, 3, 24, 40}, packed({{5, 40, 17}, {70}}, 70), 16, 400);
+}
+
 const std::vector<Case>& cases() {
   static const std::vector<Case> c = {
       {"small.f32", small_case<float>,
@@ -124,6 +130,12 @@ const std::vector<Case>& cases() {
       {"unsegmented.f64", unsegmented_case<double>,
        "eb06d7a59afeb2d5 8fe6e7652d5d12df c2ea93539a251f1e cb7d9b3b93ded6da a9e3655d1aa1bc76 "
        "248cd9eb946df3eb"},
+      {"odd.f32", odd_case<float>,
+       "8c5ee426e5190593 f429c852b4b09017 8710ae4a6735bfca e1ea58313af372fe dc71b68c8267c7f7 "
+       "10558598aedfed10"},
+      {"odd.f64", odd_case<double>,
+       "9d5ce411d40dddc9 6b7a09c7694b5481 10da8b70190d3c9a 32c3968b51e215b8 7b81a4cb0e336516 "
+       "0af15633cac5f847"},
   };
   return c;
 }
