@@ -1,8 +1,12 @@
 // KDA delta-rule benchmark: chunked (WY/UT) vs recurrent reference, forward + backward, float32.
 // Usage: bench_kda [--T 4096,65536] [--K 128] [--V 256] [--H 1] [--chunk 64] [--threads 1]
-//                  [--max-recurrent-tokens N]
+//                  [--max-recurrent-tokens N] [--reps 3]
 // Times are wall-clock and process CPU seconds; tokens/s uses CPU seconds, which on a machine shared with
-// other jobs is the stable number (wall time stretches with the load).
+// other jobs is the stable number (wall time stretches with the load). Each of forward and backward runs
+// --reps times on the same inputs and the fastest run counts (the first pays for first-touching the output
+// buffers, later ones show the kernel). The child runs with OPENBLAS_NUM_THREADS = --threads: OpenBLAS's
+// worker threads, started when the library loads, otherwise spin (sched_yield) for ~0.1 s and that CPU
+// time landed in the short T = 4096 runs (measured: 9% of the samples of a T = 16,384 run).
 // Each (algorithm, T) runs in a fresh child process (this binary re-invoked with --one) so the reported
 // peak RSS (getrusage ru_maxrss) belongs to that configuration alone. The recurrent reference is bounded:
 // above --max-recurrent-tokens it runs on the first N tokens only and reports tokens/s from that (both
@@ -12,6 +16,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -47,7 +52,7 @@ long peak_rss_kb() {
 }
 
 // One configuration; prints "RESULT algo T fwd_wall bwd_wall fwd_cpu bwd_cpu rss_kb base_rss_kb checksum".
-int run_one(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t chunk) {
+int run_one(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t chunk, int64_t reps) {
   const size_t NH = size_t(T * H);
   std::vector<float> q(NH * K), k(NH * K), g(NH * K), v(NH * V), beta(NH), o(NH * V), dout(NH * V);
   std::vector<float> dq(NH * K), dk(NH * K), dg(NH * K), dv(NH * V), db(NH);
@@ -70,24 +75,29 @@ int run_one(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t ch
   const long base = peak_rss_kb();
   const KdaDims d{1, T, H, K, V};
   const float scale = 1.0f / std::sqrt(float(K));
-  auto t0 = Clock::now();
-  double c0 = cpu_seconds();
-  if (chunked)
-    kda_chunk_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, o.data(),
-                      chunk);
-  else
-    kda_recurrent_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
-                          o.data());
-  const double tf = seconds_since(t0), cf = cpu_seconds() - c0;
-  t0 = Clock::now();
-  c0 = cpu_seconds();
-  if (chunked)
-    kda_chunk_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, dout.data(),
-                       dq.data(), dk.data(), dv.data(), dg.data(), db.data(), chunk);
-  else
-    kda_recurrent_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
-                           dout.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data());
-  const double tb = seconds_since(t0), cb = cpu_seconds() - c0;
+  double tf = 1e30, tb = 1e30, cf = 1e30, cb = 1e30;
+  for (int64_t r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    double c0 = cpu_seconds();
+    if (chunked)
+      kda_chunk_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, o.data(),
+                        chunk);
+    else
+      kda_recurrent_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
+                            o.data());
+    tf = std::min(tf, seconds_since(t0));
+    cf = std::min(cf, cpu_seconds() - c0);
+    t0 = Clock::now();
+    c0 = cpu_seconds();
+    if (chunked)
+      kda_chunk_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
+                         dout.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data(), chunk);
+    else
+      kda_recurrent_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
+                             dout.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data());
+    tb = std::min(tb, seconds_since(t0));
+    cb = std::min(cb, cpu_seconds() - c0);
+  }
   double cs = 0;
   for (size_t i = 0; i < o.size(); i += 97) cs += o[i];
   for (size_t i = 0; i < dg.size(); i += 89) cs += dg[i];
@@ -108,7 +118,7 @@ std::vector<int64_t> parse_list(const char* s) {
 
 int main(int argc, char** argv) {
   std::vector<int64_t> Ts = {4096, 65536};
-  int64_t H = 1, K = 128, V = 256, chunk = 64, threads = 1, max_rec = 16384;
+  int64_t H = 1, K = 128, V = 256, chunk = 64, threads = 1, max_rec = 16384, reps = 3;
   bool one = false, one_chunked = false;
   int64_t one_T = 0;
   for (int i = 1; i < argc; ++i) {
@@ -134,6 +144,8 @@ int main(int argc, char** argv) {
       threads = std::stoll(next());
     else if (a == "--max-recurrent-tokens")
       max_rec = std::stoll(next());
+    else if (a == "--reps")
+      reps = std::max<int64_t>(1, std::stoll(next()));
     else if (a == "--one") {
       one = true;
       one_chunked = std::string(next()) == "chunked";
@@ -144,11 +156,12 @@ int main(int argc, char** argv) {
     }
   }
   olmosft::set_threads(int(threads));
-  if (one) return run_one(one_chunked, one_T, H, K, V, chunk);
+  if (one) return run_one(one_chunked, one_T, H, K, V, chunk, reps);
 
   std::printf(
-      "KDA delta rule fwd+bwd, float32, H=%ld dk=%ld dv=%ld chunk=%ld threads=%ld, documents of 4096\n",
-      long(H), long(K), long(V), long(chunk), long(threads));
+      "KDA delta rule fwd+bwd, float32, H=%ld dk=%ld dv=%ld chunk=%ld threads=%ld, documents of 4096, "
+      "best of %ld\n",
+      long(H), long(K), long(V), long(chunk), long(threads), long(reps));
   std::printf("%-10s %8s %8s %9s %9s %9s %9s %12s %10s %10s\n", "algo", "T", "T_run", "fwd_wall", "bwd_wall",
               "fwd_cpu", "bwd_cpu", "tok/s(cpu)", "peakRSS_MB", "kernel_MB");
   for (int64_t T : Ts) {
@@ -156,8 +169,9 @@ int main(int argc, char** argv) {
     for (int c = 1; c >= 0; --c) {
       const int64_t Tr = c ? T : std::min(T, max_rec);
       std::ostringstream cmd;
-      cmd << argv[0] << " --one " << (c ? "chunked" : "recurrent") << " " << Tr << " --H " << H << " --K "
-          << K << " --V " << V << " --chunk " << chunk << " --threads " << threads;
+      cmd << "OPENBLAS_NUM_THREADS=" << threads << " " << argv[0] << " --one "
+          << (c ? "chunked" : "recurrent") << " " << Tr << " --H " << H << " --K " << K << " --V " << V
+          << " --chunk " << chunk << " --threads " << threads << " --reps " << reps;
       FILE* p = popen(cmd.str().c_str(), "r");
       if (!p) {
         std::perror("popen");

@@ -19,6 +19,7 @@
 #include <bit>
 #include <cmath>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -44,66 +45,67 @@ void trsm_unit_lower(bool trans, int64_t n, int64_t N, const T* A, int64_t lda, 
                 B, (int)ldb);
 }
 
-// y[c] = exp(x[c]) for x <= 0 (all exponents in this file are non-positive), written so GCC vectorises it
+// exp(x) for x <= 0 (all exponents in this file are non-positive), written so GCC vectorises it
 // (std::exp and std::floor do not vectorise without -ffast-math; the selects need -fno-trapping-math,
 // set for these files in cmake/kda.cmake): n = round(x / ln2) (by truncating
 // x/ln2 - 1/2 toward zero, valid for x <= 0), r = x - n ln2 (Cody-Waite split),
 // exp(r) by its Taylor series (degree 7 for float, 13 for double: truncation below half an ulp for
 // |r| <= ln2/2), times 2^n built in the exponent bits. Results below the smallest normal number are
-// flushed to zero (std::exp would return a denormal < 1.2e-38 / 2.3e-308).
-template <typename T>
-void vexp_nonpos(const T* x, T* y, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-#pragma omp simd
-    for (int64_t c = 0; c < n; ++c) {
-      const float x0 = x[c];
-      const float keep = float(x0 >= -87.0f);
-      const float xv = std::max(x0, -87.0f);
-      const float k = float(int32_t(xv * 1.44269504088896341f - 0.5f));  // round to nearest for x <= 0
-      const float r = (xv - k * 0.693359375f) + k * 2.12194440e-4f;
-      float p = 1.0f / 5040.0f;
-      p = p * r + 1.0f / 720.0f;
-      p = p * r + 1.0f / 120.0f;
-      p = p * r + 1.0f / 24.0f;
-      p = p * r + 1.0f / 6.0f;
-      p = p * r + 0.5f;
-      p = p * r + 1.0f;
-      p = p * r + 1.0f;
-      const int32_t bits = (int32_t(k) + 127) << 23;
-      y[c] = keep * p * std::bit_cast<float>(bits);
-    }
-  } else {
-#pragma omp simd
-    for (int64_t c = 0; c < n; ++c) {
-      const double x0 = x[c];
-      const double keep = double(x0 >= -708.0);
-      const double xv = std::max(x0, -708.0);
-      const double k = double(int64_t(xv * 1.4426950408889634074 - 0.5));  // round to nearest for x <= 0
-      const double r = (xv - k * 6.93145751953125e-1) - k * 1.42860682030941723212e-6;
-      double p = 1.0 / 6227020800.0;
-      p = p * r + 1.0 / 479001600.0;
-      p = p * r + 1.0 / 39916800.0;
-      p = p * r + 1.0 / 3628800.0;
-      p = p * r + 1.0 / 362880.0;
-      p = p * r + 1.0 / 40320.0;
-      p = p * r + 1.0 / 5040.0;
-      p = p * r + 1.0 / 720.0;
-      p = p * r + 1.0 / 120.0;
-      p = p * r + 1.0 / 24.0;
-      p = p * r + 1.0 / 6.0;
-      p = p * r + 0.5;
-      p = p * r + 1.0;
-      p = p * r + 1.0;
-      const int64_t bits = (int64_t(k) + 1023) << 52;
-      y[c] = keep * p * std::bit_cast<double>(bits);
-    }
-  }
+// flushed to zero (std::exp would return a denormal < 1.2e-38 / 2.3e-308). Scalar, inlined into the
+// vectorised loops below.
+inline float exp_nonpos(float x0) {
+  const float keep = float(x0 >= -87.0f);
+  const float xv = std::max(x0, -87.0f);
+  const float k = float(int32_t(xv * 1.44269504088896341f - 0.5f));  // round to nearest for x <= 0
+  const float r = (xv - k * 0.693359375f) + k * 2.12194440e-4f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (int32_t(k) + 127) << 23;
+  return keep * p * std::bit_cast<float>(bits);
 }
 
-// dst[c] = a[c] - b[c], the decay exponent Gam_i - Gam_j, computed in double and rounded to T.
+inline double exp_nonpos(double x0) {
+  const double keep = double(x0 >= -708.0);
+  const double xv = std::max(x0, -708.0);
+  const double k = double(int64_t(xv * 1.4426950408889634074 - 0.5));  // round to nearest for x <= 0
+  const double r = (xv - k * 6.93145751953125e-1) - k * 1.42860682030941723212e-6;
+  double p = 1.0 / 6227020800.0;
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  const int64_t bits = (int64_t(k) + 1023) << 52;
+  return keep * p * std::bit_cast<double>(bits);
+}
+
+// y[c] = exp(x[c]), the exponent rounded to T first.
 template <typename T>
-void diff(const double* a, const double* b, T* dst, int64_t n) {
-  for (int64_t c = 0; c < n; ++c) dst[c] = T(a[c] - b[c]);
+void vexp_nonpos(const double* x, T* y, int64_t n) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) y[c] = exp_nonpos(T(x[c]));
+}
+
+// y[c] = exp(a[c] - b[c]): the decay factor of an exponent Gam_i - Gam_j (<= 0), the difference taken in
+// double and rounded to T.
+template <typename T>
+void vexp_diff(const double* a, const double* b, T* y, int64_t n) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) y[c] = exp_nonpos(T(a[c] - b[c]));
 }
 
 // The chunk GEMMs are small (chunk x K x V) and run inside the per-(row, head) OpenMP loop; a threaded
@@ -139,15 +141,16 @@ template <typename T>
 struct Work {
   int64_t C, K, V;
   std::vector<double> Gm;  // cumulative log-decay, kept in double (see below)
-  std::vector<T> xd, E;    // [C*K] exponent / exp scratch
   std::vector<T> Qs, Kc, Vc, eG, eL, Kg, Kl, Qg, bt, P, Akk, Aqk, W, U, Vn, O;
   // backward
-  std::vector<T> dO, dVn, dA, dQg, dW, dKl, dZu, dM, dq, dk, dv, dGm, db, Sd;
+  std::vector<T> dO, dVn, dA, dQg, dW, dKl, dZu, dM, dq, dk, dv, dGm, db, Sd, dGlast;
+  // backward: e^(Gam_i - Gam_j) of every pair j <= i of the chunk, row i at pair_row(i) (written by
+  // prepare, read again by pairwise_backward instead of recomputing the exponentials)
+  std::vector<T> Ep;
+  int64_t pair_row(int64_t i) const { return i * (i + 1) / 2 * K; }
   Work(int64_t C_, int64_t K_, int64_t V_, bool bwd) : C(C_), K(K_), V(V_) {
     auto z = [](std::vector<T>& x, int64_t n) { x.assign(static_cast<size_t>(n), T(0)); };
     Gm.assign(static_cast<size_t>(C * K), 0.0);
-    xd.assign(static_cast<size_t>(C * K), T(0));
-    E.assign(static_cast<size_t>(K), T(0));
     for (auto* x : {&Qs, &Kc, &eG, &eL, &Kg, &Kl, &Qg, &W}) z(*x, C * K);
     for (auto* x : {&Vc, &U, &Vn, &O}) z(*x, C * V);
     for (auto* x : {&P, &Akk, &Aqk}) z(*x, C * C);
@@ -158,20 +161,74 @@ struct Work {
       for (auto* x : {&dA, &dM}) z(*x, C * C);
       z(db, C);
       z(Sd, K * V);
+      z(dGlast, K);
+      z(Ep, C * (C + 1) / 2 * K);
     }
   }
 };
 
+// What prepare computes: everything (the forward and the backward's second pass), or only what carries the
+// state across the chunk (the backward's first pass: no Q terms, no Aqk).
+enum class Prep { State, Full };
+
+// One pair j <= i of a chunk: p = sum_c k_i[c] k_j[c] e[c] and (kQ) a = sum_c q~_i[c] k_j[c] e[c] with
+// e[c] = exp(Gam_i[c] - Gam_j[c]), kept in ep[] when kKeep. One loop: the exponentials never go to memory
+// unless kept.
+template <bool kQ, bool kKeep, typename T>
+void pair_sums(const double* Gi, const double* Gj, const T* ki, const T* kj, const T* qi, int64_t K, T* ep,
+               T& p, T& a) {
+  T ps = 0, as = 0;
+#pragma omp simd reduction(+ : ps, as)
+  for (int64_t c = 0; c < K; ++c) {
+    const T e = exp_nonpos(T(Gi[c] - Gj[c]));
+    if constexpr (kKeep) ep[c] = e;
+    const T kje = kj[c] * e;
+    ps += ki[c] * kje;
+    if constexpr (kQ) as += qi[c] * kje;
+  }
+  p = ps;
+  a = as;
+}
+
+// P, Akk (and with Prep::Full Aqk) of a chunk of n tokens from Gam, K and Q~. When w.Ep is allocated (the
+// backward) the pairwise exponentials are kept there for pairwise_backward.
+template <typename T>
+void pairwise_forward(Work<T>& w, int64_t n, Prep mode) {
+  const int64_t K = w.K, C = w.C;
+  const bool keep = !w.Ep.empty() && mode == Prep::Full;
+  for (int64_t i = 0; i < n; ++i) {
+    const double* Gi = w.Gm.data() + i * K;
+    const T* ki = w.Kc.data() + i * K;
+    const T* qi = w.Qs.data() + i * K;
+    for (int64_t j = 0; j <= (mode == Prep::Full ? i : i - 1); ++j) {
+      const double* Gj = w.Gm.data() + j * K;
+      const T* kj = w.Kc.data() + j * K;
+      T p = 0, a = 0;
+      if (keep)
+        pair_sums<true, true>(Gi, Gj, ki, kj, qi, K, w.Ep.data() + w.pair_row(i) + j * K, p, a);
+      else if (mode == Prep::Full)
+        pair_sums<true, false>(Gi, Gj, ki, kj, qi, K, static_cast<T*>(nullptr), p, a);
+      else
+        pair_sums<false, false>(Gi, Gj, ki, kj, qi, K, static_cast<T*>(nullptr), p, a);
+      if (mode == Prep::Full) w.Aqk[i * C + j] = a;
+      w.P[i * C + j] = j < i ? p : T(0);
+      w.Akk[i * C + j] = j < i ? w.bt[i] * p : T(0);
+    }
+    for (int64_t j = i + 1; j < n; ++j) w.P[i * C + j] = w.Akk[i * C + j] = w.Aqk[i * C + j] = 0;
+  }
+}
+
 // Gathers chunk inputs and computes everything that does not depend on the incoming state:
-// Gam, e^Gam, K.e^Gam, K.e^(Gam_last-Gam), Q~.e^Gam, P, Akk, Aqk, W, U.
+// Gam, e^Gam, K.e^Gam, K.e^(Gam_last-Gam), Q~.e^Gam, P, Akk, Aqk, W, U (Prep::State: no Q~.e^Gam, Aqk).
 template <typename T>
 void prepare(Work<T>& w, const Chunk& ch, int64_t b, int64_t h, const KdaDims& d, const T* q, const T* k,
-             const T* v, const T* g, const T* beta, T scale) {
-  const int64_t n = ch.n, K = d.K, V = d.V, C = w.C;
+             const T* v, const T* g, const T* beta, T scale, Prep mode) {
+  const int64_t n = ch.n, K = d.K, V = d.V;
+  const bool full = mode == Prep::Full;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t idx = (b * d.L + ch.t0 + i) * d.H + h;
     for (int64_t c = 0; c < K; ++c) {
-      w.Qs[i * K + c] = scale * q[idx * K + c];
+      if (full) w.Qs[i * K + c] = scale * q[idx * K + c];
       w.Kc[i * K + c] = k[idx * K + c];
       w.Gm[i * K + c] = double(g[idx * K + c]) + (i > 0 ? w.Gm[(i - 1) * K + c] : 0.0);
     }
@@ -179,48 +236,22 @@ void prepare(Work<T>& w, const Chunk& ch, int64_t b, int64_t h, const KdaDims& d
     w.bt[i] = beta[idx];
   }
   const double* Gl = w.Gm.data() + (n - 1) * K;
-  for (int64_t x = 0; x < n * K; ++x) w.xd[x] = T(w.Gm[x]);
-  vexp_nonpos(w.xd.data(), w.eG.data(), n * K);
+  vexp_nonpos(w.Gm.data(), w.eG.data(), n * K);
   for (int64_t i = 0; i < n; ++i) {
-    diff(Gl, w.Gm.data() + i * K, w.xd.data(), K);
-    vexp_nonpos(w.xd.data(), w.eL.data() + i * K, K);
+    vexp_diff(Gl, w.Gm.data() + i * K, w.eL.data() + i * K, K);
   }
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t c = 0; c < K; ++c) {
-      const int64_t x = i * K + c;
-      w.Kg[x] = w.Kc[x] * w.eG[x];
-      w.Kl[x] = w.Kc[x] * w.eL[x];
-      w.Qg[x] = w.Qs[x] * w.eG[x];
-    }
-  for (int64_t i = 0; i < n; ++i) {
-    const double* Gi = w.Gm.data() + i * K;
-    const T* ki = w.Kc.data() + i * K;
-    const T* qi = w.Qs.data() + i * K;
-    for (int64_t j = 0; j <= i; ++j) {
-      const double* Gj = w.Gm.data() + j * K;
-      const T* kj = w.Kc.data() + j * K;
-      diff(Gi, Gj, w.xd.data(), K);
-      vexp_nonpos(w.xd.data(), w.E.data(), K);
-      const T* e = w.E.data();
-      T p = 0, a = 0;
-#pragma omp simd reduction(+ : p, a)
-      for (int64_t c = 0; c < K; ++c) {
-        const T kje = kj[c] * e[c];
-        p += ki[c] * kje;
-        a += qi[c] * kje;
-      }
-      w.P[i * C + j] = j < i ? p : T(0);
-      w.Akk[i * C + j] = j < i ? w.bt[i] * p : T(0);
-      w.Aqk[i * C + j] = a;
-    }
-    for (int64_t j = i + 1; j < n; ++j) w.P[i * C + j] = w.Akk[i * C + j] = w.Aqk[i * C + j] = 0;
+  for (int64_t x = 0; x < n * K; ++x) {
+    w.Kg[x] = w.Kc[x] * w.eG[x];
+    w.Kl[x] = w.Kc[x] * w.eL[x];
+    if (full) w.Qg[x] = w.Qs[x] * w.eG[x];
   }
+  pairwise_forward(w, n, mode);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t c = 0; c < K; ++c) w.W[i * K + c] = w.bt[i] * w.Kg[i * K + c];
     for (int64_t j = 0; j < V; ++j) w.U[i * V + j] = w.bt[i] * w.Vc[i * V + j];
   }
-  trsm_unit_lower(false, n, K, w.Akk.data(), C, w.W.data(), K);
-  trsm_unit_lower(false, n, V, w.Akk.data(), C, w.U.data(), V);
+  trsm_unit_lower(false, n, K, w.Akk.data(), w.C, w.W.data(), K);
+  trsm_unit_lower(false, n, V, w.Akk.data(), w.C, w.U.data(), V);
 }
 
 // Vn = U - W S.
@@ -240,12 +271,11 @@ void advance_state(Work<T>& w, int64_t n, T* S) {
 }
 
 // Backward through the pairwise terms of a chunk of n tokens: P (Akk = Diag(beta) P) and Aqk. Adds into
-// w.dk, w.dq and w.dGm from w.dM (dL/dM) and w.dA (dL/dAqk).
+// w.dk, w.dq and w.dGm from w.dM (dL/dM) and w.dA (dL/dAqk); the exponentials are those prepare kept.
 template <typename T>
 void pairwise_backward(Work<T>& w, int64_t n) {
   const int64_t K = w.K, C = w.C;
   for (int64_t i = 0; i < n; ++i) {
-    const double* Gi = w.Gm.data() + i * K;
     const T* ki = w.Kc.data() + i * K;
     const T* qi = w.Qs.data() + i * K;
     T* dki = w.dk.data() + i * K;
@@ -255,13 +285,10 @@ void pairwise_backward(Work<T>& w, int64_t n) {
       const T dp = w.bt[i] * w.dM[i * C + j];
       const T da = w.dA[i * C + j];
       if (dp == T(0) && da == T(0)) continue;
-      const double* Gj = w.Gm.data() + j * K;
       const T* kj = w.Kc.data() + j * K;
       T* dkj = w.dk.data() + j * K;
       T* dGj = w.dGm.data() + j * K;
-      diff(Gi, Gj, w.xd.data(), K);
-      vexp_nonpos(w.xd.data(), w.E.data(), K);
-      const T* ev = w.E.data();
+      const T* ev = w.Ep.data() + w.pair_row(i) + j * K;
 #pragma omp simd
       for (int64_t c = 0; c < K; ++c) {
         const T e = ev[c];
@@ -309,7 +336,7 @@ void kda_chunk_forward(const T* q, const T* k, const T* v, const T* g, const T* 
           std::fill(o + ((b * L + t) * H + h) * V, o + ((b * L + t) * H + h + 1) * V, T(0));
       for (const Chunk& ch : row_chunks(start, b, L, chunk)) {
         if (ch.reset) std::fill(S.begin(), S.end(), T(0));
-        prepare(w, ch, b, h, d, q, k, v, g, beta, scale);
+        prepare(w, ch, b, h, d, q, k, v, g, beta, scale, Prep::Full);
         const int64_t n = ch.n;
         pseudo_values(w, n, S.data());
         // O = Qg S + Aqk Vn.
@@ -323,128 +350,170 @@ void kda_chunk_forward(const T* q, const T* k, const T* v, const T* g, const T* 
   });
 }
 
+namespace {
+
+// The inputs and outputs of the backward, and the (row, head) being processed.
+template <typename T>
+struct BwdArgs {
+  const T *q, *k, *v, *g, *beta;
+  const KdaDims& d;
+  T scale;
+  const T* dout;
+  T *dq, *dk, *dv, *dg, *dbeta;
+  int64_t b = 0, h = 0;
+  int64_t idx(int64_t t) const { return (b * d.L + t) * d.H + h; }
+  void prepare(Work<T>& w, const Chunk& ch, Prep mode) const {
+    olmosft::kda::prepare(w, ch, b, h, d, q, k, v, g, beta, scale, mode);
+  }
+};
+
+// Pass 1 over one document (chunks ch[0..nc), ch[0] its first): the state entering every chunk, Sin[ci].
+template <typename T>
+void document_states(Work<T>& w, const BwdArgs<T>& a, const Chunk* ch, int64_t nc, T* Sin) {
+  const int64_t KV = w.K * w.V;
+  std::fill(Sin, Sin + KV, T(0));
+  for (int64_t ci = 1; ci < nc; ++ci) {
+    T* S = Sin + ci * KV;
+    std::copy(S - KV, S, S);
+    a.prepare(w, ch[ci - 1], Prep::State);
+    pseudo_values(w, ch[ci - 1].n, S);
+    advance_state(w, ch[ci - 1].n, S);
+  }
+}
+
+// The elementwise terms of a chunk's gradient (dk, dq, dGam, dbeta, dv in w) from dW (= dZw, after the
+// solve), dZu, dQg, dKl and dM; adds the last token's Gam terms into w.dGlast.
+template <typename T>
+void elementwise_backward(Work<T>& w, int64_t n) {
+  const int64_t K = w.K, V = w.V, C = w.C;
+  for (int64_t i = 0; i < n; ++i) {
+    T dbi = 0;
+    for (int64_t c = 0; c < K; ++c) {
+      const int64_t x = i * K + c;
+      const T dzw = w.dW[x];
+      dbi += dzw * w.Kg[x];
+      w.dk[x] = w.bt[i] * dzw * w.eG[x] + w.dKl[x] * w.eL[x];
+      w.dq[x] = w.dQg[x] * w.eG[x];
+      w.dGm[x] = w.dQg[x] * w.Qg[x] + w.bt[i] * dzw * w.Kg[x];
+      if (i + 1 < n) {  // Kl of the last token does not depend on Gam (zero exponent)
+        w.dGm[x] -= w.dKl[x] * w.Kl[x];
+        w.dGlast[c] += w.dKl[x] * w.Kl[x];
+      }
+    }
+    for (int64_t j = 0; j < V; ++j) {
+      dbi += w.dZu[i * V + j] * w.Vc[i * V + j];
+      w.dv[i * V + j] = w.bt[i] * w.dZu[i * V + j];
+    }
+    for (int64_t j = 0; j < i; ++j) dbi += w.dM[i * C + j] * w.P[i * C + j];
+    w.db[i] = dbi;
+  }
+}
+
+// Pass 2, one chunk: its gradients from dout and Gs = dL/d(state leaving the chunk), given S = the state
+// entering it; leaves dL/d(state entering it) in w.Sd.
+template <typename T>
+void chunk_backward(Work<T>& w, const BwdArgs<T>& a, const Chunk& ch, const T* S, const T* Gs) {
+  const int64_t n = ch.n, K = w.K, V = w.V, C = w.C;
+  a.prepare(w, ch, Prep::Full);
+  pseudo_values(w, n, S);
+  for (int64_t i = 0; i < n; ++i)
+    std::copy(a.dout + a.idx(ch.t0 + i) * V, a.dout + (a.idx(ch.t0 + i) + 1) * V, w.dO.begin() + i * V);
+  // dVn = Aqk^T dO + Kl Gs;  dAqk = dO Vn^T (lower incl. diagonal);  dQg = dO S^T.
+  gemm<T>(Trans::T, Trans::N, n, V, n, T(1), w.Aqk.data(), C, w.dO.data(), V, T(0), w.dVn.data(), V);
+  gemm<T>(Trans::N, Trans::N, n, V, K, T(1), w.Kl.data(), K, Gs, V, T(1), w.dVn.data(), V);
+  gemm<T>(Trans::N, Trans::T, n, n, V, T(1), w.dO.data(), V, w.Vn.data(), V, T(0), w.dA.data(), C);
+  gemm<T>(Trans::N, Trans::T, n, K, V, T(1), w.dO.data(), V, S, V, T(0), w.dQg.data(), K);
+  // dS_in = Diag(e^Gam_last) Gs + Qg^T dO - W^T dVn.
+  const T* eGl = w.eG.data() + (n - 1) * K;
+  T* Sd = w.Sd.data();
+  for (int64_t c = 0; c < K; ++c) {
+    T acc = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      Sd[c * V + j] = eGl[c] * Gs[c * V + j];
+      acc += Gs[c * V + j] * S[c * V + j];
+    }
+    w.dGlast[c] = eGl[c] * acc;
+  }
+  gemm<T>(Trans::T, Trans::N, K, V, n, T(1), w.Qg.data(), K, w.dO.data(), V, T(1), Sd, V);
+  gemm<T>(Trans::T, Trans::N, K, V, n, T(-1), w.W.data(), K, w.dVn.data(), V, T(1), Sd, V);
+  // dW = -dVn S^T;  dKl = Vn Gs^T.
+  gemm<T>(Trans::N, Trans::T, n, K, V, T(-1), w.dVn.data(), V, S, V, T(0), w.dW.data(), K);
+  gemm<T>(Trans::N, Trans::T, n, K, V, T(1), w.Vn.data(), V, Gs, V, T(0), w.dKl.data(), K);
+  // Through the UT solve: dZw = M^-T dW, dZu = M^-T dU (dU = dVn); dM = -(dZw W^T + dZu U^T).
+  trsm_unit_lower(true, n, K, w.Akk.data(), C, w.dW.data(), K);
+  std::copy(w.dVn.begin(), w.dVn.begin() + n * V, w.dZu.begin());
+  trsm_unit_lower(true, n, V, w.Akk.data(), C, w.dZu.data(), V);
+  gemm<T>(Trans::N, Trans::T, n, n, K, T(-1), w.dW.data(), K, w.W.data(), K, T(0), w.dM.data(), C);
+  gemm<T>(Trans::N, Trans::T, n, n, V, T(-1), w.dZu.data(), V, w.U.data(), V, T(1), w.dM.data(), C);
+  elementwise_backward(w, n);
+  T* dGl = w.dGm.data() + (n - 1) * K;
+  for (int64_t c = 0; c < K; ++c) dGl[c] += w.dGlast[c];
+  // Pairwise terms through P (Akk = Diag(beta) P) and Aqk.
+  pairwise_backward(w, n);
+  // Gam is a cumulative sum of g: dg = reverse cumulative sum of dGam. Scatter.
+  for (int64_t i = n - 2; i >= 0; --i)
+    for (int64_t c = 0; c < K; ++c) w.dGm[i * K + c] += w.dGm[(i + 1) * K + c];
+  // At a document start the incoming state is zero, so the first token's decay has no effect: its
+  // gradient is exactly zero (the sum above is zero up to rounding).
+  if (ch.reset) std::fill(w.dGm.begin(), w.dGm.begin() + K, T(0));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = a.idx(ch.t0 + i);
+    for (int64_t c = 0; c < K; ++c) {
+      a.dq[id * K + c] = a.scale * w.dq[i * K + c];
+      a.dk[id * K + c] = w.dk[i * K + c];
+      a.dg[id * K + c] = w.dGm[i * K + c];
+    }
+    std::copy(w.dv.begin() + i * V, w.dv.begin() + (i + 1) * V, a.dv + id * V);
+    a.dbeta[id] = w.db[i];
+  }
+}
+
+// Zero gradients for the padding tokens of row a.b, head a.h.
+template <typename T>
+void zero_padding_grads(const BwdArgs<T>& a, const std::vector<int64_t>& start) {
+  const int64_t K = a.d.K, V = a.d.V;
+  for (int64_t t = 0; t < a.d.L; ++t)
+    if (start[a.b * a.d.L + t] < 0) {
+      const int64_t n = a.idx(t);
+      std::fill(a.dq + n * K, a.dq + (n + 1) * K, T(0));
+      std::fill(a.dk + n * K, a.dk + (n + 1) * K, T(0));
+      std::fill(a.dg + n * K, a.dg + (n + 1) * K, T(0));
+      std::fill(a.dv + n * V, a.dv + (n + 1) * V, T(0));
+      a.dbeta[n] = 0;
+    }
+}
+
+}  // namespace
+
+// Per (row, head) and per document: pass 1 computes the state entering each of the document's chunks,
+// pass 2 walks its chunks in reverse, carrying Gs = dL/d(state leaving the chunk).
 template <typename T>
 void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T* beta, const int32_t* seg,
                         const KdaDims& d, T scale, const T* dout, T* dq, T* dk, T* dv, T* dg, T* dbeta,
                         int64_t chunk) {
   check_args(d, chunk, "kda_chunk_backward");
   BlasSingleThread blas1;
-  const int64_t L = d.L, H = d.H, K = d.K, V = d.V, KV = K * V, C = chunk;
+  const int64_t L = d.L, H = d.H, KV = d.K * d.V;
   const std::vector<int64_t> start = segment_starts(seg, d.B, L);
   parallel_for(d.B * H, [&](int64_t lo, int64_t hi) {
-    Work<T> w(chunk, K, V, true);
+    Work<T> w(chunk, d.K, d.V, true);
     std::vector<T> Sin, Gs(static_cast<size_t>(KV));
+    BwdArgs<T> a{q, k, v, g, beta, d, scale, dout, dq, dk, dv, dg, dbeta};
     for (int64_t bh = lo; bh < hi; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      auto idx = [&](int64_t t) { return (b * L + t) * H + h; };
-      for (int64_t t = 0; t < L; ++t)
-        if (start[b * L + t] < 0) {
-          const int64_t n = idx(t);
-          std::fill(dq + n * K, dq + (n + 1) * K, T(0));
-          std::fill(dk + n * K, dk + (n + 1) * K, T(0));
-          std::fill(dg + n * K, dg + (n + 1) * K, T(0));
-          std::fill(dv + n * V, dv + (n + 1) * V, T(0));
-          dbeta[n] = 0;
+      a.b = bh / H;
+      a.h = bh % H;
+      zero_padding_grads(a, start);
+      const std::vector<Chunk> chunks = row_chunks(start, a.b, L, chunk);
+      for (size_t c0 = 0, c1; c0 < chunks.size(); c0 = c1) {
+        for (c1 = c0 + 1; c1 < chunks.size() && !chunks[c1].reset;) ++c1;
+        const int64_t nc = static_cast<int64_t>(c1 - c0);
+        if (Sin.size() < static_cast<size_t>(nc * KV)) Sin.resize(static_cast<size_t>(nc * KV));
+        document_states(w, a, chunks.data() + c0, nc, Sin.data());
+        std::fill(Gs.begin(), Gs.end(), T(0));
+        for (int64_t ci = nc - 1; ci >= 0; --ci) {
+          chunk_backward(w, a, chunks[c0 + ci], Sin.data() + ci * KV, Gs.data());
+          std::swap(w.Sd, Gs);  // dL/d(state entering it) = Gs of the chunk before
         }
-      const std::vector<Chunk> chunks = row_chunks(start, b, L, chunk);
-      const int64_t nc = static_cast<int64_t>(chunks.size());
-      // Pass 1: the state entering every chunk.
-      Sin.assign(static_cast<size_t>(nc * KV), T(0));
-      for (int64_t ci = 0; ci < nc; ++ci) {
-        const Chunk& ch = chunks[ci];
-        T* S = Sin.data() + ci * KV;
-        if (!ch.reset) {
-          std::copy(Sin.begin() + (ci - 1) * KV, Sin.begin() + ci * KV, S);
-          const Chunk& pc = chunks[ci - 1];
-          prepare(w, pc, b, h, d, q, k, v, g, beta, scale);
-          pseudo_values(w, pc.n, S);
-          advance_state(w, pc.n, S);
-        }
-      }
-      // Pass 2: reverse over chunks; Gs = dL/d(state leaving the chunk).
-      std::fill(Gs.begin(), Gs.end(), T(0));
-      for (int64_t ci = nc - 1; ci >= 0; --ci) {
-        const Chunk& ch = chunks[ci];
-        const int64_t n = ch.n;
-        const T* S = Sin.data() + ci * KV;
-        prepare(w, ch, b, h, d, q, k, v, g, beta, scale);
-        pseudo_values(w, n, S);
-        for (int64_t i = 0; i < n; ++i)
-          std::copy(dout + idx(ch.t0 + i) * V, dout + (idx(ch.t0 + i) + 1) * V, w.dO.begin() + i * V);
-        // dVn = Aqk^T dO + Kl Gs;  dAqk = dO Vn^T (lower incl. diagonal);  dQg = dO S^T.
-        gemm<T>(Trans::T, Trans::N, n, V, n, T(1), w.Aqk.data(), C, w.dO.data(), V, T(0), w.dVn.data(), V);
-        gemm<T>(Trans::N, Trans::N, n, V, K, T(1), w.Kl.data(), K, Gs.data(), V, T(1), w.dVn.data(), V);
-        gemm<T>(Trans::N, Trans::T, n, n, V, T(1), w.dO.data(), V, w.Vn.data(), V, T(0), w.dA.data(), C);
-        gemm<T>(Trans::N, Trans::T, n, K, V, T(1), w.dO.data(), V, S, V, T(0), w.dQg.data(), K);
-        // dS_in = Diag(e^Gam_last) Gs + Qg^T dO - W^T dVn.
-        const T* eGl = w.eG.data() + (n - 1) * K;
-        std::vector<T>& Sd = w.Sd;
-        T* dGl = w.dGm.data() + (n - 1) * K;  // filled below after dGm is reset
-        std::vector<T> dGlast(static_cast<size_t>(K), T(0));
-        for (int64_t c = 0; c < K; ++c) {
-          T acc = 0;
-          for (int64_t j = 0; j < V; ++j) {
-            Sd[c * V + j] = eGl[c] * Gs[c * V + j];
-            acc += Gs[c * V + j] * S[c * V + j];
-          }
-          dGlast[c] = eGl[c] * acc;
-        }
-        gemm<T>(Trans::T, Trans::N, K, V, n, T(1), w.Qg.data(), K, w.dO.data(), V, T(1), Sd.data(), V);
-        gemm<T>(Trans::T, Trans::N, K, V, n, T(-1), w.W.data(), K, w.dVn.data(), V, T(1), Sd.data(), V);
-        // dW = -dVn S^T;  dKl = Vn Gs^T.
-        gemm<T>(Trans::N, Trans::T, n, K, V, T(-1), w.dVn.data(), V, S, V, T(0), w.dW.data(), K);
-        gemm<T>(Trans::N, Trans::T, n, K, V, T(1), w.Vn.data(), V, Gs.data(), V, T(0), w.dKl.data(), K);
-        // Through the UT solve: dZw = M^-T dW, dZu = M^-T dU (dU = dVn); dM = -(dZw W^T + dZu U^T).
-        trsm_unit_lower(true, n, K, w.Akk.data(), C, w.dW.data(), K);
-        std::copy(w.dVn.begin(), w.dVn.begin() + n * V, w.dZu.begin());
-        trsm_unit_lower(true, n, V, w.Akk.data(), C, w.dZu.data(), V);
-        gemm<T>(Trans::N, Trans::T, n, n, K, T(-1), w.dW.data(), K, w.W.data(), K, T(0), w.dM.data(), C);
-        gemm<T>(Trans::N, Trans::T, n, n, V, T(-1), w.dZu.data(), V, w.U.data(), V, T(1), w.dM.data(), C);
-        // Elementwise terms.
-        for (int64_t i = 0; i < n; ++i) {
-          T dbi = 0;
-          for (int64_t c = 0; c < K; ++c) {
-            const int64_t x = i * K + c;
-            const T dzw = w.dW[x];
-            dbi += dzw * w.Kg[x];
-            w.dk[x] = w.bt[i] * dzw * w.eG[x] + w.dKl[x] * w.eL[x];
-            w.dq[x] = w.dQg[x] * w.eG[x];
-            w.dGm[x] = w.dQg[x] * w.Qg[x] + w.bt[i] * dzw * w.Kg[x];
-            if (i + 1 < n) {  // Kl of the last token does not depend on Gam (zero exponent)
-              w.dGm[x] -= w.dKl[x] * w.Kl[x];
-              dGlast[c] += w.dKl[x] * w.Kl[x];
-            }
-          }
-          for (int64_t j = 0; j < V; ++j) {
-            dbi += w.dZu[i * V + j] * w.Vc[i * V + j];
-            w.dv[i * V + j] = w.bt[i] * w.dZu[i * V + j];
-          }
-          for (int64_t j = 0; j < i; ++j) dbi += w.dM[i * C + j] * w.P[i * C + j];
-          w.db[i] = dbi;
-        }
-        for (int64_t c = 0; c < K; ++c) dGl[c] += dGlast[c];
-        // Pairwise terms through P (Akk = Diag(beta) P) and Aqk.
-        pairwise_backward(w, n);
-        // Gam is a cumulative sum of g: dg = reverse cumulative sum of dGam. Scatter.
-        for (int64_t i = n - 2; i >= 0; --i)
-          for (int64_t c = 0; c < K; ++c) w.dGm[i * K + c] += w.dGm[(i + 1) * K + c];
-        // At a document start the incoming state is zero, so the first token's decay has no effect: its
-        // gradient is exactly zero (the sum above is zero up to rounding).
-        if (ch.reset) std::fill(w.dGm.begin(), w.dGm.begin() + K, T(0));
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t id = idx(ch.t0 + i);
-          for (int64_t c = 0; c < K; ++c) {
-            dq[id * K + c] = scale * w.dq[i * K + c];
-            dk[id * K + c] = w.dk[i * K + c];
-            dg[id * K + c] = w.dGm[i * K + c];
-          }
-          std::copy(w.dv.begin() + i * V, w.dv.begin() + (i + 1) * V, dv + id * V);
-          dbeta[id] = w.db[i];
-        }
-        if (ch.reset)
-          std::fill(Gs.begin(), Gs.end(), T(0));
-        else
-          std::copy(Sd.begin(), Sd.end(), Gs.begin());
       }
     }
   });

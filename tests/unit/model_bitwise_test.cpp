@@ -194,6 +194,8 @@ void run_hybrid_double(Record& rec, CausalLM& m, const MemoryPolicy& policy) {
 // Every hash under a memory policy (the golden file was written under remat none).
 Record compute(const MemoryPolicy& policy = {}) {
   set_threads(1);
+  // The golden file was written on OpenBLAS's fp32 GEMMs (the default set-up, kernels/gemm.h CpuGemm).
+  const ScopedCpuGemm pin({GemmLib::OpenBLAS, ComputeDtype::F32});
   Record rec;
   {
     const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3_tiny/config.json");
