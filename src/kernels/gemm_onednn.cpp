@@ -41,15 +41,25 @@ Prim make_prim(const Key& key) {
   std::memcpy(&beta, &beta_bits, 4);
   const dt in = bf16 ? dt::bf16 : dt::f32;
   dnnl::primitive_attr attr;
-  attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});  // alpha, given at each call
+  // alpha, given at each call: oneDNN 2.x's output scale, 3.x's weights scale (both scale the accumulated
+  // product before the sum post-op).
+#if DNNL_VERSION_MAJOR >= 3
+  attr.set_scales_mask(DNNL_ARG_WEIGHTS, 0);
+#else
+  attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
+#endif
   if (beta != 0.0f) {
     dnnl::post_ops po;
     po.append_sum(beta);  // dst = alpha * op(A) op(B) + beta * dst
     attr.set_post_ops(po);
   }
-  const dnnl::matmul::desc d(operand(in, ta, kRt, kRt, kRt), operand(in, tb, kRt, kRt, kRt),
-                             operand(dt::f32, false, kRt, kRt, kRt));
-  dnnl::matmul::primitive_desc pd(d, attr, cpu_engine());
+  const auto a = operand(in, ta, kRt, kRt, kRt), b = operand(in, tb, kRt, kRt, kRt),
+             c = operand(dt::f32, false, kRt, kRt, kRt);
+#if DNNL_VERSION_MAJOR >= 3
+  dnnl::matmul::primitive_desc pd(cpu_engine(), a, b, c, attr);
+#else
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+#endif
   return {pd, dnnl::matmul(pd)};
 }
 
@@ -88,9 +98,12 @@ void run(bool bf16, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float a
   dnnl::memory b(operand(in, bt, K, N, ldb), eng, const_cast<void*>(B));
   dnnl::memory c(operand(dt::f32, false, M, N, ldc), eng, C);
   dnnl::memory scale(dnnl::memory::desc({1}, dt::f32, dnnl::memory::dims{1}), eng, &alpha);
-  p.matmul.execute(
-      stream,
-      {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_ATTR_OUTPUT_SCALES, scale}});
+#if DNNL_VERSION_MAJOR >= 3
+  constexpr int kScaleArg = DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS;
+#else
+  constexpr int kScaleArg = DNNL_ARG_ATTR_OUTPUT_SCALES;
+#endif
+  p.matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {kScaleArg, scale}});
   stream.wait();
 }
 }  // namespace
@@ -106,6 +119,11 @@ void matmul_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alph
 }
 
 bool bf16_supported(std::string* why) {
+  // Without AVX512-BF16 oneDNN 2.6 may still offer bf16 matmul by emulation, slower than fp32: refuse it.
+  if (!__builtin_cpu_supports("avx512bf16")) {
+    if (why) *why = "this CPU has no AVX512-BF16 instructions (bf16 would be emulated, slower than fp32)";
+    return false;
+  }
   try {
     prim_for(Key{true, false, true, 0});
     return true;
