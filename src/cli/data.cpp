@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 
 #include "cli/verb.h"
 #include "core/error.h"
@@ -53,32 +54,76 @@ int build_main(int argc, char** argv) {
   });
 }
 
-void print_stats(const nlohmann::json& m) {
-  std::cout << "dataset: seq_len " << m["seq_len"] << ", epochs " << m["epochs"] << ", seed " << m["seed"]
-            << ", packing " << m["packing"]["algorithm"]
-            << ", long conversations: " << m["long_conversations"] << "\n";
-  std::cout << "tokenizer: " << m["tokenizer"]["spec"] << " (sha256 " << m["tokenizer"]["tokenizer_sha256"]
-            << ", template " << m["tokenizer"]["template_sha256"] << ")\n";
-  std::cout << "counts: " << m["counts"].dump() << "\n";
-  for (const auto& f : m["epoch_files"]) {
-    std::cout << "epoch " << f["epoch"] << ": " << f["rows"] << " rows, " << f["conversations"]
-              << " conversations, " << f["tokens"] << " tokens, " << f["trained_tokens"]
-              << " trained, padding fraction " << f["padding_fraction"] << "\n";
+// A manifest value `j[key]` (j's own path in the manifest is `at`) that exists and has the expected kind:
+// 'i' an integer, 'n' a number, 's' a string, 'a' an array, 'o' an object. Otherwise an error naming the file
+// and the key. `data build` writes them all; a hand-edited or foreign manifest is caught here, not printed as
+// "null" or read out of bounds.
+struct ManifestReader {
+  std::string file;
+  const nlohmann::json& operator()(const nlohmann::json& j, const std::string& at, const std::string& key,
+                                   char kind) const {
+    const std::string path = at.empty() ? key : at + "." + key;
+    OLMO_CHECK(j.is_object() && j.contains(key), file, ": key '", path, "' is missing");
+    const nlohmann::json& v = j[key];
+    const bool ok = kind == 'i'   ? v.is_number_integer()
+                    : kind == 'n' ? v.is_number()
+                    : kind == 's' ? v.is_string()
+                    : kind == 'a' ? v.is_array()
+                                  : v.is_object();
+    static const char* const kNames[] = {"an integer", "a number", "a string", "an array", "an object"};
+    OLMO_CHECK(ok, file, ": key '", path, "' must be ", kNames[std::string("insao").find(kind)], ", got ",
+               v.type_name());
+    return v;
   }
-  std::cout << "best-fit-decreasing padding fraction: "
-            << m["packing"]["best_fit_decreasing_padding_fraction"] << "\n";
-  std::cout << "conversation length histogram (tokens, after truncation):\n";
-  for (const auto& h : m["stats"]["length_histogram"]) {
-    std::cout << "  " << std::setw(8) << h["min"].get<int64_t>() << " .. " << std::setw(8)
-              << h["max"].get<int64_t>() << "  " << h["count"] << "\n";
+};
+
+void print_epochs_and_histogram(const nlohmann::json& m, const ManifestReader& get, std::ostream& out) {
+  const auto& files = get(m, "", "epoch_files", 'a');
+  for (size_t i = 0; i < files.size(); ++i) {
+    const auto& f = files[i];
+    const std::string at = "epoch_files[" + std::to_string(i) + "]";
+    out << "epoch " << get(f, at, "epoch", 'i') << ": " << get(f, at, "rows", 'i') << " rows, "
+        << get(f, at, "conversations", 'i') << " conversations, " << get(f, at, "tokens", 'i') << " tokens, "
+        << get(f, at, "trained_tokens", 'i') << " trained, padding fraction "
+        << get(f, at, "padding_fraction", 'n') << "\n";
   }
-  std::cout << "per source (read / kept / dropped / truncated, tokens, trained fraction):\n";
-  for (auto it = m["stats"]["sources"].begin(); it != m["stats"]["sources"].end(); ++it) {
+  out << "best-fit-decreasing padding fraction: "
+      << get(get(m, "", "packing", 'o'), "packing", "best_fit_decreasing_padding_fraction", 'n') << "\n";
+  out << "conversation length histogram (tokens, after truncation):\n";
+  const auto& stats = get(m, "", "stats", 'o');
+  const auto& hist = get(stats, "stats", "length_histogram", 'a');
+  for (size_t i = 0; i < hist.size(); ++i) {
+    const std::string at = "stats.length_histogram[" + std::to_string(i) + "]";
+    out << "  " << std::setw(8) << get(hist[i], at, "min", 'i').get<int64_t>() << " .. " << std::setw(8)
+        << get(hist[i], at, "max", 'i').get<int64_t>() << "  " << get(hist[i], at, "count", 'i') << "\n";
+  }
+}
+
+// Everything is read (and checked) before anything is printed.
+void print_stats(const nlohmann::json& m, const std::string& dir) {
+  const ManifestReader get{dir + "/manifest.json"};
+  std::ostringstream out;
+  const auto& packing = get(m, "", "packing", 'o');
+  const auto& tok = get(m, "", "tokenizer", 'o');
+  out << "dataset: seq_len " << get(m, "", "seq_len", 'i') << ", epochs " << get(m, "", "epochs", 'i')
+      << ", seed " << get(m, "", "seed", 'i') << ", packing " << get(packing, "packing", "algorithm", 's')
+      << ", long conversations: " << get(m, "", "long_conversations", 's') << "\n";
+  out << "tokenizer: " << get(tok, "tokenizer", "spec", 's') << " (sha256 "
+      << get(tok, "tokenizer", "tokenizer_sha256", 's') << ", template "
+      << get(tok, "tokenizer", "template_sha256", 's') << ")\n";
+  out << "counts: " << get(m, "", "counts", 'o').dump() << "\n";
+  print_epochs_and_histogram(m, get, out);
+  out << "per source (read / kept / dropped / truncated, tokens, trained fraction):\n";
+  const auto& sources = get(get(m, "", "stats", 'o'), "stats", "sources", 'o');
+  for (auto it = sources.begin(); it != sources.end(); ++it) {
+    const std::string at = "stats.sources." + it.key();
     const auto& s = it.value();
-    std::cout << "  " << it.key() << ": " << s["read"] << " / " << s["kept"] << " / " << s["dropped"] << " / "
-              << s["truncated"] << ", " << s["tokens"] << " tokens, trained fraction "
-              << s["trained_fraction"] << "\n";
+    out << "  " << it.key() << ": " << get(s, at, "read", 'i') << " / " << get(s, at, "kept", 'i') << " / "
+        << get(s, at, "dropped", 'i') << " / " << get(s, at, "truncated", 'i') << ", "
+        << get(s, at, "tokens", 'i') << " tokens, trained fraction " << get(s, at, "trained_fraction", 'n')
+        << "\n";
   }
+  std::cout << out.str();
 }
 
 int inspect_main(int argc, char** argv) {
@@ -101,7 +146,7 @@ int inspect_main(int argc, char** argv) {
       std::cout << "verify: all rows of " << ds.epochs() << " epoch(s) match their checksums\n";
     }
     if (row < 0) {
-      print_stats(ds.manifest());
+      print_stats(ds.manifest(), dir);
       return 0;
     }
     std::unique_ptr<olmosft::ChatEncoder> enc;

@@ -133,6 +133,15 @@ fi
 "$bin" data build --input "$G/data/convs.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --epochs 8 --quiet \
   --out "$dir/in/data" >/dev/null 2>&1
 probe "data inspect --row -1 is refused" 2 "row" "" -- "$bin" data inspect "$dir/in/data" --row -1
+# A manifest whose statistics were edited by hand: inspect names the key instead of printing null.
+cp -r "$dir/in/data" "$dir/in/data_edited"
+jq 'del(.stats.length_histogram[0].max)' "$dir/in/data/manifest.json" >"$dir/in/data_edited/manifest.json"
+probe "data inspect: a manifest without stats.length_histogram[0].max names it" 2 \
+  "stats.length_histogram[0].max' is missing" "" -- "$bin" data inspect "$dir/in/data_edited"
+jq '.stats.sources |= with_entries(.value.read = "many")' "$dir/in/data/manifest.json" \
+  >"$dir/in/data_edited/manifest.json"
+probe "data inspect: a manifest whose stats.sources.src_chat.read is a string names it" 2 \
+  "stats.sources.src_chat.read' must be an integer, got string" "" -- "$bin" data inspect "$dir/in/data_edited"
 
 # ---- recipes -----------------------------------------------------------------------------------------------
 cat >"$dir/in/recipe.yaml" <<YAML
