@@ -6,6 +6,7 @@
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "kernels/gemm.h"
 
 namespace olmosft::cli {
 
@@ -58,6 +59,9 @@ static void print_help(std::ostream& os) {
 int main(int argc, char** argv) {
   using namespace olmosft::cli;
   olmosft::default_passive_omp_wait(argv);
+  // Every verb computes on this machine's fp32 GEMM library (compute.gemm=auto); `train` then applies the
+  // recipe's compute.gemm / compute.dtype.
+  olmosft::set_cpu_gemm({olmosft::auto_gemm_lib(), olmosft::ComputeDtype::F32});
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
       !std::strcmp(argv[1], "help")) {
     print_help(argc < 2 ? std::cerr : std::cout);

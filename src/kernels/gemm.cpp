@@ -116,7 +116,11 @@ bool onednn_bf16_supported(std::string* why) { return onednn::bf16_supported(why
 
 CpuGemm cpu_gemm() { return {g_fp32_lib.load(), g_compute.load()}; }
 
-GemmLib auto_gemm_lib() { return blas_core_hint().empty() ? GemmLib::OpenBLAS : GemmLib::OneDNN; }
+GemmLib auto_gemm_lib() {
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return avx512 ? GemmLib::OneDNN : GemmLib::OpenBLAS;
+}
 
 GemmLib parse_gemm_lib(const std::string& text, const std::string& where) {
   if (text == "auto") return auto_gemm_lib();

@@ -42,9 +42,10 @@ class ScopedCpuGemm {
  private:
   CpuGemm prev_;
 };
-// "auto" resolves to this machine's choice (measured in bench_gemm, bench/RESULTS.md "CPU GEMM library"):
-// OpenBLAS, unless its kernels lack AVX-512 on a CPU that has it (an old OpenBLAS, or OPENBLAS_CORETYPE
-// pinning AVX2), where oneDNN's AVX-512 kernels are about twice as fast.
+// "auto" resolves to this machine's choice (measured with bench_gemm and bench_train, bench/RESULTS.md "CPU
+// GEMM library and bf16 compute"): oneDNN on a CPU with AVX-512, where its kernels share our OpenMP thread
+// pool (OpenBLAS's own pthread pool spins after each call while our loops run) and training steps measured
+// 1.0-1.5x faster; OpenBLAS elsewhere (not measured). Both are deterministic for a given thread count.
 GemmLib auto_gemm_lib();
 // Whether this CPU can run ComputeDtype::BF16 (oneDNN's bf16 matmul); `why` says why not.
 bool onednn_bf16_supported(std::string* why);
