@@ -13,3 +13,8 @@ if(NOT OLMOSFT_DNNL_INCLUDE OR NOT OLMOSFT_DNNL_LIB)
 endif()
 target_include_directories(olmosft_lib SYSTEM PUBLIC ${OLMOSFT_DNNL_INCLUDE})
 target_link_libraries(olmosft_lib PUBLIC ${OLMOSFT_DNNL_LIB})
+
+# AdamW's elementwise loop vectorises only without errno-setting sqrt (-fno-math-errno: the same IEEE sqrt,
+# no errno write for negative inputs, which the second moment never is); its bits are pinned by
+# KernelsAdamW.StepsKeepTheScalarLoopsBits.
+set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/adamw.cpp PROPERTIES COMPILE_OPTIONS -fno-math-errno)

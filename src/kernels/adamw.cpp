@@ -74,13 +74,17 @@ void adamw_step(std::vector<AdamWParam<T>>& params, const AdamWConfig& cfg, int6
         [&](int64_t b, int64_t e) {
           T *p = P.p, *m = P.m, *v = P.v;
           const T* g = P.g;
+          // Elementwise, so vector lanes give the same bits as the scalar loop: IEEE sqrt and division are
+          // exact-rounded in both, and the fused multiply-adds are written out (the ones the compiler chose
+          // for the scalar loop), so contraction cannot differ between the two. Pinned by
+          // KernelsAdamW.StepsKeepTheScalarLoopsBits.
+#pragma omp simd
           for (int64_t i = b; i < e; ++i) {
             const T gi = g[i];
-            T pi = p[i] * keep;
-            const T mi = m[i] * b1 + gi * omb1;
-            const T vi = v[i] * b2 + (gi * gi) * omb2;
+            const T mi = std::fma(m[i], b1, gi * omb1);
+            const T vi = std::fma(v[i], b2, (gi * gi) * omb2);
             const T denom = std::sqrt(vi) / bc2_sqrt + eps;
-            pi = pi + (-step_size) * (mi / denom);
+            const T pi = std::fma(-step_size, mi / denom, p[i] * keep);
             p[i] = pi;
             m[i] = mi;
             v[i] = vi;
