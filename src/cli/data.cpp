@@ -54,73 +54,52 @@ int build_main(int argc, char** argv) {
   });
 }
 
-// A manifest value `j[key]` (j's own path in the manifest is `at`) that exists and has the expected kind:
-// 'i' an integer, 'n' a number, 's' a string, 'a' an array, 'o' an object. Otherwise an error naming the file
-// and the key. `data build` writes them all; a hand-edited or foreign manifest is caught here, not printed as
-// "null" or read out of bounds.
-struct ManifestReader {
-  std::string file;
-  const nlohmann::json& operator()(const nlohmann::json& j, const std::string& at, const std::string& key,
-                                   char kind) const {
-    const std::string path = at.empty() ? key : at + "." + key;
-    OLMO_CHECK(j.is_object() && j.contains(key), file, ": key '", path, "' is missing");
-    const nlohmann::json& v = j[key];
-    const bool ok = kind == 'i'   ? v.is_number_integer()
-                    : kind == 'n' ? v.is_number()
-                    : kind == 's' ? v.is_string()
-                    : kind == 'a' ? v.is_array()
-                                  : v.is_object();
-    static const char* const kNames[] = {"an integer", "a number", "a string", "an array", "an object"};
-    OLMO_CHECK(ok, file, ": key '", path, "' must be ", kNames[std::string("insao").find(kind)], ", got ",
-               v.type_name());
-    return v;
-  }
-};
-
-void print_epochs_and_histogram(const nlohmann::json& m, const ManifestReader& get, std::ostream& out) {
-  const auto& files = get(m, "", "epoch_files", 'a');
+// Every statistic is read through the manifest's typed reader (a missing key or a wrong type names the file
+// and the key) before anything is printed.
+void print_epochs_and_histogram(const nlohmann::json& m, const olmosft::ManifestReader& rd,
+                                std::ostream& out) {
+  const auto& files = rd.array(m, "", "epoch_files");
   for (size_t i = 0; i < files.size(); ++i) {
     const auto& f = files[i];
-    const std::string at = "epoch_files[" + std::to_string(i) + "]";
-    out << "epoch " << get(f, at, "epoch", 'i') << ": " << get(f, at, "rows", 'i') << " rows, "
-        << get(f, at, "conversations", 'i') << " conversations, " << get(f, at, "tokens", 'i') << " tokens, "
-        << get(f, at, "trained_tokens", 'i') << " trained, padding fraction "
-        << get(f, at, "padding_fraction", 'n') << "\n";
+    const std::string at = "epoch_files[" + std::to_string(i) + "].";
+    out << "epoch " << rd.integer(f, at, "epoch") << ": " << rd.integer(f, at, "rows") << " rows, "
+        << rd.integer(f, at, "conversations") << " conversations, " << rd.integer(f, at, "tokens")
+        << " tokens, " << rd.integer(f, at, "trained_tokens") << " trained, padding fraction "
+        << rd.number(f, at, "padding_fraction") << "\n";
   }
   out << "best-fit-decreasing padding fraction: "
-      << get(get(m, "", "packing", 'o'), "packing", "best_fit_decreasing_padding_fraction", 'n') << "\n";
+      << rd.number(rd.object(m, "", "packing"), "packing.", "best_fit_decreasing_padding_fraction") << "\n";
   out << "conversation length histogram (tokens, after truncation):\n";
-  const auto& stats = get(m, "", "stats", 'o');
-  const auto& hist = get(stats, "stats", "length_histogram", 'a');
+  const auto& hist = rd.array(rd.object(m, "", "stats"), "stats.", "length_histogram");
   for (size_t i = 0; i < hist.size(); ++i) {
-    const std::string at = "stats.length_histogram[" + std::to_string(i) + "]";
-    out << "  " << std::setw(8) << get(hist[i], at, "min", 'i').get<int64_t>() << " .. " << std::setw(8)
-        << get(hist[i], at, "max", 'i').get<int64_t>() << "  " << get(hist[i], at, "count", 'i') << "\n";
+    const std::string at = "stats.length_histogram[" + std::to_string(i) + "].";
+    out << "  " << std::setw(8) << rd.integer(hist[i], at, "min").get<int64_t>() << " .. " << std::setw(8)
+        << rd.integer(hist[i], at, "max").get<int64_t>() << "  " << rd.integer(hist[i], at, "count") << "\n";
   }
 }
 
-// Everything is read (and checked) before anything is printed.
 void print_stats(const nlohmann::json& m, const std::string& dir) {
-  const ManifestReader get{dir + "/manifest.json"};
+  const olmosft::ManifestReader rd(dir + "/manifest.json");
   std::ostringstream out;
-  const auto& packing = get(m, "", "packing", 'o');
-  const auto& tok = get(m, "", "tokenizer", 'o');
-  out << "dataset: seq_len " << get(m, "", "seq_len", 'i') << ", epochs " << get(m, "", "epochs", 'i')
-      << ", seed " << get(m, "", "seed", 'i') << ", packing " << get(packing, "packing", "algorithm", 's')
-      << ", long conversations: " << get(m, "", "long_conversations", 's') << "\n";
-  out << "tokenizer: " << get(tok, "tokenizer", "spec", 's') << " (sha256 "
-      << get(tok, "tokenizer", "tokenizer_sha256", 's') << ", template "
-      << get(tok, "tokenizer", "template_sha256", 's') << ")\n";
-  out << "counts: " << get(m, "", "counts", 'o').dump() << "\n";
-  print_epochs_and_histogram(m, get, out);
+  const auto& packing = rd.object(m, "", "packing");
+  const auto& tok = rd.object(m, "", "tokenizer");
+  out << "dataset: seq_len " << rd.integer(m, "", "seq_len") << ", epochs " << rd.integer(m, "", "epochs")
+      << ", seed " << rd.integer(m, "", "seed", INT64_MIN) << ", packing "
+      << rd.string(packing, "packing.", "algorithm")
+      << ", long conversations: " << rd.string(m, "", "long_conversations") << "\n";
+  out << "tokenizer: " << rd.string(tok, "tokenizer.", "spec") << " (sha256 "
+      << rd.string(tok, "tokenizer.", "tokenizer_sha256") << ", template "
+      << rd.string(tok, "tokenizer.", "template_sha256") << ")\n";
+  out << "counts: " << rd.object(m, "", "counts").dump() << "\n";
+  print_epochs_and_histogram(m, rd, out);
   out << "per source (read / kept / dropped / truncated, tokens, trained fraction):\n";
-  const auto& sources = get(get(m, "", "stats", 'o'), "stats", "sources", 'o');
+  const auto& sources = rd.object(rd.object(m, "", "stats"), "stats.", "sources");
   for (auto it = sources.begin(); it != sources.end(); ++it) {
-    const std::string at = "stats.sources." + it.key();
+    const std::string at = "stats.sources." + it.key() + ".";
     const auto& s = it.value();
-    out << "  " << it.key() << ": " << get(s, at, "read", 'i') << " / " << get(s, at, "kept", 'i') << " / "
-        << get(s, at, "dropped", 'i') << " / " << get(s, at, "truncated", 'i') << ", "
-        << get(s, at, "tokens", 'i') << " tokens, trained fraction " << get(s, at, "trained_fraction", 'n')
+    out << "  " << it.key() << ": " << rd.integer(s, at, "read") << " / " << rd.integer(s, at, "kept")
+        << " / " << rd.integer(s, at, "dropped") << " / " << rd.integer(s, at, "truncated") << ", "
+        << rd.integer(s, at, "tokens") << " tokens, trained fraction " << rd.number(s, at, "trained_fraction")
         << "\n";
   }
   std::cout << out.str();

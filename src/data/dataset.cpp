@@ -191,6 +191,55 @@ struct PackedDataset::Mapping {
   }
 };
 
+const nlohmann::json& ManifestReader::get(const nlohmann::json& obj, const std::string& where,
+                                          const std::string& key) const {
+  auto it = obj.find(key);  // end() for a non-object too
+  OLMO_CHECK(it != obj.end(), path_, ": missing key '", where, key, "'");
+  return *it;
+}
+
+const nlohmann::json& ManifestReader::integer(const nlohmann::json& obj, const std::string& where,
+                                              const std::string& key, int64_t lo, int64_t hi) const {
+  const nlohmann::json& v = get(obj, where, key);
+  OLMO_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi &&
+                 !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)),
+             path_, ": '", where, key, "' must be an integer in [", lo, ", ", hi, "], got ",
+             io::json_excerpt(v));
+  return v;
+}
+
+namespace {
+const nlohmann::json& of_kind(const nlohmann::json& v, bool ok, const std::string& path,
+                              const std::string& where, const std::string& key, const char* kind) {
+  OLMO_CHECK(ok, path, ": '", where, key, "' must be ", kind, ", got ", io::json_excerpt(v));
+  return v;
+}
+}  // namespace
+
+const nlohmann::json& ManifestReader::string(const nlohmann::json& obj, const std::string& where,
+                                             const std::string& key) const {
+  const nlohmann::json& v = get(obj, where, key);
+  return of_kind(v, v.is_string(), path_, where, key, "a string");
+}
+
+const nlohmann::json& ManifestReader::number(const nlohmann::json& obj, const std::string& where,
+                                             const std::string& key) const {
+  const nlohmann::json& v = get(obj, where, key);
+  return of_kind(v, v.is_number(), path_, where, key, "a number");
+}
+
+const nlohmann::json& ManifestReader::object(const nlohmann::json& obj, const std::string& where,
+                                             const std::string& key) const {
+  const nlohmann::json& v = get(obj, where, key);
+  return of_kind(v, v.is_object(), path_, where, key, "an object");
+}
+
+const nlohmann::json& ManifestReader::array(const nlohmann::json& obj, const std::string& where,
+                                            const std::string& key) const {
+  const nlohmann::json& v = get(obj, where, key);
+  return of_kind(v, v.is_array(), path_, where, key, "a list");
+}
+
 PackedDataset PackedDataset::open(const std::string& dir, Options opts) {
   PackedDataset ds;
   ds.dir_ = dir;
@@ -204,51 +253,34 @@ PackedDataset PackedDataset::open(const std::string& dir, Options opts) {
   const auto& m = ds.manifest_;
   // Typed reads: a wrong type or range is an error naming the key (nlohmann's get<>() threw its own
   // type_error, and rows * record_bytes could overflow).
-  auto get = [&](const nlohmann::json& obj, const std::string& where,
-                 const char* key) -> const nlohmann::json& {
-    auto it = obj.find(key);
-    OLMO_CHECK(it != obj.end(), mpath, ": missing key '", where, key, "'");
-    return *it;
-  };
-  auto get_int = [&](const nlohmann::json& obj, const std::string& where, const char* key, int64_t lo,
-                     int64_t hi) {
-    const nlohmann::json& v = get(obj, where, key);
-    OLMO_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi &&
-                   !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)),
-               mpath, ": '", where, key, "' must be an integer in [", lo, ", ", hi, "], got ",
-               io::json_excerpt(v));
-    return v.get<int64_t>();
-  };
-  auto get_str = [&](const nlohmann::json& obj, const std::string& where, const char* key) {
-    const nlohmann::json& v = get(obj, where, key);
-    OLMO_CHECK(v.is_string(), mpath, ": '", where, key, "' must be a string, got ", io::json_excerpt(v));
-    return v.get<std::string>();
-  };
+  const ManifestReader rd(mpath);
   OLMO_CHECK(m.is_object(), mpath, ": expected a JSON object");
-  OLMO_CHECK(get(m, "", "format") == "olmosft-packed-sft", mpath, ": 'format' is not \"olmosft-packed-sft\"");
-  const auto& ver = get(m, "", "format_version");
+  OLMO_CHECK(rd.get(m, "", "format") == "olmosft-packed-sft", mpath,
+             ": 'format' is not \"olmosft-packed-sft\"");
+  const auto& ver = rd.get(m, "", "format_version");
   OLMO_CHECK(ver.is_number_integer() && ver.get<int64_t>() == kManifestFormatVersion, mpath,
              ": format_version ", io::json_excerpt(ver), " is not supported (this build reads version ",
              kManifestFormatVersion, ")");
-  ds.seq_len_ = get_int(m, "", "seq_len", 1, kMaxSeqLen);
+  ds.seq_len_ = rd.integer(m, "", "seq_len", 1, kMaxSeqLen).get<int64_t>();
   check_tokenizer_section(m, mpath);
-  const auto& files = get(m, "", "epoch_files");
+  const auto& files = rd.get(m, "", "epoch_files");
   OLMO_CHECK(files.is_array() && !files.empty(), mpath, ": 'epoch_files' must be a non-empty list");
   for (size_t e = 0; e < files.size(); ++e) {
     const auto& f = files[e];
     const std::string where = "epoch_files[" + std::to_string(e) + "].";
     OLMO_CHECK(f.is_object(), mpath, ": epoch_files[", e, "] is not an object");
     EpochFile ef;
-    std::string name = get_str(f, where, "file");
+    std::string name = rd.string(f, where, "file").get<std::string>();
     OLMO_CHECK(name == epoch_file_name(static_cast<int>(e)), mpath, ": ", where, "file is ",
                io::json_excerpt(name), ", expected ", epoch_file_name(static_cast<int>(e)));
     ef.path = dir + "/" + name;
-    ef.record_bytes = get_int(f, where, "record_bytes", 0, INT64_MAX);
+    ef.record_bytes = rd.integer(f, where, "record_bytes", 0, INT64_MAX).get<int64_t>();
     OLMO_CHECK(ef.record_bytes == row_record_bytes(ds.seq_len_), ef.path, ": record_bytes ", ef.record_bytes,
                " does not match seq_len ", ds.seq_len_);
     // rows such that the file size (header + rows x (record + checksum)) fits in an int64
-    ef.rows = get_int(f, where, "rows", 0, (INT64_MAX - kRowsHeaderBytes) / (ef.record_bytes + 8));
-    const std::string checksums_sha256 = get_str(f, where, "checksums_sha256");
+    ef.rows = rd.integer(f, where, "rows", 0, (INT64_MAX - kRowsHeaderBytes) / (ef.record_bytes + 8))
+                  .get<int64_t>();
+    const std::string checksums_sha256 = rd.string(f, where, "checksums_sha256").get<std::string>();
     const int64_t want = kRowsHeaderBytes + ef.rows * (ef.record_bytes + 8);
     int fd = ::open(ef.path.c_str(), O_RDONLY | O_CLOEXEC);
     OLMO_CHECK(fd >= 0, ef.path, ": cannot open: ", std::strerror(errno));

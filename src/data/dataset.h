@@ -53,6 +53,30 @@ struct PackedRow {
   int32_t num_segments() const;
 };
 
+// Typed reads of a manifest's JSON, for PackedDataset::open and `data inspect`: each returns obj[key] once it
+// exists and has the kind asked for; otherwise an error naming the manifest file and the key's path
+// ("missing key 'epoch_files[0].rows'", "'epoch_files[0].rows' must be an integer in [0, ...], got \"x\"").
+// `where` is obj's own path with a trailing '.' ("" at the top, "epoch_files[0].").
+class ManifestReader {
+ public:
+  explicit ManifestReader(std::string path) : path_(std::move(path)) {}
+  const nlohmann::json& get(const nlohmann::json& obj, const std::string& where,
+                            const std::string& key) const;
+  const nlohmann::json& integer(const nlohmann::json& obj, const std::string& where, const std::string& key,
+                                int64_t lo = 0, int64_t hi = INT64_MAX) const;
+  const nlohmann::json& string(const nlohmann::json& obj, const std::string& where,
+                               const std::string& key) const;
+  const nlohmann::json& number(const nlohmann::json& obj, const std::string& where,
+                               const std::string& key) const;
+  const nlohmann::json& object(const nlohmann::json& obj, const std::string& where,
+                               const std::string& key) const;
+  const nlohmann::json& array(const nlohmann::json& obj, const std::string& where,
+                              const std::string& key) const;
+
+ private:
+  std::string path_;
+};
+
 class PackedDataset {
  public:
   struct Options {

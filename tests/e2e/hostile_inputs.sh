@@ -137,11 +137,11 @@ probe "data inspect --row -1 is refused" 2 "row" "" -- "$bin" data inspect "$dir
 cp -r "$dir/in/data" "$dir/in/data_edited"
 jq 'del(.stats.length_histogram[0].max)' "$dir/in/data/manifest.json" >"$dir/in/data_edited/manifest.json"
 probe "data inspect: a manifest without stats.length_histogram[0].max names it" 2 \
-  "stats.length_histogram[0].max' is missing" "" -- "$bin" data inspect "$dir/in/data_edited"
+  "missing key 'stats.length_histogram[0].max'" "" -- "$bin" data inspect "$dir/in/data_edited"
 jq '.stats.sources |= with_entries(.value.read = "many")' "$dir/in/data/manifest.json" \
   >"$dir/in/data_edited/manifest.json"
 probe "data inspect: a manifest whose stats.sources.src_chat.read is a string names it" 2 \
-  "stats.sources.src_chat.read' must be an integer, got string" "" -- "$bin" data inspect "$dir/in/data_edited"
+  "'stats.sources.src_chat.read' must be an integer in [0, 9223372036854775807], got \"many\"" "" -- "$bin" data inspect "$dir/in/data_edited"
 
 # ---- recipes -----------------------------------------------------------------------------------------------
 cat >"$dir/in/recipe.yaml" <<YAML
