@@ -75,18 +75,18 @@ void gemm_unchecked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha
                 int(ldc));
   }
 }
+
 // A stored rows x cols (leading dimension ld) as dense bf16 (leading dimension cols), into a per-thread
 // buffer.
 const uint16_t* to_bf16(const float* X, int64_t rows, int64_t cols, int64_t ld, std::vector<uint16_t>& buf) {
   buf.resize(static_cast<size_t>(rows * cols));
   uint16_t* out = buf.data();
-#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t(1) << 16) && !omp_in_parallel())
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = X + r * ld;
-    uint16_t* o = out + r * cols;
-#pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) o[c] = f32_to_bf16(x[c]);
+  if (ld == cols) {  // one block (every GEMM of the models): core's conversion, threaded when large
+    f32_to_bf16(X, out, static_cast<size_t>(rows * cols));
+    return out;
   }
+#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t(1) << 16) && !omp_in_parallel())
+  for (int64_t r = 0; r < rows; ++r) f32_to_bf16(X + r * ld, out + r * cols, static_cast<size_t>(cols));
   return out;
 }
 
