@@ -176,6 +176,11 @@ probe "train: run_name=../escaped is refused" 2 "must be one directory name unde
 check "train: nothing escaped output_dir" "[ ! -e '$dir/out/escaped' ] && [ ! -e '$dir/escaped' ]"
 probe "train: config.json with sliding_window null is refused" 2 "'sliding_window' is null" out/runs -- \
   "$bin" train "$dir/in/recipe.yaml" model.init="$dir/in/nullcfg"
+probe "train: compute.dtype=fp16 is refused naming the key" 2 "compute.dtype: expected fp32 or bf16, got 'fp16'" \
+  out/runs -- "$bin" train "$dir/in/recipe.yaml" compute.dtype=fp16
+probe "train: compute.gemm=mkl is refused naming the key" 2 \
+  "compute.gemm: expected auto, openblas or onednn, got 'mkl'" out/runs -- \
+  "$bin" train "$dir/in/recipe.yaml" compute.gemm=mkl
 
 # ---- k8s render --------------------------------------------------------------------------------------------
 mkdir -p "$dir/out/k8s_full" && echo keep >"$dir/out/k8s_full/other.yaml"
