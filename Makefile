@@ -16,8 +16,9 @@ $(BUILD)/build.ninja:
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
+# ctest, then the skip and hygiene checks (scripts/run-tests.sh, docs/testing.md).
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+	scripts/run-tests.sh $(BUILD) $(JOBS)
 
 demo: build
 	scripts/demo.sh $(BUILD) demo-out

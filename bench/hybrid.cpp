@@ -9,6 +9,7 @@
 // Usage: bench_hybrid [--threads N] [--seq T] [--ref-seq T] [--no-torch] [--mem-max T]
 //        bench_hybrid --child-mem T     (internal: one memory measurement)
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -165,7 +167,9 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   if (torch) {
-    const std::string cfgpath = "/tmp/olmosft_bench_hybrid_config.json";
+    const std::string cfgpath = (std::filesystem::temp_directory_path() /
+                                 ("olmosft_bench_hybrid_" + std::to_string(getpid()) + ".json"))
+                                    .string();
     {
       std::ofstream f(cfgpath);
       auto j = preset_config_json("olmo3moe-d2small");
@@ -181,6 +185,7 @@ int main(int argc, char** argv) {
     char buf[4096];
     while (p && fgets(buf, sizeof buf, p)) out += buf;
     const int rc = p ? pclose(p) : -1;
+    std::filesystem::remove(cfgpath);
     const auto k = out.find("\"best_s\": ");
     if (rc == 0 && k != std::string::npos) {
       const double s = std::atof(out.c_str() + k + 10);

@@ -130,7 +130,9 @@ int main(int argc, char** argv) {
         python.c_str());
     return 0;
   }
-  std::string docs_file = "/tmp/olmosft_bench_tok_" + std::to_string(getpid()) + ".json";
+  std::string docs_file =
+      (std::filesystem::temp_directory_path() / ("olmosft_bench_tok_" + std::to_string(getpid()) + ".json"))
+          .string();
   io::write_file_atomic(docs_file, nlohmann::json(docs).dump());
   bool ok = true;
   for (int threads : {1, 2}) ok = run_hf(python, src, tokenizer_json, docs_file, threads, bytes, ntok) && ok;

@@ -48,8 +48,8 @@ constexpr double kCublasMeasuredTflops = 780.0;
 }  // namespace
 
 TEST(CudaBench, GemmThroughput) {
-  if (!bench_enabled()) GTEST_SKIP() << "skipped: benchmark (set OLMOSFT_CUDA_BENCH=1)";
   OLMOSFT_SKIP_WITHOUT_CUDA_DEVICE();
+  if (!bench_enabled()) GTEST_SKIP() << "skipped: benchmark (set OLMOSFT_CUDA_BENCH=1)";
   Gemm gemm;
   struct Shape {
     const char* what;
@@ -83,8 +83,8 @@ TEST(CudaBench, GemmThroughput) {
 }
 
 TEST(CudaBench, FusedXentAgainstItsGemms) {
-  if (!bench_enabled()) GTEST_SKIP() << "skipped: benchmark (set OLMOSFT_CUDA_BENCH=1)";
   OLMOSFT_SKIP_WITHOUT_CUDA_DEVICE();
+  if (!bench_enabled()) GTEST_SKIP() << "skipped: benchmark (set OLMOSFT_CUDA_BENCH=1)";
   // Olmo-3 7B's head: d 4096, 100278 valid of 100352 rows; 8192 tokens.
   const int64_t N = 8192, d = 4096, Vr = 100352, V = 100278;
   Gemm gemm;

@@ -126,7 +126,7 @@ print(json.dumps({'messages': [{'role': 'user', 'content': 'repeat'}, {'role': '
     --seed 0 --out "$dir/out/longrun"
   echo "   (took $(($(date +%s) - t0)) s; quadratic BPE took ~30 min)"
 else
-  echo "skip: $dolma2_json missing (scripts/install-deps.sh); the long BPE run probe did not run"
+  check "the real dolma2 tokenizer.json is installed at $dolma2_json (scripts/install-deps.sh)" "false"
 fi
 
 # ---- data inspect ------------------------------------------------------------------------------------------
@@ -195,21 +195,17 @@ probe "k8s render refuses what train would refuse (no data.path)" 2 "data.path i
 "$bin" train "$dir/in/recipe.yaml" >"$dir/logs/first.out" 2>&1 &
 pid=$!
 for _ in $(seq 1 1200); do grep -q '^LOSS-PARTS step=2 ' "$dir/logs/first.out" 2>/dev/null && break; sleep 0.05; done
-if grep -q 'model implementation not linked' "$dir/logs/first.out"; then
-  echo "skip: training probes need the dense model (not linked in this build)"
-else
-  probe "train: a second run on a locked run directory is refused naming the holder" 2 "pid $pid" out/runs -- \
-    "$bin" train "$dir/in/recipe.yaml"
-  kill -INT "$pid"
-  wait "$pid"
-  rc=$?
-  check "train: SIGINT (Ctrl-C) exits 130 after a checkpoint" \
-    "[ $rc -eq 130 ] && grep -q 'PREEMPTED: SIGINT; checkpoint of step' '$dir/logs/first.out' && ls -d '$dir/out/runs/hostile/checkpoints/step-'* >/dev/null 2>&1"
-  probe "train: resume with a changed recipe names the key" 2 "optimizer.lr" out/runs -- \
-    "$bin" train "$dir/in/recipe.yaml" optimizer.lr=2e-3
-  check "train: the refusal says how to override" \
-    "grep -q 'checkpoint.allow_recipe_change=true' '$dir/logs/train__resume_with_a_changed_recipe_names_the_key.log'"
-fi
+probe "train: a second run on a locked run directory is refused naming the holder" 2 "pid $pid" out/runs -- \
+  "$bin" train "$dir/in/recipe.yaml"
+kill -INT "$pid"
+wait "$pid"
+rc=$?
+check "train: SIGINT (Ctrl-C) exits 130 after a checkpoint" \
+  "[ $rc -eq 130 ] && grep -q 'PREEMPTED: SIGINT; checkpoint of step' '$dir/logs/first.out' && ls -d '$dir/out/runs/hostile/checkpoints/step-'* >/dev/null 2>&1"
+probe "train: resume with a changed recipe names the key" 2 "optimizer.lr" out/runs -- \
+  "$bin" train "$dir/in/recipe.yaml" optimizer.lr=2e-3
+check "train: the refusal says how to override" \
+  "grep -q 'checkpoint.allow_recipe_change=true' '$dir/logs/train__resume_with_a_changed_recipe_names_the_key.log'"
 kill "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 

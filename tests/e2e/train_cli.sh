@@ -55,28 +55,23 @@ err=$("$bin" train "$dir/recipe.yaml" lr=1 2>&1); rc=$?
 check "unknown key: exit 2 with a suggestion" "[ $rc -eq 2 ] && grep -q \"did you mean 'optimizer.lr'\" <<<\"\$err\""
 
 "$bin" train "$dir/recipe.yaml" >"$dir/ref.out" 2>"$dir/ref.err"; rc=$?
-if grep -q 'model implementation not linked' "$dir/ref.err"; then
-  check "no model linked: exit 2 with the reason, nothing written" "[ $rc -eq 2 ] && [ ! -e '$dir/runs/e2e' ]"
-  echo "skip: training runs need the dense model (not linked in this build)"
-else
-  check "reference run exits 0" "[ $rc -eq 0 ]"
-  check "reference run logs 4 LOSS-PARTS lines and reaches the step guard" \
-    "[ \$(grep -c '^LOSS-PARTS step=' '$dir/ref.out') -eq 4 ] && grep -q 'STEP-GUARD: reached step 4' '$dir/ref.out'"
-  check "end-of-run checks and export" "grep -q '^CHECK trained_eos count=' '$dir/ref.out' && grep -q '^CHECK step1_ce=' '$dir/ref.out' && [ -f '$dir/runs/e2e/hf/config.json' ]"
-  # Preempt a second run with SIGTERM once step 2 is logged, then resume it.
-  "$bin" train "$dir/recipe.yaml" run_name=pre >"$dir/pre.out" 2>"$dir/pre.err" &
-  pid=$!
-  for _ in $(seq 1 600); do grep -q '^LOSS-PARTS step=2 ' "$dir/pre.out" 2>/dev/null && break; sleep 0.1; done
-  kill -TERM "$pid"
-  wait "$pid"; rc=$?
-  check "SIGTERM: exit 143 (or 0 if it had already finished)" "[ $rc -eq 143 ] || [ $rc -eq 0 ]"
-  "$bin" train "$dir/recipe.yaml" run_name=pre >"$dir/res.out" 2>"$dir/res.err"; rc=$?
-  check "resume exits 0" "[ $rc -eq 0 ]"
-  check "the resume reads the run's stored peak (MFU denominator fixed per run)" "grep -q '^PREFLIGHT peak_flops=.*read from .*/runs/pre/peak_flops.json' '$dir/res.out'"
-  check "metrics rows carry the step's model FLOPs" "tail -1 '$dir/runs/pre/metrics.jsonl' | grep -q '\"model_flops\":[1-9]'"
-  cat "$dir/pre.out" "$dir/res.out" | grep '^LOSS-PARTS' | sort -u -V >"$dir/pre.loss"
-  grep '^LOSS-PARTS' "$dir/ref.out" >"$dir/ref.loss"
-  check "preempted + resumed LOSS-PARTS equal the uninterrupted run's" "cmp -s '$dir/pre.loss' '$dir/ref.loss'"
-fi
+check "reference run exits 0" "[ $rc -eq 0 ]"
+check "reference run logs 4 LOSS-PARTS lines and reaches the step guard" \
+  "[ \$(grep -c '^LOSS-PARTS step=' '$dir/ref.out') -eq 4 ] && grep -q 'STEP-GUARD: reached step 4' '$dir/ref.out'"
+check "end-of-run checks and export" "grep -q '^CHECK trained_eos count=' '$dir/ref.out' && grep -q '^CHECK step1_ce=' '$dir/ref.out' && [ -f '$dir/runs/e2e/hf/config.json' ]"
+# Preempt a second run with SIGTERM once step 2 is logged, then resume it.
+"$bin" train "$dir/recipe.yaml" run_name=pre >"$dir/pre.out" 2>"$dir/pre.err" &
+pid=$!
+for _ in $(seq 1 600); do grep -q '^LOSS-PARTS step=2 ' "$dir/pre.out" 2>/dev/null && break; sleep 0.1; done
+kill -TERM "$pid"
+wait "$pid"; rc=$?
+check "SIGTERM: exit 143 (or 0 if it had already finished)" "[ $rc -eq 143 ] || [ $rc -eq 0 ]"
+"$bin" train "$dir/recipe.yaml" run_name=pre >"$dir/res.out" 2>"$dir/res.err"; rc=$?
+check "resume exits 0" "[ $rc -eq 0 ]"
+check "the resume reads the run's stored peak (MFU denominator fixed per run)" "grep -q '^PREFLIGHT peak_flops=.*read from .*/runs/pre/peak_flops.json' '$dir/res.out'"
+check "metrics rows carry the step's model FLOPs" "tail -1 '$dir/runs/pre/metrics.jsonl' | grep -q '\"model_flops\":[1-9]'"
+cat "$dir/pre.out" "$dir/res.out" | grep '^LOSS-PARTS' | sort -u -V >"$dir/pre.loss"
+grep '^LOSS-PARTS' "$dir/ref.out" >"$dir/ref.loss"
+check "preempted + resumed LOSS-PARTS equal the uninterrupted run's" "cmp -s '$dir/pre.loss' '$dir/ref.loss'"
 echo "$pass passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -3,9 +3,10 @@
 # vocab 512 >= the 260 ids of builtin:bytes) fine-tuned on the byte-tokenised golden conversations repeated over
 # 4 epochs, 2 threads fixed by compute.threads. Checks: exit 0; every LOSS-PARTS line has non-zero moe_lb and
 # router_z; CE falls; metrics.jsonl carries one moe_dropped_tokens / moe_required_buffer_factor entry per MoE
-# layer (dropless: no drops, factor >= 1); moe.buffer_factor=1.0 drops tokens; SIGTERM + resume reproduces the
-# uninterrupted LOSS-PARTS lines exactly; the HF export loads in `olmosft forward` and fits the training text
-# better than the initial weights.
+# layer (dropless: no drops, factor >= 1); model.saved_dtype=bf16 and compute.dtype=bf16 stay within 2x the
+# fp32 run's own spread over other data orders (docs/numerics.md); moe.buffer_factor=1.0 drops tokens; SIGTERM
+# + resume reproduces the uninterrupted LOSS-PARTS lines exactly; the HF export loads in `olmosft forward` and
+# fits the training text better than the initial weights.
 set -u
 # On a shared machine (load above the core count) spinning OpenMP and OpenBLAS worker threads made this test's
 # steps ~40x slower (measured: tiny hybrid step 5.5 s -> 0.13 s at load 12 on 2 cores); results are the same.
@@ -84,43 +85,82 @@ check "dropless (moe.buffer_factor=-1): no dropped tokens, required buffer facto
   "jq -e -s 'all(.[]; all(.moe_dropped_tokens[]; . == 0) and all(.moe_required_buffer_factor[]; . >= 1))' '$m' >/dev/null"
 check "metrics rows carry mfu > 0 and tokens_per_s > 0" "jq -e -s 'all(.[]; .mfu > 0 and .tokens_per_s > 0)' '$m' >/dev/null"
 
-# 1b. model.saved_dtype=bf16: the same run with the kept activations rounded to bf16 (docs/model.md). The
-#     forward is fp32, so step 1's loss is identical; later steps drift by the rounding of the gradients.
+# 1b-1c. bf16 against fp32 over 12 steps (docs/numerics.md "Comparing a lower precision with fp32"). This run's
+#     lr 3e-3 is large, so after a few steps any perturbation has grown into another trajectory: fp32 alone
+#     moves by up to 2% when only the GEMM library changes (OpenBLAS vs oneDNN, measured), and the bf16 runs'
+#     largest gap was 2.5-4.6% on an AMD Zen 4 and 7.6-8.6% on a Zen 5. A fixed percentage therefore says more
+#     about the CPU than about bf16. The bound is instead relative to the fp32 run's natural spread, measured
+#     here: the same recipe on the same conversations in two other orders (datasets built with --seed 4 and
+#     5). Statistics, each a relative CE difference to the reference run per step: `max` over steps 1-12 and
+#     `mean` over steps 2-12; the spread is the average of the two reorderings'.
+#     Measured on a Zen 4 (7 realisations: oneDNN and 4 OpenBLAS core types): spread max 0.08-0.12, mean
+#     0.033-0.043; saved_dtype=bf16 0.22-0.38x the spread, compute.dtype=bf16 0.22-0.57x. Bound: at most
+#     K = 2x the spread (a reshuffle of the data moves the loss more than bf16 does, with room for a CPU whose
+#     rounding realisation drifts further); a bf16 path that breaks learning moves it by far more.
+mkstats() {  # mkstats A.loss B.loss -> "max mean"
+  paste -d' ' <(sed 's/.* ce=\([0-9.]*\) .*/\1/' "$1") <(sed 's/.* ce=\([0-9.]*\) .*/\1/' "$2") |
+    awk '{ d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > m) m = d; if (NR > 1) { s += d; n++ } }
+         END { printf "%.5f %.5f", m, (n ? s / n : 0) }'
+}
+K=2
+for seed in 4 5; do
+  "$bin" data build --input "$G/data/convs.jsonl" --tokenizer builtin:bytes --seq-len 256 --seed $seed --epochs 4 \
+    --quiet --out "$dir/data$seed" >/dev/null 2>&1
+  "$bin" train "$dir/recipe.yaml" run_name=order$seed data.path="$dir/data$seed" >"$dir/order$seed.out" 2>&1
+  grep '^LOSS-PARTS' "$dir/order$seed.out" >"$dir/order$seed.loss"
+done
+check "fp32 spread runs (data orders 4 and 5) log $steps steps each" \
+  "[ \$(cat '$dir/order4.loss' '$dir/order5.loss' | wc -l) -eq $((2 * steps)) ]"
+read -r s4max s4mean <<<"$(mkstats "$dir/ref.loss" "$dir/order4.loss")"
+read -r s5max s5mean <<<"$(mkstats "$dir/ref.loss" "$dir/order5.loss")"
+spread_max=$(awk -v a="$s4max" -v b="$s5max" 'BEGIN { printf "%.5f", (a + b) / 2 }')
+spread_mean=$(awk -v a="$s4mean" -v b="$s5mean" 'BEGIN { printf "%.5f", (a + b) / 2 }')
+echo "fp32 natural spread (another data order; orders 4, 5): max $s4max $s5max -> $spread_max," \
+  "mean $s4mean $s5mean -> $spread_mean"
+check "the spread is measurable (mean > 0.005: the reorderings change the batches)" \
+  "awk -v m='$spread_mean' 'BEGIN { exit !(m > 0.005) }'"
+# within_spread NAME FILE: the run's max and mean against K x the spread's.
+within_spread() {
+  local mx mn
+  read -r mx mn <<<"$(mkstats "$dir/ref.loss" "$2")"
+  echo "$1 vs fp32: max $mx ($(awk -v a="$mx" -v b="$spread_max" 'BEGIN { printf "%.2f", a / b }')x the spread)," \
+    "mean $mn ($(awk -v a="$mn" -v b="$spread_mean" 'BEGIN { printf "%.2f", a / b }')x)"
+  check "$1: per-step CE within $K x the fp32 spread (max $mx <= $K x $spread_max, mean $mn <= $K x $spread_mean)" \
+    "awk -v a='$mx' -v b='$mn' -v sa='$spread_max' -v sb='$spread_mean' -v k=$K 'BEGIN { exit !(a <= k * sa && b <= k * sb) }'"
+}
+
+# 1b. model.saved_dtype=bf16: the kept activations rounded to bf16 (docs/model.md). The forward is fp32, so step
+#     1's loss is identical; later steps differ (the rounding reaches the gradients).
 "$bin" train "$dir/recipe.yaml" run_name=bf16 model.saved_dtype=bf16 >"$dir/bf16.out" 2>"$dir/bf16.err"
 rc=$?
 grep '^LOSS-PARTS' "$dir/bf16.out" >"$dir/bf16.loss"
-# Measured (2 threads): the largest per-step difference is 2.7% of the CE (0.11 nats at step 7 of this lr
-# 3e-3 constant run, where a step's update is large), the mean of the last 3 steps differs by 1.0%; the bounds
-# are 6% and 3%. Both runs learn (the CE-falls check above holds for either).
-paste -d' ' <(sed 's/.* ce=\([0-9.]*\) .*/\1/' "$dir/ref.loss") <(sed 's/.* ce=\([0-9.]*\) .*/\1/' "$dir/bf16.loss") \
-  >"$dir/bf16.cmp"
-drift=$(awk '{ d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.4f", m }' "$dir/bf16.cmp")
-tail3=$(tail -3 "$dir/bf16.cmp" | awk '{ a += $1; b += $2 } END { d = (a - b) / a; if (d < 0) d = -d; printf "%.4f", d }')
-echo "saved_dtype=bf16 vs fp32 over $steps steps: largest relative CE difference $drift, last-3 mean $tail3"
-check "saved_dtype=bf16 run exits 0, step 1 loss identical to fp32's" \
-  "[ $rc -eq 0 ] && [ \"\$(head -1 '$dir/bf16.loss')\" == \"\$(head -1 '$dir/ref.loss')\" ]"
-check "saved_dtype=bf16: per-step CE within 6% of fp32's (not identical), last-3 mean within 3%" \
-  "awk -v d='$drift' -v t='$tail3' 'BEGIN { exit !(d > 0 && d < 0.06 && t < 0.03) }'"
+check "saved_dtype=bf16 run exits 0, step 1 loss identical to fp32's, later steps not" \
+  "[ $rc -eq 0 ] && [ \"\$(head -1 '$dir/bf16.loss')\" == \"\$(head -1 '$dir/ref.loss')\" ] && ! cmp -s '$dir/bf16.loss' '$dir/ref.loss'"
+within_spread "saved_dtype=bf16" "$dir/bf16.loss"
 
 # 1c. compute.dtype=bf16: the weight GEMMs (projections, experts, LM head) take bf16-rounded operands with fp32
-#     sums (oneDNN); everything else is fp32. Step 1's loss moves by the forward's rounding only; later steps
-#     drift further. Measured (2 threads, this lr 3e-3 constant run): step 1 0.023%, largest per-step gap 2.5%,
-#     last-3 mean 2.0%. Bounds: step 1 within 1% (and not 0: the rounding is applied), 6%, 5%.
+#     sums (oneDNN); everything else is fp32. Step 1 (same weights, same batch): each GEMM rounds its two
+#     operands (relative error <= u = 2^-8 each); independent roundings add in quadrature along the G GEMMs of
+#     the longest path (per layer at most 6: the mixer's in- and out-projections, the latent MoE's down,
+#     expert up, expert down and latent up; plus the LM head), so the logits move by about u sqrt(2G) relative,
+#     and the CE, whose change is bounded by the logits' while they are small against it (at initialisation),
+#     by no more. Bound: 0 < step-1 relative difference <= u sqrt(2G) (G = 6 x layers + 1). Measured on a
+#     Zen 4: 2.3e-4 against a bound of 0.039.
 if "$bin" selfcheck 2>/dev/null | grep -q 'bf16 unsupported here'; then
-  echo "skipped: compute.dtype=bf16 (this CPU has no oneDNN bf16 matmul)"
+  echo "skipped: this CPU has no oneDNN bf16 matmul (compute.dtype=bf16 not compared)"
 else
   "$bin" train "$dir/recipe.yaml" run_name=c16 compute.dtype=bf16 >"$dir/c16.out" 2>"$dir/c16.err"
   rc=$?
   grep '^LOSS-PARTS' "$dir/c16.out" >"$dir/c16.loss"
-  paste -d' ' <(sed 's/.* ce=\([0-9.]*\) .*/\1/' "$dir/ref.loss") <(sed 's/.* ce=\([0-9.]*\) .*/\1/' "$dir/c16.loss") \
-    >"$dir/c16.cmp"
-  first=$(head -1 "$dir/c16.cmp" | awk '{ d = ($1 - $2) / $1; if (d < 0) d = -d; printf "%.5f", d }')
-  drift=$(awk '{ d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.4f", m }' "$dir/c16.cmp")
-  tail3=$(tail -3 "$dir/c16.cmp" | awk '{ a += $1; b += $2 } END { d = (a - b) / a; if (d < 0) d = -d; printf "%.4f", d }')
-  echo "compute.dtype=bf16 vs fp32 over $steps steps: step 1 $first, largest relative CE difference $drift, last-3 mean $tail3"
+  first=$(paste -d' ' <(head -1 "$dir/ref.loss" | sed 's/.* ce=\([0-9.]*\) .*/\1/') \
+    <(head -1 "$dir/c16.loss" | sed 's/.* ce=\([0-9.]*\) .*/\1/') |
+    awk '{ d = ($1 - $2) / $1; if (d < 0) d = -d; printf "%.6f", d }')
+  bound1=$(awk -v L="$layers" 'BEGIN { printf "%.4f", 2 ^ -8 * sqrt(2 * (6 * L + 1)) }')
+  echo "compute.dtype=bf16 step 1: relative CE difference $first (bound u sqrt(2G) = $bound1)"
   check "compute.dtype=bf16 run exits 0 with $steps steps" "[ $rc -eq 0 ] && [ \$(wc -l <'$dir/c16.loss') -eq $steps ]"
-  check "compute.dtype=bf16: step 1 within 1% of fp32 (not equal), per-step CE within 6%, last-3 mean within 5%" \
-    "awk -v f='$first' -v d='$drift' -v t='$tail3' 'BEGIN { exit !(f > 0 && f < 0.01 && d < 0.06 && t < 0.05) }'"
+  check "compute.dtype=bf16: step 1 differs from fp32 (the rounding is applied) by at most $bound1" \
+    "awk -v f='$first' -v b='$bound1' 'BEGIN { exit !(f > 0 && f <= b) }'"
+  within_spread "compute.dtype=bf16" "$dir/c16.loss"
   check "compute.dtype=bf16 is recorded: peak_flops.json names the set-up" \
     "jq -e '.gemm | startswith(\"fp32=\") and contains(\"compute=bf16\")' '$dir/runs/c16/peak_flops.json' >/dev/null"
 fi

@@ -16,9 +16,8 @@ fails=0
 check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
 
 if ! command -v mpirun >/dev/null 2>&1; then
-  echo "SKIP: mpirun not found (install openmpi-bin, deps/apt-dist.txt); multi-process training not tested"
-  echo "0 passed, 0 failed"
-  exit 0
+  echo "skipped: mpirun not found (install openmpi-bin, deps/apt-dist.txt); multi-process training not tested"
+  exit 77
 fi
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

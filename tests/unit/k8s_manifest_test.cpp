@@ -330,10 +330,8 @@ TEST(K8sManifest, CliRenderRefusesBeforeWriting) {
 TEST(K8sManifest, KubectlClientDryRun) {
   const std::string kubectl = find_kubectl();
   if (kubectl.empty()) {
-    std::fprintf(
-        stderr,
-        "*** SKIPPED: no kubectl on PATH (set OLMOSFT_KUBECTL or apt-get install kubernetes-client)\n");
-    GTEST_SKIP() << "kubectl not found";
+    GTEST_SKIP()
+        << "skipped: kubectl not found on PATH (set OLMOSFT_KUBECTL or apt-get install kubernetes-client)";
   }
   Recipe r = load_recipe(kRecipe, {});
   Rendered out = render(r, {"abc123"});

@@ -18,6 +18,7 @@
 #include "data/tokenizer_util.h"
 #include "io/atomic_file.h"
 #include "io/hash.h"
+#include "scratch_dir.h"
 
 using namespace olmosft;
 using nlohmann::json;
@@ -27,26 +28,22 @@ const std::string kGolden = std::string(OLMOSFT_GOLDEN_DIR) + "/tok/";
 const std::string kDolma2 = std::string(OLMOSFT_SOURCE_DIR) + "/deps/dolma2/allenai_dolma2.json";
 
 // Builds the dolma2 dir (think template) and a copy using the instruct-style template, once per process, in a
-// directory of its own (ctest runs every TEST as a separate process, possibly in parallel).
+// directory of its own (ctest runs every TEST as a separate process, possibly in parallel), removed at exit.
 const std::string& dolma2_dir(bool instruct) {
-  static std::string base = [] {
-    std::string d = testing::TempDir() + "/tok_labels_dolma2_" + std::to_string(getpid());
+  static const testutil::ScratchDir scratch("tok_labels_dolma2");
+  static const std::string base = [] {
+    std::string d = scratch / "think";
     write_dolma2_tokenizer_dir(kDolma2, d);
-    std::string d2 = d + "-instruct";
+    std::string d2 = scratch / "instruct";
     std::filesystem::create_directories(d2);
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
       std::filesystem::copy_file(d + "/" + f, d2 + "/" + f,
                                  std::filesystem::copy_options::overwrite_existing);
     std::filesystem::copy_file(kGolden + "templates/olmo3_instruct.jinja", d2 + "/chat_template.jinja",
                                std::filesystem::copy_options::overwrite_existing);
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(base, ec);
-      std::filesystem::remove_all(base + "-instruct", ec);
-    });
     return d;
   }();
-  static std::string inst = base + "-instruct";
+  static const std::string inst = scratch / "instruct";
   return instruct ? inst : base;
 }
 
@@ -179,10 +176,11 @@ TEST(TokLabels, EmbeddedTemplateAndDirContents) {
 }
 
 TEST(TokLabels, Dolma2VerbRejectsAWrongFileAndWritesNothing) {
-  std::string out = testing::TempDir() + "/tok_labels_never_" + std::to_string(getpid());
-  std::string bad = testing::TempDir() + "/not_dolma2_" + std::to_string(getpid()) + ".json";
+  const testutil::ScratchDir scratch("tok_labels_verb");
+  std::string out = scratch / "never";
+  std::string bad = scratch / "not_dolma2.json";
   io::write_file_atomic(bad, "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}");
-  for (const std::string& in : {bad, testing::TempDir() + "/no_such_file.json"}) {
+  for (const std::string& in : {bad, scratch / "no_such_file.json"}) {
     try {
       write_dolma2_tokenizer_dir(in, out);
       ADD_FAILURE() << "accepted " << in;

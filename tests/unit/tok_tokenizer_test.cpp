@@ -12,6 +12,7 @@
 #include "data/tokenizer_util.h"
 #include "io/atomic_file.h"
 #include "io/hash.h"
+#include "scratch_dir.h"
 
 using namespace olmosft;
 using nlohmann::json;
@@ -75,7 +76,8 @@ std::string mutate_file(const std::string& name, const std::function<void(json&)
   static const json base = json::parse(io::read_file(kDolma2));
   json j = base;
   f(j);
-  std::string path = testing::TempDir() + "/" + name + ".json";
+  static const testutil::ScratchDir scratch("tok_tokenizer");  // removed at exit
+  std::string path = scratch / (name + ".json");
   io::write_file_atomic(path, j.dump());
   return path;
 }

@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "model/olmo3moe.h"
 #include "model/params.h"
+#include "scratch_dir.h"
 #include "train/batch.h"
 #include "train/flops.h"
 
@@ -368,7 +369,8 @@ TEST(TrainFlops, GemmCounterCountsAndStaysExclusive) {
 // --- the run's peak ---------------------------------------------------------------------------------------
 
 std::string temp_run(const std::string& name) {
-  const fs::path d = fs::path(testing::TempDir()) / ("olmosft_flops_" + name + "_" + io::random_suffix());
+  static const testutil::ScratchDir scratch("olmosft_flops");  // removed at exit
+  const fs::path d = fs::path(scratch.path()) / (name + "_" + io::random_suffix());
   fs::create_directories(d);
   return d.string();
 }

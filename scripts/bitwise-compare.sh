@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# A refactor changes no number (docs/numerics.md): this compares two builds on THIS machine, bit for bit.
+#   scripts/bitwise-compare.sh BASE_REF [BUILD]
+# BASE_REF (a commit, e.g. origin/main or HEAD~1) is built in a temporary git worktree; BUILD (default build/)
+# is the working tree's build. Both then:
+#   1. dump the hashes of every model number (ModelBitwise.Repeatable with OLMOSFT_BITWISE_DUMP: initial
+#      parameters, loss parts, gradients, logits, log-probs of both families, both fp32 GEMM libraries), when
+#      the base has that dump;
+#   2. train the tiny Olmo 3 and the tiny hybrid for 6 steps each on the byte-tokenised golden conversations
+#      (2 threads) and export them.
+# and the script compares the dumps, the LOSS-PARTS lines and the sha256 of every exported file. Exit 0 only
+# when everything is identical. Uses about 2 builds' time; the temporary tree is removed at the end.
+set -uo pipefail
+base=${1:?usage: scripts/bitwise-compare.sh BASE_REF [BUILD]}
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${2:-$root/build}" && pwd) || exit 2
+work=$(mktemp -d "${TMPDIR:-/tmp}/olmosft-bitwise.XXXXXX")
+trap 'git -C "$root" worktree remove --force "$work/base" >/dev/null 2>&1; rm -rf "$work"' EXIT
+sha=$(git -C "$root" rev-parse --verify "$base^{commit}") || { echo "bitwise-compare: no commit $base"; exit 2; }
+echo "bitwise-compare: base $base ($sha) vs the working tree ($build)"
+git -C "$root" worktree add -q --detach "$work/base" "$sha" || exit 2
+[ -x "$build/olmosft" ] || { echo "bitwise-compare: $build/olmosft missing: build first"; exit 2; }
+echo "bitwise-compare: building the base (cmake, $(nproc) jobs)"
+cmake -S "$work/base" -B "$work/base-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOLMOSFT_CUDA=OFF >/dev/null || exit 2
+cmake --build "$work/base-build" -j "$(nproc)" --target olmosft model_bitwise_test >"$work/base-build.log" 2>&1 ||
+  { tail -20 "$work/base-build.log"; echo "bitwise-compare: the base does not build"; exit 2; }
+
+fails=0
+same() {  # same WHAT A B: compares two files
+  if cmp -s "$2" "$3"; then echo "same: $1"; else echo "DIFFERENT: $1"; diff "$2" "$3" | head -8; fails=$((fails + 1)); fi
+}
+
+# 1. The model's numbers.
+for side in base head; do
+  b=$build
+  [ $side = base ] && b=$work/base-build
+  OLMOSFT_BITWISE_DUMP="$work/$side.hashes" "$b/model_bitwise_test" --gtest_filter=ModelBitwise.Repeatable \
+    >"$work/$side.bitwise.log" 2>&1
+done
+if [ -s "$work/base.hashes" ] && [ -s "$work/head.hashes" ]; then
+  same "model numbers ($(wc -l <"$work/head.hashes") hashes: both families, both GEMM libraries)" \
+    "$work/base.hashes" "$work/head.hashes"
+elif [ -s "$work/head.hashes" ]; then
+  echo "note: the base predates OLMOSFT_BITWISE_DUMP; compared training runs only"
+else
+  echo "DIFFERENT: the working tree's model_bitwise_test wrote no dump"; fails=$((fails + 1))
+fi
+
+# 2. Training runs and exports.
+G=$root/tests/golden
+"$build/olmosft" data build --input "$G/data/convs.jsonl" --tokenizer builtin:bytes --seq-len 256 --seed 3 \
+  --epochs 4 --quiet --out "$work/data" >/dev/null 2>&1 || { echo "bitwise-compare: data build failed"; exit 2; }
+for model in olmo3_tiny olmo3moe_tiny; do
+  for side in base head; do
+    bin=$build/olmosft
+    [ $side = base ] && bin=$work/base-build/olmosft
+    cat >"$work/recipe.yaml" <<YAML
+output_dir: $work/runs-$side
+run_name: $model
+model:
+  init: $G/model/$model
+tokenizer: builtin:bytes
+data:
+  path: $work/data
+  epochs: 4
+seq_len: 256
+global_batch: 4
+per_device_batch: 2
+steps: 6
+optimizer:
+  lr: 3e-3
+  schedule: constant
+  warmup_frac: 0.0
+compute:
+  threads: 2
+perf:
+  peak_tflops: 1
+eval:
+  heldout: 4
+log:
+  tensorboard: false
+YAML
+    "$bin" train "$work/recipe.yaml" </dev/null \
+      >"$work/$model.$side.out" 2>&1
+    grep '^LOSS-PARTS' "$work/$model.$side.out" >"$work/$model.$side.loss"
+    (cd "$work/runs-$side/$model/hf" 2>/dev/null && sha256sum -- * | sort) >"$work/$model.$side.export"
+  done
+  if [ ! -s "$work/$model.head.loss" ]; then
+    echo "DIFFERENT: $model: the working tree's run logged no LOSS-PARTS"; tail -5 "$work/$model.head.out"
+    fails=$((fails + 1))
+    continue
+  fi
+  same "$model: $(wc -l <"$work/$model.head.loss") LOSS-PARTS lines" "$work/$model.base.loss" "$work/$model.head.loss"
+  same "$model: exported files (sha256)" "$work/$model.base.export" "$work/$model.head.export"
+done
+echo "bitwise-compare: $fails differences"
+[ $fails -eq 0 ]
