@@ -15,7 +15,9 @@ endforeach()
 file(STRINGS "${OLMOSFT_XLA_HEADER}" _olmosft_pjrt_version REGEX "^#define PJRT_API_(MAJOR|MINOR) ")
 message(STATUS "olmosft xla: PJRT C API header ${OLMOSFT_XLA_HEADER} (${_olmosft_pjrt_version}); "
                "CPU plugin ${OLMOSFT_XLA_CPU_PLUGIN}")
-target_include_directories(olmosft_lib SYSTEM PRIVATE "${OLMOSFT_XLA_DIR}/include")
+# Only the runtime's own sources see the C API header (src/xla/pjrt_internal.h includes it; pjrt.h does not).
+file(GLOB _olmosft_xla_sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/xla/*.cpp)
+set_property(SOURCE ${_olmosft_xla_sources} APPEND PROPERTY INCLUDE_DIRECTORIES "${OLMOSFT_XLA_DIR}/include")
 set_property(SOURCE ${CMAKE_SOURCE_DIR}/src/xla/pjrt_plugin.cpp APPEND PROPERTY COMPILE_DEFINITIONS
              OLMOSFT_XLA_CPU_PLUGIN="${OLMOSFT_XLA_CPU_PLUGIN}")
 target_link_libraries(olmosft_lib PUBLIC ${CMAKE_DL_LIBS})
