@@ -2,75 +2,20 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 
-#include "core/bf16.h"
 #include "core/error.h"
+#include "xla/mlir_text.h"
 
 namespace olmosft::xla {
 
 namespace {
 
 std::atomic<int> g_next_region{1};
-
-std::string i64_array(const std::vector<int64_t>& v) {
-  std::string s = "array<i64";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : ": ") + std::to_string(v[i]);
-  return s + ">";
-}
-
-std::string hex(uint64_t bits, int digits) {
-  static const char* const d = "0123456789ABCDEF";
-  std::string s = "0x";
-  for (int i = digits - 1; i >= 0; --i) s += d[(bits >> (4 * i)) & 0xF];
-  return s;
-}
-
-// VALUE as an MLIR dense-attribute element of type T (floats as their exact bits in hex).
-std::string literal(ElementType t, double value, const char* op) {
-  switch (t) {
-    case ElementType::kF64: {
-      uint64_t b;
-      std::memcpy(&b, &value, 8);
-      return hex(b, 16);
-    }
-    case ElementType::kF32:
-      return hex(f32_bits(static_cast<float>(value)), 8);
-    case ElementType::kBF16:
-      return hex(f32_to_bf16(static_cast<float>(value)), 4);
-    case ElementType::kPred:
-      OLMO_CHECK(value == 0 || value == 1, "hlo_builder: ", op, ": a pred constant is 0 or 1, got ", value);
-      return value != 0 ? "true" : "false";
-    case ElementType::kS32:
-    case ElementType::kS64: {
-      const double lo = t == ElementType::kS32 ? -2147483648.0 : -9223372036854775808.0;
-      OLMO_CHECK(std::nearbyint(value) == value && value >= lo && value < -lo, "hlo_builder: ", op, ": ",
-                 value, " is not a ", mlir_name(t), " value");
-      return std::to_string(static_cast<int64_t>(value));
-    }
-  }
-  fail("hlo_builder: unknown element type");
-}
-
-std::string types_list(const std::vector<TensorType>& ts) {
-  std::string s;
-  for (size_t i = 0; i < ts.size(); ++i) s += (i ? ", " : "") + ts[i].mlir();
-  return s;
-}
-
-void check_dims_unique(const std::vector<int64_t>& dims, int64_t rank, const char* op, const char* what,
-                       const TensorType& t) {
-  std::vector<bool> seen(static_cast<size_t>(rank), false);
-  for (int64_t d : dims) {
-    OLMO_CHECK(d >= 0 && d < rank, "hlo_builder: ", op, ": ", what, " dimension ", d, " out of range for ",
-               t.mlir());
-    OLMO_CHECK(!seen[size_t(d)], "hlo_builder: ", op, ": ", what, " dimension ", d, " listed twice");
-    seen[size_t(d)] = true;
-  }
-}
 
 const char* direction_name(Compare c) {
   switch (c) {
@@ -147,8 +92,8 @@ std::string HloBuilder::module() const {
     rt.push_back(v.type_);
     names += (names.empty() ? "" : ", ") + v.name_;
   }
-  s += ") -> (" + types_list(rt) + ") {\n" + regions_[0].text;
-  s += "    \"func.return\"(" + names + ") : (" + types_list(rt) + ") -> ()\n  }\n}\n";
+  s += ") -> (" + mlir::types_list(rt) + ") {\n" + regions_[0].text;
+  s += "    \"func.return\"(" + names + ") : (" + mlir::types_list(rt) + ") -> ()\n  }\n}\n";
   return s;
 }
 
@@ -168,8 +113,8 @@ std::vector<Value> HloBuilder::emit(const std::string& op, const std::vector<Val
   r.text += std::string(2 * regions_.size() + 2, ' ') + base;
   if (results.size() > 1) r.text += ":" + std::to_string(results.size());
   r.text += " = \"" + op + "\"(" + names + ")" + regions + (attrs.empty() ? "" : " {" + attrs + "}");
-  r.text += " : (" + types_list(in) + ") -> " +
-            (results.size() == 1 ? results[0].mlir() : "(" + types_list(results) + ")");
+  r.text += " : (" + mlir::types_list(in) + ") -> " +
+            (results.size() == 1 ? results[0].mlir() : "(" + mlir::types_list(results) + ")");
   r.text += "\n";
   std::vector<Value> out;
   for (size_t i = 0; i < results.size(); ++i)
@@ -205,13 +150,15 @@ std::string HloBuilder::region(const std::vector<TensorType>& arg_types, const R
   for (const Value& v : yields) names += (names.empty() ? "" : ", ") + v.name_;
   std::string text = "{\n" + std::string(2 * regions_.size(), ' ') + "^bb0(" + header + "):\n" +
                      regions_.back().text + indent + "\"stablehlo.return\"(" + names + ") : (" +
-                     types_list(yield_types) + ") -> ()\n" + std::string(2 * regions_.size(), ' ') + "}";
+                     mlir::types_list(yield_types) + ") -> ()\n" + std::string(2 * regions_.size(), ' ') +
+                     "}";
   regions_.pop_back();
   return text;
 }
 
 Value HloBuilder::constant(const TensorType& type, double value) {
-  const std::string attr = "value = dense<" + literal(type.type, value, "constant") + "> : " + type.mlir();
+  const std::string attr =
+      "value = dense<" + mlir::literal(type.type, value, "constant") + "> : " + type.mlir();
   (void)type.elements();
   return emit1("stablehlo.constant", {}, attr, type);
 }
@@ -268,20 +215,21 @@ Value HloBuilder::broadcast_in_dim(const Value& x, const std::vector<int64_t>& d
   OLMO_CHECK(broadcast_dims.size() == x.type_.dims.size(),
              "hlo_builder: broadcast_in_dim: ", broadcast_dims.size(),
              " broadcast dimensions for an operand of rank ", x.type_.rank(), " (", x.type_.mlir(), ")");
-  check_dims_unique(broadcast_dims, out.rank(), "broadcast_in_dim", "broadcast", out);
+  mlir::check_dims(broadcast_dims, out, "broadcast_in_dim", "broadcast");
   for (size_t i = 0; i < broadcast_dims.size(); ++i) {
     const int64_t n = x.type_.dims[i], m = dims[size_t(broadcast_dims[i])];
     OLMO_CHECK(n == 1 || n == m, "hlo_builder: broadcast_in_dim: operand dimension ", i, " (size ", n,
                ") cannot broadcast to result dimension ", broadcast_dims[i], " (size ", m, ") of ",
                out.mlir());
   }
-  return emit1("stablehlo.broadcast_in_dim", {x}, "broadcast_dimensions = " + i64_array(broadcast_dims), out);
+  return emit1("stablehlo.broadcast_in_dim", {x}, "broadcast_dimensions = " + mlir::i64_array(broadcast_dims),
+               out);
 }
 
 Value HloBuilder::reduce(const Value& x, const std::vector<int64_t>& dims, bool is_max) {
   const char* op = is_max ? "reduce_max" : "reduce_sum";
   OLMO_CHECK(x.type_.type != ElementType::kPred, "hlo_builder: ", op, " of a pred tensor");
-  check_dims_unique(dims, x.type_.rank(), op, "reduced", x.type_);
+  mlir::check_dims(dims, x.type_, op, "reduced");
   const TensorType scalar{x.type_.type, {}};
   double init = 0;
   if (is_max)
@@ -298,7 +246,7 @@ Value HloBuilder::reduce(const Value& x, const std::vector<int64_t>& dims, bool 
         return std::vector<Value>{is_max ? b.max(a[0], a[1]) : b.add(a[0], a[1])};
       },
       {scalar}, op);
-  return emit("stablehlo.reduce", {x, init_v}, "dimensions = " + i64_array(dims), {out},
+  return emit("stablehlo.reduce", {x, init_v}, "dimensions = " + mlir::i64_array(dims), {out},
               " (" + body + ")")[0];
 }
 

@@ -3,35 +3,13 @@
 
 #include "core/error.h"
 #include "xla/hlo_builder.h"
+#include "xla/mlir_text.h"
 
 namespace olmosft::xla {
 
 namespace {
 
-std::string i64_array(const std::vector<int64_t>& v) {
-  std::string s = "array<i64";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : ": ") + std::to_string(v[i]);
-  return s + ">";
-}
-
-std::string i64_list(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
-void check_unique(const std::vector<int64_t>& dims, const TensorType& t, const char* op, const char* what) {
-  std::vector<bool> seen(static_cast<size_t>(t.rank()), false);
-  for (int64_t d : dims) {
-    OLMO_CHECK(d >= 0 && d < t.rank(), "hlo_builder: ", op, ": ", what, " dimension ", d,
-               " out of range for ", t.mlir());
-    OLMO_CHECK(!seen[size_t(d)], "hlo_builder: ", op, ": ", what, " dimension ", d, " listed twice for ",
-               t.mlir());
-    seen[size_t(d)] = true;
-  }
-}
-
-// Dimensions of T not in USED, in order.
+// The dimensions of T in neither A nor B, in order.
 std::vector<int64_t> free_dims(const TensorType& t, const std::vector<int64_t>& a,
                                const std::vector<int64_t>& b) {
   std::vector<int64_t> out;
@@ -39,21 +17,6 @@ std::vector<int64_t> free_dims(const TensorType& t, const std::vector<int64_t>& 
     if (std::find(a.begin(), a.end(), d) == a.end() && std::find(b.begin(), b.end(), d) == b.end())
       out.push_back(d);
   return out;
-}
-
-std::string mlir_string(const std::string& s) {
-  static const char* const hexd = "0123456789ABCDEF";
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      out += '\\';
-      out += hexd[c >> 4];
-      out += hexd[c & 15];
-    }
-  }
-  return out + "\"";
 }
 
 }  // namespace
@@ -71,8 +34,8 @@ Value HloBuilder::dot_general(const Value& lhs, const Value& rhs, const DotDims&
   std::vector<int64_t> lhs_all = d.lhs_batch, rhs_all = d.rhs_batch;
   lhs_all.insert(lhs_all.end(), d.lhs_contract.begin(), d.lhs_contract.end());
   rhs_all.insert(rhs_all.end(), d.rhs_contract.begin(), d.rhs_contract.end());
-  check_unique(lhs_all, l, "dot_general", "lhs batch/contracting");
-  check_unique(rhs_all, r, "dot_general", "rhs batch/contracting");
+  mlir::check_dims(lhs_all, l, "dot_general", "lhs batch/contracting");
+  mlir::check_dims(rhs_all, r, "dot_general", "rhs batch/contracting");
   for (size_t i = 0; i < lhs_all.size(); ++i) {
     const int64_t a = l.dims[size_t(lhs_all[i])], b = r.dims[size_t(rhs_all[i])];
     OLMO_CHECK(a == b, "hlo_builder: dot_general: lhs dimension ", lhs_all[i], " (size ", a,
@@ -83,10 +46,10 @@ Value HloBuilder::dot_general(const Value& lhs, const Value& rhs, const DotDims&
   for (int64_t f : free_dims(l, d.lhs_batch, d.lhs_contract)) out.dims.push_back(l.dims[size_t(f)]);
   for (int64_t f : free_dims(r, d.rhs_batch, d.rhs_contract)) out.dims.push_back(r.dims[size_t(f)]);
   const std::string attr =
-      "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = " + i64_list(d.lhs_batch) +
-      ", rhs_batching_dimensions = " + i64_list(d.rhs_batch) +
-      ", lhs_contracting_dimensions = " + i64_list(d.lhs_contract) +
-      ", rhs_contracting_dimensions = " + i64_list(d.rhs_contract) + ">";
+      "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = " + mlir::i64_list(d.lhs_batch) +
+      ", rhs_batching_dimensions = " + mlir::i64_list(d.rhs_batch) +
+      ", lhs_contracting_dimensions = " + mlir::i64_list(d.lhs_contract) +
+      ", rhs_contracting_dimensions = " + mlir::i64_list(d.rhs_contract) + ">";
   return emit1("stablehlo.dot_general", {lhs, rhs}, attr, out);
 }
 
@@ -101,10 +64,10 @@ Value HloBuilder::transpose(const Value& x, const std::vector<int64_t>& perm) {
   const TensorType& t = x.type();
   OLMO_CHECK(int64_t(perm.size()) == t.rank(), "hlo_builder: transpose: permutation ", dims_string(perm),
              " for ", t.mlir());
-  check_unique(perm, t, "transpose", "permutation");
+  mlir::check_dims(perm, t, "transpose", "permutation");
   TensorType out{t.type, {}};
   for (int64_t p : perm) out.dims.push_back(t.dims[size_t(p)]);
-  return emit1("stablehlo.transpose", {x}, "permutation = " + i64_array(perm), out);
+  return emit1("stablehlo.transpose", {x}, "permutation = " + mlir::i64_array(perm), out);
 }
 
 Value HloBuilder::slice(const Value& x, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,
@@ -123,8 +86,8 @@ Value HloBuilder::slice(const Value& x, const std::vector<int64_t>& start, const
     out.dims.push_back((limit[i] - start[i] + strides[i] - 1) / strides[i]);
   }
   return emit1("stablehlo.slice", {x},
-               "start_indices = " + i64_array(start) + ", limit_indices = " + i64_array(limit) +
-                   ", strides = " + i64_array(strides),
+               "start_indices = " + mlir::i64_array(start) + ", limit_indices = " + mlir::i64_array(limit) +
+                   ", strides = " + mlir::i64_array(strides),
                out);
 }
 
@@ -149,7 +112,7 @@ Value HloBuilder::dynamic_slice(const Value& x, const std::vector<Value>& starts
                " of dimension ", i, " exceeds ", t.mlir());
   std::vector<Value> operands{x};
   operands.insert(operands.end(), starts.begin(), starts.end());
-  return emit1("stablehlo.dynamic_slice", operands, "slice_sizes = " + i64_array(sizes),
+  return emit1("stablehlo.dynamic_slice", operands, "slice_sizes = " + mlir::i64_array(sizes),
                TensorType{t.type, sizes});
 }
 
@@ -222,9 +185,9 @@ std::vector<Value> HloBuilder::custom_call(const std::string& target, const std:
   OLMO_CHECK(!target.empty(), "hlo_builder: custom_call without a target name");
   OLMO_CHECK(!results.empty(), "hlo_builder: custom_call ", target, " declares no results");
   for (const TensorType& t : results) (void)t.elements();
-  const std::string attrs = "call_target_name = " + mlir_string(target) +
+  const std::string attrs = "call_target_name = " + mlir::quoted(target) +
                             ", has_side_effect = " + (o.has_side_effect ? "true" : "false") +
-                            ", backend_config = " + mlir_string(o.backend_config) +
+                            ", backend_config = " + mlir::quoted(o.backend_config) +
                             ", api_version = " + std::to_string(o.api_version) + " : i32";
   return emit("stablehlo.custom_call", operands, attrs, results);
 }

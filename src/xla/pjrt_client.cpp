@@ -284,9 +284,13 @@ Buffer Client::to_device(const void* data, const TensorType& type, size_t device
   args.device = state_->devices[device];
   OLMO_PJRT_CALL(p, PJRT_Client_BufferFromHostBuffer, args);
   Event done(p, args.done_with_host_buffer);
-  Buffer b(state_, args.buffer);
-  done.await("PJRT_Client_BufferFromHostBuffer");  // DATA may be freed once this returns
-  return b;
+  try {
+    done.await("PJRT_Client_BufferFromHostBuffer");  // DATA may be freed once this returns
+  } catch (...) {
+    destroy_buffer(p, args.buffer);
+    throw;
+  }
+  return Buffer(state_, args.buffer);
 }
 
 namespace {
