@@ -39,8 +39,11 @@ struct DotDims {
 };
 
 struct CustomCallOptions {
-  std::string backend_config;  // written as an MLIR string attribute (escaped)
-  int api_version = 2;         // XLA's custom-call API version (2: status returning, 4: typed FFI)
+  // api_version 1-3: any bytes, written as an MLIR string attribute (escaped). api_version 4 (typed FFI): an
+  // MLIR dictionary attribute, written as is, e.g. `{eps = 1.0e-06 : f32}` (empty: `{}`).
+  std::string backend_config;
+  int api_version =
+      2;  // XLA's custom-call API version (2: status returning, as cuDNN's attention; 4: typed FFI)
   bool has_side_effect = false;
 };
 

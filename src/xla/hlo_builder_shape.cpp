@@ -185,9 +185,17 @@ std::vector<Value> HloBuilder::custom_call(const std::string& target, const std:
   OLMO_CHECK(!target.empty(), "hlo_builder: custom_call without a target name");
   OLMO_CHECK(!results.empty(), "hlo_builder: custom_call ", target, " declares no results");
   for (const TensorType& t : results) (void)t.elements();
+  std::string config = mlir::quoted(o.backend_config);
+  if (o.api_version == 4) {  // typed FFI: the configuration is an MLIR dictionary attribute
+    config = o.backend_config.empty() ? "{}" : o.backend_config;
+    OLMO_CHECK(config.front() == '{' && config.back() == '}', "hlo_builder: custom_call ", target,
+               ": with api_version 4 (typed FFI) backend_config is an MLIR dictionary attribute such as "
+               "{eps = 1.0e-06 : f32}, got `",
+               o.backend_config, "`");
+  }
   const std::string attrs = "call_target_name = " + mlir::quoted(target) +
                             ", has_side_effect = " + (o.has_side_effect ? "true" : "false") +
-                            ", backend_config = " + mlir::quoted(o.backend_config) +
+                            ", backend_config = " + config +
                             ", api_version = " + std::to_string(o.api_version) + " : i32";
   return emit("stablehlo.custom_call", operands, attrs, results);
 }

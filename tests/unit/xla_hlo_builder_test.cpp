@@ -4,11 +4,11 @@
 //
 // Tolerances: ops that only move, compare, select or convert data, and the IEEE-exact arithmetic of add, sub,
 // mul, neg, abs, max and min, are compared bit for bit with the same float operation in C++. div and sqrt are
-// correctly rounded in IEEE, but XLA may rewrite them (x / c as x * (1/c)): 1 float ulp (1.2e-7 relative) against
-// float64 on the same float inputs. exp, log, tanh, logistic, rsqrt and pow are XLA's own vectorised
-// approximations, not libm: 1e-6 relative (about 8 float ulps; measured at most 1.5e-7, tanh, on XLA 0.0.1's CPU
-// plugin; each case prints its measured error). Sums (reduce, dot_general, the cross-entropy) accumulate in
-// float in an order XLA chooses: 1e-6 relative to the sum of absolute terms.
+// correctly rounded in IEEE, but XLA may rewrite them (x / c as x * (1/c)): 1 float ulp (1.2e-7 relative)
+// against float64 on the same float inputs. exp, log, tanh, logistic, rsqrt and pow are XLA's own vectorised
+// approximations, not libm: 1e-6 relative (about 8 float ulps; measured at most 1.5e-7, tanh, on XLA 0.0.1's
+// CPU plugin; each case prints its measured error). Sums (reduce, dot_general, the cross-entropy) accumulate
+// in float in an order XLA chooses: 1e-6 relative to the sum of absolute terms.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -347,6 +347,35 @@ TEST(XlaHloBuilder, CustomCallText) {
       std::string::npos)
       << text;
   EXPECT_NE(text.find("\"func.return\"(%v0#0)"), std::string::npos) << text;
+}
+
+TEST(XlaHloBuilder, CustomCallTextPassesThePluginsParserAndVerifier) {
+  // The CPU plugin has no handler for the target, so compiling fails, but only at the handler lookup: the
+  // text parsed and verified (for both the string and the typed-FFI dictionary configuration).
+  for (int api : {2, 4}) {
+    HloBuilder b;
+    Value x = b.argument({F32, {4}});
+    CustomCallOptions o;
+    o.api_version = api;
+    o.backend_config = api == 4 ? "{eps = 1.0e-06 : f32}" : "opaque \x01 bytes";
+    b.returns({b.custom_call("olmosft_no_such_target", {x}, {{F32, {4}}}, o)[0]});
+    const std::string msg = error_of([&] { cpu().compile(b.module()); });
+    EXPECT_NE(
+        msg.find(api == 4 ? "No FFI handler registered for olmosft_no_such_target"
+                          : "No registered implementation for untyped custom call to olmosft_no_such_target"),
+        std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find("Failed to parse"), std::string::npos) << msg;
+  }
+  HloBuilder b;
+  Value x = b.argument({F32, {4}});
+  CustomCallOptions o;
+  o.api_version = 4;
+  o.backend_config = "eps=1";
+  EXPECT_NE(error_of([&] {
+              b.custom_call("t", {x}, {{F32, {4}}}, o);
+            }).find("MLIR dictionary attribute"),
+            std::string::npos);
 }
 
 TEST(XlaHloBuilder, RefusesMismatchesClearly) {
