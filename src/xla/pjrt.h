@@ -103,6 +103,7 @@ class Buffer {
   void mark_consumed();         // frees the handle (after a donation)
 
  private:
+  friend class Executable;  // checks that arguments come from its own client
   void check_host_type(size_t host_bytes) const;
   void release() noexcept;
   std::shared_ptr<ClientState> client_;

@@ -159,6 +159,8 @@ std::vector<Buffer> Executable::execute(std::span<Buffer* const> args, std::span
   for (size_t i = 0; i < args.size(); ++i) {
     OLMO_CHECK(args[i] != nullptr, "xla: execute: argument ", i, " is null");
     handles.push_back(args[i]->handle());
+    OLMO_CHECK(args[i]->client_ == client_, "xla: execute: argument ", i, " (", args[i]->type_.mlir(),
+               ") belongs to another PJRT client than the executable");
   }
   std::vector<int64_t> keep;  // every argument not listed in DONATE
   for (size_t i = 0; i < args.size(); ++i)

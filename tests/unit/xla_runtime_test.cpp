@@ -225,6 +225,18 @@ TEST(XlaRuntime, PjrtErrorsCarryThePluginMessageAndTheCall) {
   const std::string run = error_of([&] { exe.execute(one); });
   EXPECT_NE(run.find("PJRT_LoadedExecutable_Execute failed"), std::string::npos) << run;
   EXPECT_FALSE(A.consumed());
+
+  Buffer on1 = c.to_device(std::span<const float>(a), {4}, 1);  // the executable runs on device 0
+  Buffer* wrong_device[] = {&on1, &on1};
+  const std::string dev = error_of([&] { exe.execute(wrong_device); });
+  EXPECT_NE(dev.find("is on device TFRT_CPU_1"), std::string::npos) << dev;
+
+  Client other = Client::create("cpu", ClientOptions{1});
+  Buffer foreign = other.to_device(std::span<const float>(a), {4});
+  Buffer* mixed[] = {&A, &foreign};
+  EXPECT_NE(
+      error_of([&] { exe.execute(mixed); }).find("argument 1 (tensor<4xf32>) belongs to another PJRT client"),
+      std::string::npos);
 }
 
 TEST(XlaRuntime, BuffersAndExecutablesOutliveTheirClientObject) {
