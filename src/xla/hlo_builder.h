@@ -1,0 +1,152 @@
+// A small typed builder that writes StableHLO as MLIR text (generic op syntax) for one function,
+// `func.func public @main(args...) -> (results...)`, with no tuples. Every value carries its type (element
+// type + shape); each op checks its operands' types and refuses a mismatch with an olmosft::Error naming the
+// op and the types. The text is what Client::compile (pjrt.h) takes. docs/xla.md lists the ops.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "xla/types.h"
+
+namespace olmosft::xla {
+
+class HloBuilder;
+
+// An SSA value of the function being built. Cheap to copy; valid only in the region that defined it and the
+// regions nested in it (checked on use).
+class Value {
+ public:
+  const TensorType& type() const { return type_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  friend class HloBuilder;
+  Value(std::string name, TensorType type, int region)
+      : name_(std::move(name)), type_(std::move(type)), region_(region) {}
+  std::string name_;
+  TensorType type_;
+  int region_ = 0;
+};
+
+enum class Compare { kEq, kNe, kLt, kLe, kGt, kGe };
+
+// dot_general's dimension numbers: batch dimensions pair up in order, as do contracting ones.
+struct DotDims {
+  std::vector<int64_t> lhs_batch, rhs_batch, lhs_contract, rhs_contract;
+};
+
+struct CustomCallOptions {
+  // api_version 1-3: any bytes, written as an MLIR string attribute (escaped). api_version 4 (typed FFI): an
+  // MLIR dictionary attribute, written as is, e.g. `{eps = 1.0e-06 : f32}` (empty: `{}`).
+  std::string backend_config;
+  int api_version =
+      2;  // XLA's custom-call API version (2: status returning, as cuDNN's attention; 4: typed FFI)
+  bool has_side_effect = false;
+};
+
+class HloBuilder {
+ public:
+  // A region body: receives the region's block arguments and returns what the region yields.
+  using RegionFn = std::function<std::vector<Value>(HloBuilder&, const std::vector<Value>&)>;
+  // A counted loop body: the iteration index (s32 scalar) and the carried values; returns the new carried
+  // values.
+  using LoopFn = std::function<std::vector<Value>(HloBuilder&, const Value&, const std::vector<Value>&)>;
+
+  explicit HloBuilder(std::string module_name = "olmosft");
+
+  // Function arguments, in order. ALIAS_OUTPUT marks the argument as donatable into that result
+  // (tf.aliasing_output): the result must have the same type, and Executable::execute may then consume it.
+  Value argument(const TensorType& type, std::optional<int> alias_output = std::nullopt);
+  // The function's results (once, at the top level).
+  void returns(const std::vector<Value>& results);
+  // The whole module's text; needs returns().
+  std::string module() const;
+
+  // A constant with every element VALUE (integer types need an integral VALUE, pred 0 or 1).
+  Value constant(const TensorType& type, double value);
+  Value scalar(ElementType type, double value) { return constant(TensorType{type, {}}, value); }
+  Value iota(const TensorType& type, int64_t dim);
+
+  Value neg(const Value& x) { return unary("negate", x, false); }
+  Value abs(const Value& x) { return unary("abs", x, false); }
+  Value exp(const Value& x) { return unary("exponential", x, true); }
+  Value log(const Value& x) { return unary("log", x, true); }
+  Value sqrt(const Value& x) { return unary("sqrt", x, true); }
+  Value rsqrt(const Value& x) { return unary("rsqrt", x, true); }
+  Value tanh(const Value& x) { return unary("tanh", x, true); }
+  Value logistic(const Value& x) { return unary("logistic", x, true); }
+
+  Value add(const Value& a, const Value& b) { return binary("add", a, b); }
+  Value sub(const Value& a, const Value& b) { return binary("subtract", a, b); }
+  Value mul(const Value& a, const Value& b) { return binary("multiply", a, b); }
+  Value div(const Value& a, const Value& b) { return binary("divide", a, b); }
+  Value max(const Value& a, const Value& b) { return binary("maximum", a, b); }
+  Value min(const Value& a, const Value& b) { return binary("minimum", a, b); }
+  Value pow(const Value& a, const Value& b) { return binary("power", a, b); }
+
+  Value compare(const Value& a, const Value& b, Compare direction);
+  // PRED is a pred tensor of the operands' shape, or a pred scalar.
+  Value select(const Value& pred, const Value& on_true, const Value& on_false);
+  Value convert(const Value& x, ElementType to);
+
+  // Result shape DIMS; operand dimension i goes to result dimension BROADCAST_DIMS[i] (size 1 or equal).
+  Value broadcast_in_dim(const Value& x, const std::vector<int64_t>& dims,
+                         const std::vector<int64_t>& broadcast_dims);
+  Value reduce_sum(const Value& x, const std::vector<int64_t>& dims) { return reduce(x, dims, false); }
+  Value reduce_max(const Value& x, const std::vector<int64_t>& dims) { return reduce(x, dims, true); }
+  // Result: batch dims, then lhs's free dims, then rhs's free dims.
+  Value dot_general(const Value& lhs, const Value& rhs, const DotDims& dims);
+
+  Value reshape(const Value& x, const std::vector<int64_t>& dims);
+  Value transpose(const Value& x, const std::vector<int64_t>& permutation);
+  // Static slice [START, LIMIT) with STRIDES (default 1).
+  Value slice(const Value& x, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,
+              std::vector<int64_t> strides = {});
+  // STARTS: one integer scalar per dimension (clamped into range by XLA).
+  Value dynamic_slice(const Value& x, const std::vector<Value>& starts, const std::vector<int64_t>& sizes);
+  Value dynamic_update_slice(const Value& x, const Value& update, const std::vector<Value>& starts);
+  Value concatenate(const std::vector<Value>& xs, int64_t dim);
+
+  // stablehlo.while: COND returns one pred scalar, BODY returns values of INIT's types.
+  std::vector<Value> while_loop(const std::vector<Value>& init, const RegionFn& cond, const RegionFn& body);
+  // A scan: BODY runs for i = 0 .. TRIP_COUNT-1 over the carried values (a while loop with an s32 counter).
+  std::vector<Value> for_loop(int64_t trip_count, const std::vector<Value>& init, const LoopFn& body);
+
+  std::vector<Value> custom_call(const std::string& target, const std::vector<Value>& operands,
+                                 const std::vector<TensorType>& results,
+                                 const CustomCallOptions& options = {});
+
+ private:
+  struct Region {
+    int id;
+    std::string text;
+  };
+  Value unary(const char* op, const Value& x, bool float_only);
+  Value binary(const char* op, const Value& a, const Value& b);
+  Value reduce(const Value& x, const std::vector<int64_t>& dims, bool is_max);
+  // Emits `%vN = "stablehlo.OP"(operands) REGIONS {ATTRS} : (types) -> results` in the current region.
+  std::vector<Value> emit(const std::string& op, const std::vector<Value>& operands, const std::string& attrs,
+                          const std::vector<TensorType>& results, const std::string& regions = "");
+  Value emit1(const std::string& op, const std::vector<Value>& operands, const std::string& attrs,
+              const TensorType& result) {
+    return emit(op, operands, attrs, {result})[0];
+  }
+  // Builds a region with block arguments of ARG_TYPES; returns its text ("{ ^bb0(...): ... }").
+  std::string region(const std::vector<TensorType>& arg_types, const RegionFn& fn,
+                     const std::vector<TensorType>& yield_types, const std::string& what);
+  void use(const Value& v, const char* op) const;  // refuses a value from a closed region or another builder
+  std::string fresh();
+
+  std::string module_name_;
+  int next_value_ = 0;
+  std::vector<Region> regions_;  // open regions, ids unique in the process; [0] is the function body
+  std::vector<std::pair<TensorType, std::optional<int>>> args_;
+  std::vector<Value> results_;
+  bool returned_ = false;
+  std::string body_;
+};
+
+}  // namespace olmosft::xla

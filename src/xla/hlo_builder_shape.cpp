@@ -1,0 +1,203 @@
+// HloBuilder: dot_general, the shape ops (reshape, transpose, slices, concatenate), loops and custom calls.
+#include <algorithm>
+
+#include "core/error.h"
+#include "xla/hlo_builder.h"
+#include "xla/mlir_text.h"
+
+namespace olmosft::xla {
+
+namespace {
+
+// The dimensions of T in neither A nor B, in order.
+std::vector<int64_t> free_dims(const TensorType& t, const std::vector<int64_t>& a,
+                               const std::vector<int64_t>& b) {
+  std::vector<int64_t> out;
+  for (int64_t d = 0; d < t.rank(); ++d)
+    if (std::find(a.begin(), a.end(), d) == a.end() && std::find(b.begin(), b.end(), d) == b.end())
+      out.push_back(d);
+  return out;
+}
+
+}  // namespace
+
+Value HloBuilder::dot_general(const Value& lhs, const Value& rhs, const DotDims& d) {
+  const TensorType &l = lhs.type(), &r = rhs.type();
+  OLMO_CHECK(l.type == r.type && l.type != ElementType::kPred,
+             "hlo_builder: dot_general: operand element types ", l.mlir(), " and ", r.mlir(),
+             " must be the same numeric type");
+  OLMO_CHECK(d.lhs_batch.size() == d.rhs_batch.size(), "hlo_builder: dot_general: ", d.lhs_batch.size(),
+             " lhs batch dimensions but ", d.rhs_batch.size(), " rhs ones");
+  OLMO_CHECK(d.lhs_contract.size() == d.rhs_contract.size(),
+             "hlo_builder: dot_general: ", d.lhs_contract.size(), " lhs contracting dimensions but ",
+             d.rhs_contract.size(), " rhs ones");
+  std::vector<int64_t> lhs_all = d.lhs_batch, rhs_all = d.rhs_batch;
+  lhs_all.insert(lhs_all.end(), d.lhs_contract.begin(), d.lhs_contract.end());
+  rhs_all.insert(rhs_all.end(), d.rhs_contract.begin(), d.rhs_contract.end());
+  mlir::check_dims(lhs_all, l, "dot_general", "lhs batch/contracting");
+  mlir::check_dims(rhs_all, r, "dot_general", "rhs batch/contracting");
+  for (size_t i = 0; i < lhs_all.size(); ++i) {
+    const int64_t a = l.dims[size_t(lhs_all[i])], b = r.dims[size_t(rhs_all[i])];
+    OLMO_CHECK(a == b, "hlo_builder: dot_general: lhs dimension ", lhs_all[i], " (size ", a,
+               ") pairs with rhs dimension ", rhs_all[i], " (size ", b, "): ", l.mlir(), " x ", r.mlir());
+  }
+  TensorType out{l.type, {}};
+  for (int64_t b : d.lhs_batch) out.dims.push_back(l.dims[size_t(b)]);
+  for (int64_t f : free_dims(l, d.lhs_batch, d.lhs_contract)) out.dims.push_back(l.dims[size_t(f)]);
+  for (int64_t f : free_dims(r, d.rhs_batch, d.rhs_contract)) out.dims.push_back(r.dims[size_t(f)]);
+  const std::string attr =
+      "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = " + mlir::i64_list(d.lhs_batch) +
+      ", rhs_batching_dimensions = " + mlir::i64_list(d.rhs_batch) +
+      ", lhs_contracting_dimensions = " + mlir::i64_list(d.lhs_contract) +
+      ", rhs_contracting_dimensions = " + mlir::i64_list(d.rhs_contract) + ">";
+  return emit1("stablehlo.dot_general", {lhs, rhs}, attr, out);
+}
+
+Value HloBuilder::reshape(const Value& x, const std::vector<int64_t>& dims) {
+  const TensorType out{x.type().type, dims};
+  OLMO_CHECK(out.elements() == x.type().elements(), "hlo_builder: reshape: ", x.type().mlir(), " (",
+             x.type().elements(), " elements) cannot become ", out.mlir(), " (", out.elements(), ")");
+  return emit1("stablehlo.reshape", {x}, "", out);
+}
+
+Value HloBuilder::transpose(const Value& x, const std::vector<int64_t>& perm) {
+  const TensorType& t = x.type();
+  OLMO_CHECK(int64_t(perm.size()) == t.rank(), "hlo_builder: transpose: permutation ", dims_string(perm),
+             " for ", t.mlir());
+  mlir::check_dims(perm, t, "transpose", "permutation");
+  TensorType out{t.type, {}};
+  for (int64_t p : perm) out.dims.push_back(t.dims[size_t(p)]);
+  return emit1("stablehlo.transpose", {x}, "permutation = " + mlir::i64_array(perm), out);
+}
+
+Value HloBuilder::slice(const Value& x, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,
+                        std::vector<int64_t> strides) {
+  const TensorType& t = x.type();
+  if (strides.empty()) strides.assign(t.dims.size(), 1);
+  OLMO_CHECK(int64_t(start.size()) == t.rank() && int64_t(limit.size()) == t.rank() &&
+                 int64_t(strides.size()) == t.rank(),
+             "hlo_builder: slice: start ", dims_string(start), ", limit ", dims_string(limit),
+             " and strides ", dims_string(strides), " need one entry per dimension of ", t.mlir());
+  TensorType out{t.type, {}};
+  for (size_t i = 0; i < t.dims.size(); ++i) {
+    OLMO_CHECK(0 <= start[i] && start[i] <= limit[i] && limit[i] <= t.dims[i] && strides[i] >= 1,
+               "hlo_builder: slice: dimension ", i, " [", start[i], ", ", limit[i], ") step ", strides[i],
+               " out of range for ", t.mlir());
+    out.dims.push_back((limit[i] - start[i] + strides[i] - 1) / strides[i]);
+  }
+  return emit1("stablehlo.slice", {x},
+               "start_indices = " + mlir::i64_array(start) + ", limit_indices = " + mlir::i64_array(limit) +
+                   ", strides = " + mlir::i64_array(strides),
+               out);
+}
+
+namespace {
+void check_starts(const std::vector<Value>& starts, const TensorType& t, const char* op) {
+  OLMO_CHECK(int64_t(starts.size()) == t.rank(), "hlo_builder: ", op, ": ", starts.size(),
+             " start indices for ", t.mlir());
+  for (const Value& s : starts)
+    OLMO_CHECK(is_integer(s.type().type) && s.type().dims.empty() && s.type() == starts[0].type(),
+               "hlo_builder: ", op, ": start indices are integer scalars of one type, got ", s.type().mlir());
+}
+}  // namespace
+
+Value HloBuilder::dynamic_slice(const Value& x, const std::vector<Value>& starts,
+                                const std::vector<int64_t>& sizes) {
+  const TensorType& t = x.type();
+  check_starts(starts, t, "dynamic_slice");
+  OLMO_CHECK(int64_t(sizes.size()) == t.rank(), "hlo_builder: dynamic_slice: sizes ", dims_string(sizes),
+             " for ", t.mlir());
+  for (size_t i = 0; i < sizes.size(); ++i)
+    OLMO_CHECK(sizes[i] >= 0 && sizes[i] <= t.dims[i], "hlo_builder: dynamic_slice: size ", sizes[i],
+               " of dimension ", i, " exceeds ", t.mlir());
+  std::vector<Value> operands{x};
+  operands.insert(operands.end(), starts.begin(), starts.end());
+  return emit1("stablehlo.dynamic_slice", operands, "slice_sizes = " + mlir::i64_array(sizes),
+               TensorType{t.type, sizes});
+}
+
+Value HloBuilder::dynamic_update_slice(const Value& x, const Value& update,
+                                       const std::vector<Value>& starts) {
+  const TensorType &t = x.type(), &u = update.type();
+  check_starts(starts, t, "dynamic_update_slice");
+  OLMO_CHECK(u.type == t.type && u.rank() == t.rank(), "hlo_builder: dynamic_update_slice: update ", u.mlir(),
+             " does not match operand ", t.mlir());
+  for (size_t i = 0; i < t.dims.size(); ++i)
+    OLMO_CHECK(u.dims[i] <= t.dims[i], "hlo_builder: dynamic_update_slice: update ", u.mlir(),
+               " larger than ", t.mlir(), " in dimension ", i);
+  std::vector<Value> operands{x, update};
+  operands.insert(operands.end(), starts.begin(), starts.end());
+  return emit1("stablehlo.dynamic_update_slice", operands, "", t);
+}
+
+Value HloBuilder::concatenate(const std::vector<Value>& xs, int64_t dim) {
+  OLMO_CHECK(!xs.empty(), "hlo_builder: concatenate of nothing");
+  const TensorType& first = xs[0].type();
+  OLMO_CHECK(dim >= 0 && dim < first.rank(), "hlo_builder: concatenate: dimension ", dim,
+             " out of range for ", first.mlir());
+  TensorType out = first;
+  out.dims[size_t(dim)] = 0;
+  for (const Value& x : xs) {
+    const TensorType& t = x.type();
+    bool ok = t.type == first.type && t.rank() == first.rank();
+    for (int64_t i = 0; ok && i < t.rank(); ++i) ok = i == dim || t.dims[size_t(i)] == first.dims[size_t(i)];
+    OLMO_CHECK(ok, "hlo_builder: concatenate along ", dim, ": ", t.mlir(), " does not match ", first.mlir());
+    out.dims[size_t(dim)] += t.dims[size_t(dim)];
+  }
+  return emit1("stablehlo.concatenate", xs, "dimension = " + std::to_string(dim) + " : i64", out);
+}
+
+std::vector<Value> HloBuilder::while_loop(const std::vector<Value>& init, const RegionFn& cond,
+                                          const RegionFn& body) {
+  OLMO_CHECK(!init.empty(), "hlo_builder: while_loop with no carried values");
+  std::vector<TensorType> types;
+  for (const Value& v : init) types.push_back(v.type());
+  const std::string c = region(types, cond, {TensorType{ElementType::kPred, {}}}, "while_loop condition");
+  const std::string b = region(types, body, types, "while_loop body");
+  return emit("stablehlo.while", init, "", types, " (" + c + ", " + b + ")");
+}
+
+std::vector<Value> HloBuilder::for_loop(int64_t trip_count, const std::vector<Value>& init,
+                                        const LoopFn& body) {
+  OLMO_CHECK(trip_count >= 0 && trip_count <= 2147483647, "hlo_builder: for_loop: trip count ", trip_count,
+             " out of the s32 range");
+  std::vector<Value> carried{scalar(ElementType::kS32, 0)};
+  carried.insert(carried.end(), init.begin(), init.end());
+  auto out = while_loop(
+      carried,
+      [trip_count](HloBuilder& b, const std::vector<Value>& a) {
+        return std::vector<Value>{
+            b.compare(a[0], b.scalar(ElementType::kS32, double(trip_count)), Compare::kLt)};
+      },
+      [&body](HloBuilder& b, const std::vector<Value>& a) {
+        std::vector<Value> next{b.add(a[0], b.scalar(ElementType::kS32, 1))};
+        const std::vector<Value> state(a.begin() + 1, a.end());
+        std::vector<Value> r = body(b, a[0], state);
+        next.insert(next.end(), r.begin(), r.end());
+        return next;
+      });
+  return std::vector<Value>(out.begin() + 1, out.end());
+}
+
+std::vector<Value> HloBuilder::custom_call(const std::string& target, const std::vector<Value>& operands,
+                                           const std::vector<TensorType>& results,
+                                           const CustomCallOptions& o) {
+  OLMO_CHECK(!target.empty(), "hlo_builder: custom_call without a target name");
+  OLMO_CHECK(!results.empty(), "hlo_builder: custom_call ", target, " declares no results");
+  for (const TensorType& t : results) (void)t.elements();
+  std::string config = mlir::quoted(o.backend_config);
+  if (o.api_version == 4) {  // typed FFI: the configuration is an MLIR dictionary attribute
+    config = o.backend_config.empty() ? "{}" : o.backend_config;
+    OLMO_CHECK(config.front() == '{' && config.back() == '}', "hlo_builder: custom_call ", target,
+               ": with api_version 4 (typed FFI) backend_config is an MLIR dictionary attribute such as "
+               "{eps = 1.0e-06 : f32}, got `",
+               o.backend_config, "`");
+  }
+  const std::string attrs = "call_target_name = " + mlir::quoted(target) +
+                            ", has_side_effect = " + (o.has_side_effect ? "true" : "false") +
+                            ", backend_config = " + config +
+                            ", api_version = " + std::to_string(o.api_version) + " : i32";
+  return emit("stablehlo.custom_call", operands, attrs, results);
+}
+
+}  // namespace olmosft::xla

@@ -1,0 +1,167 @@
+// The PJRT runtime: loads a PJRT plugin (XLA's CPU plugin, its CUDA plugin, libtpu, or any file exporting
+// GetPjrtApi), creates a client, moves arrays between the host and its devices, compiles StableHLO MLIR text
+// and executes it. Every PJRT object is owned by a C++ object (client, buffers, executables; events inside
+// the calls), and every PJRT_Error becomes an olmosft::Error naming the call that failed and carrying the
+// plugin's message. The PJRT C API header stays out of this header (docs/xla.md).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "xla/types.h"
+
+struct PJRT_Api;
+struct PJRT_Buffer;
+struct PJRT_LoadedExecutable;
+
+namespace olmosft::xla {
+
+// A loaded plugin. Plugins are loaded once per process and path, initialised once (PJRT_Plugin_Initialize)
+// and never unloaded (a PJRT plugin may keep threads and static state alive until exit).
+class Plugin {
+ public:
+  // NAME_OR_PATH: `cpu` (XLA's CPU plugin installed under deps/xla by scripts/install-deps.sh), `cuda` or
+  // `tpu` (the path in $OLMOSFT_PJRT_CUDA / $OLMOSFT_PJRT_TPU; not installed by this project), or a path to a
+  // plugin.
+  static std::string resolve(std::string_view name_or_path);
+  // Loads (or returns the already loaded) plugin. Refuses a plugin whose PJRT API major differs from the
+  // header olmosft was built with; a newer minor is accepted (structs are versioned by struct_size), an older
+  // one too as long as it has every function olmosft calls (checked at each call).
+  static std::shared_ptr<const Plugin> load(std::string_view name_or_path);
+
+  const std::string& path() const { return path_; }
+  int api_major() const { return major_; }
+  int api_minor() const { return minor_; }
+  // The plugin's attributes (xla_version, stablehlo_current_version, ...), as text.
+  const std::map<std::string, std::string>& attributes() const { return attributes_; }
+  const PJRT_Api* api() const { return api_; }
+
+  // The API version of the header olmosft was compiled against.
+  static int header_major();
+  static int header_minor();
+
+  // Initialises the plugin (PJRT_Plugin_Initialize) and reads its attributes; use load().
+  Plugin(std::string path, const PJRT_Api* api, int major, int minor);
+
+ private:
+  std::string path_;
+  const PJRT_Api* api_;
+  int major_, minor_;
+  std::map<std::string, std::string> attributes_;
+};
+
+struct ClientOptions {
+  // Number of CPU devices (XLA's CPU plugin reads the create option "cpu_device_count"; its default is 4).
+  // Unset: no option is passed, as other plugins may refuse options they do not know.
+  std::optional<int64_t> cpu_device_count;
+};
+
+// What goes into the serialized xla.CompileOptionsProto (compile_options_proto below).
+struct CompileOptions {
+  int64_t num_replicas = 1;
+  int64_t num_partitions = 1;
+  bool use_spmd_partitioning = false;
+  int64_t device_ordinal = -1;  // -1: not set (the plugin's default device assignment)
+};
+
+// The serialized xla.CompileOptionsProto for OPTIONS: field 3 executable_build_options with device_ordinal
+// (1), num_replicas (4), num_partitions (5) and use_spmd_partitioning (6). An empty proto aborts the CPU
+// plugin.
+std::string compile_options_proto(const CompileOptions& options);
+
+struct ClientState;  // shared by a client and everything made from it (pjrt_internal.h)
+
+// An array on a device. Move-only; destroying it frees the device memory. A buffer donated to an execution is
+// consumed: it stays valid as an object, and using it throws an Error that says so.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(std::shared_ptr<ClientState> client, PJRT_Buffer* buffer);
+  Buffer(Buffer&& o) noexcept;
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  const TensorType& type() const { return type_; }
+  bool consumed() const { return consumed_; }
+  // Copies the array to DST (DST_BYTES must be type().bytes()); waits for the copy.
+  void to_host(void* dst, size_t dst_bytes) const;
+  template <typename T>
+  std::vector<T> to_host() const {
+    std::vector<T> out(static_cast<size_t>(type_.elements()));
+    check_host_type(sizeof(T));
+    to_host(out.data(), out.size() * sizeof(T));
+    return out;
+  }
+  PJRT_Buffer* handle() const;  // throws if empty or consumed
+  void mark_consumed();         // frees the handle (after a donation)
+
+ private:
+  friend class Executable;  // checks that arguments come from its own client
+  void check_host_type(size_t host_bytes) const;
+  void release() noexcept;
+  std::shared_ptr<ClientState> client_;
+  PJRT_Buffer* buffer_ = nullptr;
+  TensorType type_;
+  bool consumed_ = false;
+};
+
+// A compiled program loaded on the client's devices. Move-only.
+class Executable {
+ public:
+  Executable(std::shared_ptr<ClientState> client, PJRT_LoadedExecutable* exe);
+  Executable(Executable&& o) noexcept;
+  Executable& operator=(Executable&& o) noexcept;
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
+  ~Executable();
+
+  size_t num_outputs() const { return num_outputs_; }
+  // Runs the program on one device with ARGS (in func.func @main's order) and waits for it. DONATE lists the
+  // argument indices the program may consume (arguments the module marks with tf.aliasing_output); every
+  // other argument is passed as not donatable, so it survives even if the module marks it. Donated buffers
+  // are consumed afterwards (Buffer::consumed()).
+  std::vector<Buffer> execute(std::span<Buffer* const> args, std::span<const size_t> donate = {});
+
+ private:
+  void release() noexcept;
+  std::shared_ptr<ClientState> client_;
+  PJRT_LoadedExecutable* exe_ = nullptr;
+  size_t num_outputs_ = 0;
+};
+
+// A PJRT client. Buffers and executables keep what they need of it alive, so they may outlive this object.
+class Client {
+ public:
+  static Client create(std::shared_ptr<const Plugin> plugin, const ClientOptions& options = {});
+  static Client create(std::string_view plugin_name_or_path, const ClientOptions& options = {});
+
+  const Plugin& plugin() const;
+  std::string platform_name() const;
+  size_t device_count() const;  // addressable devices
+  std::vector<std::string> device_descriptions() const;
+
+  // Copies a dense row-major host array to device DEVICE (an index into the addressable devices); the host
+  // data may be freed when this returns.
+  Buffer to_device(const void* data, const TensorType& type, size_t device = 0) const;
+  Buffer to_device(std::span<const float> data, std::vector<int64_t> dims, size_t device = 0) const;
+  Buffer to_device(std::span<const double> data, std::vector<int64_t> dims, size_t device = 0) const;
+  Buffer to_device(std::span<const int32_t> data, std::vector<int64_t> dims, size_t device = 0) const;
+  // bf16 as its bit pattern (core/bf16.h).
+  Buffer to_device_bf16(std::span<const uint16_t> data, std::vector<int64_t> dims, size_t device = 0) const;
+
+  // Compiles StableHLO (or any MLIR the plugin accepts) given as text.
+  Executable compile(std::string_view mlir, const CompileOptions& options = {}) const;
+
+ private:
+  explicit Client(std::shared_ptr<ClientState> s) : state_(std::move(s)) {}
+  std::shared_ptr<ClientState> state_;
+};
+
+}  // namespace olmosft::xla

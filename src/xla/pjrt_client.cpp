@@ -1,0 +1,341 @@
+// PJRT client, buffers (host <-> device) and executables (compile, execute with donation).
+#include <algorithm>
+#include <utility>
+
+#include "xla/pjrt_internal.h"
+
+namespace olmosft::xla {
+
+namespace {
+
+void destroy_quietly(const Plugin& plugin, PJRT_Error* err) {  // for destructors, which cannot throw
+  if (err == nullptr) return;
+  auto d = OLMO_PJRT_ARGS(PJRT_Error_Destroy_Args);
+  d.error = err;
+  plugin.api()->PJRT_Error_Destroy(&d);
+}
+
+void destroy_buffer(const Plugin& plugin, PJRT_Buffer* b) {  // one not (yet) owned by a Buffer
+  if (b == nullptr) return;
+  auto args = OLMO_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  args.buffer = b;
+  destroy_quietly(plugin, plugin.api()->PJRT_Buffer_Destroy(&args));
+}
+
+TensorType buffer_type(const Plugin& plugin, PJRT_Buffer* b) {
+  auto et = OLMO_PJRT_ARGS(PJRT_Buffer_ElementType_Args);
+  et.buffer = b;
+  OLMO_PJRT_CALL(plugin, PJRT_Buffer_ElementType, et);
+  auto dims = OLMO_PJRT_ARGS(PJRT_Buffer_Dimensions_Args);
+  dims.buffer = b;
+  OLMO_PJRT_CALL(plugin, PJRT_Buffer_Dimensions, dims);
+  return TensorType{from_pjrt(et.type, "a device buffer"),
+                    std::vector<int64_t>(dims.dims, dims.dims + dims.num_dims)};
+}
+
+}  // namespace
+
+ClientState::~ClientState() {
+  if (client == nullptr) return;
+  auto args = OLMO_PJRT_ARGS(PJRT_Client_Destroy_Args);
+  args.client = client;
+  destroy_quietly(*plugin, plugin->api()->PJRT_Client_Destroy(&args));
+}
+
+// ---------------------------------------------------------------------------------------------- Buffer
+
+Buffer::Buffer(std::shared_ptr<ClientState> client, PJRT_Buffer* buffer)
+    : client_(std::move(client)), buffer_(buffer) {
+  try {
+    type_ = buffer_type(*client_->plugin, buffer_);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+Buffer::Buffer(Buffer&& o) noexcept
+    : client_(std::move(o.client_)),
+      buffer_(std::exchange(o.buffer_, nullptr)),
+      type_(std::move(o.type_)),
+      consumed_(o.consumed_) {}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    client_ = std::move(o.client_);
+    buffer_ = std::exchange(o.buffer_, nullptr);
+    type_ = std::move(o.type_);
+    consumed_ = o.consumed_;
+  }
+  return *this;
+}
+
+Buffer::~Buffer() { release(); }
+
+void Buffer::release() noexcept {
+  if (buffer_ != nullptr) destroy_buffer(*client_->plugin, std::exchange(buffer_, nullptr));
+}
+
+PJRT_Buffer* Buffer::handle() const {
+  OLMO_CHECK(!consumed_, "xla: a buffer ", type_.mlir(), " was donated to an execution and is consumed");
+  OLMO_CHECK(buffer_ != nullptr, "xla: use of an empty (moved-from) buffer");
+  return buffer_;
+}
+
+void Buffer::mark_consumed() {
+  release();
+  consumed_ = true;
+}
+
+void Buffer::check_host_type(size_t host_bytes) const {
+  OLMO_CHECK(host_bytes == element_bytes(type_.type), "xla: reading a ", type_.mlir(), " buffer into ",
+             host_bytes, "-byte host elements");
+}
+
+void Buffer::to_host(void* dst, size_t dst_bytes) const {
+  PJRT_Buffer* b = handle();
+  OLMO_CHECK(dst_bytes == type_.bytes(), "xla: reading a ", type_.mlir(), " buffer (", type_.bytes(),
+             " bytes) into ", dst_bytes, " host bytes");
+  const Plugin& plugin = *client_->plugin;
+  auto args = OLMO_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  args.src = b;
+  args.dst = dst;
+  args.dst_size = dst_bytes;
+  OLMO_PJRT_CALL(plugin, PJRT_Buffer_ToHostBuffer, args);
+  Event(plugin, args.event).await("PJRT_Buffer_ToHostBuffer");
+}
+
+// ------------------------------------------------------------------------------------------ Executable
+
+Executable::Executable(std::shared_ptr<ClientState> client, PJRT_LoadedExecutable* exe)
+    : client_(std::move(client)), exe_(exe) {
+  const Plugin& plugin = *client_->plugin;
+  try {
+    auto get = OLMO_PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+    get.loaded_executable = exe_;
+    OLMO_PJRT_CALL(plugin, PJRT_LoadedExecutable_GetExecutable, get);
+    auto n = OLMO_PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
+    n.executable = get.executable;
+    PJRT_Error* err =
+        api_function(plugin, &PJRT_Api::PJRT_Executable_NumOutputs, "PJRT_Executable_NumOutputs")(&n);
+    auto destroy = OLMO_PJRT_ARGS(PJRT_Executable_Destroy_Args);
+    destroy.executable = get.executable;
+    destroy_quietly(plugin, plugin.api()->PJRT_Executable_Destroy(&destroy));
+    check(plugin, err, "PJRT_Executable_NumOutputs");
+    num_outputs_ = n.num_outputs;
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+Executable::Executable(Executable&& o) noexcept
+    : client_(std::move(o.client_)), exe_(std::exchange(o.exe_, nullptr)), num_outputs_(o.num_outputs_) {}
+
+Executable& Executable::operator=(Executable&& o) noexcept {
+  if (this != &o) {
+    release();
+    client_ = std::move(o.client_);
+    exe_ = std::exchange(o.exe_, nullptr);
+    num_outputs_ = o.num_outputs_;
+  }
+  return *this;
+}
+
+Executable::~Executable() { release(); }
+
+void Executable::release() noexcept {
+  if (exe_ == nullptr) return;
+  auto args = OLMO_PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
+  args.executable = std::exchange(exe_, nullptr);
+  destroy_quietly(*client_->plugin, client_->plugin->api()->PJRT_LoadedExecutable_Destroy(&args));
+}
+
+std::vector<Buffer> Executable::execute(std::span<Buffer* const> args, std::span<const size_t> donate) {
+  OLMO_CHECK(exe_ != nullptr, "xla: execute on an empty (moved-from) executable");
+  const Plugin& plugin = *client_->plugin;
+  std::vector<PJRT_Buffer*> handles;
+  for (size_t i = 0; i < args.size(); ++i) {
+    OLMO_CHECK(args[i] != nullptr, "xla: execute: argument ", i, " is null");
+    handles.push_back(args[i]->handle());
+    OLMO_CHECK(args[i]->client_ == client_, "xla: execute: argument ", i, " (", args[i]->type_.mlir(),
+               ") belongs to another PJRT client than the executable");
+  }
+  std::vector<int64_t> keep;  // every argument not listed in DONATE
+  for (size_t i = 0; i < args.size(); ++i)
+    if (std::find(donate.begin(), donate.end(), i) == donate.end()) keep.push_back(static_cast<int64_t>(i));
+  for (size_t d : donate)
+    OLMO_CHECK(d < args.size(), "xla: execute: donated argument ", d, " of ", args.size(), " arguments");
+
+  auto options = OLMO_PJRT_ARGS(PJRT_ExecuteOptions);
+  options.non_donatable_input_indices = keep.data();
+  options.num_non_donatable_input_indices = keep.size();
+  std::vector<PJRT_Buffer*> outputs(num_outputs_, nullptr);
+  PJRT_Buffer* const* arg_list = handles.data();
+  PJRT_Buffer** out_list = outputs.data();
+  PJRT_Event* done = nullptr;
+  auto ex = OLMO_PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
+  ex.executable = exe_;
+  ex.options = &options;
+  ex.argument_lists = &arg_list;
+  ex.num_devices = 1;
+  ex.num_args = handles.size();
+  ex.output_lists = &out_list;
+  ex.device_complete_events = &done;
+  OLMO_PJRT_CALL(plugin, PJRT_LoadedExecutable_Execute, ex);
+  Event done_event(plugin, done);
+  std::vector<Buffer> result;  // owned before anything else can throw
+  result.reserve(outputs.size());
+  std::vector<PJRT_Buffer*> unowned = outputs;
+  for (size_t i = 0; i < unowned.size(); ++i) {
+    PJRT_Buffer* b = std::exchange(unowned[i], nullptr);
+    if (b == nullptr) continue;
+    try {
+      result.emplace_back(client_, b);
+    } catch (...) {
+      for (PJRT_Buffer* rest : unowned) destroy_buffer(plugin, rest);
+      throw;
+    }
+  }
+  done_event.await("PJRT_LoadedExecutable_Execute");
+  OLMO_CHECK(result.size() == num_outputs_, "xla: execute returned ", result.size(), " of ", num_outputs_,
+             " outputs");
+  for (size_t d : donate) {
+    auto del = OLMO_PJRT_ARGS(PJRT_Buffer_IsDeleted_Args);
+    del.buffer = handles[d];
+    OLMO_PJRT_CALL(plugin, PJRT_Buffer_IsDeleted, del);
+    if (del.is_deleted) args[d]->mark_consumed();
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------- Client
+
+Client Client::create(std::shared_ptr<const Plugin> plugin, const ClientOptions& options) {
+  auto state = std::make_shared<ClientState>();
+  state->plugin = std::move(plugin);
+  const Plugin& p = *state->plugin;
+  std::vector<PJRT_NamedValue> named;
+  static constexpr char kCpuDeviceCount[] = "cpu_device_count";
+  if (options.cpu_device_count) {
+    OLMO_CHECK(*options.cpu_device_count >= 1, "xla: cpu_device_count must be >= 1, got ",
+               *options.cpu_device_count);
+    auto v = OLMO_PJRT_ARGS(PJRT_NamedValue);
+    v.name = kCpuDeviceCount;
+    v.name_size = sizeof(kCpuDeviceCount) - 1;
+    v.type = PJRT_NamedValue_kInt64;
+    v.int64_value = *options.cpu_device_count;
+    v.value_size = 1;
+    named.push_back(v);
+  }
+  auto args = OLMO_PJRT_ARGS(PJRT_Client_Create_Args);
+  args.create_options = named.data();
+  args.num_options = named.size();
+  OLMO_PJRT_CALL(p, PJRT_Client_Create, args);
+  state->client = args.client;
+  auto devs = OLMO_PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
+  devs.client = state->client;
+  OLMO_PJRT_CALL(p, PJRT_Client_AddressableDevices, devs);
+  state->devices.assign(devs.addressable_devices, devs.addressable_devices + devs.num_addressable_devices);
+  OLMO_CHECK(!state->devices.empty(), "xla: the PJRT plugin ", p.path(), " has no addressable device");
+  return Client(std::move(state));
+}
+
+Client Client::create(std::string_view plugin_name_or_path, const ClientOptions& options) {
+  return create(Plugin::load(plugin_name_or_path), options);
+}
+
+const Plugin& Client::plugin() const { return *state_->plugin; }
+
+std::string Client::platform_name() const {
+  auto args = OLMO_PJRT_ARGS(PJRT_Client_PlatformName_Args);
+  args.client = state_->client;
+  OLMO_PJRT_CALL(*state_->plugin, PJRT_Client_PlatformName, args);
+  return std::string(args.platform_name, args.platform_name_size);
+}
+
+size_t Client::device_count() const { return state_->devices.size(); }
+
+std::vector<std::string> Client::device_descriptions() const {
+  const Plugin& p = *state_->plugin;
+  std::vector<std::string> out;
+  for (PJRT_Device* d : state_->devices) {
+    auto desc = OLMO_PJRT_ARGS(PJRT_Device_GetDescription_Args);
+    desc.device = d;
+    OLMO_PJRT_CALL(p, PJRT_Device_GetDescription, desc);
+    auto s = OLMO_PJRT_ARGS(PJRT_DeviceDescription_DebugString_Args);
+    s.device_description = desc.device_description;
+    OLMO_PJRT_CALL(p, PJRT_DeviceDescription_DebugString, s);
+    out.emplace_back(s.debug_string, s.debug_string_size);
+  }
+  return out;
+}
+
+Buffer Client::to_device(const void* data, const TensorType& type, size_t device) const {
+  OLMO_CHECK(device < state_->devices.size(), "xla: device ", device, " out of range: the client has ",
+             state_->devices.size(), " addressable devices");
+  const Plugin& p = *state_->plugin;
+  auto args = OLMO_PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  args.client = state_->client;
+  args.data = data;
+  args.type = to_pjrt(type.type);
+  args.dims = type.dims.data();
+  args.num_dims = type.dims.size();
+  args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+  args.device = state_->devices[device];
+  OLMO_PJRT_CALL(p, PJRT_Client_BufferFromHostBuffer, args);
+  Event done(p, args.done_with_host_buffer);
+  try {
+    done.await("PJRT_Client_BufferFromHostBuffer");  // DATA may be freed once this returns
+  } catch (...) {
+    destroy_buffer(p, args.buffer);
+    throw;
+  }
+  return Buffer(state_, args.buffer);
+}
+
+namespace {
+template <typename T>
+TensorType host_type(ElementType et, std::span<const T> data, std::vector<int64_t> dims) {
+  TensorType t{et, std::move(dims)};
+  OLMO_CHECK(static_cast<size_t>(t.elements()) == data.size(), "xla: to_device: ", data.size(),
+             " host elements for shape ", t.mlir());
+  return t;
+}
+}  // namespace
+
+Buffer Client::to_device(std::span<const float> data, std::vector<int64_t> dims, size_t device) const {
+  return to_device(data.data(), host_type(ElementType::kF32, data, std::move(dims)), device);
+}
+Buffer Client::to_device(std::span<const double> data, std::vector<int64_t> dims, size_t device) const {
+  return to_device(data.data(), host_type(ElementType::kF64, data, std::move(dims)), device);
+}
+Buffer Client::to_device(std::span<const int32_t> data, std::vector<int64_t> dims, size_t device) const {
+  return to_device(data.data(), host_type(ElementType::kS32, data, std::move(dims)), device);
+}
+Buffer Client::to_device_bf16(std::span<const uint16_t> data, std::vector<int64_t> dims,
+                              size_t device) const {
+  return to_device(data.data(), host_type(ElementType::kBF16, data, std::move(dims)), device);
+}
+
+Executable Client::compile(std::string_view mlir, const CompileOptions& options) const {
+  const Plugin& p = *state_->plugin;
+  std::string code(mlir);
+  static constexpr char kFormat[] = "mlir";
+  auto program = OLMO_PJRT_ARGS(PJRT_Program);
+  program.code = code.data();
+  program.code_size = code.size();
+  program.format = kFormat;
+  program.format_size = sizeof(kFormat) - 1;
+  const std::string proto = compile_options_proto(options);
+  auto args = OLMO_PJRT_ARGS(PJRT_Client_Compile_Args);
+  args.client = state_->client;
+  args.program = &program;
+  args.compile_options = proto.data();
+  args.compile_options_size = proto.size();
+  OLMO_PJRT_CALL(p, PJRT_Client_Compile, args);
+  return Executable(state_, args.executable);
+}
+
+}  // namespace olmosft::xla
