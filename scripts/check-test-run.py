@@ -14,6 +14,7 @@ import collections
 import os
 import re
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 # (reason, pattern a skip message must contain). Only missing hardware or launchers.
@@ -74,7 +75,11 @@ def check_tmp(tmp_dir, tmp_before):
     with open(tmp_before) as f:
         before = set(line.rstrip("\n") for line in f)
     own = os.path.basename(tmp_dir.rstrip("/"))
-    for name in sorted(set(os.listdir("/tmp")) - before - {own}):
+    new = set(os.listdir("/tmp")) - before - {own}
+    if new:  # every test has ended; what another process is still writing (a compiler's temp file) goes soon
+        time.sleep(2)
+        new &= set(os.listdir("/tmp"))
+    for name in sorted(new):
         problems.append(f"new in /tmp after the run (a test ignored TMPDIR?): /tmp/{name}")
     return problems
 

@@ -47,10 +47,10 @@ int train_main(int argc, char** argv) {
     if (multi)
       r.set_default("devices", std::to_string(comm->size()), "mpirun -np " + std::to_string(comm->size()));
     const olmosft::TrainConfig cfg = r.config();
-    // Batch arithmetic, dataset and tokenizer checks before the model is even loaded.
-    // (Its warnings are printed once, by run_training's own preflight.)
+    // Batch arithmetic, dataset and tokenizer checks before the model is even loaded; run_training uses
+    // this plan instead of making its own (rank 0 prints its warnings).
     std::ostringstream quiet;
-    (void)olmosft::train::plan_run(cfg, quiet);
+    const olmosft::train::RunPlan plan = olmosft::train::plan_run(cfg, comm->rank() == 0 ? std::cerr : quiet);
     // The memory plan from config.json alone (train/plan.h): a run that cannot fit is refused here, before
     // any weight is read.
     olmosft::require_run_inputs(cfg);
@@ -60,6 +60,7 @@ int train_main(int argc, char** argv) {
     olmosft::train::TrainOptions opts;
     std::unique_ptr<olmosft::model::CausalLM> m = build_model(cfg, opts.param_fill);
     opts.comm = comm.get();
+    opts.plan = &plan;
     olmosft::train::TrainResult res = olmosft::train::run_training(cfg, *m, opts);
     if (res.exit_code != 0 && comm->rank() == 0)
       std::cerr << "olmosft train: exit " << res.exit_code << ": " << res.reason << "\n";

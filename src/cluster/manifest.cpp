@@ -106,8 +106,8 @@ void add_gpu_pod_parts(const std::string& js, OJson& pod_spec) {
 }
 
 // GPU launcher environment: one process per GPU, world = nodes x GPUs, NCCL bootstrapped from pod 0's DNS
-// name (NCCL_COMM_ID: rank 0 starts NCCL's bootstrap root there; cluster_ops.md 5.3), sockets on the pod's
-// interface, NVLink SHARP off (its reductions vary between calls: nccl#1497).
+// name (NCCL_COMM_ID: rank 0 starts NCCL's bootstrap root there; docs/reference/cluster_ops.md 5.3), sockets
+// on the pod's interface, NVLink SHARP off (its reductions vary between calls: nccl#1497).
 void add_gpu_env(const Recipe& r, const Rendered& out, OJson& data) {
   const SliceSpec& s = r.cluster.slice;
   data["OLMOSFT_DEVICE"] = r.train.device;

@@ -129,9 +129,9 @@ bool dns1123_label(const std::string& s) {
 }  // namespace
 
 const std::vector<GpuType>& gpu_types() {
-  // GKE's cloud.google.com/gke-accelerator values and machine types (cluster_ops.md: values seen in public
-  // manifests), GPU Feature Discovery's nvidia.com/gpu.product (nvidia-smi's name, spaces as '-'; check
-  // both with `kubectl get nodes -L cloud.google.com/gke-accelerator,nvidia.com/gpu.product`).
+  // GKE's cloud.google.com/gke-accelerator values and machine types (docs/reference/cluster_ops.md: values
+  // seen in public manifests), GPU Feature Discovery's nvidia.com/gpu.product (nvidia-smi's name, spaces as
+  // '-'; check both with `kubectl get nodes -L cloud.google.com/gke-accelerator,nvidia.com/gpu.product`).
   static const std::vector<GpuType> types = {
       {"nvidia-tesla-a100", "a100", "NVIDIA-A100-SXM4-40GB", 8, 40, "a2-highgpu-8g"},
       {"nvidia-a100-80gb", "a100-80gb", "NVIDIA-A100-SXM4-80GB", 8, 80, "a2-ultragpu-8g"},

@@ -81,7 +81,8 @@ class HfChatEncoder : public ChatEncoder {
   EncodedConversation encode(const Conversation& conv) const override {
     for (size_t i = 0; i < conv.messages.size(); ++i) {
       if (conv.messages[i].role == "system" && i != 0)
-        fail("message ", i, ": a system message after the first position is rejected (sft_pipeline.md 1.4)");
+        fail("message ", i,
+             ": a system message after the first position is rejected (docs/reference/sft_pipeline.md 1.4)");
     }
     EncodedConversation out;
     out.tokens = tok_.encode(tmpl_->render(vars(conv, conv.messages.size(), false)).text, true);
@@ -102,7 +103,8 @@ class HfChatEncoder : public ChatEncoder {
     OLMO_CHECK(!conv.messages.empty(), "prompt has no messages");
     for (size_t i = 1; i < conv.messages.size(); ++i) {
       if (conv.messages[i].role == "system")
-        fail("message ", i, ": a system message after the first position is rejected (sft_pipeline.md 1.4)");
+        fail("message ", i,
+             ": a system message after the first position is rejected (docs/reference/sft_pipeline.md 1.4)");
     }
     return tok_.encode(tmpl_->render(vars(conv, conv.messages.size(), true)).text, true);
   }

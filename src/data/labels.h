@@ -2,7 +2,7 @@
 // for each assistant message i, with H = tok(render(conv[:i], add_generation_prompt=True)) (empty for i ==
 // 0), T = tok(render(conv[:i+1])) and F = tok(full render):
 //   start = LCP(H, F)   (the generation prompt stays untrained; a token straddling its end is trained,
-//                        exactly MaxText's prefix-stable branch, sft_pipeline.md 1.4)
+//                        exactly MaxText's prefix-stable branch, docs/reference/sft_pipeline.md 1.4)
 //   end   = LCP(T, F), plus one when T and F differ only in that next token and both are special tokens
 //           (the turn closer: EOS when the turn is rendered last, <|im_end|> inside the full render).
 // Trained = [start, end) per assistant turn: content, function calls and the closer (<|im_end|> mid-

@@ -1,5 +1,6 @@
 // safetensors reader (mmap, fully validated) and writer (deterministic layout, atomic), plus sharded
-// checkpoints (model.safetensors.index.json). Format: formats.md §1 / huggingface/safetensors README.
+// checkpoints (model.safetensors.index.json). Format: docs/reference/formats.md §1 / huggingface/safetensors
+// README.
 #pragma once
 #include <cstdint>
 #include <map>

@@ -2,8 +2,9 @@
 //
 // Inputs: hidden states h [N, d] (after the final norm), lm_head W [V_rows, d] (nn.Linear layout),
 // int32 targets [N], an optional uint8 trained mask [N]. Only rows j < valid_vocab of W take part in the
-// softmax: padded rows (V_rows > valid_vocab) are excluded, as if their logits were -inf (architecture.md
-// A.2: zero-padded rows would otherwise cost +3.2 nats/token), and get no gradient.
+// softmax: padded rows (V_rows > valid_vocab) are excluded, as if their logits were -inf
+// (docs/reference/architecture.md A.2: zero-padded rows would otherwise cost +3.2 nats/token), and get no
+// gradient.
 //
 // A token is trained when (mask == nullptr || mask[i] != 0) && targets[i] != ignore_index. Untrained
 // tokens are skipped entirely (no logits are computed for them; their dh is 0).

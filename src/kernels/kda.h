@@ -1,6 +1,6 @@
 // Kimi Delta Attention (KDA) kernels, forward and backward, for the Olmo 3.5 KDA layers
-// (architecture.md B.4 and Part C). Every piece is a separate function so the model layer composes them
-// around its projections (GEMMs are outside these kernels):
+// (docs/reference/architecture.md B.4 and Part C). Every piece is a separate function so the model layer
+// composes them around its projections (GEMMs are outside these kernels):
 //
 //   q_c = SiLU(ShortConv(q_in))  k_c = ...  v_c = ...          short_conv_silu_*   (kda_conv.cpp)
 //   q_n = L2Norm(q_c per head)   k_n = L2Norm(k_c per head)     l2norm_*            (kda_l2norm.cpp)
@@ -69,7 +69,8 @@ template <typename T>
 void kda_beta_backward(const T* b, const T* dbeta, int64_t n, bool allow_neg_eigval, T* db);
 
 // ---------------------------------------------------------------------------------------------------------
-// 4. Gated delta rule (architecture.md C.1), per (row, head), state S [K, V] starting at 0 at every
+// 4. Gated delta rule (docs/reference/architecture.md C.1), per (row, head), state S [K, V] starting at 0 at
+// every
 //    document start:
 //      S' = Diag(exp(g_t)) S;  u = beta_t (v_t - S'^T k_t);  S = S' + k_t u^T;  o_t = S^T (scale * q_t)
 //    q, k, g, dq, dk, dg: [B, L, H, K]; v, o, dv, do: [B, L, H, V]; beta, dbeta: [B, L, H].

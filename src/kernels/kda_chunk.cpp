@@ -1,4 +1,5 @@
-// Chunked (WY / UT-transform) KDA, forward and backward (architecture.md C.3; anchors.md section 3).
+// Chunked (WY / UT-transform) KDA, forward and backward (docs/reference/architecture.md C.3;
+// docs/reference/anchors.md section 3).
 //
 // Per (row, head), the tokens of each document are cut into chunks of at most `chunk` tokens starting at the
 // document's first token (fla's cu_seqlens layout), so a chunk never spans a document boundary and no

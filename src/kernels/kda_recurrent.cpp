@@ -1,4 +1,5 @@
-// Reference token-by-token KDA recurrence (architecture.md C.1) and its reverse-time backward (C.2).
+// Reference token-by-token KDA recurrence (docs/reference/architecture.md C.1) and its reverse-time backward
+// (C.2).
 #include <algorithm>
 #include <cmath>
 #include <vector>

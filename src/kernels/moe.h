@@ -1,4 +1,5 @@
-// Latent mixture-of-experts FFN (Olmo 3.5 hybrid, architecture.md B.5/B.6/B.10), forward and backward.
+// Latent mixture-of-experts FFN (Olmo 3.5 hybrid, docs/reference/architecture.md B.5/B.6/B.10), forward and
+// backward.
 //
 //   logits = x Wr^T                      router on the FULL-width x ([N, E]; in T precision, fp32 for float)
 //   p      = softmax(logits)             over all E experts

@@ -1,6 +1,6 @@
 // RMSNorm over the last dimension, as HF Olmo3RMSNorm computes it (in fp32):
 //   r = 1 / sqrt(mean(x^2) + eps),  y = w * (x * r)      (w optional: y = x * r)
-// Backward (architecture.md A.6), with g = w * dy:
+// Backward (docs/reference/architecture.md A.6), with g = w * dy:
 //   dx = r * (g - x * r^2 * mean(x * g)),   dw += sum_rows dy * x * r
 // Row sums are accumulated in double for both instantiations; dw partial sums use a fixed row
 // blocking, so results are bitwise identical for any thread count.

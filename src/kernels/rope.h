@@ -1,5 +1,6 @@
 // Rotary position embeddings (RoPE), default and YaRN, computed exactly as HF transformers does
-// (architecture.md A.4), applied rotate-half (NeoX, non-interleaved) to [T, H, D] with per-token positions.
+// (docs/reference/architecture.md A.4), applied rotate-half (NeoX, non-interleaved) to [T, H, D] with
+// per-token positions.
 //
 //   inv_freq (fp32, HF order of operations): pos_freqs_i = theta ^ (float(2i) / D);
 //     default: inv_freq_i = 1 / pos_freqs_i, attention_scaling = 1

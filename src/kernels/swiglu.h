@@ -1,5 +1,6 @@
 // SwiGLU activation: h = silu(a) * b, silu(a) = a * sigmoid(a) (a = gate projection, b = up projection).
-// Backward (architecture.md A.6): db = dh * silu(a),  da = dh * b * s * (1 + a * (1 - s)),  s = sigmoid(a).
+// Backward (docs/reference/architecture.md A.6): db = dh * silu(a),  da = dh * b * s * (1 + a * (1 - s)),  s
+// = sigmoid(a).
 #pragma once
 #include <cstdint>
 

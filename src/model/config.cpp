@@ -230,8 +230,8 @@ void parse_rope_settings(ModelConfig& c, const Obj& o) {
     }
     return;
   }
-  // Legacy form: rope_scaling applies to the full-attention layers only (architecture.md A.1/A.4); sliding
-  // layers use default RoPE with rope_theta.
+  // Legacy form: rope_scaling applies to the full-attention layers only (docs/reference/architecture.md
+  // A.1/A.4); sliding layers use default RoPE with rope_theta.
   c.rope_full = legacy_full ? *legacy_full : dflt;
   c.rope_sliding = dflt;
 }

@@ -1,7 +1,7 @@
 // Model configuration: an HF config.json ("olmo3" = Olmo 3, "olmo3moe" = Olmo 3.5 hybrid KDA + latent MoE)
-// parsed into a validated ModelConfig (architecture.md A.1, B.1). Defaults are the HF configuration
-// classes' defaults, except that the size-defining keys are required (see docs/io.md). The original JSON
-// object is kept so that writing the config back changes only what must change.
+// parsed into a validated ModelConfig (docs/reference/architecture.md A.1, B.1). Defaults are the HF
+// configuration classes' defaults, except that the size-defining keys are required (see docs/io.md). The
+// original JSON object is kept so that writing the config back changes only what must change.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -105,7 +105,7 @@ const char* torch_dtype_name(DType t);
 // Multi-line human-readable summary.
 std::string config_summary(const ModelConfig& c);
 
-// Test and demo configurations (architecture.md A.1, B.1, D.1, D.2) as config.json objects:
+// Test and demo configurations (docs/reference/architecture.md A.1, B.1, D.1, D.2) as config.json objects:
 // "olmo3-7b", "olmo3-tiny", "olmo3-small", "olmo3moe-small" (Olmo 3.5 small, vocab 100278),
 // "olmo3moe-tiny", "olmo3moe-d2small".
 nlohmann::json preset_config_json(const std::string& name);

@@ -1,4 +1,5 @@
-// config.json objects for the reference configurations of architecture.md (A.1, B.1, D.1, D.2).
+// config.json objects for the reference configurations of docs/reference/architecture.md (A.1, B.1, D.1,
+// D.2).
 #include <cmath>
 
 #include "model/config.h"

@@ -1,5 +1,6 @@
-// Olmo 3 dense (HF model_type "olmo3", architecture.md Part A): explicit forward and backward over packed
-// rows, fp32, on the kernels of src/kernels (BLAS GEMMs, flash-style attention, tiled cross-entropy).
+// Olmo 3 dense (HF model_type "olmo3", docs/reference/architecture.md Part A): explicit forward and backward
+// over packed rows, fp32, on the kernels of src/kernels (BLAS GEMMs, flash-style attention, tiled
+// cross-entropy).
 //
 //   h0 = E[tok]
 //   per layer: q = RMSNorm_q(x Wq^T) over the full H*D vector, k likewise over Hkv*D, v = x Wv^T;
@@ -25,7 +26,8 @@ namespace olmosft::model {
 
 struct Olmo3Options {
   // TEST-ONLY knob: apply the full_attention RoPE (YaRN) to every layer, the transformers 5.2.0
-  // regression (architecture.md A.4). Used to show that the fixture's correct logits are not that variant.
+  // regression (docs/reference/architecture.md A.4). Used to show that the fixture's correct logits are not
+  // that variant.
   bool yarn_on_all_layers = false;
 };
 

@@ -1,5 +1,6 @@
 // Olmo 3.5 hybrid (HF "olmo3moe"): KDA + softmax-attention mixers, dense SwiGLU and latent MoE FFNs,
-// peri-LN blocks (architecture.md Part B; conventions in docs/model_reference.md; docs/hybrid.md).
+// peri-LN blocks (docs/reference/architecture.md Part B; conventions in docs/model_reference.md;
+// docs/hybrid.md).
 //
 // The forward/backward (olmo3moe_run) composes the layer units of src/model/unit_*.h (embedding, one
 // peri-LN block per layer with a KDA or attention mixer and a SwiGLU or MoE FFN, LM head) over weight /

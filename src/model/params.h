@@ -1,6 +1,6 @@
 // The parameter registry: for a ModelConfig, the ordered list of HF tensor names with shapes
-// (architecture.md A.5 for olmo3, B.9 for olmo3moe). Order = HF state-dict order (embeddings, layers in
-// order, final norm, lm_head), which is also the export/sharding order.
+// (docs/reference/architecture.md A.5 for olmo3, B.9 for olmo3moe). Order = HF state-dict order (embeddings,
+// layers in order, final norm, lm_head), which is also the export/sharding order.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,7 +12,7 @@
 namespace olmosft::model {
 
 // HF tensor names, spelled only here: the registry below, the layer units (model/unit_*.cpp) and the
-// models build every name from these (architecture.md A.5, B.9).
+// models build every name from these (docs/reference/architecture.md A.5, B.9).
 namespace hf {
 inline constexpr const char* kLayersPrefix = "model.layers.";
 std::string layer(int64_t l);                           // "model.layers.<l>."

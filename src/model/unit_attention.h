@@ -1,5 +1,5 @@
 // Softmax attention mixer unit of the hybrid (full_attention / sliding_attention layers of olmo3moe;
-// architecture.md B.4). NoPE (no RoPE):
+// docs/reference/architecture.md B.3). NoPE (no RoPE):
 //
 //   q, k, v = x Wq^T, x Wk^T, x Wv^T;  q, k = RMSNorm per head (use_head_qk_norm) or over the whole vector
 //   q *= ssmax_scale[h] * log(pos + 1)          (scalable softmax, when configured)

@@ -1,5 +1,5 @@
-// The hybrid's peri-LN block (architecture.md B.7): a mixer unit (KDA or softmax attention) and an FFN
-// unit (dense SwiGLU MLP or latent MoE), each wrapped in a pre-norm and a post-norm:
+// The hybrid's peri-LN block (docs/reference/architecture.md B.2): a mixer unit (KDA or softmax attention)
+// and an FFN unit (dense SwiGLU MLP or latent MoE), each wrapped in a pre-norm and a post-norm:
 //
 //   h_mid = h + RMSNorm_post_attn(mixer(RMSNorm_pre_attn(h)))
 //   h_out = h_mid + RMSNorm_post_ffn(ffn(RMSNorm_pre_ffn(h_mid)))
@@ -65,7 +65,7 @@ struct PeriLnBlock {
   void backward(const Ctx<T>& ctx, T* dh, const Saved<T>& s, const Scratch<T>& w) const;
 };
 
-// Olmo 3's post-norm block (architecture.md A.2), fp32, on the planned workspace:
+// Olmo 3's post-norm block (docs/reference/architecture.md A.3), fp32, on the planned workspace:
 //
 //   h_mid = x + RMSNorm_post_attn(RopeAttention(x));  y = h_mid + RMSNorm_post_ffn(SwiGLU-MLP(h_mid))
 //

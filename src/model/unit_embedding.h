@@ -1,5 +1,5 @@
-// Embedding unit of the hybrid (architecture.md B.2):  h0 = RMSNorm_embed(embed_scale * E[token])
-// (the norm only when embed_norm is configured). Parameters model.embed_tokens, model.embed_norm.
+// Embedding unit of the hybrid (docs/reference/architecture.md B.2):  h0 = RMSNorm_embed(embed_scale *
+// E[token]) (the norm only when embed_norm is configured). Parameters model.embed_tokens, model.embed_norm.
 // Saves the scaled embedding rows and the norm's rstd (d + 1 floats per token); recomputes nothing.
 #pragma once
 #include <cstdint>

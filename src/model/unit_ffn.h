@@ -1,5 +1,5 @@
-// FFN units of the hybrid (architecture.md B.5, B.6): the dense SwiGLU MLP of the dense layers and the
-// latent MoE of the others. Both map x [N, d] -> f [N, d].
+// FFN units of the hybrid (docs/reference/architecture.md B.5, B.6): the dense SwiGLU MLP of the dense layers
+// and the latent MoE of the others. Both map x [N, d] -> f [N, d].
 //
 // SwiGluMlpUnit:  f = (SiLU(x Wg^T) * (x Wu^T)) Wd^T  (moe::swiglu_mlp_*). Parameters mlp.gate_proj,
 //   mlp.up_proj, mlp.down_proj. Saves the gate and up pre-activations and the hidden product (3 F floats

@@ -1,4 +1,4 @@
-// KDA mixer unit (the hybrid's linear_attention layers; architecture.md B.3, docs/hybrid.md):
+// KDA mixer unit (the hybrid's linear_attention layers; docs/reference/architecture.md B.4, docs/hybrid.md):
 //
 //   q, k, v = x Wq^T, x Wk^T, x Wv^T -> causal short conv + SiLU within the document -> q, k: L2 norm
 //   per head;  g = gate(f_proj_2(f_proj_1(x)); A_log, dt_bias);  beta = (2*)sigmoid(x Wbeta^T)

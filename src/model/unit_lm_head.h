@@ -1,6 +1,6 @@
-// Final norm + LM head unit of the hybrid (architecture.md B.8):  logits = RMSNorm_final(h) Wlm^T, the
-// loss by the tiled cross-entropy with z-loss (kernels/cross_entropy). Parameters model.norm, lm_head
-// (model.embed_tokens when tied). Saves the normalised h, its rstd and the per-token logsumexp (d + 2
+// Final norm + LM head unit of the hybrid (docs/reference/architecture.md B.2):  logits = RMSNorm_final(h)
+// Wlm^T, the loss by the tiled cross-entropy with z-loss (kernels/cross_entropy). Parameters model.norm,
+// lm_head (model.embed_tokens when tied). Saves the normalised h, its rstd and the per-token logsumexp (d + 2
 // floats per token) plus the checked targets and mask; the logits are never stored (the backward
 // recomputes them tile by tile).
 #pragma once

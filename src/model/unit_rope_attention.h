@@ -1,4 +1,4 @@
-// Olmo 3's attention mixer unit (architecture.md A.3, A.4), fp32:
+// Olmo 3's attention mixer unit (docs/reference/architecture.md A.3, A.4), fp32:
 //
 //   q = RMSNorm_q(x Wq^T) over the whole H*D vector, k likewise over Hkv*D, v = x Wv^T (kernels/rmsnorm)
 //   q, k = RoPE of the layer's type at the per-document positions (YaRN on full_attention layers)

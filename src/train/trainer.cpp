@@ -61,8 +61,6 @@ RunPlan plan_run(const TrainConfig& cfg, std::ostream& err) {
   RunPlan p;
   p.d = cfg.batch;
   const Derived& d = p.d;
-  if (cfg.compute.threads > 0) set_threads(static_cast<int>(cfg.compute.threads));
-  set_cpu_gemm(cfg.compute.gemm);
   require_run_inputs(cfg, /*model_from_recipe=*/false);  // the caller built the model
   const std::string data_path = cfg.data.path;
   p.ds = std::make_shared<PackedDataset>(PackedDataset::open(data_path));
@@ -224,9 +222,15 @@ class Run {
   double rss_between_steps_ = 0;
 };
 
+void apply_compute_settings(const TrainConfig& cfg) {
+  if (cfg.compute.threads > 0) set_threads(static_cast<int>(cfg.compute.threads));
+  set_cpu_gemm(cfg.compute.gemm);
+}
+
 void Run::preflight() {
   const std::string& src = cfg_.source;
-  plan_ = plan_run(cfg_, err_);
+  plan_ = opts_.plan ? *opts_.plan : plan_run(cfg_, err_);
+  apply_compute_settings(cfg_);
   const Derived& d = plan_.d;
   const std::string data_path = plan_.ds->dir();
   const int64_t vocab = model_.config().vocab_size;

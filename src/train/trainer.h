@@ -27,6 +27,8 @@ inline constexpr int kExitCheckFailed = 5;  // training done, but an end-of-run 
 inline constexpr int kExitPreempted = 143;  // SIGTERM: checkpoint written, restart to resume (128 + 15)
 inline constexpr int kExitInterrupted = 130;  // SIGINT (Ctrl-C): checkpoint written, restart to resume
 
+struct RunPlan;
+
 struct TrainOptions {
   std::ostream* out = nullptr;  // PREFLIGHT / LOSS-PARTS / PROGRESS / CHECK / STEP-GUARD lines (std::cout)
   std::ostream* err = nullptr;  // warnings (std::cerr)
@@ -46,6 +48,8 @@ struct TrainOptions {
   // those bytes of the safetensors files; model::init_param_fill one tensor at a time). Empty: the model's
   // own values.
   model::ParamFill param_fill;
+  // The preflight (plan_run) the caller already ran on the same config; nullptr: run_training runs it.
+  const RunPlan* plan = nullptr;
 };
 
 struct TrainResult {
@@ -60,7 +64,8 @@ struct TrainResult {
 
 // The model-independent preflight: the config's batch arithmetic, the dataset opened and checked
 // against the recipe (seq_len, epochs, tokenizer and chat-template hashes when a tokenizer is given) and
-// the step count against the rows the epochs hold. The CLI runs it before loading the model.
+// the step count against the rows the epochs hold. The CLI runs it before loading the model and hands it to
+// run_training (TrainOptions::plan), so it runs once per `olmosft train`. It changes no process state.
 struct RunPlan {
   Derived d;
   std::shared_ptr<PackedDataset> ds;
@@ -71,6 +76,9 @@ struct RunPlan {
   std::string tokenizer;
 };
 RunPlan plan_run(const TrainConfig& cfg, std::ostream& err);
+// The run's process-wide compute settings: the thread count (compute.threads) and the CPU GEMM set-up
+// (compute.gemm, compute.dtype). run_training applies them once, after its preflight.
+void apply_compute_settings(const TrainConfig& cfg);
 
 // Runs (or resumes) training of `model` according to the recipe. Errors in the inputs throw olmosft::Error
 // before any compute; guards and preemption are reported through TrainResult::exit_code.

@@ -2,7 +2,7 @@
 """Reference safetensors image for the C++ reader/writer (src/io/safetensors.cpp).
 
 Writes tests/golden/io/ref.safetensors and tests/golden/io/ref_values.json. The image follows the
-reference writer's rules (huggingface/safetensors `prepare()`, formats.md §1): tensors sorted by dtype
+reference writer's rules (huggingface/safetensors `prepare()`, docs/reference/formats.md §1): tensors sorted by dtype
 size descending, then name; JSON keys "__metadata__" first, then tensors in offset order; compact JSON
 padded with spaces to a multiple of 8. bf16/fp16 bytes come from PyTorch's own conversions
 (torch 1.13, round to nearest even). The C++ test reads this file and also checks that its writer

@@ -2,7 +2,7 @@
 """Reference for the TensorBoard event writer (src/io/tensorboard.cpp).
 
 Encodes Events with Google's protobuf runtime (Debian python3-protobuf; the tensorflow.Event /
-Summary / Summary.Value messages are declared here with their field numbers, see formats.md §4)
+Summary / Summary.Value messages are declared here with their field numbers, see docs/reference/formats.md §4)
 and frames them as TFRecords with a bitwise CRC-32C, then writes tests/golden/io/tb_records.json:
 a list of {wall_time, step, values: [[tag, value]], record_hex}. io_tensorboard_test compares the C++
 encoder with these bytes.

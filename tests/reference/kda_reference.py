@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent PyTorch reference for the olmosft KDA kernels (architecture.md B.4 and C.1).
+"""Independent PyTorch reference for the olmosft KDA kernels (docs/reference/architecture.md B.4 and C.1).
 
 Written from the math, not from fla's kernels: short causal depthwise conv + SiLU per document, L2 norm per
 head (eps inside the sqrt), gate g = -exp(A_log) * softplus(f + dt_bias), beta = 2*sigmoid(b), the naive

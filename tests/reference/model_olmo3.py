@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Independent PyTorch reference for Olmo 3 dense (HF model_type "olmo3"), written from
-/work/shared/reference/architecture.md Part A (A.3 forward, A.4 RoPE/YaRN) -- not from HF code.
+docs/reference/architecture.md Part A (A.3 forward, A.4 RoPE/YaRN) -- not from HF code.
 
   /usr/bin/python3 tests/reference/model_olmo3.py [--out DIR]   write tests/golden/model/olmo3_tiny/
   /usr/bin/python3 tests/reference/model_olmo3.py --check       gradcheck (fp64) + parameter counts
@@ -62,7 +62,7 @@ TINY_CONFIG = {
     "use_cache": True,
     "torch_dtype": "float32",
 }
-DOCUMENTED_COUNTS = (362304, 91)  # architecture.md D.1
+DOCUMENTED_COUNTS = (362304, 91)  # docs/reference/architecture.md D.1
 
 
 class Cfg:
@@ -91,7 +91,7 @@ def rope_default(cfg, dtype=torch.float64):
 
 
 def rope_yarn(cfg, dtype=torch.float64):
-    """HF _compute_yarn_parameters semantics (architecture.md A.4).  factor is recomputed as
+    """HF _compute_yarn_parameters semantics (docs/reference/architecture.md A.4).  factor is recomputed as
     max_position_embeddings / original_max_position_embeddings when the latter is present (old HF
     behaviour); newer HF keeps the explicit factor.  Both agree for every config used here (checked)."""
     rs = cfg.rope_scaling
@@ -337,7 +337,7 @@ def check():
     print(f"param count {n} ({nt} tensors); documented {DOCUMENTED_COUNTS[0]} ({DOCUMENTED_COUNTS[1]})")
     assert (n, nt) == DOCUMENTED_COUNTS
 
-    # YaRN numbers quoted in architecture.md A.4 (7B: D=128, L0=8192) and D.1 (tiny: low/high 0/2)
+    # YaRN numbers quoted in docs/reference/architecture.md A.4 (7B: D=128, L0=8192) and D.1 (tiny: low/high 0/2)
     c7 = Cfg(dict(TINY_CONFIG, hidden_size=4096, num_attention_heads=32, max_position_embeddings=65536,
                   rope_scaling=dict(TINY_CONFIG["rope_scaling"], original_max_position_embeddings=8192)))
     inv7, _, info7 = rope_yarn(c7)
@@ -402,7 +402,7 @@ def check():
 
 
 # ------------------------------------------------------------------------------------------- bench
-# D.1 small (architecture.md D.1): vocab 4096, hidden 256, 8 layers (3:1), heads 8, kv 4, head_dim 32,
+# D.1 small (docs/reference/architecture.md D.1): vocab 4096, hidden 256, 8 layers (3:1), heads 8, kv 4, head_dim 32,
 # intermediate 704, window 64, max_pos 2048, yarn factor 8 with original 256.
 SMALL_CONFIG = dict(TINY_CONFIG, vocab_size=4096, hidden_size=256, intermediate_size=704, num_attention_heads=8,
                     num_key_value_heads=4, sliding_window=64, max_position_embeddings=2048,

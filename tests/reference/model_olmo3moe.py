@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Independent PyTorch reference for the Olmo 3.5 hybrid (HF model_type "olmo3moe": KDA + softmax attention
-+ latent MoE), written from /work/shared/reference/architecture.md Parts B and C -- not from HF/FLA code.
++ latent MoE), written from docs/reference/architecture.md Parts B and C -- not from HF/FLA code.
 
   /usr/bin/python3 tests/reference/model_olmo3moe.py [--out DIR]   write tests/golden/model/olmo3moe_tiny/
   /usr/bin/python3 tests/reference/model_olmo3moe.py --check       gradcheck (fp64), counts, KDA forms
@@ -28,7 +28,7 @@ ROUTER_Z_COEF = 1e-5  # router z-loss weight, per MoE layer, summed over layers
 LM_Z_COEF = 1e-5  # LM-head z-loss multiplier
 MIN_ROUTER_MARGIN = 1e-3  # required gap (router logits) between the k-th and (k+1)-th expert of every token
 
-# D.2 tiny config in HF olmo3moe config.json form (field names from architecture.md B.1).
+# D.2 tiny config in HF olmo3moe config.json form (field names from docs/reference/architecture.md B.1).
 TINY_CONFIG = {
     "architectures": ["Olmo3MoeForCausalLM"],
     "model_type": "olmo3moe",
@@ -85,7 +85,7 @@ TINY_CONFIG = {
     "use_cache": True,
     "torch_dtype": "float32",
 }
-DOCUMENTED_COUNTS = (1134064, 537)  # architecture.md D.2
+DOCUMENTED_COUNTS = (1134064, 537)  # docs/reference/architecture.md D.2
 DOCUMENTED_ACTIVE = 617968
 
 
@@ -207,7 +207,7 @@ def l2norm(x, eps=1e-6):
 
 
 def kda_recurrent(q, k, v, g, beta, seg, scale):
-    """Naive recurrent KDA (architecture.md C.1) with the state reset to 0 at every document start.
+    """Naive recurrent KDA (docs/reference/architecture.md C.1) with the state reset to 0 at every document start.
     q,k [B,T,H,K] (L2-normalised), v [B,T,H,V], g [B,T,H,K] (log decay <= 0), beta [B,T,H]. -> o [B,T,H,V]"""
     B, T, H, K = q.shape
     S = q.new_zeros(B, H, K, v.shape[-1])
@@ -227,7 +227,7 @@ def kda_recurrent(q, k, v, g, beta, seg, scale):
 
 
 def kda_chunked(q, k, v, g, beta, scale, C):
-    """Chunked (WY/UT) form of architecture.md C.3 for ONE document (no resets), T arbitrary (partial
+    """Chunked (WY/UT) form of docs/reference/architecture.md C.3 for ONE document (no resets), T arbitrary (partial
     last chunk).  Used only by --check to cross-validate C.1 vs C.3.  Shapes as kda_recurrent, B=1 docs."""
     B, T, H, K = q.shape
     Vd = v.shape[-1]
@@ -319,7 +319,7 @@ def moe_layer(P, m, cfg, x):
     out = mc.linear(r, P[m + "latent_up_proj.weight"]) + mc.swiglu(
         xf, P[m + "shared_expert.gate_proj.weight"], P[m + "shared_expert.up_proj.weight"],
         P[m + "shared_expert.down_proj.weight"])
-    # aux losses (architecture.md B.6, OLMo-core local_batch granularity, all B*T tokens)
+    # aux losses (docs/reference/architecture.md B.6, OLMo-core local_batch granularity, all B*T tokens)
     with torch.no_grad():
         counts = torch.bincount(topi.reshape(-1), minlength=cfg.E).to(x.dtype)  # (token, slot) assignments
         srt = torch.sort(rl, dim=-1, descending=True).values
@@ -646,7 +646,7 @@ def _count_from_shapes(cfg):
 
 
 def _check_c2_backward(q, k, v, g, beta):
-    """architecture.md C.2 reverse-time backward of the recurrence (single document, B=1) vs autograd."""
+    """docs/reference/architecture.md C.2 reverse-time backward of the recurrence (single document, B=1) vs autograd."""
     dt = q.dtype
     _, T, H, K = q.shape
     scale = K ** -0.5

@@ -2,7 +2,7 @@
 per assistant turn, the header/through prefix renders written by tests/reference/tok_templates.py) with Hugging
 Face `tokenizers` (Rust, pinned in deps/pypi/reference.txt) on the real dolma2 tokenizer.json
 (deps/dolma2/allenai_dolma2.json, sha256-checked), specials matched as HF's chat path does, and applies the span
-rule of sft_pipeline.md 1.4 (the prefix-stable branch of MaxText's H045 rule, which mirrors open-instruct);
+rule of docs/reference/sft_pipeline.md 1.4 (the prefix-stable branch of MaxText's H045 rule, which mirrors open-instruct);
 "special" is the tokenizer file's own `special` flag. Writes tests/golden/tok/labels.json. Independent of the
 C++ tokenizer and template engine.
 Usage: deps/venv-reference/bin/python tests/reference/tok_labels.py   (after tok_templates.py; make-fixtures.sh)

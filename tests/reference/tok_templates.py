@@ -135,7 +135,7 @@ def main():
                 except Exception as e:  # noqa: BLE001 - the golden records which inputs must fail
                     row["error"] = str(e)
                 renders.append(row)
-    # Prefix renders for the label rule (sft_pipeline.md 1.4, MaxText "prefix" rule = open-instruct's).
+    # Prefix renders for the label rule (docs/reference/sft_pipeline.md 1.4, MaxText "prefix" rule = open-instruct's).
     labels = []
     for tname in ("olmo3_think", "olmo3_instruct"):
         tmpl = templates[tname][1]

@@ -1,6 +1,6 @@
-// io: TensorBoard event files. Checked against the golden records of formats.md §4 (computed there with
-// stdlib Python) and decoded back by an independent minimal TFRecord + protobuf decoder written here
-// (bitwise CRC-32C, not the writer's table).
+// io: TensorBoard event files. Checked against the golden records of docs/reference/formats.md §4 (computed
+// there with stdlib Python) and decoded back by an independent minimal TFRecord + protobuf decoder written
+// here (bitwise CRC-32C, not the writer's table).
 #include <gtest/gtest.h>
 
 #include <cstring>

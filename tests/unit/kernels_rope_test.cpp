@@ -1,6 +1,6 @@
-// RoPE / YaRN: inv_freq against architecture.md A.4 sample values (7B) and the D.1 tiny ramp, the HF
-// computation written out in tests/reference/kernels_rope.py (float32 torch), forward/backward vs torch,
-// float64 finite differences, orthogonality, and the rope settings read by model::parse_rope_params.
+// RoPE / YaRN: inv_freq against docs/reference/architecture.md A.4 sample values (7B) and the D.1 tiny ramp,
+// the HF computation written out in tests/reference/kernels_rope.py (float32 torch), forward/backward vs
+// torch, float64 finite differences, orthogonality, and the rope settings read by model::parse_rope_params.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -56,7 +56,7 @@ TEST(KernelsRope, Olmo3SevenBSampleValues) {
   EXPECT_EQ(f.yarn_high, 35);
   EXPECT_EQ(f.yarn_factor, 8.0);
   EXPECT_EQ(f.attention_scaling, 1.2079441541679836);
-  // architecture.md A.4 (11 significant digits; fp32 has ~7): 2e-7 relative.
+  // docs/reference/architecture.md A.4 (11 significant digits; fp32 has ~7): 2e-7 relative.
   EXPECT_NEAR(f.inv_freq[19] / 1.9282754938e-02, 1.0, 2e-7);
   EXPECT_NEAR(f.inv_freq[26] / 2.8467184387e-03, 1.0, 2e-7);
   EXPECT_NEAR(f.inv_freq[34] / 1.6561303595e-04, 1.0, 2e-7);

@@ -1,5 +1,5 @@
 // model: config.json parsing/validation/round trip and the parameter registry (counts from
-// architecture.md A.5, B.8, D.1, D.2).
+// docs/reference/architecture.md A.5, B.8, D.1, D.2).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -44,7 +44,8 @@ TEST(ParamRegistry, DocumentedCounts) {
     int64_t total, active;
     size_t tensors;
   };
-  // architecture.md: A.5 (7B), D.1 tiny, B.8 (Olmo 3.5 small at vocab 100278), D.2 tiny and small.
+  // docs/reference/architecture.md: A.5 (7B), D.1 tiny, B.8 (Olmo 3.5 small at vocab 100278), D.2 tiny and
+  // small.
   std::vector<Case> cases = {{"olmo3-7b", 7298011136, 7298011136, 355},
                              {"olmo3-tiny", 362304, 362304, 91},
                              {"olmo3moe-small", 12496190080, 794081920, 23441},
