@@ -13,100 +13,7 @@
 
 namespace olmosft {
 
-const std::vector<RecipeKey>& recipe_keys() {
-  static const std::vector<RecipeKey> keys = {
-      {"run_name", KeyType::String, "run", "name of the run; checkpoints go to output_dir/run_name"},
-      {"output_dir", KeyType::String, "runs", "directory holding one folder per run"},
-      {"seed", KeyType::Int, "0",
-       "seed for initialisation and any sampling (data order is fixed by the dataset)"},
-      {"model.init", KeyType::String, "", "HF model directory to fine-tune (config.json + safetensors)"},
-      {"model.config", KeyType::String, "",
-       "config.json for a randomly initialised model (when model.init is empty)"},
-      {"model.remat", KeyType::String, "none",
-       "activation recomputation: none (keep every layer's activations), full (keep each block's input and "
-       "re-run its forward in the backward) or attn (re-run only the attention / KDA mixers); bit-identical"},
-      {"model.saved_dtype", KeyType::String, "fp32",
-       "dtype of the activations kept for the backward: fp32 or bf16 (about half of them; not with "
-       "model.remat=full; changes the gradients by bf16 rounding)"},
-      {"device", KeyType::String, "cpu",
-       "compute device: cpu, or cuda (NVIDIA GPUs; this build has no CUDA training backend yet, issue #15, "
-       "and refuses it before any compute)"},
-      {"tokenizer", KeyType::String, "",
-       "HF tokenizer directory; must match the one the dataset was built with"},
-      {"data.path", KeyType::String, "", "packed dataset directory written by `olmosft data build`"},
-      {"data.epochs", KeyType::Int, "1",
-       "passes over the dataset the run may use; more steps than that is an error"},
-      {"seq_len", KeyType::Int, "4096", "tokens per packed row; must equal the dataset's"},
-      {"global_batch", KeyType::Int, "16",
-       "rows per optimizer step, over all devices and accumulation steps"},
-      {"per_device_batch", KeyType::Float, "1",
-       "rows per device per micro-step (fractional: a row spans devices)"},
-      {"devices", KeyType::Int, "1",
-       "devices taking part (CPU: processes; TPU: chips); under mpirun it must equal -np (defaults to it)"},
-      {"dist.mode", KeyType::String, "dp",
-       "multi-process mode: dp (replicated weights, all-reduced gradients) or zero3 (weights, gradients and "
-       "AdamW moments sharded 1/N)"},
-      {"dist.gather", KeyType::String, "layer",
-       "zero3: all-gather weights per layer (forward and backward of every micro-batch; Olmo 3 dense) or per "
-       "step (the whole model once per step: less traffic with several micro-batches per rank, more memory)"},
-      {"steps", KeyType::Int, "0",
-       "optimizer steps to train (required); the run fails if it completes fewer"},
-      {"lr_schedule_steps", KeyType::Int, "0", "LR schedule horizon; 0 means `steps`"},
-      {"optimizer.lr", KeyType::Float, "5e-5", "peak learning rate"},
-      {"optimizer.schedule", KeyType::String, "linear", "linear (warmup then linear to final) or constant"},
-      {"optimizer.warmup_frac", KeyType::Float, "0.03", "warmup as a fraction of the schedule horizon"},
-      {"optimizer.final_lr_frac", KeyType::Float, "0.0", "LR at the horizon, as a fraction of the peak"},
-      {"optimizer.beta1", KeyType::Float, "0.9", "AdamW beta1"},
-      {"optimizer.beta2", KeyType::Float, "0.95", "AdamW beta2"},
-      {"optimizer.eps", KeyType::Float, "1e-8", "AdamW epsilon"},
-      {"optimizer.weight_decay", KeyType::Float, "0.0", "AdamW decoupled weight decay"},
-      {"optimizer.clip_grad_norm", KeyType::Float, "1.0",
-       "global-norm clipping threshold, applied before Adam"},
-      {"loss.lm_z", KeyType::Float, "1e-5",
-       "LM-head z-loss coefficient (x mean logsumexp^2 over trained tokens)"},
-      {"loss.moe_lb", KeyType::Float, "0.01", "MoE load-balance loss coefficient, per MoE layer, summed"},
-      {"loss.router_z", KeyType::Float, "1e-5", "MoE router z-loss coefficient, per MoE layer, summed"},
-      {"moe.buffer_factor", KeyType::Float, "-1",
-       "expert capacity as a multiple of the balanced load; -1 = dropless"},
-      {"compute.vocab_tile", KeyType::Int, "8192",
-       "vocabulary chunk for the tiled cross-entropy (0 = untiled)"},
-      {"compute.threads", KeyType::Int, "0", "CPU threads (0 = all cores)"},
-      {"compute.dtype", KeyType::String, "fp32",
-       "CPU weight GEMMs' operands: fp32, or bf16 (rounded to bf16, products summed in fp32 by oneDNN; "
-       "weights, gradients and optimizer state stay fp32)"},
-      {"compute.gemm", KeyType::String, "auto",
-       "CPU fp32 GEMM library: auto (this machine's measured choice, `olmosft selfcheck` prints it), "
-       "openblas or onednn"},
-      {"checkpoint.every", KeyType::Int, "0", "save every N steps (0 = only the final and preemption saves)"},
-      {"checkpoint.keep_last", KeyType::Int, "3",
-       "checkpoints to keep (older ones are deleted after a save)"},
-      {"checkpoint.grace_seconds", KeyType::Int, "120",
-       "budget to write a checkpoint after SIGTERM (preemption)"},
-      {"checkpoint.resume", KeyType::Bool, "true",
-       "resume from the latest valid checkpoint in the run directory"},
-      {"checkpoint.allow_recipe_change", KeyType::Bool, "false",
-       "resume even when keys that change the run's numbers (data, model, optimizer, losses, batch, steps) "
-       "differ from the checkpoint's recipe; the differences are printed either way"},
-      {"log.every", KeyType::Int, "1", "log a LOSS-PARTS line every N steps"},
-      {"log.tensorboard", KeyType::Bool, "true", "write TensorBoard event files next to metrics.jsonl"},
-      {"eval.heldout", KeyType::Int, "32",
-       "rows for the P(EOS) check before and after training (untrained rows of epoch 0 when there are any)"},
-      {"export.hf", KeyType::Bool, "true", "export the final weights as an HF directory into RUN_DIR/hf"},
-      {"perf.peak_tflops", KeyType::Float, "0",
-       "peak fp32 TFLOP/s per process for MFU (0 = measure an SGEMM at the run's first start; kept in "
-       "RUN_DIR/peak_flops.json for resumes)"},
-  };
-  return keys;
-}
-
 namespace {
-
-const RecipeKey* find_key(const std::string& name) {
-  for (const auto& k : recipe_keys()) {
-    if (k.name == name) return &k;
-  }
-  return nullptr;
-}
 
 // Sections read by other tools and passed through verbatim: `cluster.*` (the k8s launcher, validated
 // there) and `mesh.*` (accelerator mesh axes, checked against the slice by the launcher).
@@ -219,7 +126,7 @@ void Recipe::set(const std::string& key, const std::string& value, const std::st
     values_[key] = value;
     return;
   }
-  const RecipeKey* k = find_key(key);
+  const RecipeKey* k = find_recipe_key(key);
   if (!k) fail(origin, ": unknown recipe key '", key, "' (did you mean '", closest_key(key), "'?)");
   check_value(*k, value, origin);
   values_[key] = value;
@@ -261,7 +168,7 @@ Recipe Recipe::load(const std::string& path, const std::vector<std::string>& ove
 std::string Recipe::str(const std::string& key) const {
   auto it = values_.find(key);
   if (it != values_.end()) return it->second;
-  const RecipeKey* k = find_key(key);
+  const RecipeKey* k = find_recipe_key(key);
   OLMO_CHECK(k != nullptr, "internal: recipe key '", key, "' is not declared");
   return k->default_value;
 }
@@ -293,88 +200,13 @@ TrainConfig Recipe::fields() const {
   write_yaml(yaml);
   c.resolved_yaml = yaml.str();
   for (const auto& [k, v] : values_) c.given.insert(k);
-  c.run_name = str("run_name");
-  c.output_dir = str("output_dir");
-  // One directory under output_dir: not empty, no path separator, not . or .. (run_name=../x escaped it).
-  const bool name_ok =
-      !c.run_name.empty() && c.run_name != "." && c.run_name != ".." &&
-      std::all_of(c.run_name.begin(), c.run_name.end(), [](char ch) {
-        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.';
-      });
-  OLMO_CHECK(name_ok, src, ": run_name '", c.run_name,
-             "' must be one directory name under output_dir: letters, digits, '-', '_' and '.', not empty, "
-             "not . or ..");
-  OLMO_CHECK(!c.output_dir.empty(), src, ": output_dir must not be empty");
-  c.seed = i64("seed");
-  c.device = str("device");
-  OLMO_CHECK(c.device == "cpu" || c.device == "cuda", src, ": key 'device' expects cpu or cuda, got '",
-             c.device, "'");
-  c.tokenizer = str("tokenizer");
-  c.model.init = str("model.init");
-  c.model.config = str("model.config");
-  c.model.memory.remat = model::parse_remat(str("model.remat"), src + ": model.remat");
-  c.model.memory.saved = model::parse_saved_dtype(str("model.saved_dtype"), src + ": model.saved_dtype");
+  for (const RecipeKey& k : recipe_keys()) k.read(c, str(k.name), src);
+  // Across keys.
   OLMO_CHECK(
       !(c.model.memory.saved == model::SavedDtype::BF16 && c.model.memory.remat == model::Remat::Full), src,
       ": model.saved_dtype=bf16 does nothing under model.remat=full (full keeps only the block inputs, "
       "in fp32, so that the backward's re-run reproduces the forward); use model.remat=attn or none with "
       "bf16, or saved_dtype fp32 with full");
-  c.data.path = str("data.path");
-  c.data.epochs = i64("data.epochs");
-  OLMO_CHECK(c.data.epochs >= 1, src, ": data.epochs must be >= 1");
-
-  Derived& d = c.batch;
-  d.global_batch = i64("global_batch");
-  d.devices = i64("devices");
-  d.per_device_batch = f64("per_device_batch");
-  d.seq_len = i64("seq_len");
-  d.steps = i64("steps");
-  d.schedule_steps = i64("lr_schedule_steps");
-  OLMO_CHECK(d.global_batch >= 1, src, ": global_batch must be >= 1, got ", d.global_batch);
-  OLMO_CHECK(d.devices >= 1, src, ": devices must be >= 1, got ", d.devices);
-  OLMO_CHECK(d.per_device_batch > 0, src, ": per_device_batch must be > 0, got ", d.per_device_batch);
-  OLMO_CHECK(d.seq_len >= 2, src, ": seq_len must be >= 2, got ", d.seq_len);
-  OLMO_CHECK(d.steps >= 1, src, ": steps must be >= 1 (a run that trains zero steps is an error), got ",
-             d.steps);
-  OLMO_CHECK(d.schedule_steps >= 0, src, ": lr_schedule_steps must be >= 1 or 0 (= steps), got ",
-             d.schedule_steps);
-
-  c.dist.mode = str("dist.mode");
-  OLMO_CHECK(c.dist.mode == "dp" || c.dist.mode == "zero3", src, ": dist.mode must be dp or zero3, got '",
-             c.dist.mode, "'");
-  c.dist.gather = str("dist.gather");
-  OLMO_CHECK(c.dist.gather == "layer" || c.dist.gather == "step", src,
-             ": dist.gather must be layer or step, got '", c.dist.gather, "'");
-  read_optimizer(c);
-
-  c.loss.lm_z = f64("loss.lm_z");
-  c.loss.moe_lb = f64("loss.moe_lb");
-  c.loss.router_z = f64("loss.router_z");
-  c.moe.buffer_factor = f64("moe.buffer_factor");
-  OLMO_CHECK(c.moe.buffer_factor == -1 || c.moe.buffer_factor >= 1, src,
-             ": moe.buffer_factor must be -1 (dropless) or >= 1, got ", c.moe.buffer_factor);
-  c.compute.vocab_tile = i64("compute.vocab_tile");
-  OLMO_CHECK(c.compute.vocab_tile >= 0, src, ": compute.vocab_tile must be >= 0");
-  c.compute.threads = i64("compute.threads");
-  c.compute.gemm.fp32 = parse_gemm_lib(str("compute.gemm"), src + ": compute.gemm");
-  c.compute.gemm.compute = parse_compute_dtype(str("compute.dtype"), src + ": compute.dtype");
-
-  c.checkpoint.every = i64("checkpoint.every");
-  c.checkpoint.keep_last = i64("checkpoint.keep_last");
-  c.checkpoint.grace_seconds = i64("checkpoint.grace_seconds");
-  c.checkpoint.resume = flag("checkpoint.resume");
-  c.checkpoint.allow_recipe_change = flag("checkpoint.allow_recipe_change");
-  OLMO_CHECK(c.checkpoint.keep_last >= 1, src, ": checkpoint.keep_last must be >= 1");
-  OLMO_CHECK(c.checkpoint.every >= 0, src, ": checkpoint.every must be >= 0");
-  OLMO_CHECK(c.checkpoint.grace_seconds >= 1, src, ": checkpoint.grace_seconds must be >= 1");
-  c.log.every = i64("log.every");
-  OLMO_CHECK(c.log.every >= 1, src, ": log.every must be >= 1");
-  c.log.tensorboard = flag("log.tensorboard");
-  c.eval.heldout = i64("eval.heldout");
-  OLMO_CHECK(c.eval.heldout >= 0, src, ": eval.heldout must be >= 0");
-  c.export_.hf = flag("export.hf");
-  c.perf.peak_tflops = f64("perf.peak_tflops");
-  OLMO_CHECK(c.perf.peak_tflops >= 0, src, ": perf.peak_tflops must be >= 0 (0 = measure)");
 
   for (const auto& [k, v] : values_) {
     if (k.rfind("cluster.", 0) == 0) c.cluster[k.substr(8)] = v;
@@ -393,31 +225,6 @@ TrainConfig Recipe::fields() const {
   return c;
 }
 
-void Recipe::read_optimizer(TrainConfig& c) const {
-  const std::string& src = source_;
-  TrainConfig::Optimizer& o = c.optimizer;
-  o.schedule = str("optimizer.schedule");
-  o.lr = f64("optimizer.lr");
-  o.warmup_frac = f64("optimizer.warmup_frac");
-  o.final_lr_frac = f64("optimizer.final_lr_frac");
-  o.beta1 = f64("optimizer.beta1");
-  o.beta2 = f64("optimizer.beta2");
-  o.eps = f64("optimizer.eps");
-  o.weight_decay = f64("optimizer.weight_decay");
-  o.clip_grad_norm = f64("optimizer.clip_grad_norm");
-  OLMO_CHECK(o.warmup_frac >= 0 && o.warmup_frac < 1, src, ": optimizer.warmup_frac must be in [0, 1), got ",
-             o.warmup_frac);
-  OLMO_CHECK(o.schedule == "linear" || o.schedule == "constant", src,
-             ": optimizer.schedule must be linear or constant, got '", o.schedule, "'");
-  OLMO_CHECK(o.final_lr_frac >= 0 && o.final_lr_frac <= 1, src,
-             ": optimizer.final_lr_frac must be in [0, 1], got ", o.final_lr_frac);
-  OLMO_CHECK(o.lr > 0, src, ": optimizer.lr must be > 0");
-  OLMO_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, src,
-             ": optimizer.beta1/beta2 must be in [0, 1)");
-  OLMO_CHECK(o.eps > 0, src, ": optimizer.eps must be > 0");
-  OLMO_CHECK(o.clip_grad_norm >= 0, src, ": optimizer.clip_grad_norm must be >= 0 (0 = off)");
-}
-
 TrainConfig Recipe::config() const {
   TrainConfig c = fields();
   derive_batch(c);
@@ -429,7 +236,7 @@ std::vector<Recipe::Change> Recipe::diff(const Recipe& before, const Recipe& aft
   auto value = [](const Recipe& r, const std::string& key) {
     auto it = r.values_.find(key);
     if (it != r.values_.end()) return it->second;
-    const RecipeKey* k = find_key(key);
+    const RecipeKey* k = find_recipe_key(key);
     return k ? k->default_value : std::string();
   };
   std::set<std::string> keys;
@@ -459,22 +266,6 @@ void require_run_inputs(const TrainConfig& c, bool model_from_recipe, bool check
              ": set only one of model.init and model.config");
   OLMO_CHECK(!c.model.init.empty() || !c.model.config.empty(), c.source,
              ": model.init (HF directory) or model.config (config.json for a random init) is required");
-}
-
-bool recipe_key_operational(const std::string& key) {
-  static const char* const kPrefixes[] = {"log.", "eval.", "export.", "perf.", "cluster.", "mesh.", "dist."};
-  static const std::set<std::string> kKeys = {"devices",
-                                              "per_device_batch",
-                                              "compute.threads",
-                                              "model.remat",
-                                              "checkpoint.every",
-                                              "checkpoint.keep_last",
-                                              "checkpoint.grace_seconds",
-                                              "checkpoint.resume",
-                                              "checkpoint.allow_recipe_change"};
-  for (const char* p : kPrefixes)
-    if (key.rfind(p, 0) == 0) return true;
-  return kKeys.count(key) > 0;
 }
 
 void derive_batch(TrainConfig& c) {

@@ -4,6 +4,7 @@
 // gradient accumulation, warmup steps, tokens per step), checked before any compute.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <ostream>
 #include <set>
@@ -16,16 +17,28 @@
 namespace olmosft {
 
 enum class KeyType { String, Int, Float, Bool };
+// Whether a resumed run may change a key: Operational keys change how a run is executed (process layout,
+// threads, logging, checkpoint cadence, ...) but not what it computes beyond summation order; Math keys
+// change the run's numbers (data, model, optimizer, losses, batch, steps, ...): a different run.
+enum class OnResume { Math, Operational };
+struct TrainConfig;
 
+// One recipe key (train/recipe_schema.cpp holds the table): its name, type, default, doc, resume rule, and
+// how it is read into its TrainConfig field with its validation (throws olmosft::Error naming `source` and
+// the key). `read` gets a value already checked against `type`.
 struct RecipeKey {
   std::string name;  // dotted, e.g. "optimizer.lr"
   KeyType type;
   std::string default_value;  // as written in YAML
   std::string doc;
+  OnResume on_resume = OnResume::Math;
+  std::function<void(TrainConfig&, const std::string& value, const std::string& source)> read;
 };
 
-// All known keys (the `cluster.*` section is passed through for the k8s tooling, validated there).
+// All known keys: the only list of them (the `cluster.*` section is passed through for the k8s tooling,
+// validated there; `mesh.*` holds mesh axis sizes).
 const std::vector<RecipeKey>& recipe_keys();
+const RecipeKey* find_recipe_key(const std::string& name);  // nullptr for an unknown key
 
 // Values derived from a recipe, computed once and checked (batch arithmetic, schedule horizon).
 struct Derived {
@@ -139,7 +152,6 @@ class Recipe {
   int64_t i64(const std::string& key) const;
   double f64(const std::string& key) const;
   bool flag(const std::string& key) const;
-  void read_optimizer(TrainConfig& c) const;
 
   std::string source_;
   std::map<std::string, std::string> values_;  // only keys that were set
@@ -156,9 +168,8 @@ void require_run_inputs(const TrainConfig& c, bool model_from_recipe = true, boo
 // any compute. Throws olmosft::Error naming the recipe and the key.
 void require_device_supported(const TrainConfig& c);
 
-// True for keys a resumed run may change without changing what it computes beyond summation order: the
-// process layout, threads, logging, evaluation, export, checkpoint cadence, cluster and mesh settings.
-// Everything else (data, model, optimizer, losses, seq_len, global_batch, steps, ...) is a different run.
+// True for keys a resumed run may change (OnResume::Operational in the schema, and the cluster and mesh
+// sections).
 bool recipe_key_operational(const std::string& key);
 
 // The batch arithmetic and the schedule horizon of c.batch (slots, grad_accum, tokens_per_step,

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -142,12 +143,13 @@ TEST(Recipe, FieldsAreRangeCheckedWithTheKeyNamed) {
   EXPECT_NE(e("steps: 3\n", {"checkpoint.resume=yes"}).find("key 'checkpoint.resume' expects true or false"),
             std::string::npos);
   EXPECT_NE(e("steps: 3\n", {"seed=1.5"}).find("key 'seed' expects an integer"), std::string::npos);
-  EXPECT_NE(e("steps: 3\n", {"dist.mode=fsdp"}).find("dist.mode must be dp or zero3, got 'fsdp'"),
+  EXPECT_NE(e("steps: 3\n", {"dist.mode=fsdp"}).find("t.yaml: dist.mode: expected dp or zero3, got 'fsdp'"),
             std::string::npos);
   EXPECT_NE(e("steps: 3\n", {"optimizer.warmup_frac=1"}).find("optimizer.warmup_frac must be in [0, 1)"),
             std::string::npos);
-  EXPECT_NE(e("steps: 3\n", {"lr_schedule_steps=-1"}).find("lr_schedule_steps must be >= 1 or 0"),
-            std::string::npos);
+  EXPECT_NE(
+      e("steps: 3\n", {"lr_schedule_steps=-1"}).find("lr_schedule_steps must be >= 0 (0 = steps), got -1"),
+      std::string::npos);
   EXPECT_NE(e("steps: 3\nmesh:\n  fsdp: two\n").find("t.yaml: key 'mesh.fsdp' expects an integer >= 1"),
             std::string::npos);
   EXPECT_NE(e("steps: 3\nmesh:\n  fsdp: 0\n").find("key 'mesh.fsdp'"), std::string::npos);
@@ -189,9 +191,9 @@ TEST(Recipe, DeviceKeyAndCudaRefusal) {
   TrainConfig c = Recipe::parse("steps: 3\ndevice: cuda\n", "gpu.yaml").config();
   EXPECT_EQ(c.device, "cuda");
   std::string e = error_of([] { (void)Recipe::parse("steps: 3\ndevice: gpu\n", "bad.yaml").config(); });
-  EXPECT_NE(e.find("bad.yaml: key 'device' expects cpu or cuda, got 'gpu'"), std::string::npos) << e;
+  EXPECT_NE(e.find("bad.yaml: device: expected cpu or cuda, got 'gpu'"), std::string::npos) << e;
   e = error_of([] { (void)Recipe::parse("steps: 3\n", "t.yaml", {"device=CUDA"}).config(); });
-  EXPECT_NE(e.find("key 'device' expects cpu or cuda, got 'CUDA'"), std::string::npos) << e;
+  EXPECT_NE(e.find("device: expected cpu or cuda, got 'CUDA'"), std::string::npos) << e;
   c.data.path = "/nonexistent/data";  // never opened: the device is refused first
   c.model.init = "/nonexistent/hf";
   const std::string want =
@@ -232,4 +234,51 @@ TEST(Recipe, TrainCliRefusesCudaBeforeAnyCompute) {
   EXPECT_EQ(out.find("/nonexistent"), std::string::npos) << "a file was looked at first:\n" << out;
   EXPECT_FALSE(std::filesystem::exists(dir)) << "the run wrote into " << dir;
   std::remove(yaml.c_str());
+}
+
+// The schema (train/recipe_schema.cpp) is the only list of keys: names are unique, every key has a doc and a
+// reader that accepts its default, and which keys a resumed run may change is exactly this list (a key moved
+// between the two groups changes what a resume refuses, so it must be a deliberate edit here too).
+TEST(RecipeSchema, OneTableOfKeysWithReadersAndResumeRules) {
+  std::set<std::string> names, operational;
+  for (const RecipeKey& k : recipe_keys()) {
+    EXPECT_TRUE(names.insert(k.name).second) << k.name << " twice";
+    EXPECT_FALSE(k.doc.empty()) << k.name;
+    ASSERT_TRUE(k.read) << k.name;
+    TrainConfig c;
+    if (k.name != "steps") {  // the one required key: its default 0 is refused
+      EXPECT_NO_THROW(k.read(c, k.default_value, "t.yaml")) << k.name;
+    }
+    if (k.on_resume == OnResume::Operational) operational.insert(k.name);
+    EXPECT_EQ(recipe_key_operational(k.name), k.on_resume == OnResume::Operational) << k.name;
+    EXPECT_EQ(find_recipe_key(k.name), &k);
+  }
+  EXPECT_EQ(find_recipe_key("optimizer.lrr"), nullptr);
+  const std::set<std::string> want = {"model.remat",
+                                      "per_device_batch",
+                                      "devices",
+                                      "dist.mode",
+                                      "dist.gather",
+                                      "compute.threads",
+                                      "checkpoint.every",
+                                      "checkpoint.keep_last",
+                                      "checkpoint.grace_seconds",
+                                      "checkpoint.resume",
+                                      "checkpoint.allow_recipe_change",
+                                      "log.every",
+                                      "log.tensorboard",
+                                      "eval.heldout",
+                                      "export.hf",
+                                      "perf.peak_tflops"};
+  EXPECT_EQ(operational, want);
+  EXPECT_TRUE(recipe_key_operational("cluster.queue"));
+  EXPECT_TRUE(recipe_key_operational("mesh.fsdp"));
+  // A reader names the recipe and the key when a value is out of range.
+  TrainConfig c;
+  try {
+    find_recipe_key("steps")->read(c, "0", "t.yaml");
+    ADD_FAILURE() << "steps=0 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("t.yaml: steps must be >= 1"), std::string::npos) << e.what();
+  }
 }
