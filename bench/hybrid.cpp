@@ -79,9 +79,9 @@ struct Row {
 
 LossConfig sft_loss() {
   LossConfig l;
-  l.lm_z = 1e-5;
-  l.moe_lb = 0.01;
-  l.router_z = 1e-5;
+  l.weight[model::kLossLmZ] = 1e-5;
+  l.weight[model::kLossMoeLb] = 0.01;
+  l.weight[model::kLossRouterZ] = 1e-5;
   return l;
 }
 

@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   b.targets = tgt.data();
   b.trained = trained.data();
   LossConfig lc;
-  lc.lm_z = 1e-5;
+  lc.weight[model::kLossLmZ] = 1e-5;
   int64_t ntr = 0;
   for (auto x : trained) ntr += x;
 

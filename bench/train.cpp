@@ -116,10 +116,10 @@ std::vector<Case> all_cases() {
 
 LossConfig loss_config(const ModelConfig& c) {
   LossConfig l;  // the runbook's SFT coefficients (recipes/olmo35-small-sft.yaml)
-  l.lm_z = 1e-5;
+  l.weight[model::kLossLmZ] = 1e-5;
   if (c.is_moe()) {
-    l.moe_lb = 0.01;
-    l.router_z = 1e-5;
+    l.weight[model::kLossMoeLb] = 0.01;
+    l.weight[model::kLossRouterZ] = 1e-5;
   }
   return l;
 }
@@ -283,7 +283,10 @@ int child(const std::string& name, const std::string& dir, int steps) {
     bt.push_back({"positions", Tensor::from(p.pos, sh)});
     bt.push_back({"targets", Tensor::from(p.tgt, sh)});
     bt.push_back({"trained", Tensor::from(p.trained, sh)});
-    json lj = {{"lm_z", lc.lm_z}, {"moe_lb", lc.moe_lb}, {"router_z", lc.router_z}, {"lr", kLr}};
+    json lj = {{"lm_z", lc.weight[model::kLossLmZ]},
+               {"moe_lb", lc.weight[model::kLossMoeLb]},
+               {"router_z", lc.weight[model::kLossRouterZ]},
+               {"lr", kLr}};
     safetensors::write(dir + "/batch.safetensors", bt,
                        {{"format", "pt"}, {"ga", std::to_string(cs.ga)}, {"loss", lj.dump()}});
   }
@@ -319,16 +322,16 @@ int child(const std::string& name, const std::string& dir, int steps) {
       LossParts lp =
           m->forward_backward(micro_view(p, cs.rows, mi), lc, 1.0 / static_cast<double>(p.n_trained),
                               1.0 / static_cast<double>(cs.ga));
-      ce += lp.ce_sum;
-      z += lp.z_sum;
-      lb += lp.moe_lb;
-      rz += lp.router_z;
+      ce += lp.sum[model::kLossCe];
+      z += lp.sum[model::kLossLmZ];
+      lb += lp.sum[model::kLossMoeLb];
+      rz += lp.sum[model::kLossRouterZ];
     }
     const double gnorm = clip_grad_norm(ap, 1.0);  // the norm, then the clip (as the trainer: one norm pass)
     adamw_step(ap, acfg, s);
     const double nt = static_cast<double>(p.n_trained), g = static_cast<double>(cs.ga);
     losses.push_back({{"ce", ce / nt},
-                      {"lm_z", lc.lm_z * z / nt},
+                      {"lm_z", lc.weight[model::kLossLmZ] * z / nt},
                       {"moe_lb", lb / g},
                       {"router_z", rz / g},
                       {"grad_norm", gnorm}});

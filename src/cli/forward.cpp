@@ -173,9 +173,10 @@ int forward_main(int argc, char** argv) {
     out["model_type"] = model->config().model_type_name;
     out["rows"] = B;
     out["trained_targets"] = parts.tokens;
-    out["ce_sum"] = parts.ce_sum;
-    out["mean_ce"] =
-        parts.tokens > 0 ? nlohmann::json(parts.ce_sum / double(parts.tokens)) : nlohmann::json();
+    out["ce_sum"] = parts.sum[olmosft::model::kLossCe];
+    out["mean_ce"] = parts.tokens > 0
+                         ? nlohmann::json(parts.sum[olmosft::model::kLossCe] / double(parts.tokens))
+                         : nlohmann::json();
     nlohmann::json lps = nlohmann::json::array();
     for (int64_t b = 0; b < B; ++b) {
       nlohmann::json row = nlohmann::json::array();
@@ -197,7 +198,7 @@ int forward_main(int argc, char** argv) {
     msg.precision(10);
     msg << "forward: " << B << " rows, " << parts.tokens << " trained targets, mean CE ";
     if (parts.tokens > 0)
-      msg << parts.ce_sum / double(parts.tokens);
+      msg << parts.sum[olmosft::model::kLossCe] / double(parts.tokens);
     else
       msg << "n/a";
     std::cout << msg.str() << " -> " << out_path << "\n";

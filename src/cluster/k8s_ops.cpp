@@ -275,12 +275,9 @@ json num(double v) {
 std::optional<json> parse_loss_parts(const std::string& text) {
   auto l = train::parse_loss_parts_line(text);
   if (!l || l->step < 0) return std::nullopt;
-  return json{{"step", l->step},
-              {"ce", num(l->ce)},
-              {"lm_z", num(l->lm_z)},
-              {"moe_lb", num(l->moe_lb)},
-              {"router_z", num(l->router_z)},
-              {"tokens", l->tokens}};
+  json j{{"step", l->step}, {"tokens", l->tokens}};
+  for (size_t t = 0; t < model::kLossTermCount; ++t) j[model::kLossTerms[t].name] = num(l->terms[t]);
+  return j;
 }
 
 std::optional<train::RequiredRbfLine> parse_required_rbf(const std::string& text) {

@@ -43,8 +43,9 @@ StopResult stop_run(KubeClient& c, const std::string& ns, const std::string& job
 nlohmann::json run_status(KubeClient& c, const std::string& ns, const std::string& jobset);
 std::string format_status(const nlohmann::json& st);
 
-// A trainer LOSS-PARTS line (train/log_lines.h) as a steps.jsonl record: step, ce, lm_z, moe_lb, router_z,
-// tokens; non-finite values as text ("nan"). nullopt if the text holds no well-formed LOSS-PARTS line.
+// A trainer LOSS-PARTS line (train/log_lines.h) as a steps.jsonl record: step, each loss term
+// (model/loss_terms.h: ce, lm_z, moe_lb, router_z), tokens; non-finite values as text ("nan"). nullopt if the
+// text holds no well-formed LOSS-PARTS line.
 std::optional<nlohmann::json> parse_loss_parts(const std::string& text);
 // A trainer "REQUIRED_RBF step=N value=X" line (train/log_lines.h), if the text holds one.
 std::optional<train::RequiredRbfLine> parse_required_rbf(const std::string& text);

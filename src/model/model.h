@@ -13,6 +13,7 @@
 #include "core/tensor.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/loss_terms.h"
 #include "model/memory_policy.h"
 
 namespace olmosft::model {
@@ -37,20 +38,18 @@ struct MoeLayerStats {
 
 // Sums over the micro-batch, so the trainer can form one token-mean over the global batch.
 struct LossParts {
-  double ce_sum = 0;    // sum over trained targets of -log p(target)
-  double z_sum = 0;     // sum over trained targets of logsumexp^2 (not multiplied by the coefficient)
-  int64_t tokens = 0;   // trained targets
-  double moe_lb = 0;    // weighted, summed over MoE layers (already multiplied by its coefficient)
-  double router_z = 0;  // weighted, summed over MoE layers
+  // Per loss term (model/loss_terms.h): ce = sum over trained targets of -log p(target); lm_z = sum over
+  // trained targets of logsumexp^2 (not multiplied by the coefficient); moe_lb, router_z: weighted (already
+  // multiplied by their coefficients), summed over MoE layers.
+  LossValues sum{};
+  int64_t tokens = 0;  // trained targets
   std::vector<MoeLayerStats> moe_layers;
 };
 
 struct LossConfig {
-  double lm_z = 0.0;              // LM-head z-loss coefficient
-  double moe_lb = 0.0;            // per MoE layer, summed
-  double router_z = 0.0;          // per MoE layer, summed
-  double moe_buffer_factor = -1;  // -1 = dropless
-  int64_t vocab_tile = 8192;      // 0 = untiled cross-entropy
+  LossValues weight{1.0, 0.0, 0.0, 0.0};  // per loss term: ce 1, lm_z, moe_lb (per MoE layer), router_z
+  double moe_buffer_factor = -1;          // -1 = dropless
+  int64_t vocab_tile = 8192;              // 0 = untiled cross-entropy
 };
 
 struct Param {

@@ -270,13 +270,13 @@ LossParts Olmo3::loss_forward(const Batch& b, const LossConfig& loss) {
   if (!b.targets) return parts;
   XentConfig xc;
   xc.valid_vocab = cfg_.vocab_size;
-  xc.z_loss = loss.lm_z;
+  xc.z_loss = loss.weight[kLossLmZ];
   xc.vocab_chunk = loss.vocab_tile;
   const int64_t N = b.B * b.T;
   auto st = xent_forward<float>(w_->hf, wp_[size_t(lm_head_)], b.targets, b.trained, N, cfg_.hidden_size,
                                 cfg_.vocab_size, xc, w_->xlse);
-  parts.ce_sum = st.ce_sum;
-  parts.z_sum = st.z_sum;
+  parts.sum[kLossCe] = st.ce_sum;
+  parts.sum[kLossLmZ] = st.z_sum;
   parts.tokens = st.count;
   return parts;
 }
@@ -328,7 +328,7 @@ void Olmo3::run_backward(const Batch& b, const LossConfig& loss, double grad_sca
   const int64_t N = b.B * b.T, d = cfg_.hidden_size;
   XentConfig xc;
   xc.valid_vocab = cfg_.vocab_size;
-  xc.z_loss = loss.lm_z;
+  xc.z_loss = loss.weight[kLossLmZ];
   xc.vocab_chunk = loss.vocab_tile;
   // dL/dhf into dtmp, then through the final norm into dh.
   float* dtmp = w.scratch.dtmp;

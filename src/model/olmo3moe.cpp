@@ -215,8 +215,8 @@ class Runner {
     }
     need(last);
     const XentStats xs = u_.head.forward(ctx, h, k_.head, logits, logprobs);
-    lp.ce_sum = xs.ce_sum;
-    lp.z_sum = xs.z_sum;
+    lp.sum[kLossCe] = xs.ce_sum;
+    lp.sum[kLossLmZ] = xs.z_sum;
     lp.tokens = xs.count;
     if (info != nullptr) {
       info->tokens = N_;

@@ -101,8 +101,8 @@ void PeriLnBlock::forward(const Ctx<T>& ctx, T* h, Saved<T>& s, const Scratch<T>
     ms.router_z = st.router_z;
     ms.required_buffer_factor = st.required_buffer_factor;
     ms.dropped_tokens = st.dropped;
-    lp.moe_lb += ctx.loss->moe_lb * st.lb;
-    lp.router_z += ctx.loss->router_z * st.router_z;
+    lp.sum[kLossMoeLb] += ctx.loss->weight[kLossMoeLb] * st.lb;
+    lp.sum[kLossRouterZ] += ctx.loss->weight[kLossRouterZ] * st.router_z;
     lp.moe_layers.push_back(ms);
   }
   rmsnorm_forward(s.f, ctx.W(post_ffn), w.t, s.rs_post_ffn, N, d, eps);

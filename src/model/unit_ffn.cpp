@@ -163,8 +163,8 @@ template <typename T>
 void MoeUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx) const {
   moe_weights(*this, ctx, s.w);  // the residency hooks may have moved the weights since the forward
   moe_grads(*this, ctx, s.g);
-  moe::moe_backward(moe_dims(ctx), s.w, s.g, x, s.cache, df, ctx.aux_scale * ctx.loss->moe_lb,
-                    ctx.aux_scale * ctx.loss->router_z, dx);
+  moe::moe_backward(moe_dims(ctx), s.w, s.g, x, s.cache, df, ctx.aux_scale * ctx.loss->weight[kLossMoeLb],
+                    ctx.aux_scale * ctx.loss->weight[kLossRouterZ], dx);
 }
 
 #define OLMOSFT_FFN_UNITS(T)                                                                              \

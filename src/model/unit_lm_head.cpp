@@ -38,7 +38,7 @@ XentStats LmHeadUnit::forward(const Ctx<T>& ctx, const T* h, Saved<T>& s, float*
   }
   s.xc = XentConfig{};
   s.xc.valid_vocab = V;
-  s.xc.z_loss = ctx.loss->lm_z;
+  s.xc.z_loss = ctx.loss->weight[kLossLmZ];
   s.xc.vocab_chunk = ctx.loss->vocab_tile;
   XentStats xs = xent_forward(s.hn, Wlm, s.targets, s.mask, N, d, V, s.xc, s.lse);
   if (logits != nullptr) {

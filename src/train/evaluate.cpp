@@ -17,7 +17,7 @@ std::pair<double, int64_t> p_eos(model::CausalLM& m, const PackedDataset& ds, co
     std::vector<float> lp(static_cast<size_t>(b.T), 0.0f);
     model::LossParts parts = m.forward(b.view(), lc, nullptr, lp.data());
     if (ce) {
-      ce->ce_sum += parts.ce_sum;
+      ce->ce_sum += parts.sum[model::kLossCe];
       ce->targets += parts.tokens;
     }
     for (int64_t t = 0; t < b.T; ++t) {

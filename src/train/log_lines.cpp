@@ -132,17 +132,19 @@ std::optional<T> when(bool ok, T v) {
 // ---------------------------------------------------------------- LOSS-PARTS
 
 std::string format_loss_parts(const LossPartsLine& l) {
-  return "LOSS-PARTS step=" + std::to_string(l.step) + " ce=" + fmt6(l.ce) + " lm_z=" + fmt6(l.lm_z) +
-         " moe_lb=" + fmt6(l.moe_lb) + " router_z=" + fmt6(l.router_z) +
-         " tokens=" + std::to_string(l.tokens);
+  std::string s = "LOSS-PARTS step=" + std::to_string(l.step);
+  for (size_t t = 0; t < model::kLossTermCount; ++t)
+    s += std::string(" ") + model::kLossTerms[t].name + "=" + fmt6(l.terms[t]);
+  return s + " tokens=" + std::to_string(l.tokens);
 }
 
 std::optional<LossPartsLine> parse_loss_parts_line(const std::string& text) {
   LossPartsLine l;
   Scan c(text, "LOSS-PARTS ");
-  bool ok = c.lit("step=") && c.i64(l.step) && c.lit(" ce=") && c.f64(l.ce) && c.lit(" lm_z=") &&
-            c.f64(l.lm_z) && c.lit(" moe_lb=") && c.f64(l.moe_lb) && c.lit(" router_z=") &&
-            c.f64(l.router_z) && c.lit(" tokens=") && c.i64(l.tokens) && c.done();
+  bool ok = c.lit("step=") && c.i64(l.step);
+  for (size_t t = 0; t < model::kLossTermCount && ok; ++t)
+    ok = c.lit((std::string(" ") + model::kLossTerms[t].name + "=").c_str()) && c.f64(l.terms[t]);
+  ok = ok && c.lit(" tokens=") && c.i64(l.tokens) && c.done();
   return when(ok, l);
 }
 

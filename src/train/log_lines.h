@@ -12,13 +12,16 @@
 #include <string>
 #include <vector>
 
+#include "model/loss_terms.h"
+
 namespace olmosft::train {
 
 // LOSS-PARTS step=12 ce=0.912345 lm_z=0.000123 moe_lb=0.010012 router_z=0.000045 tokens=812345
 // (%.6f each; tokens = trained targets of the global step, the loss denominator).
+// One name=value per loss term, in model/loss_terms.h's order.
 struct LossPartsLine {
   int64_t step = 0;
-  double ce = 0, lm_z = 0, moe_lb = 0, router_z = 0;
+  model::LossValues terms{};
   int64_t tokens = 0;
   bool operator==(const LossPartsLine&) const = default;
 };

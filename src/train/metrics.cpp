@@ -1,22 +1,18 @@
 #include "train/metrics.h"
 
 #include <algorithm>
+#include <string>
+
+#include "model/loss_terms.h"
 
 namespace olmosft::train {
 
 std::vector<std::pair<std::string, float>> tensorboard_scalars(const nlohmann::json& row) {
   auto f = [&](const char* key) { return static_cast<float>(row.at(key).get<double>()); };
-  std::vector<std::pair<std::string, float>> v = {{"train/loss", f("loss")},
-                                                  {"train/ce", f("ce")},
-                                                  {"train/lm_z", f("lm_z")},
-                                                  {"train/moe_lb", f("moe_lb")},
-                                                  {"train/router_z", f("router_z")},
-                                                  {"train/grad_norm", f("grad_norm")},
-                                                  {"train/lr", f("lr")},
-                                                  {"train/tokens", f("tokens")},
-                                                  {"perf/tokens_per_s", f("tokens_per_s")},
-                                                  {"perf/step_time", f("step_time")},
-                                                  {"perf/mfu", f("mfu")}};
+  std::vector<std::pair<std::string, float>> v = {{"train/loss", f("loss")}};
+  for (const model::LossTerm& t : model::kLossTerms) v.push_back({std::string("train/") + t.name, f(t.name)});
+  for (const char* k : {"grad_norm", "lr", "tokens"}) v.push_back({std::string("train/") + k, f(k)});
+  for (const char* k : {"tokens_per_s", "step_time", "mfu"}) v.push_back({std::string("perf/") + k, f(k)});
   const auto& rbf = row.at("moe_required_buffer_factor");
   const auto& dropped = row.at("moe_dropped_tokens");
   if (!rbf.empty()) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/gemm.h"
+#include "model/loss_terms.h"
 #include "model/memory_policy.h"
 
 namespace olmosft {
@@ -85,7 +86,7 @@ struct TrainConfig {
     double beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, clip_grad_norm = 0;
   } optimizer;
   struct Loss {
-    double lm_z = 0, moe_lb = 0, router_z = 0;
+    model::LossValues weight{1.0, 0.0, 0.0, 0.0};  // per loss term (model/loss_terms.h): its weight key
   } loss;
   struct Moe {
     double buffer_factor = -1;  // -1 = dropless

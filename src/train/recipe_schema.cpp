@@ -204,20 +204,27 @@ std::vector<RecipeKey> optimizer_keys() {
                  OLMOSFT_FIELD(optimizer.weight_decay)),
       number_key("optimizer.clip_grad_norm", "1.0", "global-norm clipping threshold, applied before Adam",
                  kMath, kNonNegative, OLMOSFT_FIELD(optimizer.clip_grad_norm)),
-      number_key("loss.lm_z", "1e-5", "LM-head z-loss coefficient (x mean logsumexp^2 over trained tokens)",
-                 kMath, kNonNegative, OLMOSFT_FIELD(loss.lm_z)),
-      number_key("loss.moe_lb", "0.01", "MoE load-balance loss coefficient, per MoE layer, summed", kMath,
-                 kNonNegative, OLMOSFT_FIELD(loss.moe_lb)),
-      number_key("loss.router_z", "1e-5", "MoE router z-loss coefficient, per MoE layer, summed", kMath,
-                 kNonNegative, OLMOSFT_FIELD(loss.router_z)),
-      {"moe.buffer_factor", KeyType::Float, "-1",
-       "expert capacity as a multiple of the balanced load; -1 = dropless", kMath,
-       [](TrainConfig& c, const std::string& v, const std::string& src) {
-         const double x = std::stod(v);
-         OLMO_CHECK(x == -1 || x >= 1, src, ": moe.buffer_factor must be -1 (dropless) or >= 1, got ", x);
-         c.moe.buffer_factor = x;
-       }},
   };
+}
+
+// The loss terms' weight keys, from the term list (model/loss_terms.h), then the MoE capacity.
+std::vector<RecipeKey> loss_keys() {
+  std::vector<RecipeKey> keys;
+  for (size_t t = 0; t < model::kLossTermCount; ++t) {
+    const model::LossTerm& term = model::kLossTerms[t];
+    if (term.weight_key == nullptr) continue;
+    keys.push_back(number_key(term.weight_key, term.weight_default, term.weight_doc, kMath, kNonNegative,
+                              [t](TrainConfig& c) -> double& { return c.loss.weight[t]; }));
+  }
+  keys.push_back({"moe.buffer_factor", KeyType::Float, "-1",
+                  "expert capacity as a multiple of the balanced load; -1 = dropless", kMath,
+                  [](TrainConfig& c, const std::string& v, const std::string& src) {
+                    const double x = std::stod(v);
+                    OLMO_CHECK(x == -1 || x >= 1, src,
+                               ": moe.buffer_factor must be -1 (dropless) or >= 1, got ", x);
+                    c.moe.buffer_factor = x;
+                  }});
+  return keys;
 }
 
 std::vector<RecipeKey> compute_keys() {
@@ -280,7 +287,7 @@ std::vector<RecipeKey> run_control_keys() {
 const std::vector<RecipeKey>& recipe_keys() {
   static const std::vector<RecipeKey> keys = [] {
     std::vector<RecipeKey> all;
-    for (auto part : {run_keys, batch_keys, optimizer_keys, compute_keys, run_control_keys}) {
+    for (auto part : {run_keys, batch_keys, optimizer_keys, loss_keys, compute_keys, run_control_keys}) {
       auto k = part();
       all.insert(all.end(), std::make_move_iterator(k.begin()), std::make_move_iterator(k.end()));
     }

@@ -19,10 +19,7 @@ nlohmann::json metrics_row(const StepReport& r) {
   row["step"] = r.step;
   row["lr"] = r.lr;
   row["loss"] = r.loss;
-  row["ce"] = r.ce;
-  row["lm_z"] = r.lm_z;
-  row["moe_lb"] = r.moe_lb;
-  row["router_z"] = r.router_z;
+  for (size_t t = 0; t < model::kLossTermCount; ++t) row[model::kLossTerms[t].name] = r.terms[t];
   row["grad_norm"] = r.grad_norm;
   row["tokens"] = r.tokens;
   row["padded_tokens"] = r.padded_tokens;
@@ -75,7 +72,7 @@ void RunLog::step(const StepReport& r, std::ostream& out) {
     out << format_required_rbf({s, max_rbf}) << "\n";
   }
   if (s % every_ == 0 || s == steps_ || s == start_ + 1) {
-    out << format_loss_parts({s, r.ce, r.lm_z, r.moe_lb, r.router_z, r.tokens}) << "\n";
+    out << format_loss_parts({s, r.terms, r.tokens}) << "\n";
     double elapsed = seconds_since(t0_);
     double rate = static_cast<double>(s - start_) / elapsed;
     out << format_progress({s, steps_, rate, r.tokens_per_s, elapsed, static_cast<double>(steps_ - s) / rate})

@@ -18,7 +18,8 @@ namespace olmosft::train {
 
 struct StepReport {
   int64_t step = 0;
-  double lr = 0, loss = 0, ce = 0, lm_z = 0, moe_lb = 0, router_z = 0, grad_norm = 0;
+  double lr = 0, loss = 0, grad_norm = 0;
+  model::LossValues terms{};  // the step's value of each loss term (model/loss_terms.h)
   int64_t tokens = 0;         // trained targets (the loss denominator)
   int64_t padded_tokens = 0;  // global_batch x seq_len
   double tokens_per_s = 0, trained_tokens_per_s = 0, step_time = 0, mfu = 0;

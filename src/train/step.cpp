@@ -12,14 +12,14 @@ bool any_rank(dist::Comm& c, bool local) { return c.size() > 1 ? !c.all_ok(!loca
 // ---- loss parts ---------------------------------------------------------------------------------------
 
 namespace {
-constexpr size_t kHead = 5, kPerLayer = 5;  // the packed layout of step.h
+constexpr size_t kHead = model::kLossTermCount + 1, kPerLayer = 5;  // the packed layout of step.h
 }  // namespace
 
 size_t packed_loss_parts_size(size_t moe_layers) { return kHead + kPerLayer * moe_layers; }
 
 void pack_loss_parts(const model::LossParts& lp, double* r) {
-  r[0] = lp.ce_sum, r[1] = lp.z_sum, r[2] = lp.moe_lb, r[3] = lp.router_z;
-  r[4] = static_cast<double>(lp.tokens);
+  for (size_t t = 0; t < model::kLossTermCount; ++t) r[t] = lp.sum[t];
+  r[model::kLossTermCount] = static_cast<double>(lp.tokens);
   for (size_t k = 0; k < lp.moe_layers.size(); ++k) {
     const model::MoeLayerStats& ls = lp.moe_layers[k];
     double* q = r + kHead + kPerLayer * k;
@@ -30,8 +30,8 @@ void pack_loss_parts(const model::LossParts& lp, double* r) {
 
 model::LossParts unpack_loss_parts(const double* r, size_t moe_layers) {
   model::LossParts lp;
-  lp.ce_sum = r[0], lp.z_sum = r[1], lp.moe_lb = r[2], lp.router_z = r[3];
-  lp.tokens = static_cast<int64_t>(r[4]);
+  for (size_t t = 0; t < model::kLossTermCount; ++t) lp.sum[t] = r[t];
+  lp.tokens = static_cast<int64_t>(r[model::kLossTermCount]);
   lp.moe_layers.resize(moe_layers);
   for (size_t k = 0; k < moe_layers; ++k) {
     const double* q = r + kHead + kPerLayer * k;
@@ -43,10 +43,7 @@ model::LossParts unpack_loss_parts(const double* r, size_t moe_layers) {
 }
 
 void StepParts::add_leaf(const model::LossParts& lp, int64_t leaves) {
-  ce_sum += lp.ce_sum;
-  z_sum += lp.z_sum;
-  moe_lb += lp.moe_lb;
-  router_z += lp.router_z;
+  for (size_t t = 0; t < model::kLossTermCount; ++t) sum[t] += lp.sum[t];
   tokens += lp.tokens;
   for (const model::MoeLayerStats& ls : lp.moe_layers) {
     model::MoeLayerStats& acc = moe[ls.layer];
@@ -86,14 +83,16 @@ StepParts gather_loss_parts(dist::Comm& comm, const std::vector<model::LossParts
   return sp;
 }
 
-StepLosses step_losses(const StepParts& sp, int64_t total, int64_t leaves, double lm_z_coef) {
+StepLosses step_losses(const StepParts& sp, int64_t total, int64_t leaves, const model::LossValues& weight) {
   StepLosses l;
   const double dt = static_cast<double>(total);
-  l.ce = sp.ce_sum / dt;
-  l.lm_z = lm_z_coef * sp.z_sum / dt;
-  l.moe_lb = sp.moe_lb / static_cast<double>(leaves);
-  l.router_z = sp.router_z / static_cast<double>(leaves);
-  l.loss = l.ce + l.lm_z + l.moe_lb + l.router_z;
+  for (size_t t = 0; t < model::kLossTermCount; ++t) {
+    if (model::kLossTerms[t].reduction == model::LossReduction::TokenMean)
+      l.value[t] = weight[t] * sp.sum[t] / dt;
+    else
+      l.value[t] = sp.sum[t] / static_cast<double>(leaves);
+    l.loss = t == 0 ? l.value[t] : l.loss + l.value[t];
+  }
   return l;
 }
 

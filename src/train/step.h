@@ -24,8 +24,8 @@ namespace olmosft::train {
 bool any_rank(dist::Comm& c, bool local);
 
 // One leaf's model::LossParts as doubles for the all-gather (exact: counts and layer ids are integers
-// < 2^53). Layout: ce_sum z_sum moe_lb router_z tokens, then per MoE layer: layer lb_loss router_z
-// required_buffer_factor dropped_tokens.
+// < 2^53). Layout: the loss terms' sums (model/loss_terms.h order), tokens, then per MoE layer: layer lb_loss
+// router_z required_buffer_factor dropped_tokens.
 size_t packed_loss_parts_size(size_t moe_layers);
 void pack_loss_parts(const model::LossParts& lp, double* out);  // writes packed_loss_parts_size(...) doubles
 model::LossParts unpack_loss_parts(const double* in, size_t moe_layers);
@@ -33,7 +33,7 @@ model::LossParts unpack_loss_parts(const double* in, size_t moe_layers);
 // The loss parts of a step: the leaves' sums added in leaf order; per MoE layer the dropped tokens summed,
 // the required buffer factor the max, the layer losses averaged over the leaves.
 struct StepParts {
-  double ce_sum = 0, z_sum = 0, moe_lb = 0, router_z = 0;
+  model::LossValues sum{};  // per loss term, the leaves' LossParts::sum added in leaf order
   int64_t tokens = 0;
   std::map<int64_t, model::MoeLayerStats> moe;  // by layer
   void add_leaf(const model::LossParts& lp, int64_t leaves);
@@ -44,11 +44,13 @@ struct StepParts {
 StepParts gather_loss_parts(dist::Comm& comm, const std::vector<model::LossParts>& mine, int64_t leaves,
                             int64_t step, dist::ShardMode mode = dist::ShardMode::Replicated);
 
-// The step's loss terms: token means over the `total` trained targets, MoE terms averaged over leaves.
+// The step's loss terms (model/loss_terms.h), each by its reduction: TokenMean = weight x sum / `total`
+// trained targets, LeafMean = sum / leaves; `loss` is their sum in term order.
 struct StepLosses {
-  double ce = 0, lm_z = 0, moe_lb = 0, router_z = 0, loss = 0;
+  model::LossValues value{};
+  double loss = 0;
 };
-StepLosses step_losses(const StepParts& sp, int64_t total, int64_t leaves, double lm_z_coef);
+StepLosses step_losses(const StepParts& sp, int64_t total, int64_t leaves, const model::LossValues& weight);
 
 // What a step needs, fixed for the run.
 struct StepContext {

@@ -257,9 +257,7 @@ void Run::preflight() {
   ga_ = d.grad_accum;           // leaves per rank per step
   leaves_ = ga_ * world_;       // leaves per step
 
-  lc_.lm_z = cfg_.loss.lm_z;
-  lc_.moe_lb = cfg_.loss.moe_lb;
-  lc_.router_z = cfg_.loss.router_z;
+  lc_.weight = cfg_.loss.weight;
   lc_.moe_buffer_factor = cfg_.moe.buffer_factor;
   lc_.vocab_tile = cfg_.compute.vocab_tile;
   sched_.kind = cfg_.optimizer.schedule;
@@ -344,7 +342,7 @@ bool Run::step(const StepContext& ctx, int64_t s) {
   }
   OLMO_CHECK(o.parts.tokens == o.total, "model reported ", o.parts.tokens, " trained targets at step ", s,
              ", the data holds ", o.total);
-  const StepLosses l = step_losses(o.parts, o.total, leaves_, lc_.lm_z);
+  const StepLosses l = step_losses(o.parts, o.total, leaves_, lc_.weight);
   dist::ShardedParams& master = shards_->params();
   const double gnorm = master.grad_norm();  // collective; the same on every rank
   if (!std::isfinite(l.loss) || !std::isfinite(gnorm)) {
@@ -367,10 +365,10 @@ bool Run::step(const StepContext& ctx, int64_t s) {
   r.mfu = peak_ > 0 ? o.flops / r.step_time / (peak_ * static_cast<double>(world_)) : 0.0;
   res_.last_step = s;
   res_.step_loss.push_back(l.loss);
-  res_.step_ce.push_back(l.ce);
-  if (s == 1) carried_["step1_ce"] = l.ce;
+  res_.step_ce.push_back(l.value[model::kLossCe]);
+  if (s == 1) carried_["step1_ce"] = l.value[model::kLossCe];
   r.step = s;
-  r.loss = l.loss, r.ce = l.ce, r.lm_z = l.lm_z, r.moe_lb = l.moe_lb, r.router_z = l.router_z;
+  r.loss = l.loss, r.terms = l.value;
   r.grad_norm = gnorm;
   r.tokens = o.total;
   r.padded_tokens = d.tokens_per_step;

@@ -76,9 +76,9 @@ std::vector<std::string> train_steps(dist::Comm& comm, dist::ShardMode mode, boo
   const model::ModelConfig c = tiny_config();
   auto m = model::make_model(c, 99);
   model::LossConfig lc;
-  lc.lm_z = 1e-4;
-  lc.moe_lb = 0.01;
-  lc.router_z = 0.001;
+  lc.weight[model::kLossLmZ] = 1e-4;
+  lc.weight[model::kLossMoeLb] = 0.01;
+  lc.weight[model::kLossRouterZ] = 0.001;
   std::vector<std::string> out;
   {
     dist::ModelShards shards(comm, *m, mode);

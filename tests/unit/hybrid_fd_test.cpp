@@ -23,13 +23,16 @@ struct Fd {
 
   Fd() {
     opts.kda_chunk = 16;
-    loss.lm_z = 0.1;
-    loss.moe_lb = 1.0;
-    loss.router_z = 0.1;
+    loss.weight[olmosft::model::kLossLmZ] = 0.1;
+    loss.weight[olmosft::model::kLossMoeLb] = 1.0;
+    loss.weight[olmosft::model::kLossRouterZ] = 0.1;
     for (auto t : fb.trained) n += t;
   }
   double total(const LossParts& lp) const {
-    return (lp.ce_sum + loss.lm_z * lp.z_sum) / n + lp.moe_lb + lp.router_z;
+    return (lp.sum[olmosft::model::kLossCe] +
+            loss.weight[olmosft::model::kLossLmZ] * lp.sum[olmosft::model::kLossLmZ]) /
+               n +
+           lp.sum[olmosft::model::kLossMoeLb] + lp.sum[olmosft::model::kLossRouterZ];
   }
   double eval() {
     const Batch b = fb.batch();
@@ -103,9 +106,9 @@ TEST(HybridFd, SsmaxScaleWithRowPositions) {
 // The double model reproduces the fixture's f64 truth far more tightly than the f32 model can.
 TEST(HybridFd, DoubleModelMatchesFixtureTruth) {
   Fd fd;
-  fd.loss.lm_z = 1e-5;
-  fd.loss.moe_lb = 0.01;
-  fd.loss.router_z = 1e-5;
+  fd.loss.weight[olmosft::model::kLossLmZ] = 1e-5;
+  fd.loss.weight[olmosft::model::kLossMoeLb] = 0.01;
+  fd.loss.weight[olmosft::model::kLossRouterZ] = 1e-5;
   fd.grads();
   auto grads = safetensors::Reader::open(fixture_dir() + "/grads.safetensors");
   double worst = 0;

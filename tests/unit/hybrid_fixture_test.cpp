@@ -22,14 +22,15 @@ nlohmann::json expected() {
 
 LossConfig fixture_loss() {
   LossConfig l;
-  l.lm_z = 1e-5;
-  l.moe_lb = 0.01;
-  l.router_z = 1e-5;
+  l.weight[olmosft::model::kLossLmZ] = 1e-5;
+  l.weight[olmosft::model::kLossMoeLb] = 0.01;
+  l.weight[olmosft::model::kLossRouterZ] = 1e-5;
   return l;
 }
 
 double total_of(const LossParts& lp, double n) {
-  return lp.ce_sum / n + 1e-5 * lp.z_sum / n + lp.moe_lb + lp.router_z;
+  return lp.sum[olmosft::model::kLossCe] / n + 1e-5 * lp.sum[olmosft::model::kLossLmZ] / n +
+         lp.sum[olmosft::model::kLossMoeLb] + lp.sum[olmosft::model::kLossRouterZ];
 }
 
 // max |a - b| / max |b| over a tensor.
@@ -86,13 +87,14 @@ TEST(HybridFixture, ForwardLossesRoutingAndGradients) {
   const auto& L = ex["loss"];
   EXPECT_EQ(lp.tokens, static_cast<int64_t>(n));
   std::printf("total %.9f vs %.9f, ce %.9f vs %.9f\n", total_of(lp, n), L["total"].get<double>(),
-              lp.ce_sum / n, L["ce"].get<double>());
+              lp.sum[olmosft::model::kLossCe] / n, L["ce"].get<double>());
   EXPECT_NEAR(total_of(lp, n), L["total"].get<double>(), 1e-5);
-  EXPECT_NEAR(lp.ce_sum / n, L["ce"].get<double>(), 1e-5);
-  EXPECT_NEAR(1e-5 * lp.z_sum / n, L["lm_z_loss"].get<double>(), 1e-8);
-  EXPECT_NEAR(lp.moe_lb, L["moe_lb_weighted"].get<double>(), 1e-6);
-  EXPECT_NEAR(lp.router_z, L["router_z_weighted"].get<double>(), 1e-8);
-  EXPECT_NEAR(fwd.ce_sum, lp.ce_sum, 1e-9 * std::fabs(lp.ce_sum));
+  EXPECT_NEAR(lp.sum[olmosft::model::kLossCe] / n, L["ce"].get<double>(), 1e-5);
+  EXPECT_NEAR(1e-5 * lp.sum[olmosft::model::kLossLmZ] / n, L["lm_z_loss"].get<double>(), 1e-8);
+  EXPECT_NEAR(lp.sum[olmosft::model::kLossMoeLb], L["moe_lb_weighted"].get<double>(), 1e-6);
+  EXPECT_NEAR(lp.sum[olmosft::model::kLossRouterZ], L["router_z_weighted"].get<double>(), 1e-8);
+  EXPECT_NEAR(fwd.sum[olmosft::model::kLossCe], lp.sum[olmosft::model::kLossCe],
+              1e-9 * std::fabs(lp.sum[olmosft::model::kLossCe]));
   ASSERT_EQ(lp.moe_layers.size(), 7u);
   for (const auto& ml : lp.moe_layers) {
     const std::string key = std::to_string(ml.layer);
@@ -158,10 +160,11 @@ TEST(HybridFixture, RouterGradientsUnderUnitAuxCoefficients) {
   auto outs = safetensors::Reader::open(fixture_dir() + "/outputs.safetensors");
   const double n = ex["batch"]["n_trained_targets"].get<double>();
   LossConfig l = fixture_loss();
-  l.moe_lb = 1.0;
-  l.router_z = 1.0;
+  l.weight[olmosft::model::kLossMoeLb] = 1.0;
+  l.weight[olmosft::model::kLossRouterZ] = 1.0;
   LossParts lp = model->forward_backward(fb.batch(), l, 1.0 / n, 1.0);
-  EXPECT_NEAR(lp.ce_sum / n + 1e-5 * lp.z_sum / n + lp.moe_lb + lp.router_z,
+  EXPECT_NEAR(lp.sum[olmosft::model::kLossCe] / n + 1e-5 * lp.sum[olmosft::model::kLossLmZ] / n +
+                  lp.sum[olmosft::model::kLossMoeLb] + lp.sum[olmosft::model::kLossRouterZ],
               ex["loss_unit_aux_coefs"]["total"].get<double>(), 2e-4);
   int checked = 0;
   for (auto& p : model->params()) {
@@ -250,8 +253,8 @@ TEST(HybridFixture, InitIsSeededAndFollowsTheScheme) {
   // A fresh model trains: forward_backward runs and gives finite gradients.
   const auto fb = load_batch();
   LossParts lp = a->forward_backward(fb.batch(), fixture_loss(), 1.0 / 73, 1.0);
-  EXPECT_TRUE(std::isfinite(lp.ce_sum));
-  EXPECT_NEAR(lp.ce_sum / 73, std::log(512.0), 0.5);
+  EXPECT_TRUE(std::isfinite(lp.sum[olmosft::model::kLossCe]));
+  EXPECT_NEAR(lp.sum[olmosft::model::kLossCe] / 73, std::log(512.0), 0.5);
 }
 
 TEST(HybridFixture, BadInputsAreRejected) {
@@ -274,7 +277,7 @@ TEST(HybridFixture, ThreadCountsAgree) {
   for (int i = 0; i < 2; ++i) {
     set_threads(i + 1);
     auto model = load_model_f32(opts16());
-    ce[i] = model->forward_backward(fb.batch(), fixture_loss(), 1.0 / 73, 1.0).ce_sum;
+    ce[i] = model->forward_backward(fb.batch(), fixture_loss(), 1.0 / 73, 1.0).sum[olmosft::model::kLossCe];
     for (auto& p : model->params())
       g[i].emplace_back(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
   }

@@ -105,8 +105,9 @@ struct FakeCluster {
         if (static_cast<size_t>(s) <= script.size()) out.emplace_back(ts, script[static_cast<size_t>(s - 1)]);
       } else if (i == loss_pod) {
         bool nan = nan_at && s >= nan_at;
-        out.emplace_back(ts, olmosft::train::format_loss_parts({s, nan ? std::nan("") : 2.0 - s * 0.01,
-                                                                0.000123, 0.010012, 0.000045, 812345}));
+        out.emplace_back(
+            ts, olmosft::train::format_loss_parts(
+                    {s, {nan ? std::nan("") : 2.0 - s * 0.01, 0.000123, 0.010012, 0.000045}, 812345}));
         out.emplace_back(
             ts + 1000, olmosft::train::format_required_rbf({s, rbf_high_at && s >= rbf_high_at ? 2.7 : 1.9}));
       } else {

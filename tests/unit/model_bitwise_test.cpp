@@ -59,7 +59,9 @@ struct Record {
   void add(const std::string& key, uint64_t h) { rows.emplace_back(key, h); }
   void parts(const std::string& key, const LossParts& lp) {
     Hasher hs;
-    for (double v : {lp.ce_sum, lp.z_sum, lp.moe_lb, lp.router_z}) hs.values(&v, 1);
+    for (double v : {lp.sum[model::kLossCe], lp.sum[model::kLossLmZ], lp.sum[model::kLossMoeLb],
+                     lp.sum[model::kLossRouterZ]})
+      hs.values(&v, 1);
     hs.values(&lp.tokens, 1);
     for (const auto& m : lp.moe_layers) {
       hs.values(&m.layer, 1);
@@ -125,9 +127,9 @@ const PackedBatch& batch_b(int64_t vocab) {  // smaller B*T: the workspace is re
 
 LossConfig loss_config() {
   LossConfig lc;
-  lc.lm_z = 1e-4;
-  lc.moe_lb = 0.01;
-  lc.router_z = 0.001;
+  lc.weight[model::kLossLmZ] = 1e-4;
+  lc.weight[model::kLossMoeLb] = 0.01;
+  lc.weight[model::kLossRouterZ] = 0.001;
   lc.vocab_tile = 192;  // 512 = 192 + 192 + 128: the tiled cross-entropy
   return lc;
 }

@@ -79,7 +79,7 @@ double max_abs(const float* a, const float* b, int64_t n) {
 
 LossConfig fixture_loss() {
   LossConfig lc;
-  lc.lm_z = 1e-5;
+  lc.weight[model::kLossLmZ] = 1e-5;
   lc.vocab_tile = 128;  // tiled over the 512-entry vocabulary
   return lc;
 }
@@ -119,8 +119,8 @@ TEST(ModelOlmo3, LogitsHiddenLossMatchReference) {
 
   const auto& L = F.expected["loss"];
   EXPECT_EQ(parts.tokens, F.expected["batch"]["n_trained_targets"].get<int64_t>());
-  const double ce = parts.ce_sum / double(parts.tokens);
-  const double total = (parts.ce_sum + 1e-5 * parts.z_sum) / double(parts.tokens);
+  const double ce = parts.sum[model::kLossCe] / double(parts.tokens);
+  const double total = (parts.sum[model::kLossCe] + 1e-5 * parts.sum[model::kLossLmZ]) / double(parts.tokens);
   std::printf("ce %.10f (ref %.10f), total %.10f (ref %.10f)\n", ce, L["ce"].get<double>(), total,
               L["total"].get<double>());
   EXPECT_NEAR(ce, L["ce"].get<double>(), kLossTol);
@@ -177,7 +177,7 @@ TEST(ModelOlmo3, GradientsAccumulateAndTilingDoesNotMatter) {
   std::vector<Tensor> g1;
   for (auto& p : m->params()) g1.push_back(p.grad.clone());
   LossParts p2 = m->forward_backward(b, fixture_loss(), 0.01, 1.0);
-  EXPECT_NEAR(p1.ce_sum, p2.ce_sum, 1e-6 * p1.ce_sum);
+  EXPECT_NEAR(p1.sum[model::kLossCe], p2.sum[model::kLossCe], 1e-6 * p1.sum[model::kLossCe]);
   for (size_t i = 0; i < g1.size(); ++i) {
     const Tensor& g = m->params()[i].grad;
     double worst = 0, scale = 0;

@@ -98,8 +98,8 @@ TEST(ModelUnits, HybridWorkspaceIsPlannedOnceAndReusedWhileTokensDoNotGrow) {
   EXPECT_EQ(hm.last_run().tokens, 32);
   // A reused (larger, dirty) block gives the same numbers as a fresh one.
   const LossParts again = m->forward_backward(big.batch(), lc, 1.0 / 64.0, 1.0);
-  EXPECT_EQ(again.ce_sum, first.ce_sum);
-  EXPECT_EQ(again.moe_lb, first.moe_lb);
+  EXPECT_EQ(again.sum[model::kLossCe], first.sum[model::kLossCe]);
+  EXPECT_EQ(again.sum[model::kLossMoeLb], first.sum[model::kLossMoeLb]);
   m->forward_backward(bigger.batch(), lc, 1.0 / 96.0, 1.0);
   EXPECT_GT(hm.last_run().workspace_bytes, block);  // more tokens: planned again
 }
@@ -200,7 +200,7 @@ TEST(ModelUnits, Bf16SavedActivationsHalveTheirBytesAndPerturbGradientsByRoundin
     const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/" + fam + "/config.json");
     const Row r(T, c.vocab_size);
     LossConfig lc;
-    lc.moe_lb = 0.01;
+    lc.weight[model::kLossMoeLb] = 0.01;
     auto ref = make_model(c, 3);
     const LossParts p32 = ref->forward_backward(r.batch(), lc, 1.0 / double(T), 1.0);
     for (const Remat remat : {Remat::None, Remat::Attn}) {
@@ -208,7 +208,8 @@ TEST(ModelUnits, Bf16SavedActivationsHalveTheirBytesAndPerturbGradientsByRoundin
       auto m = make_model(c, 3);
       ASSERT_TRUE(m->set_memory_policy(bf));
       const LossParts p16 = m->forward_backward(r.batch(), lc, 1.0 / double(T), 1.0);
-      EXPECT_EQ(p16.ce_sum, p32.ce_sum) << fam << ": the forward's numbers are fp32";
+      EXPECT_EQ(p16.sum[model::kLossCe], p32.sum[model::kLossCe])
+          << fam << ": the forward's numbers are fp32";
       std::string worst_name;
       double worst = 0;
       const double all = grad_rel_diff(*ref, *m, &worst, &worst_name);

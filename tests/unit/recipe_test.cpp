@@ -111,8 +111,8 @@ TEST(Recipe, ConfigIsTypedOnceWithSectionsAndPassThrough) {
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 2e-4);
   EXPECT_EQ(c.optimizer.schedule, "constant");
   EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);  // default
-  EXPECT_DOUBLE_EQ(c.loss.lm_z, 0);
-  EXPECT_DOUBLE_EQ(c.loss.moe_lb, 0.01);
+  EXPECT_DOUBLE_EQ(c.loss.weight[model::kLossLmZ], 0);
+  EXPECT_DOUBLE_EQ(c.loss.weight[model::kLossMoeLb], 0.01);
   EXPECT_FALSE(c.checkpoint.resume);
   EXPECT_FALSE(c.log.tensorboard);
   EXPECT_TRUE(c.export_.hf);

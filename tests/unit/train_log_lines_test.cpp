@@ -11,7 +11,7 @@
 using namespace olmosft::train;
 
 TEST(LogLines, LossParts) {
-  LossPartsLine l{12, 0.912345, 0.000123, 0.010012, 0.000045, 812345};
+  LossPartsLine l{12, {0.912345, 0.000123, 0.010012, 0.000045}, 812345};
   const std::string t =
       "LOSS-PARTS step=12 ce=0.912345 lm_z=0.000123 moe_lb=0.010012 router_z=0.000045 tokens=812345";
   EXPECT_EQ(format_loss_parts(l), t);
@@ -19,10 +19,10 @@ TEST(LogLines, LossParts) {
   EXPECT_EQ(parse_loss_parts_line("I1202 12:00:00 " + t + "\r"), l);  // a prefix and a trailing \r
   auto n = parse_loss_parts_line("LOSS-PARTS step=3 ce=nan lm_z=-nan moe_lb=inf router_z=0.000000 tokens=4");
   ASSERT_TRUE(n);
-  EXPECT_TRUE(std::isnan(n->ce));
-  EXPECT_TRUE(std::isnan(n->lm_z));
-  EXPECT_TRUE(std::isinf(n->moe_lb));
-  EXPECT_EQ(format_loss_parts({3, std::nan(""), 0, 0, 0, 4}).substr(0, 24), "LOSS-PARTS step=3 ce=nan");
+  EXPECT_TRUE(std::isnan(n->terms[olmosft::model::kLossCe]));
+  EXPECT_TRUE(std::isnan(n->terms[olmosft::model::kLossLmZ]));
+  EXPECT_TRUE(std::isinf(n->terms[olmosft::model::kLossMoeLb]));
+  EXPECT_EQ(format_loss_parts({3, {std::nan(""), 0, 0, 0}, 4}).substr(0, 24), "LOSS-PARTS step=3 ce=nan");
   EXPECT_FALSE(parse_loss_parts_line("LOSS-PARTS step=3 ce=nan"));  // fields missing
   EXPECT_FALSE(parse_loss_parts_line(t + " extra=1"));              // trailing text
   EXPECT_FALSE(parse_loss_parts_line("LOSS-PARTS step=x ce=1"));    // not a number

@@ -73,14 +73,15 @@ class BigramLM : public model::CausalLM {
       double se = 0;
       for (int64_t v = 0; v < V_; ++v) se += std::exp(z[v] - mx);
       double lse = mx + std::log(se);
-      lp.ce_sum += lse - z[y];
-      lp.z_sum += lse * lse;
+      lp.sum[model::kLossCe] += lse - z[y];
+      lp.sum[model::kLossLmZ] += lse * lse;
       ++lp.tokens;
       if (logprobs) logprobs[n] = static_cast<float>(z[y] - lse);
       if (bwd) {
         for (int64_t v = 0; v < V_; ++v) {
           double p = std::exp(z[v] - lse);
-          float g = static_cast<float>(gs * (p - (v == y ? 1.0 : 0.0) + lc.lm_z * 2.0 * lse * p));
+          float g = static_cast<float>(
+              gs * (p - (v == y ? 1.0 : 0.0) + lc.weight[model::kLossLmZ] * 2.0 * lse * p));
           gW[tok * V_ + v] += g;
           gb[v] += g;
         }
@@ -89,12 +90,13 @@ class BigramLM : public model::CausalLM {
     // A stand-in MoE term that does not depend on the split into micro-batches: moe_lb x sum(b^2).
     double sq = 0;
     for (int64_t v = 0; v < V_; ++v) sq += double(bias[v]) * bias[v];
-    lp.moe_lb = lc.moe_lb * sq;
+    lp.sum[model::kLossMoeLb] = lc.weight[model::kLossMoeLb] * sq;
     if (bwd) {
-      for (int64_t v = 0; v < V_; ++v) gb[v] += static_cast<float>(aux * lc.moe_lb * 2.0 * bias[v]);
+      for (int64_t v = 0; v < V_; ++v)
+        gb[v] += static_cast<float>(aux * lc.weight[model::kLossMoeLb] * 2.0 * bias[v]);
     }
-    lp.moe_layers.push_back({0, lp.moe_lb, 0.0, 1.0 + 0.01 * double(b.B), 0});
-    if (calls == nan_on_call) lp.ce_sum = std::nan("");
+    lp.moe_layers.push_back({0, lp.sum[model::kLossMoeLb], 0.0, 1.0 + 0.01 * double(b.B), 0});
+    if (calls == nan_on_call) lp.sum[model::kLossCe] = std::nan("");
     return lp;
   }
   int64_t V_;
@@ -238,7 +240,7 @@ TEST_F(TrainTest, RunsLogsChecksAndStepOneCeMatchesAReferenceForward) {
   HostBatch hb = make_batch(ds, rows);
   model::LossConfig lc;
   model::LossParts ref = m.forward(hb.view(), lc, nullptr, nullptr);
-  double ref_ce = ref.ce_sum / double(ref.tokens);
+  double ref_ce = ref.sum[model::kLossCe] / double(ref.tokens);
 
   Recipe r = recipe("basic", {"export.hf=true"});
   bool exported = false;
@@ -610,17 +612,17 @@ TEST_F(TrainTest, DataErrorMidRunTripsTheStepGuard) {
 
 TEST(TrainLossParts, PackUnpackRoundTripsAndAddsLeavesInOrder) {
   model::LossParts a;
-  a.ce_sum = 12.345678901234567, a.z_sum = 0.1 + 0.2, a.moe_lb = 1e-3 / 3, a.router_z = 7e-7,
-  a.tokens = 812345;
+  a.sum[model::kLossCe] = 12.345678901234567, a.sum[model::kLossLmZ] = 0.1 + 0.2,
+  a.sum[model::kLossMoeLb] = 1e-3 / 3, a.sum[model::kLossRouterZ] = 7e-7, a.tokens = 812345;
   a.moe_layers = {{3, 1.25, 0.5, 1.875, 17}, {7, 1.0 / 3, 2e-5, 2.5, 0}};
   std::vector<double> buf(packed_loss_parts_size(2), -1.0);
   ASSERT_EQ(buf.size(), 15u);
   pack_loss_parts(a, buf.data());
   model::LossParts b = unpack_loss_parts(buf.data(), 2);
-  EXPECT_EQ(std::memcmp(&a.ce_sum, &b.ce_sum, sizeof(double)), 0);
-  EXPECT_EQ(b.z_sum, a.z_sum);
-  EXPECT_EQ(b.moe_lb, a.moe_lb);
-  EXPECT_EQ(b.router_z, a.router_z);
+  EXPECT_EQ(std::memcmp(&a.sum[model::kLossCe], &b.sum[model::kLossCe], sizeof(double)), 0);
+  EXPECT_EQ(b.sum[model::kLossLmZ], a.sum[model::kLossLmZ]);
+  EXPECT_EQ(b.sum[model::kLossMoeLb], a.sum[model::kLossMoeLb]);
+  EXPECT_EQ(b.sum[model::kLossRouterZ], a.sum[model::kLossRouterZ]);
   EXPECT_EQ(b.tokens, a.tokens);
   ASSERT_EQ(b.moe_layers.size(), 2u);
   for (size_t k = 0; k < 2; ++k) {
@@ -632,7 +634,7 @@ TEST(TrainLossParts, PackUnpackRoundTripsAndAddsLeavesInOrder) {
   }
   // A dense leaf packs to the 5 head values only.
   model::LossParts dense;
-  dense.ce_sum = 2, dense.tokens = 3;
+  dense.sum[model::kLossCe] = 2, dense.tokens = 3;
   std::vector<double> d(packed_loss_parts_size(0));
   pack_loss_parts(dense, d.data());
   EXPECT_EQ(d, (std::vector<double>{2, 0, 0, 0, 3}));
@@ -644,7 +646,7 @@ TEST(TrainLossParts, PackUnpackRoundTripsAndAddsLeavesInOrder) {
   StepParts sp;
   sp.add_leaf(a, 2);
   sp.add_leaf(c, 2);
-  EXPECT_EQ(sp.ce_sum, a.ce_sum + c.ce_sum);
+  EXPECT_EQ(sp.sum[model::kLossCe], a.sum[model::kLossCe] + c.sum[model::kLossCe]);
   EXPECT_EQ(sp.tokens, 2 * a.tokens);
   EXPECT_EQ(sp.moe.at(3).dropped_tokens, 22);
   EXPECT_EQ(sp.moe.at(3).required_buffer_factor, 3.0);
@@ -654,9 +656,11 @@ TEST(TrainLossParts, PackUnpackRoundTripsAndAddsLeavesInOrder) {
   // One process: the gather is the leaves themselves.
   auto comm = dist::make_single_comm();
   StepParts g = gather_loss_parts(*comm, {a, c}, 2, 1);
-  EXPECT_EQ(g.ce_sum, sp.ce_sum);
+  EXPECT_EQ(g.sum[model::kLossCe], sp.sum[model::kLossCe]);
   EXPECT_EQ(g.moe.at(3).lb_loss, sp.moe.at(3).lb_loss);
-  const StepLosses l = step_losses(g, g.tokens, 2, 1e-5);
-  EXPECT_EQ(l.ce, g.ce_sum / static_cast<double>(g.tokens));
-  EXPECT_EQ(l.loss, l.ce + l.lm_z + l.moe_lb + l.router_z);
+  const StepLosses l = step_losses(g, g.tokens, 2, {1.0, 1e-5, 1.0, 1.0});
+  EXPECT_EQ(l.value[model::kLossCe], g.sum[model::kLossCe] / static_cast<double>(g.tokens));
+  EXPECT_EQ(l.value[model::kLossLmZ], 1e-5 * g.sum[model::kLossLmZ] / static_cast<double>(g.tokens));
+  EXPECT_EQ(l.value[model::kLossMoeLb], g.sum[model::kLossMoeLb] / 2);
+  EXPECT_EQ(l.loss, l.value[0] + l.value[1] + l.value[2] + l.value[3]);
 }
