@@ -78,6 +78,8 @@ class HloBuilder {
   Value rsqrt(const Value& x) { return unary("rsqrt", x, true); }
   Value tanh(const Value& x) { return unary("tanh", x, true); }
   Value logistic(const Value& x) { return unary("logistic", x, true); }
+  Value cos(const Value& x) { return unary("cosine", x, true); }
+  Value sin(const Value& x) { return unary("sine", x, true); }
 
   Value add(const Value& a, const Value& b) { return binary("add", a, b); }
   Value sub(const Value& a, const Value& b) { return binary("subtract", a, b); }
@@ -97,8 +99,11 @@ class HloBuilder {
                          const std::vector<int64_t>& broadcast_dims);
   Value reduce_sum(const Value& x, const std::vector<int64_t>& dims) { return reduce(x, dims, false); }
   Value reduce_max(const Value& x, const std::vector<int64_t>& dims) { return reduce(x, dims, true); }
-  // Result: batch dims, then lhs's free dims, then rhs's free dims.
-  Value dot_general(const Value& lhs, const Value& rhs, const DotDims& dims);
+  // Result: batch dims, then lhs's free dims, then rhs's free dims. RESULT: the result's element type when it
+  // differs from the operands' (a float type at least as wide, e.g. bf16 operands with an f32 result, so the
+  // products are accumulated in f32); default the operands' type.
+  Value dot_general(const Value& lhs, const Value& rhs, const DotDims& dims,
+                    std::optional<ElementType> result = std::nullopt);
 
   Value reshape(const Value& x, const std::vector<int64_t>& dims);
   Value transpose(const Value& x, const std::vector<int64_t>& permutation);

@@ -151,6 +151,11 @@ TEST(XlaHloBuilder, RoundedAndTranscendentalOps) {
              ref(pos, [](double v) { return 1 / std::sqrt(v); }), approx, "rsqrt");
   expect_rel(run_unary(x, [](HloBuilder& b, Value a) { return b.logistic(a); }),
              ref(x, [](double v) { return 1 / (1 + std::exp(-v)); }), approx, "logistic");
+  const auto angle = randu(256, -200, 200, 11);  // cos/sin: absolute 1e-6 (the values are at most 1)
+  expect_rel(run_unary(angle, [](HloBuilder& b, Value a) { return b.cos(a); }), ref(angle, std::cos), approx,
+             "cos");
+  expect_rel(run_unary(angle, [](HloBuilder& b, Value a) { return b.sin(a); }), ref(angle, std::sin), approx,
+             "sin");
   std::vector<float> half(x.size());
   for (size_t i = 0; i < x.size(); ++i) half[i] = x[i] / 2;
   expect_rel(run_binary(pos, half, [](HloBuilder& b, Value a, Value c) { return b.pow(a, c); }), pw, approx,
@@ -222,6 +227,40 @@ TEST(XlaHloBuilder, BroadcastReduceAndDotGeneral) {
     for (int64_t m = 0; m < M; ++m)
       EXPECT_EQ(rm[b * M + m],
                 *std::max_element(x.begin() + (b * M + m) * K, x.begin() + (b * M + m + 1) * K));
+}
+
+// bf16 operands with an f32 result: every product of two bf16 values is exact in f32, so the result is the
+// f32 sum of exact products (1e-6 of the sum of absolute terms against float64 on the rounded operands).
+TEST(XlaHloBuilder, DotGeneralBf16OperandsF32Result) {
+  const int64_t M = 4, K = 96, N = 3;
+  const auto x = randu(M * K, -1, 1, 12), w = randu(N * K, -1, 1, 13);
+  HloBuilder hb;
+  Value X = hb.argument({F32, {M, K}}), W = hb.argument({F32, {N, K}});
+  Value Y = hb.dot_general(hb.convert(X, ElementType::kBF16), hb.convert(W, ElementType::kBF16),
+                           {{}, {}, {1}, {1}}, F32);
+  EXPECT_EQ(Y.type(), (TensorType{F32, {M, N}}));
+  hb.returns({Y});
+  const auto y = run(hb, {{x.data(), {F32, {M, K}}}, {w.data(), {F32, {N, K}}}})[0].to_host<float>();
+  double worst = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0, sa = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p =
+            double(bf16_to_f32(f32_to_bf16(x[m * K + k]))) * double(bf16_to_f32(f32_to_bf16(w[n * K + k])));
+        s += p;
+        sa += std::fabs(p);
+      }
+      EXPECT_NEAR(y[m * N + n], s, 1e-6 * sa);
+      worst = std::max(worst, std::fabs(y[m * N + n] - s) / sa);
+    }
+  std::cout << "bf16 x bf16 -> f32 dot: max error " << worst << " of the sum of |terms| (allowed 1e-6)\n";
+  HloBuilder bad;
+  Value a = bad.argument({F32, {2, 2}});
+  const std::string msg = error_of([&] { bad.dot_general(a, a, {{}, {}, {1}, {0}}, ElementType::kBF16); });
+  EXPECT_NE(msg.find("result element type bf16 must be a float type at least as wide as the operands' f32"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(XlaHloBuilder, ShapeOps) {
