@@ -427,3 +427,87 @@ TEST(XlaOps, ClipAndAdamWMatchTheCpuKernel) {
       expect_close(out[size_t(i) + 1].to_host<float>(), *want[i], 2e-6, std::string("adamw ") + names[i] + s);
   }
 }
+
+namespace {
+// The largest tensor (in elements) named anywhere in a module's text.
+int64_t largest_tensor(const std::string& text) {
+  int64_t best = 0;
+  for (size_t at = text.find("tensor<"); at != std::string::npos; at = text.find("tensor<", at + 1)) {
+    int64_t n = 1;
+    size_t i = at + 7;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+      size_t end = i;
+      while (std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+      n *= std::stoll(text.substr(i, end - i));
+      i = end + 1;  // past the 'x'
+    }
+    best = std::max(best, n);
+  }
+  return best;
+}
+}  // namespace
+
+// Memory: no T x T tensor in the attention graphs (the largest is the [H, T, block] scores), no N x V one in
+// the cross-entropy graphs (the largest is W or the [N, chunk] logits tile).
+TEST(XlaOps, AttentionAndCrossEntropyGraphsHoldNoQuadraticTensor) {
+  const int64_t T = 512, H = 2, Hkv = 1, D = 8, Bk = 32;
+  HloBuilder b;
+  const Value q = b.argument({F32, {T, H, D}}), k = b.argument({F32, {T, Hkv, D}}),
+              v = b.argument({F32, {T, Hkv, D}}), seg = b.argument({S32, {T}}),
+              dout = b.argument({F32, {T, H, D}});
+  const ops::AttentionOptions o{0.35, 0, Bk};
+  const auto f = ops::attention_forward(b, q, k, v, seg, o);
+  const auto g = ops::attention_backward(b, q, k, v, seg, f.out, f.lse, dout, o);
+  b.returns({f.out, f.lse, g.dq, g.dk, g.dv});
+  const int64_t att = largest_tensor(b.module());
+  std::cout << "attention graph: largest tensor " << att << " elements (T x T = " << T * T << ")\n";
+  EXPECT_EQ(att, H * T * Bk);
+  const int64_t N = 64, d = 16, V = 1000, C = 128;
+  HloBuilder x;
+  const Value h = x.argument({F32, {N, d}}), w = x.argument({F32, {V, d}}), t = x.argument({S32, {N}}),
+              m = x.argument({S32, {N}}), s = x.argument({F32, {}});
+  const ops::XentOptions xo{V, 1e-4, C, -100};
+  const auto xf = ops::xent_forward(x, h, w, t, m, xo);
+  const auto xb = ops::xent_backward(x, h, w, t, m, xf.lse, s, xo);
+  x.returns({xf.ce_sum, xb.dh, xb.dw});
+  const int64_t xe = largest_tensor(x.module());
+  std::cout << "cross-entropy graph: largest tensor " << xe << " elements (N x V = " << N * V << ")\n";
+  EXPECT_EQ(xe, (V + C - V % C) * d);  // W padded to whole tiles
+}
+
+TEST(XlaOps, RefusesMismatchedShapesClearly) {
+  auto error_of = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "expected an olmosft::Error";
+    return "";
+  };
+  auto has = [](const std::string& msg, const std::string& part) {
+    EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  };
+  HloBuilder b;
+  const Value x = b.argument({F32, {4, 6}}), w5 = b.argument({F32, {5}}), q = b.argument({F32, {8, 3, 4}}),
+              k = b.argument({F32, {8, 2, 4}}), seg = b.argument({S32, {8}}), pos = b.argument({S32, {8}}),
+              inv = b.argument({F32, {3}}), t4 = b.argument({S32, {4}});
+  has(error_of([&] { ops::rmsnorm_forward(b, x, w5, 1e-6); }),
+      "rmsnorm_forward: w must have dims [6], got tensor<5xf32>");
+  has(error_of([&] { ops::rmsnorm_forward(b, x, std::nullopt, 1e-6, 4); }), "groups 4 must divide D = 6");
+  has(error_of([&] {
+        ops::linear_forward(b, x, b.argument({F32, {3, 5}}));
+      }),
+      "linear_forward: x [..., in] and w [out, in] do not fit: tensor<4x6xf32> and tensor<3x5xf32>");
+  has(error_of([&] {
+        ops::attention_forward(b, q, k, k, seg, {0.5, 0, 4});
+      }),
+      "attention_forward: q heads 3 must be a multiple of kv heads 2");
+  has(error_of([&] { ops::rope_forward(b, q, ops::rope_tables(b, pos, inv, 1.0)); }),
+      "rope_forward: x must be [T, H, 2 * half] for tables tensor<8x3xf32>, got tensor<8x3x4xf32>");
+  has(error_of([&] {
+        ops::xent_forward(b, x, x, t4, t4, {7, 0, 0, -100});
+      }),
+      "valid_vocab 7 must be in [1, V_rows = 4]");
+  has(error_of([&] { ops::adamw_scalars({}, 0); }), "step must be >= 1");
+}
