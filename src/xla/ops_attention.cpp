@@ -13,34 +13,43 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// The operands in the loops' layouts: heads first, GQA groups split out, keys padded to whole blocks.
 struct Dims {
-  int64_t T = 0, H = 0, Hkv = 0, G = 0, D = 0, Dv = 0, Bk = 0, nb = 0, Tp = 0;
+  int64_t T = 0, H = 0, Hkv = 0, G = 0, D = 0, Dv = 0, B = 0, nb = 0, Tp = 0;
 };
+// The operands in the loops' layouts: heads first, GQA groups split out, tokens padded to whole blocks
+// (segment -1 after T, so the padding is masked like any padding token).
 struct Prep : Dims {
-  Value qs;    // [Hkv, G, T, D]: scale * q
+  Value qs;    // [Hkv, G, Tp, D]: scale * q
   Value kp;    // [Hkv, Tp, D]
   Value vp;    // [Hkv, Tp, Dv]
-  Value seg;   // [T]
-  Value segk;  // [Tp]: seg, then -1 for the padded keys
+  Value segp;  // [Tp]
 };
 
-// [T, H, X] -> [Hkv, G, T, X]
+Value pad_tokens(HloBuilder& b, const Dims& p, const Value& x) {
+  if (p.Tp == p.T) return x;
+  std::vector<int64_t> dims = x.type().dims;
+  dims[0] = p.Tp - p.T;
+  const double fill = x.type().type == kS32 ? -1.0 : 0.0;
+  return b.concatenate({x, b.constant(TensorType{x.type().type, dims}, fill)}, 0);
+}
+// [T, H, X] -> [Hkv, G, Tp, X]
 Value to_groups(HloBuilder& b, const Dims& p, const Value& x) {
   const int64_t X = x.type().dims[2];
-  return b.transpose(b.reshape(x, {p.T, p.Hkv, p.G, X}), {1, 2, 0, 3});
+  return b.transpose(b.reshape(pad_tokens(b, p, x), {p.Tp, p.Hkv, p.G, X}), {1, 2, 0, 3});
 }
-// [Hkv, G, T, X] -> [T, H, X]
+// [Hkv, G, Tp, X] -> [T, H, X]
 Value from_groups(HloBuilder& b, const Dims& p, const Value& x) {
   const int64_t X = x.type().dims[3];
-  return b.reshape(b.transpose(x, {2, 0, 1, 3}), {p.T, p.H, X});
+  return b.slice(b.reshape(b.transpose(x, {2, 0, 1, 3}), {p.Tp, p.H, X}), {0, 0, 0}, {p.T, p.H, X});
 }
-// [T, Hkv, X] -> [Hkv, Tp, X] (zeros after T)
-Value pad_keys(HloBuilder& b, const Dims& p, const Value& x) {
-  Value y = x;
+// [T, Hkv, X] -> [Hkv, Tp, X]
+Value to_heads(HloBuilder& b, const Dims& p, const Value& x) {
+  return b.transpose(pad_tokens(b, p, x), {1, 0, 2});
+}
+// [Hkv, Tp, X] -> [T, Hkv, X]
+Value from_heads(HloBuilder& b, const Dims& p, const Value& x) {
   const int64_t X = x.type().dims[2];
-  if (p.Tp > p.T) y = b.concatenate({x, full(b, {p.Tp - p.T, p.Hkv, X}, 0.0)}, 0);
-  return b.transpose(y, {1, 0, 2});
+  return b.transpose(b.slice(x, {0, 0, 0}, {p.Hkv, p.T, X}), {1, 0, 2});
 }
 
 Prep prepare(HloBuilder& b, const Value& q, const Value& k, const Value& v, const Value& seg,
@@ -65,115 +74,179 @@ Prep prepare(HloBuilder& b, const Value& q, const Value& k, const Value& v, cons
   OLMO_CHECK(std::isfinite(o.scale) && o.block > 0, "xla ops: ", op,
              ": scale must be finite and block > 0, got ", o.scale, " and ", o.block);
   p.G = p.H / p.Hkv;
-  p.Bk = std::min(o.block, p.T);
-  p.nb = (p.T + p.Bk - 1) / p.Bk;
-  p.Tp = p.nb * p.Bk;
-  const Value qs = b.mul(to_groups(b, p, q), full(b, {p.Hkv, p.G, p.T, p.D}, double(float(o.scale))));
-  const Value segk = p.Tp > p.T ? b.concatenate({seg, full(b, {p.Tp - p.T}, -1.0, kS32)}, 0) : seg;
-  return Prep{p, qs, pad_keys(b, p, k), pad_keys(b, p, v), seg, segk};
+  p.B = std::min(o.block, p.T);
+  p.nb = (p.T + p.B - 1) / p.B;
+  p.Tp = p.nb * p.B;
+  const Value qs = b.mul(to_groups(b, p, q), full(b, {p.Hkv, p.G, p.Tp, p.D}, double(float(o.scale))));
+  return Prep{p, qs, to_heads(b, p, k), to_heads(b, p, v), pad_tokens(b, p, seg)};
+}
+
+Value i32(HloBuilder& b, int64_t v) { return b.scalar(kS32, double(v)); }
+
+// Block rows starting at token START: [Hkv, G, B, ...] of a [Hkv, G, Tp, ...] value, [Hkv, B, X] of a
+// [Hkv, Tp, X] one.
+Value q_rows(HloBuilder& b, const Dims& p, const Value& x, const Value& start) {
+  std::vector<Value> at{i32(b, 0), i32(b, 0), start};
+  std::vector<int64_t> sizes{p.Hkv, p.G, p.B};
+  if (x.type().rank() == 4) {
+    at.push_back(i32(b, 0));
+    sizes.push_back(x.type().dims[3]);
+  }
+  return b.dynamic_slice(x, at, sizes);
+}
+Value k_rows(HloBuilder& b, const Dims& p, const Value& x, const Value& start) {
+  return b.dynamic_slice(x, {i32(b, 0), start, i32(b, 0)}, {p.Hkv, p.B, x.type().dims[2]});
 }
 
 Value logical_and(HloBuilder& b, const Value& x, const Value& y) {
   return b.select(x, y, b.constant(x.type(), 0));
 }
 
-// Which queries see which keys of the block starting at START (s32 scalar): pred [Hkv, G, T, Bk].
-Value block_mask(HloBuilder& b, const Prep& p, const Value& start, int64_t window) {
-  const std::vector<int64_t> tb{p.T, p.Bk};
-  const Value segb = b.dynamic_slice(p.segk, {start}, {p.Bk});
-  const Value sq = bcast(b, p.seg, tb, {0}), sk = bcast(b, segb, tb, {1});
-  const Value qpos = b.iota({kS32, tb}, 0);
-  const Value kpos = b.add(b.iota({kS32, tb}, 1), bcast(b, start, tb, {}));
+// Which queries of the block at QS see which keys of the block at KS (token indices, s32 scalars):
+// pred [Hkv, G, B, B].
+Value block_mask(HloBuilder& b, const Prep& p, const Value& qs, const Value& ks, int64_t window) {
+  const std::vector<int64_t> bb{p.B, p.B};
+  const Value sq = bcast(b, b.dynamic_slice(p.segp, {qs}, {p.B}), bb, {0});
+  const Value sk = bcast(b, b.dynamic_slice(p.segp, {ks}, {p.B}), bb, {1});
+  const Value qpos = b.add(b.iota({kS32, bb}, 0), bcast(b, qs, bb, {}));
+  const Value kpos = b.add(b.iota({kS32, bb}, 1), bcast(b, ks, bb, {}));
   Value m =
-      logical_and(b, b.compare(sq, full(b, tb, 0, kS32), Compare::kGe), b.compare(sq, sk, Compare::kEq));
+      logical_and(b, b.compare(sq, full(b, bb, 0, kS32), Compare::kGe), b.compare(sq, sk, Compare::kEq));
   m = logical_and(b, m, b.compare(kpos, qpos, Compare::kLe));
   if (window > 0)
-    m = logical_and(b, m, b.compare(b.sub(qpos, kpos), full(b, tb, double(window), kS32), Compare::kLt));
-  return bcast(b, m, {p.Hkv, p.G, p.T, p.Bk}, {2, 3});
+    m = logical_and(b, m, b.compare(b.sub(qpos, kpos), full(b, bb, double(window), kS32), Compare::kLt));
+  return bcast(b, m, {p.Hkv, p.G, p.B, p.B}, {2, 3});
 }
 
-// One key block's K and V: [Hkv, Bk, D] and [Hkv, Bk, Dv].
-std::pair<Value, Value> key_block(HloBuilder& b, const Prep& p, const Value& start) {
-  const Value z = b.scalar(kS32, 0);
-  return {b.dynamic_slice(p.kp, {z, start, z}, {p.Hkv, p.Bk, p.D}),
-          b.dynamic_slice(p.vp, {z, start, z}, {p.Hkv, p.Bk, p.Dv})};
+// The online softmax state of one query block: running max, sum and unnormalised output.
+struct Running {
+  Value m, l, acc;  // [Hkv, G, B], [Hkv, G, B], [Hkv, G, B, Dv]
+};
+Running online_step(HloBuilder& b, const Prep& p, const Value& qb, const Value& kb, const Value& vb,
+                    const Value& mask, const Running& r) {
+  const std::vector<int64_t> rows{p.Hkv, p.G, p.B}, sdims{p.Hkv, p.G, p.B, p.B}, odims{p.Hkv, p.G, p.B, p.Dv};
+  const Value s = b.dot_general(qb, kb, {{0}, {0}, {3}, {2}});  // [Hkv, G, B, B]
+  const Value m_new = b.max(r.m, b.reduce_max(b.select(mask, s, full(b, sdims, kNegInf)), {3}));
+  const Value no_key = b.compare(m_new, full(b, rows, kNegInf), Compare::kEq);
+  const Value m_safe = b.select(no_key, full(b, rows, 0.0), m_new);
+  const Value pr = b.select(mask, b.exp(b.sub(s, bcast(b, m_safe, sdims, {0, 1, 2}))), full(b, sdims, 0.0));
+  const Value alpha = b.select(b.compare(r.m, full(b, rows, kNegInf), Compare::kEq), full(b, rows, 0.0),
+                               b.exp(b.sub(r.m, m_safe)));
+  const Value l = b.add(b.mul(r.l, alpha), b.reduce_sum(pr, {3}));
+  const Value pv = b.dot_general(pr, vb, {{0}, {0}, {3}, {1}});  // [Hkv, G, B, Dv]
+  return {m_new, l, b.add(b.mul(r.acc, bcast(b, alpha, odims, {0, 1, 2})), pv)};
 }
 
-// scores [Hkv, G, T, Bk] = qs . k_block
-Value scores(HloBuilder& b, const Prep& p, const Value& kb) {
-  return b.dot_general(p.qs, kb, {{0}, {0}, {3}, {2}});
+// Query block QB's output and lse from its final state: [Hkv, G, B, Dv] and [Hkv, G, B].
+std::pair<Value, Value> finish(HloBuilder& b, const Prep& p, const Running& r) {
+  const std::vector<int64_t> rows{p.Hkv, p.G, p.B}, odims{p.Hkv, p.G, p.B, p.Dv};
+  const Value seen = b.compare(r.l, full(b, rows, 0.0), Compare::kGt);
+  const Value l_safe = b.select(seen, r.l, full(b, rows, 1.0));
+  const Value out = b.select(bcast(b, seen, odims, {0, 1, 2}),
+                             b.div(r.acc, bcast(b, l_safe, odims, {0, 1, 2})), full(b, odims, 0.0));
+  return {out, b.select(seen, b.add(r.m, b.log(l_safe)), full(b, rows, kNegInf))};
 }
 
 }  // namespace
 
+// Query blocks in a loop; for each, a while loop over the key blocks it can see: from the first one inside
+// the window (0 without one) to its own (causal), so masked-out blocks cost nothing.
 AttentionForward attention_forward(HloBuilder& b, const Value& q, const Value& k, const Value& v,
                                    const Value& seg, const AttentionOptions& o) {
   const Prep p = prepare(b, q, k, v, seg, o, "attention_forward");
-  const std::vector<int64_t> rows{p.Hkv, p.G, p.T}, sdims{p.Hkv, p.G, p.T, p.Bk},
-      odims{p.Hkv, p.G, p.T, p.Dv};
-  const std::vector<Value> init{full(b, rows, kNegInf), full(b, rows, 0.0), full(b, odims, 0.0)};
-  const auto fin = b.for_loop(p.nb, init, [&](HloBuilder& b, const Value& j, const std::vector<Value>& c) {
-    const Value start = b.mul(j, b.scalar(kS32, double(p.Bk)));
-    const auto [kb, vb] = key_block(b, p, start);
-    const Value mask = block_mask(b, p, start, o.window);
-    const Value s = scores(b, p, kb);
-    const Value neg_inf = full(b, sdims, kNegInf);
-    const Value m_new = b.max(c[0], b.reduce_max(b.select(mask, s, neg_inf), {3}));
-    const Value no_key = b.compare(m_new, full(b, rows, kNegInf), Compare::kEq);
-    const Value m_safe = b.select(no_key, full(b, rows, 0.0), m_new);
-    const Value pr = b.select(mask, b.exp(b.sub(s, bcast(b, m_safe, sdims, {0, 1, 2}))), full(b, sdims, 0.0));
-    const Value alpha = b.select(b.compare(c[0], full(b, rows, kNegInf), Compare::kEq), full(b, rows, 0.0),
-                                 b.exp(b.sub(c[0], m_safe)));
-    const Value l = b.add(b.mul(c[1], alpha), b.reduce_sum(pr, {3}));
-    const Value pv = b.dot_general(pr, vb, {{0}, {0}, {3}, {1}});  // [Hkv, G, T, Dv]
-    const Value acc = b.add(b.mul(c[2], bcast(b, alpha, odims, {0, 1, 2})), pv);
-    return std::vector<Value>{m_new, l, acc};
+  const std::vector<int64_t> rows{p.Hkv, p.G, p.B}, odims{p.Hkv, p.G, p.B, p.Dv};
+  const std::vector<Value> init{full(b, {p.Hkv, p.G, p.Tp, p.Dv}, 0.0), full(b, {p.Hkv, p.G, p.Tp}, kNegInf)};
+  const auto fin = b.for_loop(p.nb, init, [&](HloBuilder& b, const Value& qb, const std::vector<Value>& c) {
+    const Value qs = b.mul(qb, i32(b, p.B));
+    const Value qblk = q_rows(b, p, p.qs, qs);
+    const Value lo =
+        o.window > 0 ? b.div(b.max(i32(b, 0), b.sub(qs, i32(b, o.window - 1))), i32(b, p.B)) : i32(b, 0);
+    const auto st = b.while_loop(
+        {lo, full(b, rows, kNegInf), full(b, rows, 0.0), full(b, odims, 0.0)},
+        [&](HloBuilder& b, const std::vector<Value>& a) {
+          return std::vector<Value>{b.compare(a[0], qb, Compare::kLe)};
+        },
+        [&](HloBuilder& b, const std::vector<Value>& a) {
+          const Value ks = b.mul(a[0], i32(b, p.B));
+          const Running r = online_step(b, p, qblk, k_rows(b, p, p.kp, ks), k_rows(b, p, p.vp, ks),
+                                        block_mask(b, p, qs, ks, o.window), {a[1], a[2], a[3]});
+          return std::vector<Value>{b.add(a[0], i32(b, 1)), r.m, r.l, r.acc};
+        });
+    const auto [out, lse] = finish(b, p, {st[1], st[2], st[3]});
+    const Value z = i32(b, 0);
+    return std::vector<Value>{b.dynamic_update_slice(c[0], out, {z, z, qs, z}),
+                              b.dynamic_update_slice(c[1], lse, {z, z, qs})};
   });
-  const Value seen = b.compare(fin[1], full(b, rows, 0.0), Compare::kGt);
-  const Value l_safe = b.select(seen, fin[1], full(b, rows, 1.0));
-  const Value out = b.select(bcast(b, seen, odims, {0, 1, 2}),
-                             b.div(fin[2], bcast(b, l_safe, odims, {0, 1, 2})), full(b, odims, 0.0));
-  const Value lse = b.select(seen, b.add(fin[0], b.log(l_safe)), full(b, rows, kNegInf));
-  return {from_groups(b, p, out), b.reshape(lse, {p.H, p.T})};
+  const Value lse = b.slice(fin[1], {0, 0, 0}, {p.Hkv, p.G, p.T});
+  return {from_groups(b, p, fin[0]), b.reshape(lse, {p.H, p.T})};
 }
 
+namespace {
+// The backward's per-query inputs in the loops' layout: dout, D_i = rowsum(dO * O) and lse (0 for padding).
+struct BackInputs {
+  Value dog;  // [Hkv, G, Tp, Dv]
+  Value di;   // [Hkv, G, Tp]
+  Value lse;  // [Hkv, G, Tp]
+};
+BackInputs back_inputs(HloBuilder& b, const Prep& p, const Value& out, const Value& lse, const Value& dout) {
+  expect_dims(out, {p.T, p.H, p.Dv}, "attention_backward", "out");
+  expect_dims(dout, {p.T, p.H, p.Dv}, "attention_backward", "dout");
+  expect_dims(lse, {p.H, p.T}, "attention_backward", "lse");
+  const std::vector<int64_t> rows{p.Hkv, p.G, p.Tp};
+  const Value dog = to_groups(b, p, dout);
+  const Value di = b.reduce_sum(b.mul(dog, to_groups(b, p, out)), {3});
+  Value lr = b.reshape(lse, {p.Hkv, p.G, p.T});
+  if (p.Tp > p.T) lr = b.concatenate({lr, full(b, {p.Hkv, p.G, p.Tp - p.T}, 0.0)}, 2);
+  const Value lse_safe =
+      b.select(b.compare(lr, full(b, rows, kNegInf), Compare::kEq), full(b, rows, 0.0), lr);
+  return {dog, di, lse_safe};
+}
+}  // namespace
+
+// FlashAttention-2's order: key blocks in a loop; for each, a while loop over the query blocks that can see
+// it (from its own, causal, to the last inside the window), accumulating its dk and dv and adding into dq.
 AttentionBackward attention_backward(HloBuilder& b, const Value& q, const Value& k, const Value& v,
                                      const Value& seg, const Value& out, const Value& lse, const Value& dout,
                                      const AttentionOptions& o) {
   const Prep p = prepare(b, q, k, v, seg, o, "attention_backward");
-  expect_dims(out, {p.T, p.H, p.Dv}, "attention_backward", "out");
-  expect_dims(dout, {p.T, p.H, p.Dv}, "attention_backward", "dout");
-  expect_dims(lse, {p.H, p.T}, "attention_backward", "lse");
-  const std::vector<int64_t> rows{p.Hkv, p.G, p.T}, sdims{p.Hkv, p.G, p.T, p.Bk};
-  const Value dog = to_groups(b, p, dout);
-  const Value di = b.reduce_sum(b.mul(dog, to_groups(b, p, out)), {3});  // D_i = rowsum(dO * O)
-  const Value lr = b.reshape(lse, rows);
-  const Value lse_safe =
-      b.select(b.compare(lr, full(b, rows, kNegInf), Compare::kEq), full(b, rows, 0.0), lr);
-  const std::vector<Value> init{full(b, {p.Hkv, p.G, p.T, p.D}, 0.0), full(b, {p.Hkv, p.Tp, p.D}, 0.0),
+  const BackInputs in = back_inputs(b, p, out, lse, dout);
+  const std::vector<int64_t> sdims{p.Hkv, p.G, p.B, p.B};
+  const std::vector<Value> init{full(b, {p.Hkv, p.G, p.Tp, p.D}, 0.0), full(b, {p.Hkv, p.Tp, p.D}, 0.0),
                                 full(b, {p.Hkv, p.Tp, p.Dv}, 0.0)};
-  const auto fin = b.for_loop(p.nb, init, [&](HloBuilder& b, const Value& j, const std::vector<Value>& c) {
-    const Value start = b.mul(j, b.scalar(kS32, double(p.Bk)));
-    const auto [kb, vb] = key_block(b, p, start);
-    const Value mask = block_mask(b, p, start, o.window);
-    const Value s = scores(b, p, kb);
-    const Value pr =
-        b.select(mask, b.exp(b.sub(s, bcast(b, lse_safe, sdims, {0, 1, 2}))), full(b, sdims, 0.0));
-    const Value dvb = b.dot_general(pr, dog, {{0}, {0}, {1, 2}, {1, 2}});  // [Hkv, Bk, Dv]
-    const Value dp = b.dot_general(dog, vb, {{0}, {0}, {3}, {2}});         // [Hkv, G, T, Bk]
-    const Value ds = b.mul(pr, b.sub(dp, bcast(b, di, sdims, {0, 1, 2})));
-    const Value dkb = b.dot_general(ds, p.qs, {{0}, {0}, {1, 2}, {1, 2}});  // [Hkv, Bk, D], scale included
-    const Value dq = b.add(c[0], b.dot_general(ds, kb, {{0}, {0}, {3}, {1}}));
-    const Value z = b.scalar(kS32, 0);
-    return std::vector<Value>{dq, b.dynamic_update_slice(c[1], dkb, {z, start, z}),
-                              b.dynamic_update_slice(c[2], dvb, {z, start, z})};
+  const auto fin = b.for_loop(p.nb, init, [&](HloBuilder& b, const Value& kb, const std::vector<Value>& c) {
+    const Value ks = b.mul(kb, i32(b, p.B));
+    const Value kblk = k_rows(b, p, p.kp, ks), vblk = k_rows(b, p, p.vp, ks);
+    const Value hi = o.window > 0
+                         ? b.min(i32(b, p.nb - 1), b.div(b.add(ks, i32(b, p.B + o.window - 2)), i32(b, p.B)))
+                         : i32(b, p.nb - 1);
+    const auto st = b.while_loop(
+        {kb, full(b, {p.Hkv, p.B, p.D}, 0.0), full(b, {p.Hkv, p.B, p.Dv}, 0.0), c[0]},
+        [&](HloBuilder& b, const std::vector<Value>& a) {
+          return std::vector<Value>{b.compare(a[0], hi, Compare::kLe)};
+        },
+        [&](HloBuilder& b, const std::vector<Value>& a) {
+          const Value qs = b.mul(a[0], i32(b, p.B));
+          const Value qblk = q_rows(b, p, p.qs, qs), dob = q_rows(b, p, in.dog, qs);
+          const Value s = b.dot_general(qblk, kblk, {{0}, {0}, {3}, {2}});  // [Hkv, G, B, B]
+          const Value pr = b.select(block_mask(b, p, qs, ks, o.window),
+                                    b.exp(b.sub(s, bcast(b, q_rows(b, p, in.lse, qs), sdims, {0, 1, 2}))),
+                                    full(b, sdims, 0.0));
+          const Value dv = b.add(a[2], b.dot_general(pr, dob, {{0}, {0}, {1, 2}, {1, 2}}));  // [Hkv, B, Dv]
+          const Value dp = b.dot_general(dob, vblk, {{0}, {0}, {3}, {2}});                   // [Hkv, G, B, B]
+          const Value ds = b.mul(pr, b.sub(dp, bcast(b, q_rows(b, p, in.di, qs), sdims, {0, 1, 2})));
+          const Value dk =
+              b.add(a[1], b.dot_general(ds, qblk, {{0}, {0}, {1, 2}, {1, 2}}));  // scale included
+          const Value dqb = b.add(q_rows(b, p, a[3], qs), b.dot_general(ds, kblk, {{0}, {0}, {3}, {1}}));
+          const Value z = i32(b, 0);
+          return std::vector<Value>{b.add(a[0], i32(b, 1)), dk, dv,
+                                    b.dynamic_update_slice(a[3], dqb, {z, z, qs, z})};
+        });
+    const Value z = i32(b, 0);
+    return std::vector<Value>{st[3], b.dynamic_update_slice(c[1], st[1], {z, ks, z}),
+                              b.dynamic_update_slice(c[2], st[2], {z, ks, z})};
   });
-  const Value dq = b.mul(fin[0], full(b, {p.Hkv, p.G, p.T, p.D}, double(float(o.scale))));
-  auto unpad = [&](const Value& x) {
-    const int64_t X = x.type().dims[2];
-    return b.transpose(b.slice(x, {0, 0, 0}, {p.Hkv, p.T, X}), {1, 0, 2});
-  };
-  return {from_groups(b, p, dq), unpad(fin[1]), unpad(fin[2])};
+  const Value dq = b.mul(fin[0], full(b, {p.Hkv, p.G, p.Tp, p.D}, double(float(o.scale))));
+  return {from_groups(b, p, dq), from_heads(b, p, fin[1]), from_heads(b, p, fin[2])};
 }
 
 }  // namespace olmosft::xla::ops

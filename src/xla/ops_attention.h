@@ -8,11 +8,16 @@
 //     dv_j = sum_i p_ij dout_i,  ds_ij = p_ij (dout_i . v_j - D_i),  dq_i = scale sum_j ds_ij k_j,
 //     dk_j = scale sum_i ds_ij q_i
 //
-// Both passes loop (stablehlo.while) over blocks of `block` keys with every query at once: the forward keeps
-// a running max, sum and output per (head, query) and rescales them block by block (online softmax); the
-// backward recomputes each block's probabilities from q, k and lse. The largest temporaries are the
-// [H, T, block] scores and probabilities: memory O(T x block), never T x T. T need not be a multiple of
-// block (the keys are padded with segment -1 inside the graph). All arithmetic is f32.
+// Both passes work on blocks of `block` queries and `block` keys. The forward loops over query blocks and,
+// for each, runs a stablehlo.while over the key blocks it can see (from the first inside the sliding window,
+// 0 without one, to its own: causal), keeping a running max, sum and output per (head, query) and rescaling
+// them block by block (online softmax). The backward (FlashAttention-2 order) loops over key blocks and, for
+// each, over the query blocks that can see it, recomputing the probabilities from q, k and lse, accumulating
+// the block's dk and dv and adding into dq. Blocks wholly above the diagonal or outside the window are never
+// computed; masks inside a block handle the rest (documents, padding). Memory: the inputs, the outputs and a
+// dq accumulator (linear in T) plus the [H, block, block] scores and probabilities of one step: never T x T.
+// T need not be a multiple of block (the tokens are padded with segment -1 inside the graph). All arithmetic
+// is f32.
 //
 // Shapes: q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv] (f32), seg [T] (s32); H a multiple of Hkv (kv head j
 // serves q heads j*G .. j*G+G-1); out [T, H, Dv], lse [H, T] (the CPU kernel's [B, H, T] for B = 1).
