@@ -16,7 +16,6 @@ struct Dims {
   int64_t N = 0, d = 0, Vr = 0, V = 0, C = 0, nc = 0;
 };
 struct Prep : Dims {
-  Value wp;       // [nc * C, d]: W's valid rows, zero-padded to whole tiles
   Value trained;  // pred [N]
 };
 
@@ -40,26 +39,29 @@ Prep prepare(HloBuilder& b, const Value& h, const Value& w, const Value& targets
              " must be in [1, V_rows = ", p.Vr, "] and vocab_chunk ", o.vocab_chunk, " >= 0");
   p.C = o.vocab_chunk == 0 ? p.V : std::min(o.vocab_chunk, p.V);
   p.nc = (p.V + p.C - 1) / p.C;
-  Value wp = p.V < p.Vr ? b.slice(w, {0, 0}, {p.V, p.d}) : w;
-  if (p.nc * p.C > p.V) wp = b.concatenate({wp, full(b, {p.nc * p.C - p.V, p.d}, 0.0)}, 0);
   const Value m = b.compare(mask, full(b, {p.N}, 0, kS32), Compare::kNe);
   const Value t = b.compare(targets, full(b, {p.N}, double(o.ignore_index), kS32), Compare::kNe);
-  return Prep{p, wp, b.select(m, t, full(b, {p.N}, 0, kPred))};
+  return Prep{p, b.select(m, t, full(b, {p.N}, 0, kPred))};
 }
 
+// Tile J covers vocabulary rows [J C, J C + C); the last one, when C does not divide valid_vocab, is read
+// from valid_vocab - C (W is never copied or padded) and its columns below J C, counted by the tile before,
+// are masked out.
 struct Tile {
+  Value start;   // s32 scalar: the first row of W read
   Value wc;      // [C, d]
   Value logits;  // [N, C]
   Value col;     // s32 [N, C]: the vocabulary index of each column
-  Value valid;   // pred [N, C]: col < valid_vocab
+  Value valid;   // pred [N, C]: the column belongs to this tile
 };
-Tile tile(HloBuilder& b, const Prep& p, const Value& h, const Value& j) {
+Tile tile(HloBuilder& b, const Prep& p, const Value& h, const Value& w, const Value& j) {
   const Value c0 = b.mul(j, b.scalar(kS32, double(p.C)));
-  const Value wc = b.dynamic_slice(p.wp, {c0, b.scalar(kS32, 0)}, {p.C, p.d});
+  const Value start = b.min(c0, b.scalar(kS32, double(p.V - p.C)));
+  const Value wc = b.dynamic_slice(w, {start, b.scalar(kS32, 0)}, {p.C, p.d});
   const std::vector<int64_t> nc{p.N, p.C};
-  const Value col = b.add(b.iota({kS32, nc}, 1), bcast(b, c0, nc, {}));
-  return Tile{wc, b.dot_general(h, wc, {{}, {}, {1}, {1}}), col,
-              b.compare(col, full(b, nc, double(p.V), kS32), Compare::kLt)};
+  const Value col = b.add(b.iota({kS32, nc}, 1), bcast(b, start, nc, {}));
+  return Tile{start, wc, b.dot_general(h, wc, {{}, {}, {1}, {1}}), col,
+              b.compare(col, bcast(b, c0, nc, {}), Compare::kGe)};
 }
 
 }  // namespace
@@ -70,14 +72,15 @@ XentForward xent_forward(HloBuilder& b, const Value& h, const Value& w, const Va
   const std::vector<int64_t> n{p.N}, nc{p.N, p.C};
   const std::vector<Value> init{full(b, n, kNegInf), full(b, n, 0.0), full(b, n, 0.0)};
   const auto fin = b.for_loop(p.nc, init, [&](HloBuilder& b, const Value& j, const std::vector<Value>& c) {
-    const Tile t = tile(b, p, h, j);
+    const Tile t = tile(b, p, h, w, j);
     const Value zero = full(b, nc, 0.0);
     const Value m_new = b.max(c[0], b.reduce_max(b.select(t.valid, t.logits, full(b, nc, kNegInf)), {1}));
     const Value e = b.select(t.valid, b.exp(b.sub(t.logits, bcast(b, m_new, nc, {0}))), zero);
     const Value alpha = b.select(b.compare(c[0], full(b, n, kNegInf), Compare::kEq), full(b, n, 0.0),
                                  b.exp(b.sub(c[0], m_new)));
     const Value l = b.add(b.mul(c[1], alpha), b.reduce_sum(e, {1}));
-    const Value is_t = b.compare(t.col, bcast(b, targets, nc, {0}), Compare::kEq);
+    const Value is_t = b.select(t.valid, b.compare(t.col, bcast(b, targets, nc, {0}), Compare::kEq),
+                                full(b, nc, 0, kPred));  // the overlap of the last tile counts once
     const Value tgt = b.add(c[2], b.reduce_sum(b.select(is_t, t.logits, zero), {1}));
     return std::vector<Value>{m_new, l, tgt};
   });
@@ -100,9 +103,9 @@ XentBackward xent_backward(HloBuilder& b, const Value& h, const Value& w, const 
   // k_i = scale (1 + 2 z_loss lse_i)
   const Value k = b.mul(bcast(b, scale, n, {}),
                         b.add(full(b, n, 1.0), b.mul(full(b, n, double(float(2.0 * o.z_loss))), lse)));
-  const std::vector<Value> init{full(b, {p.N, p.d}, 0.0), full(b, {p.nc * p.C, p.d}, 0.0)};
+  const std::vector<Value> init{full(b, {p.N, p.d}, 0.0), full(b, {p.Vr, p.d}, 0.0)};
   const auto fin = b.for_loop(p.nc, init, [&](HloBuilder& b, const Value& j, const std::vector<Value>& c) {
-    const Tile t = tile(b, p, h, j);
+    const Tile t = tile(b, p, h, w, j);
     const Value e = b.mul(b.exp(b.sub(t.logits, bcast(b, lse, nc, {0}))), bcast(b, k, nc, {0}));
     const Value is_t = b.compare(t.col, bcast(b, targets, nc, {0}), Compare::kEq);
     const Value g0 = b.select(is_t, b.sub(e, bcast(b, scale, nc, {})), e);
@@ -110,12 +113,12 @@ XentBackward xent_backward(HloBuilder& b, const Value& h, const Value& w, const 
     const Value g = b.select(keep, g0, full(b, nc, 0.0));
     const Value dh = b.add(c[0], b.dot_general(g, t.wc, {{}, {}, {1}, {0}}));  // [N, d]
     const Value dwc = b.dot_general(g, h, {{}, {}, {0}, {0}});                 // [C, d]
-    const Value c0 = b.mul(j, b.scalar(kS32, double(p.C)));
-    return std::vector<Value>{dh, b.dynamic_update_slice(c[1], dwc, {c0, b.scalar(kS32, 0)})};
+    // Added, not written: the last tile overlaps the one before (its masked columns add 0).
+    const std::vector<Value> at{t.start, b.scalar(kS32, 0)};
+    const Value dw = b.add(b.dynamic_slice(c[1], at, {p.C, p.d}), dwc);
+    return std::vector<Value>{dh, b.dynamic_update_slice(c[1], dw, at)};
   });
-  Value dw = p.nc * p.C > p.V ? b.slice(fin[1], {0, 0}, {p.V, p.d}) : fin[1];
-  if (p.Vr > p.V) dw = b.concatenate({dw, full(b, {p.Vr - p.V, p.d}, 0.0)}, 0);
-  return {fin[0], dw};
+  return {fin[0], fin[1]};
 }
 
 }  // namespace olmosft::xla::ops

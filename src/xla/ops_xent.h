@@ -10,7 +10,8 @@
 // Both passes loop (stablehlo.while) over tiles of `vocab_chunk` rows of W with all N tokens at once: the
 // forward keeps a running max and rescaled sum per token (online logsumexp) and picks the target's logit as
 // its tile passes; the backward recomputes each tile's logits from h, W and lse and adds its dh and writes
-// its dW rows, so the [N, V] logits (or their gradient) never exist: the largest temporary is [N, chunk].
+// its dW rows, so the [N, V] logits (or their gradient) never exist: the largest temporary is [N, chunk]
+// (and W is read in place, never copied).
 // W may have padded rows (V_rows > valid_vocab): they take no part and get zero gradient. All f32.
 //
 // Shapes: h [N, d], W [V_rows, d] (f32), targets [N] (s32), mask [N] (s32, 0 = untrained).
