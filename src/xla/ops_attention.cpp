@@ -102,6 +102,21 @@ Value logical_and(HloBuilder& b, const Value& x, const Value& y) {
   return b.select(x, y, b.constant(x.type(), 0));
 }
 
+// Document extents of the block at START (s32 scalar): over the block's non-padding tokens, the first token
+// (FIRST) or the last token (else) of their documents; Tp (FIRST) or -1 when the block is all padding. Each
+// document is one contiguous run, so these bound what the block can see (queries) or be seen by (keys). A
+// [B, Tp] comparison: O(T x block) memory, O(T) work per block.
+Value document_edge(HloBuilder& b, const Prep& p, const Value& start, bool first) {
+  const std::vector<int64_t> bt{p.B, p.Tp};
+  const Value sb = bcast(b, b.dynamic_slice(p.segp, {start}, {p.B}), bt, {0});
+  const Value same = logical_and(b, b.compare(sb, full(b, bt, 0, kS32), Compare::kGe),
+                                 b.compare(sb, bcast(b, p.segp, bt, {1}), Compare::kEq));
+  const Value idx = b.iota({kS32, bt}, 1);
+  if (first)  // min = -max(-x)
+    return b.neg(b.reduce_max(b.select(same, b.neg(idx), full(b, bt, -double(p.Tp), kS32)), {0, 1}));
+  return b.reduce_max(b.select(same, idx, full(b, bt, -1, kS32)), {0, 1});
+}
+
 // Which queries of the block at QS see which keys of the block at KS (token indices, s32 scalars):
 // pred [Hkv, G, B, B].
 Value block_mask(HloBuilder& b, const Prep& p, const Value& qs, const Value& ks, int64_t window) {
@@ -149,8 +164,8 @@ std::pair<Value, Value> finish(HloBuilder& b, const Prep& p, const Running& r) {
 
 }  // namespace
 
-// Query blocks in a loop; for each, a while loop over the key blocks it can see: from the first one inside
-// the window (0 without one) to its own (causal), so masked-out blocks cost nothing.
+// Query blocks in a loop; for each, a while loop over the key blocks it can see: from the first one of its
+// documents and inside the window to its own (causal), so masked-out blocks cost nothing.
 AttentionForward attention_forward(HloBuilder& b, const Value& q, const Value& k, const Value& v,
                                    const Value& seg, const AttentionOptions& o) {
   const Prep p = prepare(b, q, k, v, seg, o, "attention_forward");
@@ -159,8 +174,10 @@ AttentionForward attention_forward(HloBuilder& b, const Value& q, const Value& k
   const auto fin = b.for_loop(p.nb, init, [&](HloBuilder& b, const Value& qb, const std::vector<Value>& c) {
     const Value qs = b.mul(qb, i32(b, p.B));
     const Value qblk = q_rows(b, p, p.qs, qs);
-    const Value lo =
-        o.window > 0 ? b.div(b.max(i32(b, 0), b.sub(qs, i32(b, o.window - 1))), i32(b, p.B)) : i32(b, 0);
+    // From the block of the earliest key any of its queries can see (its documents' first token, the window's
+    // start) to its own; an all-padding block (first token Tp) runs no key block.
+    Value lo = b.div(document_edge(b, p, qs, true), i32(b, p.B));
+    if (o.window > 0) lo = b.max(lo, b.div(b.max(i32(b, 0), b.sub(qs, i32(b, o.window - 1))), i32(b, p.B)));
     const auto st = b.while_loop(
         {lo, full(b, rows, kNegInf), full(b, rows, 0.0), full(b, odims, 0.0)},
         [&](HloBuilder& b, const std::vector<Value>& a) {
@@ -204,7 +221,8 @@ BackInputs back_inputs(HloBuilder& b, const Prep& p, const Value& out, const Val
 }  // namespace
 
 // FlashAttention-2's order: key blocks in a loop; for each, a while loop over the query blocks that can see
-// it (from its own, causal, to the last inside the window), accumulating its dk and dv and adding into dq.
+// it (from its own, causal, to the last of its documents and inside the window), accumulating its dk and dv
+// and adding into dq.
 AttentionBackward attention_backward(HloBuilder& b, const Value& q, const Value& k, const Value& v,
                                      const Value& seg, const Value& out, const Value& lse, const Value& dout,
                                      const AttentionOptions& o) {
@@ -216,9 +234,11 @@ AttentionBackward attention_backward(HloBuilder& b, const Value& q, const Value&
   const auto fin = b.for_loop(p.nb, init, [&](HloBuilder& b, const Value& kb, const std::vector<Value>& c) {
     const Value ks = b.mul(kb, i32(b, p.B));
     const Value kblk = k_rows(b, p, p.kp, ks), vblk = k_rows(b, p, p.vp, ks);
-    const Value hi = o.window > 0
-                         ? b.min(i32(b, p.nb - 1), b.div(b.add(ks, i32(b, p.B + o.window - 2)), i32(b, p.B)))
-                         : i32(b, p.nb - 1);
+    // To the block of the last query that can see any of its keys (its documents' last token, the window's
+    // end); an all-padding block (last token -1) runs no query block.
+    const Value last = document_edge(b, p, ks, false);
+    Value hi = b.select(b.compare(last, i32(b, 0), Compare::kLt), i32(b, -1), b.div(last, i32(b, p.B)));
+    if (o.window > 0) hi = b.min(hi, b.div(b.add(ks, i32(b, p.B + o.window - 2)), i32(b, p.B)));
     const auto st = b.while_loop(
         {kb, full(b, {p.Hkv, p.B, p.D}, 0.0), full(b, {p.Hkv, p.B, p.Dv}, 0.0), c[0]},
         [&](HloBuilder& b, const std::vector<Value>& a) {
