@@ -54,13 +54,17 @@ struct Tile {
   Value col;     // s32 [N, C]: the vocabulary index of each column
   Value valid;   // pred [N, C]: the column belongs to this tile
 };
-Tile tile(HloBuilder& b, const Prep& p, const Value& h, const Value& w, const Value& j) {
+Value operand(HloBuilder& b, const Value& v, Operands o) {
+  return o == Operands::kBF16 ? b.convert(v, ElementType::kBF16) : v;
+}
+// HO: h as the product operand (operand(h)).
+Tile tile(HloBuilder& b, const Prep& p, const Value& ho, const Value& w, const Value& j, Operands o) {
   const Value c0 = b.mul(j, b.scalar(kS32, double(p.C)));
   const Value start = b.min(c0, b.scalar(kS32, double(p.V - p.C)));
   const Value wc = b.dynamic_slice(w, {start, b.scalar(kS32, 0)}, {p.C, p.d});
   const std::vector<int64_t> nc{p.N, p.C};
   const Value col = b.add(b.iota({kS32, nc}, 1), bcast(b, start, nc, {}));
-  return Tile{start, wc, b.dot_general(h, wc, {{}, {}, {1}, {1}}), col,
+  return Tile{start, wc, b.dot_general(ho, operand(b, wc, o), {{}, {}, {1}, {1}}, kF32), col,
               b.compare(col, bcast(b, c0, nc, {}), Compare::kGe)};
 }
 
@@ -69,10 +73,11 @@ Tile tile(HloBuilder& b, const Prep& p, const Value& h, const Value& w, const Va
 XentForward xent_forward(HloBuilder& b, const Value& h, const Value& w, const Value& targets,
                          const Value& mask, const XentOptions& o) {
   const Prep p = prepare(b, h, w, targets, mask, o, "xent_forward");
+  const Value ho = operand(b, h, o.operands);
   const std::vector<int64_t> n{p.N}, nc{p.N, p.C};
   const std::vector<Value> init{full(b, n, kNegInf), full(b, n, 0.0), full(b, n, 0.0)};
   const auto fin = b.for_loop(p.nc, init, [&](HloBuilder& b, const Value& j, const std::vector<Value>& c) {
-    const Tile t = tile(b, p, h, w, j);
+    const Tile t = tile(b, p, ho, w, j, o.operands);
     const Value zero = full(b, nc, 0.0);
     const Value m_new = b.max(c[0], b.reduce_max(b.select(t.valid, t.logits, full(b, nc, kNegInf)), {1}));
     const Value e = b.select(t.valid, b.exp(b.sub(t.logits, bcast(b, m_new, nc, {0}))), zero);
@@ -95,6 +100,7 @@ XentForward xent_forward(HloBuilder& b, const Value& h, const Value& w, const Va
 XentBackward xent_backward(HloBuilder& b, const Value& h, const Value& w, const Value& targets,
                            const Value& mask, const Value& lse, const Value& scale, const XentOptions& o) {
   const Prep p = prepare(b, h, w, targets, mask, o, "xent_backward");
+  const Value ho = operand(b, h, o.operands);
   expect_type(lse, kF32, "xent_backward", "lse");
   expect_dims(lse, {p.N}, "xent_backward", "lse");
   expect_type(scale, kF32, "xent_backward", "scale");
@@ -105,14 +111,15 @@ XentBackward xent_backward(HloBuilder& b, const Value& h, const Value& w, const 
                         b.add(full(b, n, 1.0), b.mul(full(b, n, double(float(2.0 * o.z_loss))), lse)));
   const std::vector<Value> init{full(b, {p.N, p.d}, 0.0), full(b, {p.Vr, p.d}, 0.0)};
   const auto fin = b.for_loop(p.nc, init, [&](HloBuilder& b, const Value& j, const std::vector<Value>& c) {
-    const Tile t = tile(b, p, h, w, j);
+    const Tile t = tile(b, p, ho, w, j, o.operands);
     const Value e = b.mul(b.exp(b.sub(t.logits, bcast(b, lse, nc, {0}))), bcast(b, k, nc, {0}));
     const Value is_t = b.compare(t.col, bcast(b, targets, nc, {0}), Compare::kEq);
     const Value g0 = b.select(is_t, b.sub(e, bcast(b, scale, nc, {})), e);
     const Value keep = b.select(t.valid, bcast(b, p.trained, nc, {0}), full(b, nc, 0, kPred));
     const Value g = b.select(keep, g0, full(b, nc, 0.0));
-    const Value dh = b.add(c[0], b.dot_general(g, t.wc, {{}, {}, {1}, {0}}));  // [N, d]
-    const Value dwc = b.dot_general(g, h, {{}, {}, {0}, {0}});                 // [C, d]
+    const Value go = operand(b, g, o.operands);
+    const Value dh = b.add(c[0], b.dot_general(go, operand(b, t.wc, o.operands), {{}, {}, {1}, {0}}, kF32));
+    const Value dwc = b.dot_general(go, ho, {{}, {}, {0}, {0}}, kF32);  // [C, d]
     // Added, not written: the last tile overlaps the one before (its masked columns add 0).
     const std::vector<Value> at{t.start, b.scalar(kS32, 0)};
     const Value dw = b.add(b.dynamic_slice(c[1], at, {p.C, p.d}), dwc);

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "xla/hlo_builder.h"
+#include "xla/ops_dense.h"
 
 namespace olmosft::xla::ops {
 
@@ -27,6 +28,9 @@ struct XentOptions {
   double z_loss = 0.0;         // z-loss coefficient (used by the backward)
   int64_t vocab_chunk = 4096;  // vocab rows per tile; 0 = the whole vocabulary at once
   int32_t ignore_index = -100;
+  // kBF16: the operands of the three products (logits = h W^T, dh = dlogit W, dW = dlogit^T h) rounded to
+  // bf16 and accumulated in f32, as the kernel's Precision::Compute GEMMs under ComputeDtype::BF16.
+  Operands operands = Operands::kF32;
 };
 
 struct XentForward {
