@@ -68,6 +68,9 @@ class HloBuilder {
   // A constant with every element VALUE (integer types need an integral VALUE, pred 0 or 1).
   Value constant(const TensorType& type, double value);
   Value scalar(ElementType type, double value) { return constant(TensorType{type, {}}, value); }
+  // A constant with the given VALUES, row-major, one per element (each exact in TYPE's element type: floats
+  // as their bits, so an f32 table passed as floats round-trips bit for bit).
+  Value dense_constant(const TensorType& type, const std::vector<double>& values);
   Value iota(const TensorType& type, int64_t dim);
 
   Value neg(const Value& x) { return unary("negate", x, false); }

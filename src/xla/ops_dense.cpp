@@ -113,6 +113,11 @@ LinearBackward linear_backward(HloBuilder& b, const Value& dy, const Value& x, c
   return {dx, dw};
 }
 
+Value rope_inv_freq_constant(HloBuilder& b, const std::vector<float>& inv_freq) {
+  return b.dense_constant({kF32, {int64_t(inv_freq.size())}},
+                          std::vector<double>(inv_freq.begin(), inv_freq.end()));
+}
+
 RopeTables rope_tables(HloBuilder& b, const Value& positions, const Value& inv_freq, double attention_scaling,
                        bool f64_trig) {
   expect_type(positions, kS32, "rope_tables", "positions");

@@ -4,6 +4,7 @@
 // ops" lists the forms and the tolerances measured against the CPU kernels.
 #pragma once
 #include <optional>
+#include <vector>
 
 #include "xla/hlo_builder.h"
 
@@ -53,12 +54,15 @@ LinearBackward linear_backward(HloBuilder& b, const Value& dy, const Value& x, c
 // document):
 //   angle = f32(pos) * inv_freq_i (an f32 product, as HF),  cos/sin = f32(cos/sin(f64(angle))) * f32(scaling)
 //   forward:  y = x cos + rotate_half(x) sin,   backward:  dx = dy cos - rotate_half(dy sin)
-// INV_FREQ is kernels' rope_frequencies(cfg).inv_freq (bit-exact HF values), passed as an f32 [D/2] argument;
-// ATTENTION_SCALING its attention_scaling. The trigonometry is evaluated in f64 and rounded once, as the CPU
-// kernel does (with F64_TRIG false it is f32, for devices without f64).
+// INV_FREQ is kernels' rope_frequencies(cfg).inv_freq (bit-exact HF values) as an f32 [D/2] value: an
+// argument or rope_inv_freq_constant. ATTENTION_SCALING is its attention_scaling. The trigonometry is
+// evaluated in f64 and rounded once, as the CPU kernel does (with F64_TRIG false it is f32, for devices
+// without f64).
 struct RopeTables {
   Value cos, sin;  // f32 [T, D/2]
 };
+// INV_FREQ as a constant of the graph (its f32 values bit for bit), for a caller that does not pass it in.
+Value rope_inv_freq_constant(HloBuilder& b, const std::vector<float>& inv_freq);
 RopeTables rope_tables(HloBuilder& b, const Value& positions, const Value& inv_freq, double attention_scaling,
                        bool f64_trig = true);
 // x / dy: f32 [T, H, D] with D = 2 * (D/2 of the tables).

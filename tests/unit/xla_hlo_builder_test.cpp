@@ -263,6 +263,26 @@ TEST(XlaHloBuilder, DotGeneralBf16OperandsF32Result) {
       << msg;
 }
 
+// Dense constants: f32 bits round-trip exactly (signed zero, a denormal, NaN, infinity, 1/3), a rank-2 one is
+// row-major, s32 and f64 (1/3 exact in f64) too; a wrong count is refused.
+TEST(XlaHloBuilder, DenseConstant) {
+  const float third = 1.0f / 3;
+  const std::vector<double> f = {-0.0, 1e-40f, std::nan(""), -INFINITY, third, 2.5};
+  HloBuilder b;
+  b.returns({b.dense_constant({F32, {2, 3}}, f), b.dense_constant({S32, {3}}, {-7, 0, 2147483647}),
+             b.dense_constant({ElementType::kF64, {2}}, {1.0 / 3, -2}), b.dense_constant({F32, {1}}, {4})});
+  auto out = run(b, {});
+  EXPECT_EQ(out[0].type(), (TensorType{F32, {2, 3}}));
+  const auto got = out[0].to_host<float>();
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(f32_bits(got[i]), f32_bits(float(f[i]))) << i;
+  EXPECT_EQ(out[1].to_host<int32_t>(), (std::vector<int32_t>{-7, 0, 2147483647}));
+  EXPECT_EQ(out[2].to_host<double>(), (std::vector<double>{1.0 / 3, -2}));
+  EXPECT_EQ(out[3].to_host<float>(), (std::vector<float>{4}));
+  HloBuilder bad;
+  const std::string msg = error_of([&] { bad.dense_constant({F32, {2, 2}}, {1, 2, 3}); });
+  EXPECT_NE(msg.find("dense_constant: 3 values for tensor<2x2xf32> (4 elements)"), std::string::npos) << msg;
+}
+
 TEST(XlaHloBuilder, ShapeOps) {
   std::vector<float> x(24);
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(i);

@@ -271,9 +271,12 @@ TEST(XlaOps, RopeAndYarnMatchTheCpuKernel) {
   const auto x = randu(T * H * D, -1, 1, 13), dy = randu(T * H * D, -1, 1, 14);
   for (const RopeConfig& cfg : {def, yarn}) {
     const RopeFreqs f = rope_frequencies(cfg);
+    // inv_freq as an argument (default) and as a constant of the graph (YaRN).
+    const bool as_constant = cfg.rope_type == "yarn";
     auto out = run({arg(x, {T, H, D}), arg(dy, {T, H, D}), arg(pos, {T}), arg(f.inv_freq, {half})},
                    [&](HloBuilder& b, const std::vector<Value>& v) {
-                     const auto t = ops::rope_tables(b, v[2], v[3], f.attention_scaling);
+                     const Value inv = as_constant ? ops::rope_inv_freq_constant(b, f.inv_freq) : v[3];
+                     const auto t = ops::rope_tables(b, v[2], inv, f.attention_scaling);
                      return std::vector<Value>{t.cos, t.sin, ops::rope_forward(b, v[0], t),
                                                ops::rope_backward(b, v[1], t)};
                    });
