@@ -164,10 +164,12 @@ std::pair<Value, Value> finish(HloBuilder& b, const Prep& p, const Running& r) {
 
 }  // namespace
 
+namespace {
+
 // Query blocks in a loop; for each, a while loop over the key blocks it can see: from the first one of its
 // documents and inside the window to its own (causal), so masked-out blocks cost nothing.
-AttentionForward attention_forward(HloBuilder& b, const Value& q, const Value& k, const Value& v,
-                                   const Value& seg, const AttentionOptions& o) {
+AttentionForward row_forward(HloBuilder& b, const Value& q, const Value& k, const Value& v, const Value& seg,
+                             const AttentionOptions& o) {
   const Prep p = prepare(b, q, k, v, seg, o, "attention_forward");
   const std::vector<int64_t> rows{p.Hkv, p.G, p.B}, odims{p.Hkv, p.G, p.B, p.Dv};
   const std::vector<Value> init{full(b, {p.Hkv, p.G, p.Tp, p.Dv}, 0.0), full(b, {p.Hkv, p.G, p.Tp}, kNegInf)};
@@ -198,7 +200,6 @@ AttentionForward attention_forward(HloBuilder& b, const Value& q, const Value& k
   return {from_groups(b, p, fin[0]), b.reshape(lse, {p.H, p.T})};
 }
 
-namespace {
 // The backward's per-query inputs in the loops' layout: dout, D_i = rowsum(dO * O) and lse (0 for padding).
 struct BackInputs {
   Value dog;  // [Hkv, G, Tp, Dv]
@@ -218,14 +219,12 @@ BackInputs back_inputs(HloBuilder& b, const Prep& p, const Value& out, const Val
       b.select(b.compare(lr, full(b, rows, kNegInf), Compare::kEq), full(b, rows, 0.0), lr);
   return {dog, di, lse_safe};
 }
-}  // namespace
-
 // FlashAttention-2's order: key blocks in a loop; for each, a while loop over the query blocks that can see
 // it (from its own, causal, to the last of its documents and inside the window), accumulating its dk and dv
 // and adding into dq.
-AttentionBackward attention_backward(HloBuilder& b, const Value& q, const Value& k, const Value& v,
-                                     const Value& seg, const Value& out, const Value& lse, const Value& dout,
-                                     const AttentionOptions& o) {
+AttentionBackward row_backward(HloBuilder& b, const Value& q, const Value& k, const Value& v,
+                               const Value& seg, const Value& out, const Value& lse, const Value& dout,
+                               const AttentionOptions& o) {
   const Prep p = prepare(b, q, k, v, seg, o, "attention_backward");
   const BackInputs in = back_inputs(b, p, out, lse, dout);
   const std::vector<int64_t> sdims{p.Hkv, p.G, p.B, p.B};
@@ -267,6 +266,68 @@ AttentionBackward attention_backward(HloBuilder& b, const Value& q, const Value&
   });
   const Value dq = b.mul(fin[0], full(b, {p.Hkv, p.G, p.Tp, p.D}, double(float(o.scale))));
   return {from_groups(b, p, dq), from_heads(b, p, fin[1]), from_heads(b, p, fin[2])};
+}
+
+// Row R (s32 scalar) of a [B, ...] value, without the batch dimension, and its inverse into ALL.
+Value row(HloBuilder& b, const Value& x, const Value& r) {
+  std::vector<int64_t> sizes = x.type().dims;
+  sizes[0] = 1;
+  std::vector<Value> at{r};
+  for (size_t i = 1; i < sizes.size(); ++i) at.push_back(i32(b, 0));
+  return b.reshape(b.dynamic_slice(x, at, sizes), std::vector<int64_t>(sizes.begin() + 1, sizes.end()));
+}
+Value put_row(HloBuilder& b, const Value& all, const Value& x, const Value& r) {
+  std::vector<int64_t> dims{1};
+  dims.insert(dims.end(), x.type().dims.begin(), x.type().dims.end());
+  std::vector<Value> at{r};
+  for (size_t i = 1; i < dims.size(); ++i) at.push_back(i32(b, 0));
+  return b.dynamic_update_slice(all, b.reshape(x, dims), at);
+}
+// The batch size of the [B, T, ...] form (0 for the one-row form), checked across the operands.
+int64_t batch_of(const Value& q, const std::vector<const Value*>& rest, const Value& seg, const char* op) {
+  if (q.type().rank() != 4) return 0;
+  const int64_t B = q.type().dims[0];
+  for (const Value* x : rest)
+    OLMO_CHECK(x->type().rank() == 4 && x->type().dims[0] == B, "xla ops: ", op,
+               ": with q [B, T, H, D] = ", q.type().mlir(), " every tensor needs the batch dimension B = ", B,
+               ", got ", x->type().mlir());
+  OLMO_CHECK(seg.type().rank() == 2 && seg.type().dims[0] == B, "xla ops: ", op,
+             ": seg must be [B, T] for q ", q.type().mlir(), ", got ", seg.type().mlir());
+  return B;
+}
+
+}  // namespace
+
+AttentionForward attention_forward(HloBuilder& b, const Value& q, const Value& k, const Value& v,
+                                   const Value& seg, const AttentionOptions& o) {
+  const int64_t B = batch_of(q, {&k, &v}, seg, "attention_forward");
+  if (B == 0) return row_forward(b, q, k, v, seg, o);
+  const auto& qd = q.type().dims;
+  const std::vector<Value> init{full(b, {B, qd[1], qd[2], v.type().dims[3]}, 0.0),
+                                full(b, {B, qd[2], qd[1]}, 0.0)};
+  const auto fin = b.for_loop(B, init, [&](HloBuilder& b, const Value& r, const std::vector<Value>& c) {
+    const AttentionForward f = row_forward(b, row(b, q, r), row(b, k, r), row(b, v, r), row(b, seg, r), o);
+    return std::vector<Value>{put_row(b, c[0], f.out, r), put_row(b, c[1], f.lse, r)};
+  });
+  return {fin[0], fin[1]};
+}
+
+AttentionBackward attention_backward(HloBuilder& b, const Value& q, const Value& k, const Value& v,
+                                     const Value& seg, const Value& out, const Value& lse, const Value& dout,
+                                     const AttentionOptions& o) {
+  const int64_t B = batch_of(q, {&k, &v, &out, &dout}, seg, "attention_backward");
+  if (B == 0) return row_backward(b, q, k, v, seg, out, lse, dout, o);
+  OLMO_CHECK(lse.type().rank() == 3 && lse.type().dims[0] == B,
+             "xla ops: attention_backward: lse must be [B, H, T], got ", lse.type().mlir());
+  const std::vector<Value> init{full(b, q.type().dims, 0.0), full(b, k.type().dims, 0.0),
+                                full(b, v.type().dims, 0.0)};
+  const auto fin = b.for_loop(B, init, [&](HloBuilder& b, const Value& r, const std::vector<Value>& c) {
+    const AttentionBackward g = row_backward(b, row(b, q, r), row(b, k, r), row(b, v, r), row(b, seg, r),
+                                             row(b, out, r), row(b, lse, r), row(b, dout, r), o);
+    return std::vector<Value>{put_row(b, c[0], g.dq, r), put_row(b, c[1], g.dk, r),
+                              put_row(b, c[2], g.dv, r)};
+  });
+  return {fin[0], fin[1], fin[2]};
 }
 
 }  // namespace olmosft::xla::ops

@@ -20,7 +20,9 @@
 // is f32.
 //
 // Shapes: q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv] (f32), seg [T] (s32); H a multiple of Hkv (kv head j
-// serves q heads j*G .. j*G+G-1); out [T, H, Dv], lse [H, T] (the CPU kernel's [B, H, T] for B = 1).
+// serves q heads j*G .. j*G+G-1); out [T, H, Dv], lse [H, T]. With a leading batch dimension (q [B, T, H, D],
+// k, v, dout likewise, seg [B, T], lse [B, H, T]: the CPU kernel's layouts) the B packed rows are independent
+// and run one after the other in a stablehlo.while.
 #pragma once
 #include <cstdint>
 

@@ -339,6 +339,48 @@ TEST(XlaOps, BlockwiseAttentionMatchesTheCpuKernelAndFloat64) {
   }
 }
 
+// Two packed rows ([B, T, ...]: the CPU kernel's layouts), with different documents (ids repeating across
+// rows) and padding, GQA and a window, against the CPU kernel with batch 2 and the naive float64 reference.
+TEST(XlaOps, BatchedAttentionMatchesTheCpuKernelAndFloat64) {
+  const int64_t B = 2, T = 40, H = 4, Hkv = 2, D = 8, Dv = 8;
+  std::vector<int32_t> seg = attn_test::segments({15, 20, -5});
+  const auto row1 = attn_test::segments({-2, 38});
+  seg.insert(seg.end(), row1.begin(), row1.end());
+  ASSERT_EQ(int64_t(seg.size()), B * T);
+  const auto q = attn_test::cast<float>(attn_test::randn(B * T * H * D, 5)),
+             k = attn_test::cast<float>(attn_test::randn(B * T * Hkv * D, 6)),
+             v = attn_test::cast<float>(attn_test::randn(B * T * Hkv * Dv, 7)),
+             dout = attn_test::cast<float>(attn_test::randn(B * T * H * Dv, 8));
+  AttentionConfig c;
+  c.batch = B;
+  c.seq = T;
+  c.heads = H;
+  c.kv_heads = Hkv;
+  c.head_dim = D;
+  c.v_head_dim = Dv;
+  c.window = 12;
+  c.scale = 1.0 / std::sqrt(double(D));
+  const ops::AttentionOptions o{c.scale, c.window, 16};
+  auto out = run({arg(q, {B, T, H, D}), arg(k, {B, T, Hkv, D}), arg(v, {B, T, Hkv, Dv}), arg(seg, {B, T}),
+                  arg(dout, {B, T, H, Dv})},
+                 [&](HloBuilder& b, const std::vector<Value>& a) {
+                   const auto f = ops::attention_forward(b, a[0], a[1], a[2], a[3], o);
+                   const auto g = ops::attention_backward(b, a[0], a[1], a[2], a[3], f.out, f.lse, a[4], o);
+                   return std::vector<Value>{f.out, f.lse, g.dq, g.dk, g.dv};
+                 });
+  EXPECT_EQ(out[1].type(), (TensorType{F32, {B, H, T}}));
+  const auto cpu32 = attn_test::run_kernel<float>(c, q, k, v, seg, dout);
+  const auto ref64 = attn_test::naive(c, to_double(q), to_double(k), to_double(v), seg, to_double(dout));
+  const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+  const std::vector<float>* c32[] = {&cpu32.o, &cpu32.lse, &cpu32.dq, &cpu32.dk, &cpu32.dv};
+  const std::vector<double>* r64[] = {&ref64.o, &ref64.lse, &ref64.dq, &ref64.dk, &ref64.dv};
+  for (int i = 0; i < 5; ++i) {
+    const auto got = out[size_t(i)].to_host<float>();
+    expect_close(got, *c32[i], 2e-5, std::string("batched attention ") + names[i] + " vs CPU kernel");
+    expect_close(got, *r64[i], 2e-5, std::string("batched attention ") + names[i] + " vs float64");
+  }
+}
+
 // The LM head + cross-entropy with z-loss over vocab tiles (a chunk that does not divide the vocabulary),
 // padded rows of W, masked and ignored tokens: the sums, lse, dh and dW against the CPU kernel (float) and
 // its float64 instantiation.
@@ -520,6 +562,11 @@ TEST(XlaOps, RefusesMismatchedShapesClearly) {
       }),
       "valid_vocab 7 must be in [1, V_rows = 4]");
   has(error_of([&] { ops::adamw_scalars({}, 0); }), "step must be >= 1");
+  const Value q4 = b.argument({F32, {2, 8, 3, 4}});
+  has(error_of([&] {
+        ops::attention_forward(b, q4, k, k, seg, {0.5, 0, 4});
+      }),
+      "every tensor needs the batch dimension B = 2, got tensor<8x2x4xf32>");
 }
 
 // The LM head with bf16 operands (Operands::kBF16) against float64 on the bf16-rounded h and W: the forward's
