@@ -13,6 +13,7 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
+// One row's sizes; B is the block (queries and keys), nb the number of blocks, Tp = nb B the padded length.
 struct Dims {
   int64_t T = 0, H = 0, Hkv = 0, G = 0, D = 0, Dv = 0, B = 0, nb = 0, Tp = 0;
 };
@@ -162,10 +163,6 @@ std::pair<Value, Value> finish(HloBuilder& b, const Prep& p, const Running& r) {
   return {out, b.select(seen, b.add(r.m, b.log(l_safe)), full(b, rows, kNegInf))};
 }
 
-}  // namespace
-
-namespace {
-
 // Query blocks in a loop; for each, a while loop over the key blocks it can see: from the first one of its
 // documents and inside the window to its own (causal), so masked-out blocks cost nothing.
 AttentionForward row_forward(HloBuilder& b, const Value& q, const Value& k, const Value& v, const Value& seg,
@@ -219,6 +216,7 @@ BackInputs back_inputs(HloBuilder& b, const Prep& p, const Value& out, const Val
       b.select(b.compare(lr, full(b, rows, kNegInf), Compare::kEq), full(b, rows, 0.0), lr);
   return {dog, di, lse_safe};
 }
+
 // FlashAttention-2's order: key blocks in a loop; for each, a while loop over the query blocks that can see
 // it (from its own, causal, to the last of its documents and inside the window), accumulating its dk and dv
 // and adding into dq.
