@@ -163,6 +163,19 @@ Value HloBuilder::constant(const TensorType& type, double value) {
   return emit1("stablehlo.constant", {}, attr, type);
 }
 
+Value HloBuilder::dense_constant(const TensorType& type, const std::vector<double>& values) {
+  OLMO_CHECK(int64_t(values.size()) == type.elements(), "hlo_builder: dense_constant: ", values.size(),
+             " values for ", type.mlir(), " (", type.elements(), " elements)");
+  if (values.size() == 1) return constant(type, values[0]);
+  // Written flat (MLIR wants nested lists for a higher rank) and reshaped.
+  const TensorType flat{type.type, {type.elements()}};
+  std::string list;
+  for (size_t i = 0; i < values.size(); ++i)
+    list += (i ? ", " : "") + mlir::literal(type.type, values[i], "dense_constant");
+  const Value v = emit1("stablehlo.constant", {}, "value = dense<[" + list + "]> : " + flat.mlir(), flat);
+  return type.rank() == 1 ? v : reshape(v, type.dims);
+}
+
 Value HloBuilder::iota(const TensorType& type, int64_t dim) {
   OLMO_CHECK(dim >= 0 && dim < type.rank(), "hlo_builder: iota: dimension ", dim, " out of range for ",
              type.mlir());

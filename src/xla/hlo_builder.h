@@ -68,6 +68,9 @@ class HloBuilder {
   // A constant with every element VALUE (integer types need an integral VALUE, pred 0 or 1).
   Value constant(const TensorType& type, double value);
   Value scalar(ElementType type, double value) { return constant(TensorType{type, {}}, value); }
+  // A constant with the given VALUES, row-major, one per element (each exact in TYPE's element type: floats
+  // as their bits, so an f32 table passed as floats round-trips bit for bit).
+  Value dense_constant(const TensorType& type, const std::vector<double>& values);
   Value iota(const TensorType& type, int64_t dim);
 
   Value neg(const Value& x) { return unary("negate", x, false); }
@@ -78,6 +81,8 @@ class HloBuilder {
   Value rsqrt(const Value& x) { return unary("rsqrt", x, true); }
   Value tanh(const Value& x) { return unary("tanh", x, true); }
   Value logistic(const Value& x) { return unary("logistic", x, true); }
+  Value cos(const Value& x) { return unary("cosine", x, true); }
+  Value sin(const Value& x) { return unary("sine", x, true); }
 
   Value add(const Value& a, const Value& b) { return binary("add", a, b); }
   Value sub(const Value& a, const Value& b) { return binary("subtract", a, b); }
@@ -97,8 +102,11 @@ class HloBuilder {
                          const std::vector<int64_t>& broadcast_dims);
   Value reduce_sum(const Value& x, const std::vector<int64_t>& dims) { return reduce(x, dims, false); }
   Value reduce_max(const Value& x, const std::vector<int64_t>& dims) { return reduce(x, dims, true); }
-  // Result: batch dims, then lhs's free dims, then rhs's free dims.
-  Value dot_general(const Value& lhs, const Value& rhs, const DotDims& dims);
+  // Result: batch dims, then lhs's free dims, then rhs's free dims. RESULT: the result's element type when it
+  // differs from the operands' (a float type at least as wide, e.g. bf16 operands with an f32 result, so the
+  // products are accumulated in f32); default the operands' type.
+  Value dot_general(const Value& lhs, const Value& rhs, const DotDims& dims,
+                    std::optional<ElementType> result = std::nullopt);
 
   Value reshape(const Value& x, const std::vector<int64_t>& dims);
   Value transpose(const Value& x, const std::vector<int64_t>& permutation);

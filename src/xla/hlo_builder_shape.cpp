@@ -21,7 +21,8 @@ std::vector<int64_t> free_dims(const TensorType& t, const std::vector<int64_t>& 
 
 }  // namespace
 
-Value HloBuilder::dot_general(const Value& lhs, const Value& rhs, const DotDims& d) {
+Value HloBuilder::dot_general(const Value& lhs, const Value& rhs, const DotDims& d,
+                              std::optional<ElementType> result) {
   const TensorType &l = lhs.type(), &r = rhs.type();
   OLMO_CHECK(l.type == r.type && l.type != ElementType::kPred,
              "hlo_builder: dot_general: operand element types ", l.mlir(), " and ", r.mlir(),
@@ -41,7 +42,11 @@ Value HloBuilder::dot_general(const Value& lhs, const Value& rhs, const DotDims&
     OLMO_CHECK(a == b, "hlo_builder: dot_general: lhs dimension ", lhs_all[i], " (size ", a,
                ") pairs with rhs dimension ", rhs_all[i], " (size ", b, "): ", l.mlir(), " x ", r.mlir());
   }
-  TensorType out{l.type, {}};
+  if (result && *result != l.type)
+    OLMO_CHECK(is_float(l.type) && is_float(*result) && element_bytes(*result) >= element_bytes(l.type),
+               "hlo_builder: dot_general: result element type ", mlir_name(*result),
+               " must be a float type at least as wide as the operands' ", mlir_name(l.type));
+  TensorType out{result.value_or(l.type), {}};
   for (int64_t b : d.lhs_batch) out.dims.push_back(l.dims[size_t(b)]);
   for (int64_t f : free_dims(l, d.lhs_batch, d.lhs_contract)) out.dims.push_back(l.dims[size_t(f)]);
   for (int64_t f : free_dims(r, d.rhs_batch, d.rhs_contract)) out.dims.push_back(r.dims[size_t(f)]);

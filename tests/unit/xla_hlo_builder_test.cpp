@@ -151,6 +151,11 @@ TEST(XlaHloBuilder, RoundedAndTranscendentalOps) {
              ref(pos, [](double v) { return 1 / std::sqrt(v); }), approx, "rsqrt");
   expect_rel(run_unary(x, [](HloBuilder& b, Value a) { return b.logistic(a); }),
              ref(x, [](double v) { return 1 / (1 + std::exp(-v)); }), approx, "logistic");
+  const auto angle = randu(256, -200, 200, 11);  // cos/sin: absolute 1e-6 (the values are at most 1)
+  expect_rel(run_unary(angle, [](HloBuilder& b, Value a) { return b.cos(a); }), ref(angle, std::cos), approx,
+             "cos");
+  expect_rel(run_unary(angle, [](HloBuilder& b, Value a) { return b.sin(a); }), ref(angle, std::sin), approx,
+             "sin");
   std::vector<float> half(x.size());
   for (size_t i = 0; i < x.size(); ++i) half[i] = x[i] / 2;
   expect_rel(run_binary(pos, half, [](HloBuilder& b, Value a, Value c) { return b.pow(a, c); }), pw, approx,
@@ -222,6 +227,60 @@ TEST(XlaHloBuilder, BroadcastReduceAndDotGeneral) {
     for (int64_t m = 0; m < M; ++m)
       EXPECT_EQ(rm[b * M + m],
                 *std::max_element(x.begin() + (b * M + m) * K, x.begin() + (b * M + m + 1) * K));
+}
+
+// bf16 operands with an f32 result: every product of two bf16 values is exact in f32, so the result is the
+// f32 sum of exact products (1e-6 of the sum of absolute terms against float64 on the rounded operands).
+TEST(XlaHloBuilder, DotGeneralBf16OperandsF32Result) {
+  const int64_t M = 4, K = 96, N = 3;
+  const auto x = randu(M * K, -1, 1, 12), w = randu(N * K, -1, 1, 13);
+  HloBuilder hb;
+  Value X = hb.argument({F32, {M, K}}), W = hb.argument({F32, {N, K}});
+  Value Y = hb.dot_general(hb.convert(X, ElementType::kBF16), hb.convert(W, ElementType::kBF16),
+                           {{}, {}, {1}, {1}}, F32);
+  EXPECT_EQ(Y.type(), (TensorType{F32, {M, N}}));
+  hb.returns({Y});
+  const auto y = run(hb, {{x.data(), {F32, {M, K}}}, {w.data(), {F32, {N, K}}}})[0].to_host<float>();
+  double worst = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0, sa = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p =
+            double(bf16_to_f32(f32_to_bf16(x[m * K + k]))) * double(bf16_to_f32(f32_to_bf16(w[n * K + k])));
+        s += p;
+        sa += std::fabs(p);
+      }
+      EXPECT_NEAR(y[m * N + n], s, 1e-6 * sa);
+      worst = std::max(worst, std::fabs(y[m * N + n] - s) / sa);
+    }
+  std::cout << "bf16 x bf16 -> f32 dot: max error " << worst << " of the sum of |terms| (allowed 1e-6)\n";
+  HloBuilder bad;
+  Value a = bad.argument({F32, {2, 2}});
+  const std::string msg = error_of([&] { bad.dot_general(a, a, {{}, {}, {1}, {0}}, ElementType::kBF16); });
+  EXPECT_NE(msg.find("result element type bf16 must be a float type at least as wide as the operands' f32"),
+            std::string::npos)
+      << msg;
+}
+
+// Dense constants: f32 bits round-trip exactly (signed zero, a denormal, NaN, infinity, 1/3), a rank-2 one is
+// row-major, s32 and f64 (1/3 exact in f64) too; a wrong count is refused.
+TEST(XlaHloBuilder, DenseConstant) {
+  const float third = 1.0f / 3;
+  const std::vector<double> f = {-0.0, 1e-40f, std::nan(""), -INFINITY, third, 2.5};
+  HloBuilder b;
+  b.returns({b.dense_constant({F32, {2, 3}}, f), b.dense_constant({S32, {3}}, {-7, 0, 2147483647}),
+             b.dense_constant({ElementType::kF64, {2}}, {1.0 / 3, -2}), b.dense_constant({F32, {1}}, {4})});
+  auto out = run(b, {});
+  EXPECT_EQ(out[0].type(), (TensorType{F32, {2, 3}}));
+  const auto got = out[0].to_host<float>();
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(f32_bits(got[i]), f32_bits(float(f[i]))) << i;
+  EXPECT_EQ(out[1].to_host<int32_t>(), (std::vector<int32_t>{-7, 0, 2147483647}));
+  EXPECT_EQ(out[2].to_host<double>(), (std::vector<double>{1.0 / 3, -2}));
+  EXPECT_EQ(out[3].to_host<float>(), (std::vector<float>{4}));
+  HloBuilder bad;
+  const std::string msg = error_of([&] { bad.dense_constant({F32, {2, 2}}, {1, 2, 3}); });
+  EXPECT_NE(msg.find("dense_constant: 3 values for tensor<2x2xf32> (4 elements)"), std::string::npos) << msg;
 }
 
 TEST(XlaHloBuilder, ShapeOps) {

@@ -1,0 +1,331 @@
+#include "xla/ops_attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "xla/ops_util.h"
+
+namespace olmosft::xla::ops {
+
+using namespace detail;
+
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// One row's sizes; B is the block (queries and keys), nb the number of blocks, Tp = nb B the padded length.
+struct Dims {
+  int64_t T = 0, H = 0, Hkv = 0, G = 0, D = 0, Dv = 0, B = 0, nb = 0, Tp = 0;
+};
+// The operands in the loops' layouts: heads first, GQA groups split out, tokens padded to whole blocks
+// (segment -1 after T, so the padding is masked like any padding token).
+struct Prep : Dims {
+  Value qs;    // [Hkv, G, Tp, D]: scale * q
+  Value kp;    // [Hkv, Tp, D]
+  Value vp;    // [Hkv, Tp, Dv]
+  Value segp;  // [Tp]
+};
+
+Value pad_tokens(HloBuilder& b, const Dims& p, const Value& x) {
+  if (p.Tp == p.T) return x;
+  std::vector<int64_t> dims = x.type().dims;
+  dims[0] = p.Tp - p.T;
+  const double fill = x.type().type == kS32 ? -1.0 : 0.0;
+  return b.concatenate({x, b.constant(TensorType{x.type().type, dims}, fill)}, 0);
+}
+// [T, H, X] -> [Hkv, G, Tp, X]
+Value to_groups(HloBuilder& b, const Dims& p, const Value& x) {
+  const int64_t X = x.type().dims[2];
+  return b.transpose(b.reshape(pad_tokens(b, p, x), {p.Tp, p.Hkv, p.G, X}), {1, 2, 0, 3});
+}
+// [Hkv, G, Tp, X] -> [T, H, X]
+Value from_groups(HloBuilder& b, const Dims& p, const Value& x) {
+  const int64_t X = x.type().dims[3];
+  return b.slice(b.reshape(b.transpose(x, {2, 0, 1, 3}), {p.Tp, p.H, X}), {0, 0, 0}, {p.T, p.H, X});
+}
+// [T, Hkv, X] -> [Hkv, Tp, X]
+Value to_heads(HloBuilder& b, const Dims& p, const Value& x) {
+  return b.transpose(pad_tokens(b, p, x), {1, 0, 2});
+}
+// [Hkv, Tp, X] -> [T, Hkv, X]
+Value from_heads(HloBuilder& b, const Dims& p, const Value& x) {
+  const int64_t X = x.type().dims[2];
+  return b.transpose(b.slice(x, {0, 0, 0}, {p.Hkv, p.T, X}), {1, 0, 2});
+}
+
+Prep prepare(HloBuilder& b, const Value& q, const Value& k, const Value& v, const Value& seg,
+             const AttentionOptions& o, const char* op) {
+  for (auto [x, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
+    expect_type(*x, kF32, op, name);
+    OLMO_CHECK(x->type().rank() == 3, "xla ops: ", op, ": ", name, " must be [T, heads, dim], got ",
+               x->type().mlir());
+  }
+  expect_type(seg, kS32, op, "seg");
+  Dims p;
+  p.T = q.type().dims[0];
+  p.H = q.type().dims[1];
+  p.D = q.type().dims[2];
+  p.Hkv = k.type().dims[1];
+  p.Dv = v.type().dims[2];
+  OLMO_CHECK(p.T > 0 && p.Hkv > 0 && p.H % p.Hkv == 0, "xla ops: ", op, ": q heads ", p.H,
+             " must be a multiple of kv heads ", p.Hkv, " (T = ", p.T, ")");
+  expect_dims(k, {p.T, p.Hkv, p.D}, op, "k");
+  expect_dims(v, {p.T, p.Hkv, p.Dv}, op, "v");
+  expect_dims(seg, {p.T}, op, "seg");
+  OLMO_CHECK(std::isfinite(o.scale) && o.block > 0, "xla ops: ", op,
+             ": scale must be finite and block > 0, got ", o.scale, " and ", o.block);
+  p.G = p.H / p.Hkv;
+  p.B = std::min(o.block, p.T);
+  p.nb = (p.T + p.B - 1) / p.B;
+  p.Tp = p.nb * p.B;
+  const Value qs = b.mul(to_groups(b, p, q), full(b, {p.Hkv, p.G, p.Tp, p.D}, double(float(o.scale))));
+  return Prep{p, qs, to_heads(b, p, k), to_heads(b, p, v), pad_tokens(b, p, seg)};
+}
+
+Value i32(HloBuilder& b, int64_t v) { return b.scalar(kS32, double(v)); }
+
+// Block rows starting at token START: [Hkv, G, B, ...] of a [Hkv, G, Tp, ...] value, [Hkv, B, X] of a
+// [Hkv, Tp, X] one.
+Value q_rows(HloBuilder& b, const Dims& p, const Value& x, const Value& start) {
+  std::vector<Value> at{i32(b, 0), i32(b, 0), start};
+  std::vector<int64_t> sizes{p.Hkv, p.G, p.B};
+  if (x.type().rank() == 4) {
+    at.push_back(i32(b, 0));
+    sizes.push_back(x.type().dims[3]);
+  }
+  return b.dynamic_slice(x, at, sizes);
+}
+Value k_rows(HloBuilder& b, const Dims& p, const Value& x, const Value& start) {
+  return b.dynamic_slice(x, {i32(b, 0), start, i32(b, 0)}, {p.Hkv, p.B, x.type().dims[2]});
+}
+
+Value logical_and(HloBuilder& b, const Value& x, const Value& y) {
+  return b.select(x, y, b.constant(x.type(), 0));
+}
+
+// Document extents of the block at START (s32 scalar): over the block's non-padding tokens, the first token
+// (FIRST) or the last token (else) of their documents; Tp (FIRST) or -1 when the block is all padding. Each
+// document is one contiguous run, so these bound what the block can see (queries) or be seen by (keys). A
+// [B, Tp] comparison: O(T x block) memory, O(T) work per block.
+Value document_edge(HloBuilder& b, const Prep& p, const Value& start, bool first) {
+  const std::vector<int64_t> bt{p.B, p.Tp};
+  const Value sb = bcast(b, b.dynamic_slice(p.segp, {start}, {p.B}), bt, {0});
+  const Value same = logical_and(b, b.compare(sb, full(b, bt, 0, kS32), Compare::kGe),
+                                 b.compare(sb, bcast(b, p.segp, bt, {1}), Compare::kEq));
+  const Value idx = b.iota({kS32, bt}, 1);
+  if (first)  // min = -max(-x)
+    return b.neg(b.reduce_max(b.select(same, b.neg(idx), full(b, bt, -double(p.Tp), kS32)), {0, 1}));
+  return b.reduce_max(b.select(same, idx, full(b, bt, -1, kS32)), {0, 1});
+}
+
+// Which queries of the block at QS see which keys of the block at KS (token indices, s32 scalars):
+// pred [Hkv, G, B, B].
+Value block_mask(HloBuilder& b, const Prep& p, const Value& qs, const Value& ks, int64_t window) {
+  const std::vector<int64_t> bb{p.B, p.B};
+  const Value sq = bcast(b, b.dynamic_slice(p.segp, {qs}, {p.B}), bb, {0});
+  const Value sk = bcast(b, b.dynamic_slice(p.segp, {ks}, {p.B}), bb, {1});
+  const Value qpos = b.add(b.iota({kS32, bb}, 0), bcast(b, qs, bb, {}));
+  const Value kpos = b.add(b.iota({kS32, bb}, 1), bcast(b, ks, bb, {}));
+  Value m =
+      logical_and(b, b.compare(sq, full(b, bb, 0, kS32), Compare::kGe), b.compare(sq, sk, Compare::kEq));
+  m = logical_and(b, m, b.compare(kpos, qpos, Compare::kLe));
+  if (window > 0)
+    m = logical_and(b, m, b.compare(b.sub(qpos, kpos), full(b, bb, double(window), kS32), Compare::kLt));
+  return bcast(b, m, {p.Hkv, p.G, p.B, p.B}, {2, 3});
+}
+
+// The online softmax state of one query block: running max, sum and unnormalised output.
+struct Running {
+  Value m, l, acc;  // [Hkv, G, B], [Hkv, G, B], [Hkv, G, B, Dv]
+};
+Running online_step(HloBuilder& b, const Prep& p, const Value& qb, const Value& kb, const Value& vb,
+                    const Value& mask, const Running& r) {
+  const std::vector<int64_t> rows{p.Hkv, p.G, p.B}, sdims{p.Hkv, p.G, p.B, p.B}, odims{p.Hkv, p.G, p.B, p.Dv};
+  const Value s = b.dot_general(qb, kb, {{0}, {0}, {3}, {2}});  // [Hkv, G, B, B]
+  const Value m_new = b.max(r.m, b.reduce_max(b.select(mask, s, full(b, sdims, kNegInf)), {3}));
+  const Value no_key = b.compare(m_new, full(b, rows, kNegInf), Compare::kEq);
+  const Value m_safe = b.select(no_key, full(b, rows, 0.0), m_new);
+  const Value pr = b.select(mask, b.exp(b.sub(s, bcast(b, m_safe, sdims, {0, 1, 2}))), full(b, sdims, 0.0));
+  const Value alpha = b.select(b.compare(r.m, full(b, rows, kNegInf), Compare::kEq), full(b, rows, 0.0),
+                               b.exp(b.sub(r.m, m_safe)));
+  const Value l = b.add(b.mul(r.l, alpha), b.reduce_sum(pr, {3}));
+  const Value pv = b.dot_general(pr, vb, {{0}, {0}, {3}, {1}});  // [Hkv, G, B, Dv]
+  return {m_new, l, b.add(b.mul(r.acc, bcast(b, alpha, odims, {0, 1, 2})), pv)};
+}
+
+// Query block QB's output and lse from its final state: [Hkv, G, B, Dv] and [Hkv, G, B].
+std::pair<Value, Value> finish(HloBuilder& b, const Prep& p, const Running& r) {
+  const std::vector<int64_t> rows{p.Hkv, p.G, p.B}, odims{p.Hkv, p.G, p.B, p.Dv};
+  const Value seen = b.compare(r.l, full(b, rows, 0.0), Compare::kGt);
+  const Value l_safe = b.select(seen, r.l, full(b, rows, 1.0));
+  const Value out = b.select(bcast(b, seen, odims, {0, 1, 2}),
+                             b.div(r.acc, bcast(b, l_safe, odims, {0, 1, 2})), full(b, odims, 0.0));
+  return {out, b.select(seen, b.add(r.m, b.log(l_safe)), full(b, rows, kNegInf))};
+}
+
+// Query blocks in a loop; for each, a while loop over the key blocks it can see: from the first one of its
+// documents and inside the window to its own (causal), so masked-out blocks cost nothing.
+AttentionForward row_forward(HloBuilder& b, const Value& q, const Value& k, const Value& v, const Value& seg,
+                             const AttentionOptions& o) {
+  const Prep p = prepare(b, q, k, v, seg, o, "attention_forward");
+  const std::vector<int64_t> rows{p.Hkv, p.G, p.B}, odims{p.Hkv, p.G, p.B, p.Dv};
+  const std::vector<Value> init{full(b, {p.Hkv, p.G, p.Tp, p.Dv}, 0.0), full(b, {p.Hkv, p.G, p.Tp}, kNegInf)};
+  const auto fin = b.for_loop(p.nb, init, [&](HloBuilder& b, const Value& qb, const std::vector<Value>& c) {
+    const Value qs = b.mul(qb, i32(b, p.B));
+    const Value qblk = q_rows(b, p, p.qs, qs);
+    // From the block of the earliest key any of its queries can see (its documents' first token, the window's
+    // start) to its own; an all-padding block (first token Tp) runs no key block.
+    Value lo = b.div(document_edge(b, p, qs, true), i32(b, p.B));
+    if (o.window > 0) lo = b.max(lo, b.div(b.max(i32(b, 0), b.sub(qs, i32(b, o.window - 1))), i32(b, p.B)));
+    const auto st = b.while_loop(
+        {lo, full(b, rows, kNegInf), full(b, rows, 0.0), full(b, odims, 0.0)},
+        [&](HloBuilder& b, const std::vector<Value>& a) {
+          return std::vector<Value>{b.compare(a[0], qb, Compare::kLe)};
+        },
+        [&](HloBuilder& b, const std::vector<Value>& a) {
+          const Value ks = b.mul(a[0], i32(b, p.B));
+          const Running r = online_step(b, p, qblk, k_rows(b, p, p.kp, ks), k_rows(b, p, p.vp, ks),
+                                        block_mask(b, p, qs, ks, o.window), {a[1], a[2], a[3]});
+          return std::vector<Value>{b.add(a[0], i32(b, 1)), r.m, r.l, r.acc};
+        });
+    const auto [out, lse] = finish(b, p, {st[1], st[2], st[3]});
+    const Value z = i32(b, 0);
+    return std::vector<Value>{b.dynamic_update_slice(c[0], out, {z, z, qs, z}),
+                              b.dynamic_update_slice(c[1], lse, {z, z, qs})};
+  });
+  const Value lse = b.slice(fin[1], {0, 0, 0}, {p.Hkv, p.G, p.T});
+  return {from_groups(b, p, fin[0]), b.reshape(lse, {p.H, p.T})};
+}
+
+// The backward's per-query inputs in the loops' layout: dout, D_i = rowsum(dO * O) and lse (0 for padding).
+struct BackInputs {
+  Value dog;  // [Hkv, G, Tp, Dv]
+  Value di;   // [Hkv, G, Tp]
+  Value lse;  // [Hkv, G, Tp]
+};
+BackInputs back_inputs(HloBuilder& b, const Prep& p, const Value& out, const Value& lse, const Value& dout) {
+  expect_dims(out, {p.T, p.H, p.Dv}, "attention_backward", "out");
+  expect_dims(dout, {p.T, p.H, p.Dv}, "attention_backward", "dout");
+  expect_dims(lse, {p.H, p.T}, "attention_backward", "lse");
+  const std::vector<int64_t> rows{p.Hkv, p.G, p.Tp};
+  const Value dog = to_groups(b, p, dout);
+  const Value di = b.reduce_sum(b.mul(dog, to_groups(b, p, out)), {3});
+  Value lr = b.reshape(lse, {p.Hkv, p.G, p.T});
+  if (p.Tp > p.T) lr = b.concatenate({lr, full(b, {p.Hkv, p.G, p.Tp - p.T}, 0.0)}, 2);
+  const Value lse_safe =
+      b.select(b.compare(lr, full(b, rows, kNegInf), Compare::kEq), full(b, rows, 0.0), lr);
+  return {dog, di, lse_safe};
+}
+
+// FlashAttention-2's order: key blocks in a loop; for each, a while loop over the query blocks that can see
+// it (from its own, causal, to the last of its documents and inside the window), accumulating its dk and dv
+// and adding into dq.
+AttentionBackward row_backward(HloBuilder& b, const Value& q, const Value& k, const Value& v,
+                               const Value& seg, const Value& out, const Value& lse, const Value& dout,
+                               const AttentionOptions& o) {
+  const Prep p = prepare(b, q, k, v, seg, o, "attention_backward");
+  const BackInputs in = back_inputs(b, p, out, lse, dout);
+  const std::vector<int64_t> sdims{p.Hkv, p.G, p.B, p.B};
+  const std::vector<Value> init{full(b, {p.Hkv, p.G, p.Tp, p.D}, 0.0), full(b, {p.Hkv, p.Tp, p.D}, 0.0),
+                                full(b, {p.Hkv, p.Tp, p.Dv}, 0.0)};
+  const auto fin = b.for_loop(p.nb, init, [&](HloBuilder& b, const Value& kb, const std::vector<Value>& c) {
+    const Value ks = b.mul(kb, i32(b, p.B));
+    const Value kblk = k_rows(b, p, p.kp, ks), vblk = k_rows(b, p, p.vp, ks);
+    // To the block of the last query that can see any of its keys (its documents' last token, the window's
+    // end); an all-padding block (last token -1) runs no query block.
+    const Value last = document_edge(b, p, ks, false);
+    Value hi = b.select(b.compare(last, i32(b, 0), Compare::kLt), i32(b, -1), b.div(last, i32(b, p.B)));
+    if (o.window > 0) hi = b.min(hi, b.div(b.add(ks, i32(b, p.B + o.window - 2)), i32(b, p.B)));
+    const auto st = b.while_loop(
+        {kb, full(b, {p.Hkv, p.B, p.D}, 0.0), full(b, {p.Hkv, p.B, p.Dv}, 0.0), c[0]},
+        [&](HloBuilder& b, const std::vector<Value>& a) {
+          return std::vector<Value>{b.compare(a[0], hi, Compare::kLe)};
+        },
+        [&](HloBuilder& b, const std::vector<Value>& a) {
+          const Value qs = b.mul(a[0], i32(b, p.B));
+          const Value qblk = q_rows(b, p, p.qs, qs), dob = q_rows(b, p, in.dog, qs);
+          const Value s = b.dot_general(qblk, kblk, {{0}, {0}, {3}, {2}});  // [Hkv, G, B, B]
+          const Value pr = b.select(block_mask(b, p, qs, ks, o.window),
+                                    b.exp(b.sub(s, bcast(b, q_rows(b, p, in.lse, qs), sdims, {0, 1, 2}))),
+                                    full(b, sdims, 0.0));
+          const Value dv = b.add(a[2], b.dot_general(pr, dob, {{0}, {0}, {1, 2}, {1, 2}}));  // [Hkv, B, Dv]
+          const Value dp = b.dot_general(dob, vblk, {{0}, {0}, {3}, {2}});                   // [Hkv, G, B, B]
+          const Value ds = b.mul(pr, b.sub(dp, bcast(b, q_rows(b, p, in.di, qs), sdims, {0, 1, 2})));
+          const Value dk =
+              b.add(a[1], b.dot_general(ds, qblk, {{0}, {0}, {1, 2}, {1, 2}}));  // scale included
+          const Value dqb = b.add(q_rows(b, p, a[3], qs), b.dot_general(ds, kblk, {{0}, {0}, {3}, {1}}));
+          const Value z = i32(b, 0);
+          return std::vector<Value>{b.add(a[0], i32(b, 1)), dk, dv,
+                                    b.dynamic_update_slice(a[3], dqb, {z, z, qs, z})};
+        });
+    const Value z = i32(b, 0);
+    return std::vector<Value>{st[3], b.dynamic_update_slice(c[1], st[1], {z, ks, z}),
+                              b.dynamic_update_slice(c[2], st[2], {z, ks, z})};
+  });
+  const Value dq = b.mul(fin[0], full(b, {p.Hkv, p.G, p.Tp, p.D}, double(float(o.scale))));
+  return {from_groups(b, p, dq), from_heads(b, p, fin[1]), from_heads(b, p, fin[2])};
+}
+
+// Row R (s32 scalar) of a [B, ...] value, without the batch dimension, and its inverse into ALL.
+Value row(HloBuilder& b, const Value& x, const Value& r) {
+  std::vector<int64_t> sizes = x.type().dims;
+  sizes[0] = 1;
+  std::vector<Value> at{r};
+  for (size_t i = 1; i < sizes.size(); ++i) at.push_back(i32(b, 0));
+  return b.reshape(b.dynamic_slice(x, at, sizes), std::vector<int64_t>(sizes.begin() + 1, sizes.end()));
+}
+Value put_row(HloBuilder& b, const Value& all, const Value& x, const Value& r) {
+  std::vector<int64_t> dims{1};
+  dims.insert(dims.end(), x.type().dims.begin(), x.type().dims.end());
+  std::vector<Value> at{r};
+  for (size_t i = 1; i < dims.size(); ++i) at.push_back(i32(b, 0));
+  return b.dynamic_update_slice(all, b.reshape(x, dims), at);
+}
+// The batch size of the [B, T, ...] form (0 for the one-row form), checked across the operands.
+int64_t batch_of(const Value& q, const std::vector<const Value*>& rest, const Value& seg, const char* op) {
+  if (q.type().rank() != 4) return 0;
+  const int64_t B = q.type().dims[0];
+  for (const Value* x : rest)
+    OLMO_CHECK(x->type().rank() == 4 && x->type().dims[0] == B, "xla ops: ", op,
+               ": with q [B, T, H, D] = ", q.type().mlir(), " every tensor needs the batch dimension B = ", B,
+               ", got ", x->type().mlir());
+  OLMO_CHECK(seg.type().rank() == 2 && seg.type().dims[0] == B, "xla ops: ", op,
+             ": seg must be [B, T] for q ", q.type().mlir(), ", got ", seg.type().mlir());
+  return B;
+}
+
+}  // namespace
+
+AttentionForward attention_forward(HloBuilder& b, const Value& q, const Value& k, const Value& v,
+                                   const Value& seg, const AttentionOptions& o) {
+  const int64_t B = batch_of(q, {&k, &v}, seg, "attention_forward");
+  if (B == 0) return row_forward(b, q, k, v, seg, o);
+  const auto& qd = q.type().dims;
+  const std::vector<Value> init{full(b, {B, qd[1], qd[2], v.type().dims[3]}, 0.0),
+                                full(b, {B, qd[2], qd[1]}, 0.0)};
+  const auto fin = b.for_loop(B, init, [&](HloBuilder& b, const Value& r, const std::vector<Value>& c) {
+    const AttentionForward f = row_forward(b, row(b, q, r), row(b, k, r), row(b, v, r), row(b, seg, r), o);
+    return std::vector<Value>{put_row(b, c[0], f.out, r), put_row(b, c[1], f.lse, r)};
+  });
+  return {fin[0], fin[1]};
+}
+
+AttentionBackward attention_backward(HloBuilder& b, const Value& q, const Value& k, const Value& v,
+                                     const Value& seg, const Value& out, const Value& lse, const Value& dout,
+                                     const AttentionOptions& o) {
+  const int64_t B = batch_of(q, {&k, &v, &out, &dout}, seg, "attention_backward");
+  if (B == 0) return row_backward(b, q, k, v, seg, out, lse, dout, o);
+  OLMO_CHECK(lse.type().rank() == 3 && lse.type().dims[0] == B,
+             "xla ops: attention_backward: lse must be [B, H, T], got ", lse.type().mlir());
+  const std::vector<Value> init{full(b, q.type().dims, 0.0), full(b, k.type().dims, 0.0),
+                                full(b, v.type().dims, 0.0)};
+  const auto fin = b.for_loop(B, init, [&](HloBuilder& b, const Value& r, const std::vector<Value>& c) {
+    const AttentionBackward g = row_backward(b, row(b, q, r), row(b, k, r), row(b, v, r), row(b, seg, r),
+                                             row(b, out, r), row(b, lse, r), row(b, dout, r), o);
+    return std::vector<Value>{put_row(b, c[0], g.dq, r), put_row(b, c[1], g.dk, r),
+                              put_row(b, c[2], g.dv, r)};
+  });
+  return {fin[0], fin[1], fin[2]};
+}
+
+}  // namespace olmosft::xla::ops
