@@ -6,7 +6,8 @@
 #      directory and the import, and our forward on the import reproduces OLMo-core's own forward log-probs:
 #      max |diff| <= 5e-5 per position and mean CE within 1e-6 (the tolerances of the transformers oracle,
 #      tests/e2e/hf_export_oracle.sh); the comparison discriminates (the bf16 import vs the fp32 oracle);
-#   2. hostile or damaged inputs exit 2 with a message naming the file and the problem, and write nothing:
+#   2. `olmosft train` with model.init = the step directory starts from the checkpoint's weights;
+#   3. hostile or damaged inputs exit 2 with a message naming the file and the problem, and write nothing:
 #      a .metadata whose pickle names os.system (GLOBAL + REDUCE, and STACK_GLOBAL), a truncated shard,
 #      a damaged .metadata, a config that does not match the tensors, an output directory that is not empty.
 set -u
@@ -57,6 +58,46 @@ done
 m=$(maxdiff "$tmp/fwd_2proc.json" "$gold/oracle/expected_1proc.json")
 check "the comparison discriminates: bf16 weights vs the fp32 oracle differ by $m > 1e-3" \
   "awk -v m='$m' 'BEGIN { exit !(m > 1e-3 && m < 1e8) }'"
+
+# --- model.init accepts the step directory: `olmosft train` starts from the checkpoint's weights (its step-1
+# CE, printed to 6 decimals, is our forward's CE on the step-1 rows of the imported model)
+G=$here/tests/golden
+"$bin" data build --input "$G/data/convs.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --epochs 1 \
+  --quiet --out "$tmp/data" >/dev/null 2>&1
+check "dataset builds" "[ $? -eq 0 ]"
+cat >"$tmp/recipe.yaml" <<YAML
+run_name: distcp
+output_dir: $tmp/runs
+model:
+  init: $gold/olmo3_2proc
+tokenizer: builtin:bytes
+data:
+  path: $tmp/data
+  epochs: 1
+seq_len: 512
+global_batch: 2
+per_device_batch: 2
+steps: 2
+optimizer:
+  lr: 1e-3
+perf:
+  peak_tflops: 1
+checkpoint:
+  every: 0
+log:
+  tensorboard: false
+eval:
+  heldout: 2
+YAML
+"$bin" train "$tmp/recipe.yaml" >"$tmp/train.out" 2>"$tmp/train.err"
+check "train with model.init = the OLMo-core step directory exits 0" "[ $? -eq 0 ]"
+step1=$(sed -n 's/^CHECK step1_ce=\([0-9.]*\).*/\1/p' "$tmp/train.out")
+"$bin" data rows --data "$tmp/data" --epoch 0 --rows 0:2 --out-dir "$tmp/rows" >/dev/null
+"$bin" forward --model "$tmp/hf_2proc" --tokens "$tmp/rows/tokens.json" --segments "$tmp/rows/segments.json" \
+  --trained "$tmp/rows/trained.json" --out "$tmp/step1.json" >/dev/null
+ce=$(jq .mean_ce "$tmp/step1.json")
+check "the run's step-1 CE $step1 is the imported model's $ce (it started from the checkpoint)" \
+  "[ -n '$step1' ] && near '$step1' '$ce' 1e-6"
 
 # --- hostile and damaged inputs: exit 2, the file and the problem named, nothing written
 bad() {  # bad NAME: a fresh copy of the 1-process step directory at $tmp/NAME

@@ -6,9 +6,10 @@ installed there with --no-deps from deps/pypi/reference-olmo-core.txt by `script
 
 writes tests/golden/distcp/ (committed; the C++ suite never runs Python):
   olmo3_1proc/   a tiny Olmo 3 (TransformerConfig.olmo3_1M: d_model 12, 4 heads of head_dim 4, 2 kv heads,
-                 4 layers, SwiGLU hidden 40, vocab 256, sliding windows [6, 6, 6, -1] with the first and last layer full,
+                 4 layers, SwiGLU hidden 40, vocab 264, sliding windows [6, 6, 6, -1] with the first and last layer full,
                  attention backend "torch"), random weights, float32, saved by one process (no process group):
-                   config.json                 {"run_name", "model": TransformerConfig.as_config_dict()}
+                   config.json                 {"run_name", "model": TransformerConfig.as_config_dict(),
+                                                "dataset": {"tokenizer": TokenizerConfig.as_config_dict()}}
                    model_and_optim/.metadata + __0_0.distcp   (model and AdamW state, as OLMo-core writes them)
   olmo3_2proc/   the same weights rounded to bfloat16, FSDP2-sharded over 2 processes (torchrun
                  --nproc-per-node 2, gloo): every 2-D tensor is split along dim 0 across __0_0 and __1_0.
@@ -37,7 +38,7 @@ OUT = os.path.join(REPO, "tests", "golden", "distcp")
 PINNED_TORCH = "2.15.0"
 PINNED_OLMO_CORE = "3.0.0"
 SEED = 20261204
-B, T, V = 2, 24, 256
+B, T, V = 2, 24, 264  # V covers olmosft's builtin:bytes tokenizer (260 ids) so `olmosft train` can start
 
 
 def die(msg):
@@ -109,9 +110,16 @@ def lr0_step(model, optim):
 
 
 def write_config(config, step_dir):
+    # As OLMo-core's trainer writes it: the experiment config, with the model under "model" and the tokenizer
+    # (OLMo-core's own TokenizerConfig; the ids of olmosft's builtin:bytes tokenizer) under "dataset".
+    from olmo_core.data import TokenizerConfig
+
+    tok = TokenizerConfig(vocab_size=V, eos_token_id=258, pad_token_id=259, identifier="olmosft builtin:bytes")
     os.makedirs(step_dir, exist_ok=True)
+    exp = {"run_name": "olmosft-distcp-fixture", "model": config.as_config_dict(),
+           "dataset": {"tokenizer": tok.as_config_dict()}}
     with open(os.path.join(step_dir, "config.json"), "w") as f:
-        json.dump({"run_name": "olmosft-distcp-fixture", "model": config.as_config_dict()}, f, indent=2, sort_keys=True)
+        json.dump(exp, f, indent=2, sort_keys=True)
         f.write("\n")
 
 

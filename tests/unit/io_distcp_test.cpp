@@ -105,6 +105,9 @@ TEST(OlmoCore, ConfigAndNamesMapOntoTheRegistry) {
   EXPECT_EQ(c.config.intermediate_size, 40);
   EXPECT_EQ(c.config.sliding_window, 6);
   EXPECT_DOUBLE_EQ(c.config.rms_norm_eps, 1e-6);
+  EXPECT_EQ(c.config.vocab_size, 264);
+  EXPECT_EQ(c.config.eos_token_ids, std::vector<int64_t>{258});  // from dataset.tokenizer
+  EXPECT_EQ(c.config.pad_token_id, 259);
   EXPECT_DOUBLE_EQ(c.config.rope_full.rope_theta, 500000.0);
   // force_full_attention_on_first_layer: the pattern [6, 6, 6, -1] starts at layer 1; the last layer is full.
   using LT = model::LayerType;
