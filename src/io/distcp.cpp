@@ -116,6 +116,8 @@ TensorEntry tensor_entry(const Walk& w, const std::string& key, const Value& tsm
   e.shape = w.size(w.need(tsm, "size", where), where + ".size");
   const Value& chunks = w.need(tsm, "chunks", where);
   if (!chunks.is(Kind::List)) w.bad(where, ".chunks is not a list");
+  // The tiling check is quadratic in the chunk count; FSDP writes one chunk per rank.
+  if (chunks.items.size() > 65536) w.bad(where, " has ", chunks.items.size(), " chunks (at most 65,536)");
   for (size_t k = 0; k < chunks.items.size(); ++k) {
     const std::string cw = where + ".chunks[" + std::to_string(k) + "]";
     const Value& c = w.object(*chunks.items[k], kDcp + "ChunkStorageMetadata", cw);
