@@ -54,5 +54,7 @@ int model_info_main(int argc, char** argv) {
 
 OLMOSFT_VERB("export hf", "export an HF model directory (dtype conversion, sharding, tokenizer files)",
              export_hf_main);
-OLMOSFT_VERB("model info", "validate an HF model directory (or an OLMo-core checkpoint) and print config, parameter and tensor counts",
+OLMOSFT_VERB("model info",
+             "validate an HF model directory (or an OLMo-core checkpoint) and print config, parameter and "
+             "tensor counts",
              model_info_main);

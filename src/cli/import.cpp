@@ -30,14 +30,16 @@ struct Progress {
     const double rate = s > 0 ? double(bytes) / s : 0.0;
     const double eta = rate > 0 ? double(total_bytes - bytes) / rate : 0.0;
     std::fprintf(stderr, "import: %zu/%zu tensors, %.1f/%.1f MB, %.1f MB/s, ETA %.0f s (%s)\n", tensors,
-                 total_tensors, double(bytes) / 1e6, double(total_bytes) / 1e6, rate / 1e6, eta, name.c_str());
+                 total_tensors, double(bytes) / 1e6, double(total_bytes) / 1e6, rate / 1e6, eta,
+                 name.c_str());
   }
 };
 
 int import_olmo_core_main(int argc, char** argv) {
-  CLI::App app{"Import an OLMo-core distributed checkpoint (model_and_optim/ .metadata + .distcp shards) as an "
-               "HF model directory",
-               "import olmo-core"};
+  CLI::App app{
+      "Import an OLMo-core distributed checkpoint (model_and_optim/ .metadata + .distcp shards) as an "
+      "HF model directory",
+      "import olmo-core"};
   std::string step, config, out, dtype = "keep", shard = "5GB";
   app.add_option("step_dir", step, "OLMo-core step directory (holding model_and_optim/) or the DCP directory")
       ->required();
@@ -75,5 +77,6 @@ int import_olmo_core_main(int argc, char** argv) {
 
 }  // namespace
 
-OLMOSFT_VERB("import olmo-core", "import an OLMo-core distributed checkpoint (distcp) as an HF model directory",
+OLMOSFT_VERB("import olmo-core",
+             "import an OLMo-core distributed checkpoint (distcp) as an HF model directory",
              import_olmo_core_main);

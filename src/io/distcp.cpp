@@ -30,10 +30,9 @@ const std::map<std::string, DType>& torch_dtypes() {
 }
 
 // dtypes that may appear but cannot be converted here (kept by name; an error only if read).
-const char* const kOtherTorchDtypes[] = {"torch.int8",        "torch.int16",         "torch.bool",
-                                         "torch.complex64",   "torch.complex128",    "torch.float8_e4m3fn",
-                                         "torch.float8_e5m2", "torch.uint16",        "torch.uint32",
-                                         "torch.uint64"};
+const char* const kOtherTorchDtypes[] = {
+    "torch.int8",          "torch.int16",       "torch.bool",   "torch.complex64", "torch.complex128",
+    "torch.float8_e4m3fn", "torch.float8_e5m2", "torch.uint16", "torch.uint32",    "torch.uint64"};
 const std::string kDcp = "torch.distributed.checkpoint.metadata.";
 
 // ---- Reading the metadata value tree -------------------------------------------------------------
@@ -82,7 +81,8 @@ struct Walk {
       if (v.args->items.size() != 1) bad(where, ": torch.Size takes one tuple");
       t = v.args->items[0];
     }
-    if (!t->is(Kind::Tuple) && !t->is(Kind::List)) bad(where, " is ", pickle::describe(v, 1), ", expected a size");
+    if (!t->is(Kind::Tuple) && !t->is(Kind::List))
+      bad(where, " is ", pickle::describe(v, 1), ", expected a size");
     if (t->items.size() > 8) bad(where, " has ", t->items.size(), " dimensions (at most 8)");
     std::vector<int64_t> out;
     for (const Value* x : t->items) {
@@ -152,8 +152,8 @@ void check_tiling(const Walk& w, const TensorEntry& e) {
     }
   }
   if (total != shape_numel(e.shape))
-    w.bad("tensor '", e.key, "': its chunks hold ", total, " elements, the tensor ", shape_str(e.shape), " has ",
-          shape_numel(e.shape));
+    w.bad("tensor '", e.key, "': its chunks hold ", total, " elements, the tensor ", shape_str(e.shape),
+          " has ", shape_numel(e.shape));
 }
 
 bool plain_file_name(const std::string& f) {
@@ -170,7 +170,8 @@ void attach_storage(const Walk& w, const Value& storage, Metadata& m) {
     const Value& idx = w.object(*storage.items[k], kDcp + "MetadataIndex", where);
     const std::string& fqn = w.str(w.need(idx, "fqn", where), where + ".fqn");
     const Value* off = w.field(idx, "offset");
-    std::vector<int64_t> o = off && !off->is(Kind::None) ? w.size(*off, where + ".offset") : std::vector<int64_t>{};
+    std::vector<int64_t> o =
+        off && !off->is(Kind::None) ? w.size(*off, where + ".offset") : std::vector<int64_t>{};
     info[{fqn, o}] = storage.items[k + 1];
   }
   for (auto& [key, e] : m.tensors) {
@@ -178,7 +179,8 @@ void attach_storage(const Walk& w, const Value& storage, Metadata& m) {
       Chunk& c = e.chunks[k];
       auto it = info.find({key, c.offsets});
       if (it == info.end())
-        w.bad("tensor '", key, "' chunk ", k, " (offsets ", shape_str(c.offsets), ") has no storage_data entry");
+        w.bad("tensor '", key, "' chunk ", k, " (offsets ", shape_str(c.offsets),
+              ") has no storage_data entry");
       const Value& si = *it->second;
       const std::string where = "storage_data['" + key + "' " + shape_str(c.offsets) + "]";
       if (!si.is(Kind::Object) || si.class_name().size() < 12 ||
@@ -253,7 +255,8 @@ bool is_dcp_dir(const std::string& dir) {
 
 Checkpoint Checkpoint::open(const std::string& dir) {
   std::error_code ec;
-  OLMO_CHECK(fs::is_directory(dir, ec), "distributed checkpoint ", dir, " does not exist or is not a directory");
+  OLMO_CHECK(fs::is_directory(dir, ec), "distributed checkpoint ", dir,
+             " does not exist or is not a directory");
   const std::string mpath = dir + "/" + kMetadataFile;
   OLMO_CHECK(fs::is_regular_file(mpath, ec), mpath,
              ": missing (a distributed checkpoint directory holds .metadata and __<rank>_<i>.distcp files; "

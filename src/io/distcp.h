@@ -26,11 +26,11 @@ struct Chunk {
 };
 
 struct TensorEntry {
-  std::string key;                  // e.g. "model.blocks.0.attention.w_q.weight"
-  std::string torch_dtype;          // e.g. "torch.bfloat16"
-  std::optional<DType> dtype;       // nullopt: a dtype this reader cannot convert (named on read)
-  Shape shape;                      // global size
-  std::vector<Chunk> chunks;        // disjoint, covering the tensor exactly (checked on open)
+  std::string key;             // e.g. "model.blocks.0.attention.w_q.weight"
+  std::string torch_dtype;     // e.g. "torch.bfloat16"
+  std::optional<DType> dtype;  // nullopt: a dtype this reader cannot convert (named on read)
+  Shape shape;                 // global size
+  std::vector<Chunk> chunks;   // disjoint, covering the tensor exactly (checked on open)
   uint64_t nbytes() const { return dtype ? uint64_t(shape_numel(shape)) * dtype_size(*dtype) : 0; }
 };
 

@@ -56,7 +56,8 @@ std::vector<ZipEntry> zip_entries(const uint8_t* p, size_t n, const std::string&
   OLMO_CHECK(n >= 22, ctx, ": ", n, " bytes is too small for a torch.save ZIP archive");
   size_t eocd = n - 22;
   for (size_t back = 0; rd(p + eocd, 4) != 0x06054b50u; ++back, --eocd)
-    OLMO_CHECK(eocd > 0 && back < 65536, ctx, ": no ZIP end-of-central-directory record (not a torch.save item?)");
+    OLMO_CHECK(eocd > 0 && back < 65536, ctx,
+               ": no ZIP end-of-central-directory record (not a torch.save item?)");
   uint64_t count = rd(p + eocd + 10, 2), cd_size = rd(p + eocd + 12, 4), cd_off = rd(p + eocd + 16, 4);
   if (count == 0xFFFF || cd_size == 0xFFFFFFFFu || cd_off == 0xFFFFFFFFu) {
     OLMO_CHECK(eocd >= 20 && rd(p + eocd - 20, 4) == 0x07064b50u, ctx, ": ZIP64 locator missing");
@@ -71,7 +72,8 @@ std::vector<ZipEntry> zip_entries(const uint8_t* p, size_t n, const std::string&
   std::vector<ZipEntry> out;
   size_t q = cd_off, end = cd_off + cd_size;
   for (uint64_t k = 0; k < count; ++k) {
-    OLMO_CHECK(q + 46 <= end && rd(p + q, 4) == 0x02014b50u, ctx, ": ZIP central directory entry ", k, " is damaged");
+    OLMO_CHECK(q + 46 <= end && rd(p + q, 4) == 0x02014b50u, ctx, ": ZIP central directory entry ", k,
+               " is damaged");
     uint64_t method = rd(p + q + 10, 2), csize = rd(p + q + 20, 4), usize = rd(p + q + 24, 4);
     uint64_t nlen = rd(p + q + 28, 2), xlen = rd(p + q + 30, 2), clen = rd(p + q + 32, 2);
     uint64_t lho = rd(p + q + 42, 4);
@@ -79,8 +81,8 @@ std::vector<ZipEntry> zip_entries(const uint8_t* p, size_t n, const std::string&
     ZipEntry e;
     e.name.assign(reinterpret_cast<const char*>(p + q + 46), nlen);
     zip64_extra(p + q + 46 + nlen, xlen, &usize, &csize, &lho, ctx);
-    OLMO_CHECK(method == 0 && csize == usize, ctx, ": ZIP entry '", e.name, "' is compressed (method ", method,
-               "); torch.save stores entries uncompressed");
+    OLMO_CHECK(method == 0 && csize == usize, ctx, ": ZIP entry '", e.name, "' is compressed (method ",
+               method, "); torch.save stores entries uncompressed");
     OLMO_CHECK(lho <= n && n - lho >= 30 && rd(p + lho, 4) == 0x04034b50u, ctx, ": ZIP entry '", e.name,
                "' has no local header at ", lho);
     e.data_offset = lho + 30 + rd(p + lho + 26, 2) + rd(p + lho + 28, 2);
@@ -107,8 +109,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 std::vector<int64_t> int_tuple(const Value& v, const std::string& what, const std::string& ctx) {
-  OLMO_CHECK(v.is(Kind::Tuple) && v.items.size() <= 8, ctx, ": data.pkl: ", what, " is ", pickle::describe(v, 1),
-             ", expected a tuple of integers");
+  OLMO_CHECK(v.is(Kind::Tuple) && v.items.size() <= 8, ctx, ": data.pkl: ", what, " is ",
+             pickle::describe(v, 1), ", expected a tuple of integers");
   std::vector<int64_t> out;
   for (const Value* x : v.items) {
     OLMO_CHECK(x->is(Kind::Int) && x->i >= 0 && x->i <= (int64_t{1} << 48), ctx, ": data.pkl: ", what,
@@ -122,9 +124,12 @@ std::vector<int64_t> int_tuple(const Value& v, const std::string& what, const st
 
 const std::set<std::string>& torch_save_classes() {
   static const std::set<std::string> s = [] {
-    std::set<std::string> c = {"torch._utils._rebuild_tensor_v2", "collections.OrderedDict",
-                               "torch.CharStorage",           "torch.ShortStorage",
-                               "torch.BoolStorage",           "torch.ComplexFloatStorage",
+    std::set<std::string> c = {"torch._utils._rebuild_tensor_v2",
+                               "collections.OrderedDict",
+                               "torch.CharStorage",
+                               "torch.ShortStorage",
+                               "torch.BoolStorage",
+                               "torch.ComplexFloatStorage",
                                "torch.ComplexDoubleStorage"};
     for (const auto& [n, d] : storage_dtypes()) c.insert(n);
     return c;
@@ -143,8 +148,9 @@ SavedTensor parse_torch_save(const uint8_t* data, size_t size, const std::string
   pickle::Pickle p =
       pickle::unpickle(data + pkl->data_offset, pkl->size, torch_save_classes(), ctx + ": " + pkl->name);
   const Value& r = p.root();
-  OLMO_CHECK(r.is(Kind::Object) && r.class_name() == "torch._utils._rebuild_tensor_v2", ctx, ": data.pkl holds ",
-             pickle::describe(r, 1), ", expected one tensor (torch._utils._rebuild_tensor_v2)");
+  OLMO_CHECK(r.is(Kind::Object) && r.class_name() == "torch._utils._rebuild_tensor_v2", ctx,
+             ": data.pkl holds ", pickle::describe(r, 1),
+             ", expected one tensor (torch._utils._rebuild_tensor_v2)");
   const auto& a = r.args->items;
   OLMO_CHECK(a.size() >= 4 && a[0]->is(Kind::PersId), ctx, ": data.pkl: unexpected tensor arguments ",
              pickle::describe(*r.args, 1));
@@ -157,7 +163,8 @@ SavedTensor parse_torch_save(const uint8_t* data, size_t size, const std::string
   t.storage_class = id[1]->s;
   auto sd = storage_dtypes().find(t.storage_class);
   if (sd != storage_dtypes().end()) t.dtype = sd->second;
-  OLMO_CHECK(a[1]->is(Kind::Int) && a[1]->i >= 0, ctx, ": data.pkl: storage offset ", pickle::describe(*a[1], 0));
+  OLMO_CHECK(a[1]->is(Kind::Int) && a[1]->i >= 0, ctx, ": data.pkl: storage offset ",
+             pickle::describe(*a[1], 0));
   t.storage_offset = a[1]->i;
   t.shape = int_tuple(*a[2], "size", ctx);
   t.stride = int_tuple(*a[3], "stride", ctx);
@@ -174,8 +181,8 @@ SavedTensor parse_torch_save(const uint8_t* data, size_t size, const std::string
   if (t.dtype) {
     uint64_t numel = uint64_t(id[4]->i);
     OLMO_CHECK(numel <= blob->size / dtype_size(*t.dtype) && numel * dtype_size(*t.dtype) == blob->size, ctx,
-               ": storage '", want, "' has ", blob->size, " bytes, its reference says ", numel, " elements of ",
-               dtype_name(*t.dtype));
+               ": storage '", want, "' has ", blob->size, " bytes, its reference says ", numel,
+               " elements of ", dtype_name(*t.dtype));
   }
   return t;
 }
@@ -233,7 +240,8 @@ void copy_box(const uint8_t* src, const Chunk& c, Tensor& dst) {
 
 Tensor Checkpoint::read(const std::string& key) const {
   const TensorEntry& e = at(key);
-  OLMO_CHECK(e.dtype, dir_, ": tensor '", key, "' has dtype ", e.torch_dtype, ", which this reader does not convert");
+  OLMO_CHECK(e.dtype, dir_, ": tensor '", key, "' has dtype ", e.torch_dtype,
+             ", which this reader does not convert");
   Tensor out = Tensor::empty(e.shape, *e.dtype);
   const uint64_t es = dtype_size(*e.dtype);
   for (size_t k = 0; k < e.chunks.size(); ++k) {
@@ -246,7 +254,8 @@ Tensor Checkpoint::read(const std::string& key) const {
                " bytes (wrong offset or length?)");
     std::vector<uint8_t> item = pread_range(path, c.offset, c.length);
     SavedTensor t = parse_torch_save(item.data(), item.size(), ctx);
-    OLMO_CHECK(t.dtype == e.dtype, ctx, ": stored as ", t.storage_class, ", the metadata says ", e.torch_dtype);
+    OLMO_CHECK(t.dtype == e.dtype, ctx, ": stored as ", t.storage_class, ", the metadata says ",
+               e.torch_dtype);
     OLMO_CHECK(t.shape == c.sizes, ctx, ": stored with size ", shape_str(t.shape), ", the metadata says ",
                shape_str(c.sizes));
     int64_t expect = 1;

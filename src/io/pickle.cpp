@@ -10,18 +10,30 @@ namespace olmosft::pickle {
 
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::None: return "None";
-    case Kind::Bool: return "bool";
-    case Kind::Int: return "int";
-    case Kind::Float: return "float";
-    case Kind::Str: return "str";
-    case Kind::Bytes: return "bytes";
-    case Kind::Tuple: return "tuple";
-    case Kind::List: return "list";
-    case Kind::Dict: return "dict";
-    case Kind::Global: return "global";
-    case Kind::Object: return "object";
-    case Kind::PersId: return "persistent id";
+    case Kind::None:
+      return "None";
+    case Kind::Bool:
+      return "bool";
+    case Kind::Int:
+      return "int";
+    case Kind::Float:
+      return "float";
+    case Kind::Str:
+      return "str";
+    case Kind::Bytes:
+      return "bytes";
+    case Kind::Tuple:
+      return "tuple";
+    case Kind::List:
+      return "list";
+    case Kind::Dict:
+      return "dict";
+    case Kind::Global:
+      return "global";
+    case Kind::Object:
+      return "object";
+    case Kind::PersId:
+      return "persistent id";
   }
   return "?";
 }
@@ -40,24 +52,74 @@ namespace {
 
 // Names of the pickle opcodes (Lib/pickletools.py), for error messages about refused ones.
 const char* opcode_name(uint8_t op) {
-  static const std::map<uint8_t, const char*> names = {
-      {'(', "MARK"},          {'.', "STOP"},          {'0', "POP"},          {'1', "POP_MARK"},
-      {'2', "DUP"},           {'F', "FLOAT"},         {'I', "INT"},          {'J', "BININT"},
-      {'K', "BININT1"},       {'L', "LONG"},          {'M', "BININT2"},      {'N', "NONE"},
-      {'P', "PERSID"},        {'Q', "BINPERSID"},     {'R', "REDUCE"},       {'S', "STRING"},
-      {'T', "BINSTRING"},     {'U', "SHORT_BINSTRING"}, {'V', "UNICODE"},    {'X', "BINUNICODE"},
-      {'a', "APPEND"},        {'b', "BUILD"},         {'c', "GLOBAL"},       {'d', "DICT"},
-      {'}', "EMPTY_DICT"},    {'e', "APPENDS"},       {'g', "GET"},          {'h', "BINGET"},
-      {'i', "INST"},          {'j', "LONG_BINGET"},   {'l', "LIST"},         {']', "EMPTY_LIST"},
-      {'o', "OBJ"},           {'p', "PUT"},           {'q', "BINPUT"},       {'r', "LONG_BINPUT"},
-      {'s', "SETITEM"},       {'t', "TUPLE"},         {')', "EMPTY_TUPLE"},  {'u', "SETITEMS"},
-      {'G', "BINFLOAT"},      {0x80, "PROTO"},        {0x81, "NEWOBJ"},      {0x82, "EXT1"},
-      {0x83, "EXT2"},         {0x84, "EXT4"},         {0x85, "TUPLE1"},      {0x86, "TUPLE2"},
-      {0x87, "TUPLE3"},       {0x88, "NEWTRUE"},      {0x89, "NEWFALSE"},    {0x8a, "LONG1"},
-      {0x8b, "LONG4"},        {'B', "BINBYTES"},      {'C', "SHORT_BINBYTES"}, {0x8c, "SHORT_BINUNICODE"},
-      {0x8d, "BINUNICODE8"},  {0x8e, "BINBYTES8"},    {0x8f, "EMPTY_SET"},   {0x90, "ADDITEMS"},
-      {0x91, "FROZENSET"},    {0x92, "NEWOBJ_EX"},    {0x93, "STACK_GLOBAL"}, {0x94, "MEMOIZE"},
-      {0x95, "FRAME"},        {0x96, "BYTEARRAY8"},   {0x97, "NEXT_BUFFER"}, {0x98, "READONLY_BUFFER"}};
+  static const std::map<uint8_t, const char*> names = {{'(', "MARK"},
+                                                       {'.', "STOP"},
+                                                       {'0', "POP"},
+                                                       {'1', "POP_MARK"},
+                                                       {'2', "DUP"},
+                                                       {'F', "FLOAT"},
+                                                       {'I', "INT"},
+                                                       {'J', "BININT"},
+                                                       {'K', "BININT1"},
+                                                       {'L', "LONG"},
+                                                       {'M', "BININT2"},
+                                                       {'N', "NONE"},
+                                                       {'P', "PERSID"},
+                                                       {'Q', "BINPERSID"},
+                                                       {'R', "REDUCE"},
+                                                       {'S', "STRING"},
+                                                       {'T', "BINSTRING"},
+                                                       {'U', "SHORT_BINSTRING"},
+                                                       {'V', "UNICODE"},
+                                                       {'X', "BINUNICODE"},
+                                                       {'a', "APPEND"},
+                                                       {'b', "BUILD"},
+                                                       {'c', "GLOBAL"},
+                                                       {'d', "DICT"},
+                                                       {'}', "EMPTY_DICT"},
+                                                       {'e', "APPENDS"},
+                                                       {'g', "GET"},
+                                                       {'h', "BINGET"},
+                                                       {'i', "INST"},
+                                                       {'j', "LONG_BINGET"},
+                                                       {'l', "LIST"},
+                                                       {']', "EMPTY_LIST"},
+                                                       {'o', "OBJ"},
+                                                       {'p', "PUT"},
+                                                       {'q', "BINPUT"},
+                                                       {'r', "LONG_BINPUT"},
+                                                       {'s', "SETITEM"},
+                                                       {'t', "TUPLE"},
+                                                       {')', "EMPTY_TUPLE"},
+                                                       {'u', "SETITEMS"},
+                                                       {'G', "BINFLOAT"},
+                                                       {0x80, "PROTO"},
+                                                       {0x81, "NEWOBJ"},
+                                                       {0x82, "EXT1"},
+                                                       {0x83, "EXT2"},
+                                                       {0x84, "EXT4"},
+                                                       {0x85, "TUPLE1"},
+                                                       {0x86, "TUPLE2"},
+                                                       {0x87, "TUPLE3"},
+                                                       {0x88, "NEWTRUE"},
+                                                       {0x89, "NEWFALSE"},
+                                                       {0x8a, "LONG1"},
+                                                       {0x8b, "LONG4"},
+                                                       {'B', "BINBYTES"},
+                                                       {'C', "SHORT_BINBYTES"},
+                                                       {0x8c, "SHORT_BINUNICODE"},
+                                                       {0x8d, "BINUNICODE8"},
+                                                       {0x8e, "BINBYTES8"},
+                                                       {0x8f, "EMPTY_SET"},
+                                                       {0x90, "ADDITEMS"},
+                                                       {0x91, "FROZENSET"},
+                                                       {0x92, "NEWOBJ_EX"},
+                                                       {0x93, "STACK_GLOBAL"},
+                                                       {0x94, "MEMOIZE"},
+                                                       {0x95, "FRAME"},
+                                                       {0x96, "BYTEARRAY8"},
+                                                       {0x97, "NEXT_BUFFER"},
+                                                       {0x98, "READONLY_BUFFER"}};
   auto it = names.find(op);
   return it == names.end() ? "unknown" : it->second;
 }
@@ -199,7 +261,9 @@ class Unpickler {
 // Opcodes that push a scalar or a string. Returns false when `op` is not one of them.
 bool Unpickler::step_data(uint8_t op) {
   switch (op) {
-    case 'N': push(make(Kind::None)); return true;
+    case 'N':
+      push(make(Kind::None));
+      return true;
     case 0x88:
     case 0x89: {
       Value* v = make(Kind::Bool);
@@ -210,7 +274,7 @@ bool Unpickler::step_data(uint8_t op) {
     case 'J':
     case 'K':
     case 'M': {
-      int64_t x = op == 'K' ? static_cast<int64_t>(le(1))
+      int64_t x = op == 'K'   ? static_cast<int64_t>(le(1))
                   : op == 'M' ? static_cast<int64_t>(le(2))
                               : static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(le(4))));
       Value* v = make(Kind::Int);
@@ -237,13 +301,26 @@ bool Unpickler::step_data(uint8_t op) {
       push(v);
       return true;
     }
-    case 0x8c: push(string(Kind::Str, le(1))); return true;
-    case 'X': push(string(Kind::Str, le(4))); return true;
-    case 0x8d: push(string(Kind::Str, le(8))); return true;
-    case 'C': push(string(Kind::Bytes, le(1))); return true;
-    case 'B': push(string(Kind::Bytes, le(4))); return true;
-    case 0x8e: push(string(Kind::Bytes, le(8))); return true;
-    default: return false;
+    case 0x8c:
+      push(string(Kind::Str, le(1)));
+      return true;
+    case 'X':
+      push(string(Kind::Str, le(4)));
+      return true;
+    case 0x8d:
+      push(string(Kind::Str, le(8)));
+      return true;
+    case 'C':
+      push(string(Kind::Bytes, le(1)));
+      return true;
+    case 'B':
+      push(string(Kind::Bytes, le(4)));
+      return true;
+    case 0x8e:
+      push(string(Kind::Bytes, le(8)));
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -255,16 +332,28 @@ void Unpickler::step(uint8_t op) {
       if (v < 2 || v > 5) bad("pickle protocol ", v, " (expected 2 to 5)");
       return;
     }
-    case 0x95: (void)le(8); return;  // FRAME: a length hint; the bytes follow inline
+    case 0x95:
+      (void)le(8);
+      return;  // FRAME: a length hint; the bytes follow inline
     case '(':
       if (marks_.size() >= lim_.max_depth) bad("more than ", lim_.max_depth, " nested MARKs (limit)");
       marks_.push_back(stack_.size());
       return;
-    case '0': (void)pop(); return;
-    case '1': (void)pop_mark(); return;
-    case '2': push(top()); return;
-    case ')': push(make(Kind::Tuple)); return;
-    case 't': push(tuple(pop_mark())); return;
+    case '0':
+      (void)pop();
+      return;
+    case '1':
+      (void)pop_mark();
+      return;
+    case '2':
+      push(top());
+      return;
+    case ')':
+      push(make(Kind::Tuple));
+      return;
+    case 't':
+      push(tuple(pop_mark()));
+      return;
     case 0x85:
     case 0x86:
     case 0x87: {
@@ -273,7 +362,9 @@ void Unpickler::step(uint8_t op) {
       push(tuple(v));
       return;
     }
-    case ']': push(make(Kind::List)); return;
+    case ']':
+      push(make(Kind::List));
+      return;
     case 'l': {
       auto items = pop_mark();
       Value* l = make(Kind::List);
@@ -291,7 +382,9 @@ void Unpickler::step(uint8_t op) {
       append_to(top(), items);
       return;
     }
-    case '}': push(make(Kind::Dict)); return;
+    case '}':
+      push(make(Kind::Dict));
+      return;
     case 'd': {
       auto kv = pop_mark();
       Value* d = make(Kind::Dict);
@@ -349,11 +442,21 @@ void Unpickler::step(uint8_t op) {
       push(v);
       return;
     }
-    case 'q': memo_put(le(1)); return;
-    case 'r': memo_put(le(4)); return;
-    case 0x94: memo_put(memo_.size()); return;
-    case 'h': push(memo_get(le(1))); return;
-    case 'j': push(memo_get(le(4))); return;
+    case 'q':
+      memo_put(le(1));
+      return;
+    case 'r':
+      memo_put(le(4));
+      return;
+    case 0x94:
+      memo_put(memo_.size());
+      return;
+    case 'h':
+      push(memo_get(le(1)));
+      return;
+    case 'j':
+      push(memo_get(le(4)));
+      return;
     default: {
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02x", op);
@@ -380,18 +483,42 @@ std::string describe(const Value& v, int depth) {
     os << close;
   };
   switch (v.kind) {
-    case Kind::None: os << "None"; break;
-    case Kind::Bool: os << (v.b ? "True" : "False"); break;
-    case Kind::Int: os << v.i; break;
-    case Kind::Float: os << v.f; break;
-    case Kind::Str: os << "'" << v.s.substr(0, 64) << (v.s.size() > 64 ? "...'" : "'"); break;
-    case Kind::Bytes: os << "bytes[" << v.s.size() << "]"; break;
-    case Kind::Tuple: seq("(", ")", 1); break;
-    case Kind::List: seq("[", "]", 1); break;
-    case Kind::Dict: seq("{", "}", 2); break;
-    case Kind::Global: os << v.s; break;
-    case Kind::Object: os << v.class_name() << "(...)"; break;
-    case Kind::PersId: seq("persid(", ")", 1); break;
+    case Kind::None:
+      os << "None";
+      break;
+    case Kind::Bool:
+      os << (v.b ? "True" : "False");
+      break;
+    case Kind::Int:
+      os << v.i;
+      break;
+    case Kind::Float:
+      os << v.f;
+      break;
+    case Kind::Str:
+      os << "'" << v.s.substr(0, 64) << (v.s.size() > 64 ? "...'" : "'");
+      break;
+    case Kind::Bytes:
+      os << "bytes[" << v.s.size() << "]";
+      break;
+    case Kind::Tuple:
+      seq("(", ")", 1);
+      break;
+    case Kind::List:
+      seq("[", "]", 1);
+      break;
+    case Kind::Dict:
+      seq("{", "}", 2);
+      break;
+    case Kind::Global:
+      os << v.s;
+      break;
+    case Kind::Object:
+      os << v.class_name() << "(...)";
+      break;
+    case Kind::PersId:
+      seq("persid(", ")", 1);
+      break;
   }
   return os.str();
 }

@@ -27,7 +27,7 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;                                          // Str / Bytes; Global: "module.name"
+  std::string s;  // Str / Bytes; Global: "module.name"
   // Tuple / List / PersId (its tuple's items); Dict: keys and values alternating, in insertion order.
   std::vector<const Value*> items;
   const Value* cls = nullptr;    // Object: the Global it was made from
@@ -43,7 +43,7 @@ struct Value {
 
 struct Limits {
   size_t max_nodes = 20'000'000;  // values created (about 100 bytes each; also bounds the memo)
-  size_t max_depth = 64;         // nesting of MARK frames
+  size_t max_depth = 64;          // nesting of MARK frames
 };
 
 class Pickle {

@@ -316,9 +316,10 @@ void emit(const Layout& L, Sink&& sink) {
     Tensor src = t->tensor;
     if (t->load) {
       src = t->load();
-      OLMO_CHECK(src.shape() == t->tensor.shape() && src.dtype() == t->tensor.dtype(), "safetensors writer: ",
-                 t->name, " was announced as ", dtype_name(t->tensor.dtype()), " ", shape_str(t->tensor.shape()),
-                 " but loaded as ", dtype_name(src.dtype()), " ", shape_str(src.shape()));
+      OLMO_CHECK(src.shape() == t->tensor.shape() && src.dtype() == t->tensor.dtype(),
+                 "safetensors writer: ", t->name, " was announced as ", dtype_name(t->tensor.dtype()), " ",
+                 shape_str(t->tensor.shape()), " but loaded as ", dtype_name(src.dtype()), " ",
+                 shape_str(src.shape()));
     }
     Tensor c = t->stored_dtype() == src.dtype() ? src.contiguous() : src.to(t->stored_dtype());
     sink(c.raw_data(), c.nbytes());

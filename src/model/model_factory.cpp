@@ -177,7 +177,8 @@ ParamFill olmo_core_param_fill(const std::string& dir, ModelConfig* config) {
   if (config) *config = st->ck.config;
   return [st](size_t i, int64_t begin, int64_t n, float* out) {
     std::lock_guard<std::mutex> lock(st->mu);
-    OLMO_CHECK(i < st->ck.registry.size(), st->ck.dcp.dir(), ": parameter ", i, " of ", st->ck.registry.size());
+    OLMO_CHECK(i < st->ck.registry.size(), st->ck.dcp.dir(), ": parameter ", i, " of ",
+               st->ck.registry.size());
     if (st->cached != i) {
       st->value = Tensor();
       Tensor t = st->ck.read(st->ck.registry[i].name);

@@ -47,8 +47,8 @@ struct Cfg {
   }
   void must_be_null(const json& j, const std::string& path, const char* key, const char* why) const {
     const json* v = opt(j, key);
-    OLMO_CHECK(!v || (v->is_boolean() && !v->get<bool>()), ctx, ": ", path, ".", key, " is ", v ? v->dump() : "",
-               ", which this import does not support (", why, ")");
+    OLMO_CHECK(!v || (v->is_boolean() && !v->get<bool>()), ctx, ": ", path, ".", key, " is ",
+               v ? v->dump() : "", ", which this import does not support (", why, ")");
   }
   std::string name(const json& j, const std::string& path, const char* dflt) const {
     const json* v = opt(j, "name");
@@ -84,7 +84,8 @@ void sliding_layers(const Cfg& c, const json& sw, int64_t n_layers, json& out) {
     OLMO_CHECK(!v || v->is_boolean(), c.ctx, ": ", path, ".", k, " must be true or false");
     return !v || v->get<bool>();
   };
-  const bool first = flag("force_full_attention_on_first_layer"), last = flag("force_full_attention_on_last_layer");
+  const bool first = flag("force_full_attention_on_first_layer"),
+             last = flag("force_full_attention_on_last_layer");
   const int64_t n = int64_t(w.size());
   json types = json::array();
   for (int64_t l = 0; l < n_layers; ++l) {
@@ -100,7 +101,8 @@ void sliding_layers(const Cfg& c, const json& sw, int64_t n_layers, json& out) {
 const json& model_of(const json& j, const std::string& ctx) {
   OLMO_CHECK(j.is_object(), ctx, ": expected a JSON object");
   if (j.contains("model") && j["model"].is_object()) return j["model"];
-  OLMO_CHECK(j.contains("d_model"), ctx, ": neither a 'model' object (an OLMo-core experiment config) nor a "
+  OLMO_CHECK(j.contains("d_model"), ctx,
+             ": neither a 'model' object (an OLMo-core experiment config) nor a "
              "TransformerConfig (with 'd_model')");
   return j;
 }
@@ -124,7 +126,8 @@ json hf_config_json(const json& root, const std::string& ctx) {
   const bool mixer = block.contains("sequence_mixer");
   const std::string ap = mixer ? "model.block.sequence_mixer" : "model.block.attention";
   const json& att = c.get(block, "model.block", mixer ? "sequence_mixer" : "attention");
-  if (mixer) c.must_be(att, ap, "type", "attention", "softmax attention; linear-attention mixers are not mapped");
+  if (mixer)
+    c.must_be(att, ap, "type", "attention", "softmax attention; linear-attention mixers are not mapped");
   c.must_be(att, ap, "name", "default", "separate q/k/v projections");
   c.must_be_null(att, ap, "attention_sinks", "not in the HF model");
   c.must_be_null(att, ap, "scalable_softmax", "not in Olmo 3");
@@ -146,7 +149,8 @@ json hf_config_json(const json& root, const std::string& ctx) {
   const json* ffname = c.opt(ff, "name");
   OLMO_CHECK(!ffname || *ffname == "default", ctx, ": model.block.feed_forward.name is ", ffname->dump(),
              ", only the SwiGLU feed-forward (\"default\") is supported");
-  OLMO_CHECK(!c.opt(block, "feed_forward_moe"), ctx, ": model.block.feed_forward_moe is set (MoE blocks are not "
+  OLMO_CHECK(!c.opt(block, "feed_forward_moe"), ctx,
+             ": model.block.feed_forward_moe is set (MoE blocks are not "
              "mapped by this import)");
   const json& lm = c.get(m, "model", "lm_head");
   c.must_be_null(lm, "model.lm_head", "bias", "Olmo 3 has no biases");
@@ -175,7 +179,8 @@ json hf_config_json(const json& root, const std::string& ctx) {
   c.must_be_null(*rope, ap + ".rope", "no_global_rope", "RoPE on every layer");
   if (const json* prf = c.opt(*rope, "partial_rotary_factor"))
     OLMO_CHECK(prf->is_number() && prf->get<double>() == 1.0, ctx, ": ", ap,
-               ".rope.partial_rotary_factor is ", prf->dump(), ", only 1.0 is supported (Olmo 3 rotates every dim)");
+               ".rope.partial_rotary_factor is ", prf->dump(),
+               ", only 1.0 is supported (Olmo 3 rotates every dim)");
   hf["rope_theta"] = c.number(*rope, ap + ".rope", "theta");
   int64_t layers = hf["num_hidden_layers"].get<int64_t>();
   if (const json* sw = c.opt(att, "sliding_window")) {
@@ -203,15 +208,16 @@ ModelConfig load_config(const std::string& path) {
 
 std::string hf_name(const std::string& n) {
   static const std::map<std::string, std::string> global = {{"embeddings.weight", hf::kEmbedTokens},
-                                                             {"lm_head.norm.weight", hf::kFinalNorm},
-                                                             {"lm_head.w_out.weight", hf::kLmHead}};
+                                                            {"lm_head.norm.weight", hf::kFinalNorm},
+                                                            {"lm_head.w_out.weight", hf::kLmHead}};
   if (auto it = global.find(n); it != global.end()) return it->second;
   const std::string pre = "blocks.";
   if (n.compare(0, pre.size(), pre) != 0) return "";
   size_t dot = n.find('.', pre.size());
   if (dot == std::string::npos || dot == pre.size() || dot - pre.size() > 9) return "";
   const std::string num = n.substr(pre.size(), dot - pre.size());
-  if (num.find_first_not_of("0123456789") != std::string::npos || (num.size() > 1 && num[0] == '0')) return "";
+  if (num.find_first_not_of("0123456789") != std::string::npos || (num.size() > 1 && num[0] == '0'))
+    return "";
   const std::string rest = n.substr(dot + 1);
   static const std::map<std::string, std::string> per_layer = {
       {"attention.w_q.weight", std::string(hf::kSelfAttn) + hf::kQProj},
@@ -314,8 +320,8 @@ std::string model_info(const Checkpoint& c, const std::string& step_dir) {
     for (const auto& ch : e.chunks) files.insert(ch.file);
   }
   os << "directory           " << step_dir << " (OLMo-core distributed checkpoint, " << c.dcp.dir() << ")\n"
-     << config_summary(c.config) << "parameters          " << pc.total << "\ntensors             " << pc.tensors
-     << " (plus " << c.dcp.tensors().size() - c.key_of.size() << " optimizer/other tensors and "
+     << config_summary(c.config) << "parameters          " << pc.total << "\ntensors             "
+     << pc.tensors << " (plus " << c.dcp.tensors().size() - c.key_of.size() << " optimizer/other tensors and "
      << c.dcp.metadata().byte_entries.size() << " byte entries, not read)\nstored dtypes       ";
   for (const auto& [d, n] : dt) os << dtype_name(d) << " x" << n << "  ";
   os << "\nweights             " << files.size() << " .distcp file(s), " << c.total_bytes()

@@ -19,7 +19,9 @@ const std::vector<RecipeKey>& recipe_keys() {
       {"output_dir", KeyType::String, "runs", "directory holding one folder per run"},
       {"seed", KeyType::Int, "0",
        "seed for initialisation and any sampling (data order is fixed by the dataset)"},
-      {"model.init", KeyType::String, "", "HF model directory to fine-tune (config.json + safetensors), or an OLMo-core step directory (model_and_optim/ distributed checkpoint + config.json)"},
+      {"model.init", KeyType::String, "",
+       "HF model directory to fine-tune (config.json + safetensors), or an OLMo-core step directory "
+       "(model_and_optim/ distributed checkpoint + config.json)"},
       {"model.config", KeyType::String, "",
        "config.json for a randomly initialised model (when model.init is empty)"},
       {"model.remat", KeyType::String, "none",

@@ -29,12 +29,9 @@ int main(int argc, char** argv) {
     const char* name;
     int (*run)(const uint8_t*, size_t);
   };
-  const Target targets[] = {{"safetensors", olmosft_fuzz_safetensors},
-                            {"template", olmosft_fuzz_template},
-                            {"tokenizer", olmosft_fuzz_tokenizer},
-                            {"recipe", olmosft_fuzz_recipe},
-                            {"manifest", olmosft_fuzz_manifest},
-                            {"pickle", olmosft_fuzz_pickle}};
+  const Target targets[] = {{"safetensors", olmosft_fuzz_safetensors}, {"template", olmosft_fuzz_template},
+                            {"tokenizer", olmosft_fuzz_tokenizer},     {"recipe", olmosft_fuzz_recipe},
+                            {"manifest", olmosft_fuzz_manifest},       {"pickle", olmosft_fuzz_pickle}};
   const Target* t = nullptr;
   for (const auto& c : targets)
     if (argc >= 2 && std::strcmp(argv[1], c.name) == 0) t = &c;

@@ -111,11 +111,12 @@ TEST(OlmoCore, ConfigAndNamesMapOntoTheRegistry) {
   EXPECT_DOUBLE_EQ(c.config.rope_full.rope_theta, 500000.0);
   // force_full_attention_on_first_layer: the pattern [6, 6, 6, -1] starts at layer 1; the last layer is full.
   using LT = model::LayerType;
-  EXPECT_EQ(c.config.layer_types,
-            (std::vector<LT>{LT::FullAttention, LT::SlidingAttention, LT::SlidingAttention, LT::FullAttention}));
+  EXPECT_EQ(c.config.layer_types, (std::vector<LT>{LT::FullAttention, LT::SlidingAttention,
+                                                   LT::SlidingAttention, LT::FullAttention}));
   EXPECT_EQ(c.key_of.size(), c.registry.size());
   EXPECT_EQ(c.key_of.at("model.layers.2.mlp.down_proj.weight"), "model.blocks.2.feed_forward.w2.weight");
-  EXPECT_EQ(c.key_of.at("model.layers.0.post_attention_layernorm.weight"), "model.blocks.0.attention_norm.weight");
+  EXPECT_EQ(c.key_of.at("model.layers.0.post_attention_layernorm.weight"),
+            "model.blocks.0.attention_norm.weight");
   EXPECT_EQ(model::olmo_core::hf_name("blocks.07.attention.w_q.weight"), "");
   EXPECT_EQ(model::olmo_core::hf_name("blocks.1.attention.w_qkv.weight"), "");
 }
@@ -207,5 +208,6 @@ TEST(DistcpErrors, ExportWritesNothingOnError) {
   std::string e = error_of([&] { model::export_hf_dir(t / "hf", c.config, c.lazy_named(), {}); });
   EXPECT_NE(e.find("__0_3.distcp"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(t / "hf"));
-  for (const auto& f : fs::directory_iterator(t.path)) EXPECT_EQ(f.path().filename().string().find("hf."), std::string::npos);
+  for (const auto& f : fs::directory_iterator(t.path))
+    EXPECT_EQ(f.path().filename().string().find("hf."), std::string::npos);
 }

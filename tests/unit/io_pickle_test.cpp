@@ -16,7 +16,8 @@ namespace {
 
 template <size_t N>
 std::vector<uint8_t> bytes(const char (&s)[N]) {
-  return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(s), reinterpret_cast<const uint8_t*>(s) + N - 1);
+  return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(s),
+                              reinterpret_cast<const uint8_t*>(s) + N - 1);
 }
 
 std::string error_of(const std::vector<uint8_t>& b, const std::set<std::string>& allowed = {},
@@ -138,14 +139,19 @@ TEST(Pickle, BoundedOnHostileInput) {
   EXPECT_EQ(error_of(many), "(no error)");
   // A memo reference that was never stored; truncation; trailing bytes; stack underflow; a missing STOP.
   EXPECT_NE(error_of(bytes("\x80\x02h\x05.")).find("memo entry 5 was never stored"), std::string::npos);
-  EXPECT_NE(error_of(bytes("\x80\x02X\x05\x00\x00\x00" "ab")).find("truncated"), std::string::npos);
+  EXPECT_NE(error_of(bytes("\x80\x02X\x05\x00\x00\x00"
+                           "ab"))
+                .find("truncated"),
+            std::string::npos);
   EXPECT_NE(error_of(bytes("\x80\x02N.N")).find("1 bytes after the pickle's STOP"), std::string::npos);
   EXPECT_NE(error_of(bytes("\x80\x02R.")).find("stack underflow"), std::string::npos);
   EXPECT_NE(error_of(bytes("\x80\x02NN.")).find("with 2 values"), std::string::npos);
   EXPECT_NE(error_of(bytes("\x80\x02N")).find("without a STOP"), std::string::npos);
   EXPECT_NE(error_of(bytes("")).find("without a STOP"), std::string::npos);
   // A list that contains itself (memo + APPEND) is held without leaking or recursing forever.
-  auto self = bytes("\x80\x02]q\x00h\x00" "a.");
+  auto self = bytes(
+      "\x80\x02]q\x00h\x00"
+      "a.");
   auto p = pickle::unpickle(self.data(), self.size(), {}, "test.pkl");
   EXPECT_EQ(p.root().items.size(), 1u);
   EXPECT_EQ(p.root().items[0], &p.root());
