@@ -5,7 +5,9 @@
 #   1. both fixtures (1 process fp32; 2 processes, FSDP2-split, bf16) import, `model info` reads the step
 #      directory and the import, and our forward on the import reproduces OLMo-core's own forward log-probs:
 #      max |diff| <= 5e-5 per position and mean CE within 1e-6 (the tolerances of the transformers oracle,
-#      tests/e2e/hf_export_oracle.sh); the comparison discriminates (the bf16 import vs the fp32 oracle);
+#      tests/e2e/hf_export_oracle.sh); for the 1-process model also transformers' Olmo3ForCausalLM on OLMo-core's
+#      own HF conversion (save_hf_model); the comparison discriminates: the same import with the sliding window
+#      off by one (7 instead of OLMo-core's 6) is > 1e-3 away;
 #   2. `olmosft train` with model.init = the step directory starts from the checkpoint's weights;
 #   3. hostile or damaged inputs exit 2 with a message naming the file and the problem, and write nothing:
 #      a .metadata whose pickle names os.system (GLOBAL + REDUCE, and STACK_GLOBAL), a truncated shard,
@@ -55,8 +57,15 @@ for p in 1proc 2proc; do
   ref=$(jq .mean_ce "$gold/oracle/expected_$p.json")
   check "$p: mean CE $ce within 1e-6 of OLMo-core's $ref" "near '$ce' '$ref' 1e-6"
 done
-m=$(maxdiff "$tmp/fwd_2proc.json" "$gold/oracle/expected_1proc.json")
-check "the comparison discriminates: bf16 weights vs the fp32 oracle differ by $m > 1e-3" \
+# transformers' Olmo3ForCausalLM on OLMo-core's own HF conversion of the same model (a second upstream oracle)
+m=$(maxdiff "$tmp/fwd_1proc.json" "$gold/oracle/olmo_core_hf_1proc.json")
+echo "1proc: log-probs max |olmosft - transformers on OLMo-core's HF conversion| = $m"
+check "1proc: log-probs within 5e-5 of transformers' on OLMo-core's own HF conversion" "near '$m' 0 5e-5"
+cp -r "$tmp/hf_1proc" "$tmp/hf_window7"
+jq '.sliding_window = 7' "$tmp/hf_1proc/config.json" >"$tmp/hf_window7/config.json"
+"$bin" forward --model "$tmp/hf_window7" --tokens "$gold/oracle/tokens.json" --out "$tmp/fwd_w7.json" >/dev/null 2>&1
+m=$(maxdiff "$tmp/fwd_w7.json" "$gold/oracle/expected_1proc.json")
+check "the comparison discriminates: a window off by one (7) is $m > 1e-3 away from OLMo-core" \
   "awk -v m='$m' 'BEGIN { exit !(m > 1e-3 && m < 1e8) }'"
 
 # --- model.init accepts the step directory: `olmosft train` starts from the checkpoint's weights (its step-1

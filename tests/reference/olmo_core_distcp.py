@@ -5,19 +5,21 @@ installed there with --no-deps from deps/pypi/reference-olmo-core.txt by `script
   deps/venv-reference/bin/python tests/reference/olmo_core_distcp.py
 
 writes tests/golden/distcp/ (committed; the C++ suite never runs Python):
-  olmo3_1proc/   a tiny Olmo 3 (TransformerConfig.olmo3_1M: d_model 12, 4 heads of head_dim 4, 2 kv heads,
+  olmo3_1proc/   a tiny Olmo 3 (TransformerConfig.olmo3_1M: d_model 12, 3 heads of head_dim 4, 1 kv head,
                  4 layers, SwiGLU hidden 40, vocab 264, sliding windows [6, 6, 6, -1] with the first and last layer full,
                  attention backend "torch"), random weights, float32, saved by one process (no process group):
                    config.json                 {"run_name", "model": TransformerConfig.as_config_dict(),
                                                 "dataset": {"tokenizer": TokenizerConfig.as_config_dict()}}
                    model_and_optim/.metadata + __0_0.distcp   (model and AdamW state, as OLMo-core writes them)
-  olmo3_2proc/   the same weights rounded to bfloat16, FSDP2-sharded over 2 processes (torchrun
+  olmo3_2proc/   the same with 4 heads of head_dim 4 and 2 kv heads, rounded to bfloat16, FSDP2-sharded over 2 processes (torchrun
                  --nproc-per-node 2, gloo): every 2-D tensor is split along dim 0 across __0_0 and __1_0.
   oracle/        tensors_1proc.safetensors / tensors_2proc.safetensors: every model tensor under its OLMo-core
                  name, full, in the stored dtype; tokens.json (2 rows of 24 ids); expected_1proc.json /
                  expected_2proc.json: OLMo-core's own forward (float32) on those tokens as next-token
                  log-probs in `olmosft forward`'s format (logprobs[b][t] = log p(tok[t+1] | tok[..t]), null at
-                 the last position) and the mean CE.
+                 the last position) and the mean CE; olmo_core_hf_1proc.json: OLMo-core's own HF conversion
+                 of the 1-process model (save_hf_model): its config's layer types / window and every HF tensor's
+                 name, shape and sha256, and transformers' Olmo3ForCausalLM log-probs on it.
 The AdamW step that creates the optimizer state uses lr = 0, so the saved weights are the ones the logits
 were computed with. Deterministic seeds; one thread.
 """
@@ -38,6 +40,10 @@ OUT = os.path.join(REPO, "tests", "golden", "distcp")
 PINNED_TORCH = "2.15.0"
 PINNED_OLMO_CORE = "3.0.0"
 SEED = 20261204
+# 1 process: 3 heads x head_dim 4 = d_model (OLMo-core 3.0's get_hf_config drops head_dim, so its own HF
+# conversion, the mapping oracle, needs head_dim = d_model / n_heads), 1 kv head. 2 processes: 4 heads of 4
+# (q width 16 != d_model 12: head_dim must come from the config), 2 kv heads.
+HEADS_1PROC, HEADS_2PROC = (3, 1), (4, 2)
 B, T, V = 2, 24, 264  # V covers olmosft's builtin:bytes tokenizer (260 ids) so `olmosft train` can start
 
 
@@ -46,13 +52,14 @@ def die(msg):
     sys.exit(1)
 
 
-def build_config():
+def build_config(n_heads, n_kv_heads):
     from olmo_core.nn.attention import SlidingWindowAttentionConfig
     from olmo_core.nn.transformer import TransformerConfig
 
     config = TransformerConfig.olmo3_1M(
         vocab_size=V,
-        n_kv_heads=2,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
         sliding_window=SlidingWindowAttentionConfig(
             pattern=[6, 6, 6, -1], force_full_attention_on_first_layer=True, force_full_attention_on_last_layer=True
         ),
@@ -143,10 +150,49 @@ def save_oracle(name, model, tensors):
         f.write("\n")
 
 
+def olmo_core_hf_oracle(model):
+    # OLMo-core's OWN HF conversion (olmo_core.nn.hf.checkpoint.save_hf_model: get_hf_config +
+    # convert_state_to_hf + save_pretrained) of the 1-process model, and transformers' Olmo3ForCausalLM forward
+    # on it: the reference for our name/config mapping (every tensor's sha256 and the config's layer types) and a
+    # second logits oracle.
+    import hashlib
+
+    import transformers
+    from olmo_core.nn.hf.checkpoint import save_hf_model
+    from safetensors.torch import load_file
+    from transformers import Olmo3ForCausalLM
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir = os.path.join(tmp, "hf")
+        save_hf_model(hf_dir, model.state_dict(), model)
+        with open(os.path.join(hf_dir, "config.json")) as f:
+            cfg = json.load(f)
+        tensors = {}
+        for fn in sorted(os.listdir(hf_dir)):
+            if fn.endswith(".safetensors"):
+                tensors.update(load_file(os.path.join(hf_dir, fn)))
+        hf = Olmo3ForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32, attn_implementation="eager")
+        hf.eval()
+        ids = tokens()
+        with torch.no_grad():
+            logits = hf(ids).logits
+        exp = logprobs(lambda x: logits, ids)
+    exp["source"] = (f"transformers {transformers.__version__} Olmo3ForCausalLM (eager, float32) on OLMo-core "
+                     f"{PINNED_OLMO_CORE}'s save_hf_model of olmo3_1proc")
+    exp["hf_config"] = {k: cfg.get(k) for k in ("layer_types", "sliding_window", "num_key_value_heads", "head_dim",
+                                                 "intermediate_size", "rms_norm_eps", "rope_theta")}
+    exp["tensors"] = {n: {"shape": list(t.shape), "dtype": str(t.dtype),
+                          "sha256": hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()}
+                      for n, t in sorted(tensors.items())}
+    with open(os.path.join(OUT, "oracle", "olmo_core_hf_1proc.json"), "w") as f:
+        json.dump(exp, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
 def one_process():
     from olmo_core.distributed.checkpoint import save_model_and_optim_state
 
-    config = build_config()
+    config = build_config(*HEADS_1PROC)
     model = build_model(config)
     optim = torch.optim.AdamW(model.parameters(), lr=0.0, weight_decay=0.1)
     lr0_step(model, optim)
@@ -155,6 +201,7 @@ def one_process():
     write_config(config, step)
     save_model_and_optim_state(os.path.join(step, "model_and_optim"), model, optim)
     save_oracle("1proc", model, full_tensors(model))
+    olmo_core_hf_oracle(model)
 
 
 def two_process_worker():
@@ -164,7 +211,7 @@ def two_process_worker():
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    config = build_config()
+    config = build_config(*HEADS_2PROC)
     model = build_model(config).to(torch.bfloat16)
     if rank == 0:
         ref = build_model(config).to(torch.bfloat16)

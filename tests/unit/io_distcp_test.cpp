@@ -11,6 +11,8 @@
 
 #include "io/atomic_file.h"
 #include "io/distcp.h"
+#include "io/hash.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "model/hf_dir.h"
 #include "model/olmo_core.h"
@@ -119,6 +121,29 @@ TEST(OlmoCore, ConfigAndNamesMapOntoTheRegistry) {
             "model.blocks.0.attention_norm.weight");
   EXPECT_EQ(model::olmo_core::hf_name("blocks.07.attention.w_q.weight"), "");
   EXPECT_EQ(model::olmo_core::hf_name("blocks.1.attention.w_qkv.weight"), "");
+}
+
+// OLMo-core's own HF conversion (save_hf_model, recorded by the generator) is the reference for the mapping:
+// the same HF names, shapes and bytes for every tensor, and the same layer types and window.
+TEST(OlmoCore, MappingEqualsOlmoCoresOwnHfConversion) {
+  const std::string path = kGolden + "/oracle/olmo_core_hf_1proc.json";
+  const auto ref = io::parse_json(io::read_file(path), path);
+  auto c = model::olmo_core::open(kGolden + "/olmo3_1proc");
+  ASSERT_EQ(ref["tensors"].size(), c.registry.size());
+  for (const auto& p : c.registry) {
+    ASSERT_TRUE(ref["tensors"].contains(p.name)) << p.name << " is not in OLMo-core's HF conversion";
+    const auto& r = ref["tensors"][p.name];
+    Tensor t = c.read(p.name);
+    EXPECT_EQ(r["shape"].get<Shape>(), t.shape()) << p.name;
+    EXPECT_EQ(r["dtype"], "torch.float32") << p.name;
+    EXPECT_EQ(r["sha256"], io::sha256_hex(t.raw_data(), t.nbytes())) << p.name;
+  }
+  std::vector<std::string> types;
+  for (auto lt : c.config.layer_types) types.push_back(model::layer_type_name(lt));
+  EXPECT_EQ(ref["hf_config"]["layer_types"].get<std::vector<std::string>>(), types);
+  EXPECT_EQ(ref["hf_config"]["sliding_window"], c.config.sliding_window);
+  EXPECT_EQ(ref["hf_config"]["num_key_value_heads"], c.config.num_key_value_heads);
+  EXPECT_EQ(ref["hf_config"]["intermediate_size"], c.config.intermediate_size);
 }
 
 // The import writes an HF directory that loads and holds the same tensors (stored dtype kept).
