@@ -170,6 +170,13 @@ SavedTensor parse_torch_save(const uint8_t* data, size_t size, const std::string
   t.stride = int_tuple(*a[3], "stride", ctx);
   OLMO_CHECK(t.stride.size() == t.shape.size(), ctx, ": data.pkl: stride ", shape_str(t.stride),
              " does not match size ", shape_str(t.shape));
+  for (const auto& e : entries) {  // torch.save records the writer's byte order; the data is read as LE
+    if (e.name == prefix + "byteorder") {
+      const std::string bo(reinterpret_cast<const char*>(data + e.data_offset), e.size);
+      OLMO_CHECK(bo == "little", ctx, ": the archive's byteorder is '", bo.substr(0, 16),
+                 "' (only little is read)");
+    }
+  }
   const std::string want = prefix + "data/" + id[2]->s;
   const ZipEntry* blob = nullptr;
   for (const auto& e : entries) {

@@ -278,7 +278,19 @@ Checkpoint open(const std::string& step_dir, const std::string& config_json) {
     for (size_t k = 0; k < unknown.size() && k < 20; ++k) os << "\n    " << unknown[k];
     throw Error(os.str());
   }
-  check_against_registry(c.config, shapes, dtypes, c.dcp.dir() + " (with the config " + cfg + ")");
+  try {
+    check_against_registry(c.config, shapes, dtypes, c.dcp.dir() + " (with the config " + cfg + ")");
+  } catch (const Error& e) {  // the listing uses HF names: say which checkpoint keys they are
+    std::ostringstream os;
+    os << e.what() << "\n  (HF name <- checkpoint key:";
+    size_t n = 0;
+    for (const auto& [hf, key] : c.key_of) {
+      if (std::string(e.what()).find(hf + " ") != std::string::npos && n++ < 20)
+        os << "\n    " << hf << " <- " << key;
+    }
+    os << ")";
+    throw Error(os.str());
+  }
   return c;
 }
 
