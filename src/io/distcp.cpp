@@ -85,9 +85,13 @@ struct Walk {
       bad(where, " is ", pickle::describe(v, 1), ", expected a size");
     if (t->items.size() > 8) bad(where, " has ", t->items.size(), " dimensions (at most 8)");
     std::vector<int64_t> out;
+    int64_t numel = 1;  // bounded, so that element and byte counts never overflow
     for (const Value* x : t->items) {
       int64_t d = integer(*x, where);
       if (d < 0 || d > (int64_t{1} << 48)) bad(where, " has dimension ", d, " (out of range)");
+      numel =
+          d == 0 || numel == 0 ? 0 : (d > (int64_t{1} << 48) / numel ? (int64_t{1} << 48) + 1 : numel * d);
+      if (numel > (int64_t{1} << 48)) bad(where, " has more than 2^48 elements");
       out.push_back(d);
     }
     return out;
@@ -140,7 +144,9 @@ TensorEntry tensor_entry(const Walk& w, const std::string& key, const Value& tsm
 void check_tiling(const Walk& w, const TensorEntry& e) {
   int64_t total = 0;
   for (size_t a = 0; a < e.chunks.size(); ++a) {
-    total += shape_numel(e.chunks[a].sizes);
+    total += shape_numel(e.chunks[a].sizes);  // each <= 2^48 (checked), so stopping early avoids overflow
+    if (total > shape_numel(e.shape))
+      w.bad("tensor '", e.key, "': its chunks hold more than its ", shape_numel(e.shape), " elements");
     for (size_t b = 0; b < a; ++b) {
       bool overlap = true;
       for (size_t d = 0; d < e.shape.size() && overlap; ++d) {

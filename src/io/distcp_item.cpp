@@ -271,8 +271,10 @@ Tensor Checkpoint::read(const std::string& key) const {
                  ", expected a contiguous tensor");
       expect *= t.shape[d];
     }
-    OLMO_CHECK(uint64_t(t.storage_offset) * es + want <= t.data_bytes, ctx, ": storage offset ",
-               t.storage_offset, " and ", want, " bytes run past its ", t.data_bytes, "-byte storage");
+    OLMO_CHECK(uint64_t(t.storage_offset) <= t.data_bytes / es &&
+                   uint64_t(t.storage_offset) * es + want <= t.data_bytes,
+               ctx, ": storage offset ", t.storage_offset, " and ", want, " bytes run past its ",
+               t.data_bytes, "-byte storage");
     copy_box(t.data + t.storage_offset * es, c, out);
   }
   return out;
