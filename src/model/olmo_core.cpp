@@ -50,12 +50,6 @@ struct Cfg {
     OLMO_CHECK(!v || (v->is_boolean() && !v->get<bool>()), ctx, ": ", path, ".", key, " is ",
                v ? v->dump() : "", ", which this import does not support (", why, ")");
   }
-  std::string name(const json& j, const std::string& path, const char* dflt) const {
-    const json* v = opt(j, "name");
-    if (!v) return dflt;
-    OLMO_CHECK(v->is_string(), ctx, ": ", path, ".name must be a string");
-    return v->get<std::string>();
-  }
 };
 
 // Layer types from OLMo-core's SlidingWindowAttentionConfig: pattern repeated over the layers (-1 =
@@ -171,7 +165,13 @@ json hf_config_json(const json& root, const std::string& ctx) {
   hf["rms_norm_eps"] = eps;
   hf["hidden_act"] = "silu";
   hf["attention_bias"] = false;
-  hf["tie_word_embeddings"] = c.opt(m, "tie_word_embeddings") && m["tie_word_embeddings"].get<bool>();
+  if (const json* tie = c.opt(m, "tie_word_embeddings")) {
+    OLMO_CHECK(tie->is_boolean(), ctx, ": model.tie_word_embeddings must be true or false, got ",
+               tie->dump());
+    hf["tie_word_embeddings"] = tie->get<bool>();
+  } else {
+    hf["tie_word_embeddings"] = false;
+  }
   const json* rope = c.opt(att, "rope");
   OLMO_CHECK(rope, ctx, ": ", ap, ".rope is missing (Olmo 3 uses RoPE)");
   c.must_be(*rope, ap + ".rope", "name", "default", "standard RoPE");

@@ -15,6 +15,7 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "model/hf_dir.h"
+#include "model/model.h"
 #include "model/olmo_core.h"
 
 namespace fs = std::filesystem;
@@ -155,6 +156,26 @@ TEST(OlmoCore, ExportKeepsEveryTensor) {
   EXPECT_EQ(reads, c.registry.size());
   auto hf = model::load_hf_dir(t / "hf");
   for (const auto& p : hf.registry) EXPECT_TRUE(same_bytes(hf.at(p.name), c.read(p.name))) << p.name;
+}
+
+// model.init with a step directory: the ParamFill a ZeRO-3 rank uses gives each tensor's fp32 values, in any
+// pieces, and load_init_config gives the mapped config.
+TEST(OlmoCore, ParamFillServesShardsOfEveryTensor) {
+  const std::string step = kGolden + "/olmo3_2proc";
+  model::ModelConfig cfg;
+  auto fill = model::hf_param_fill(step, &cfg);
+  EXPECT_EQ(cfg.num_key_value_heads, 2);
+  EXPECT_EQ(model::load_init_config(step).intermediate_size, 40);
+  auto c = model::olmo_core::open(step);
+  for (size_t i = 0; i < c.registry.size(); ++i) {
+    Tensor want = c.read(c.registry[i].name).to(DType::F32);
+    const int64_t n = want.numel(), half = n / 2;
+    std::vector<float> got(static_cast<size_t>(n));
+    fill(i, half, n - half, got.data() + half);  // second half first: a rank's shard
+    fill(i, 0, half, got.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.raw_data(), size_t(n) * 4), 0) << c.registry[i].name;
+  }
+  EXPECT_THROW(fill(0, 0, 1'000'000, nullptr), Error);
 }
 
 TEST(DistcpErrors, DamagedMetadataNamesTheFile) {
