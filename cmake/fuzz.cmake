@@ -4,6 +4,7 @@
 #   fuzz_tokenizer    HF tokenizer.json loader + encode (src/data/tokenizer.cpp)
 #   fuzz_recipe       recipe YAML flattening + typed config (src/train/recipe.cpp)
 #   fuzz_manifest     packed-dataset manifest.json (PackedDataset::open, src/data/dataset.cpp)
+#   fuzz_pickle       restricted unpickler + distcp .metadata + torch.save items (src/io/pickle.cpp, distcp*.cpp)
 # They need clang++ and compiler-rt's fuzzer runtime (Debian: clang-14, libclang-rt-14-dev), and the parser
 # sources are compiled with clang so that they are instrumented (ASan + UBSan, UBSan reports fatal). CMake
 # cannot use two C++ compilers in one project, so each source is one custom command (ninja runs them in
@@ -13,7 +14,7 @@
 # FUZZ_SECONDS. `make test` only replays the seed corpora (tests/fuzz/corpus_<name>/, ctest fuzz_replay_<name>)
 # through fuzz_replay: the same entry points compiled by the normal compiler without sanitizers and linked to
 # olmosft_lib, so the default build needs no clang and stays fast (the instrumented builds take minutes).
-set(OLMOSFT_FUZZ_TARGETS safetensors template tokenizer recipe manifest)
+set(OLMOSFT_FUZZ_TARGETS safetensors template tokenizer recipe manifest pickle)
 add_executable(fuzz_replay ${CMAKE_SOURCE_DIR}/tests/fuzz/replay_main.cpp)
 foreach(name ${OLMOSFT_FUZZ_TARGETS})
   set(_src ${CMAKE_SOURCE_DIR}/tests/fuzz/fuzz_${name}.cpp)
@@ -115,6 +116,8 @@ olmosft_fuzz_target(tokenizer SOURCES src/data/tokenizer.cpp src/data/tokenizer_
                               LIBS ${_pcre2} ${_zstd})
 olmosft_fuzz_target(recipe SOURCES src/train/recipe.cpp src/model/memory_policy.cpp LIBS $<TARGET_FILE:yaml-cpp>)
 olmosft_fuzz_target(manifest SOURCES src/data/dataset.cpp src/io/hash.cpp ${_io_common} LIBS ${_crypto})
+olmosft_fuzz_target(pickle SOURCES src/io/pickle.cpp src/io/distcp.cpp src/io/distcp_item.cpp src/io/atomic_file.cpp
+                               src/core/tensor.cpp src/core/bf16.cpp)
 
 get_property(_fuzz_bins GLOBAL PROPERTY OLMOSFT_FUZZ_BINS)
 add_custom_target(fuzz DEPENDS ${_fuzz_bins})

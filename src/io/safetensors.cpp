@@ -258,6 +258,11 @@ Tensor Reader::copy(const std::string& name) const {
 
 // ---- Writer -----------------------------------------------------------------------------------------
 
+Tensor placeholder(const Shape& shape, DType dtype) {
+  static std::byte none[8];
+  return Tensor::wrap(none, shape, dtype);
+}
+
 namespace {
 
 struct Layout {
@@ -308,8 +313,15 @@ void emit(const Layout& L, Sink&& sink) {
   sink(L.header.data(), L.header.size());
   for (const NamedTensor* t : L.order) {
     if (t->tensor.numel() == 0) continue;
-    Tensor c =
-        t->stored_dtype() == t->tensor.dtype() ? t->tensor.contiguous() : t->tensor.to(t->stored_dtype());
+    Tensor src = t->tensor;
+    if (t->load) {
+      src = t->load();
+      OLMO_CHECK(src.shape() == t->tensor.shape() && src.dtype() == t->tensor.dtype(),
+                 "safetensors writer: ", t->name, " was announced as ", dtype_name(t->tensor.dtype()), " ",
+                 shape_str(t->tensor.shape()), " but loaded as ", dtype_name(src.dtype()), " ",
+                 shape_str(src.shape()));
+    }
+    Tensor c = t->stored_dtype() == src.dtype() ? src.contiguous() : src.to(t->stored_dtype());
     sink(c.raw_data(), c.nbytes());
   }
 }

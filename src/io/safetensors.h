@@ -3,6 +3,7 @@
 // README.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -78,11 +79,19 @@ struct NamedTensor {
   // When set, the tensor is converted to this dtype as it is written (one tensor at a time, so a whole
   // model is never held twice in memory).
   std::optional<DType> store_as = std::nullopt;
+  // When set, `tensor` only describes the shape and dtype (a placeholder(), never read) and load() supplies
+  // the data when the tensor is written, so a writer holds one tensor at a time (distcp import). The
+  // loaded tensor must have the placeholder's shape and dtype.
+  std::function<Tensor()> load = nullptr;
   DType stored_dtype() const { return store_as.value_or(tensor.dtype()); }
   uint64_t stored_nbytes() const {
     return static_cast<uint64_t>(tensor.numel()) * dtype_size(stored_dtype());
   }
 };
+
+// A tensor of this shape and dtype that owns no storage and must not be read: the `tensor` of a
+// NamedTensor with `load`.
+Tensor placeholder(const Shape& shape, DType dtype);
 
 // Serialises to bytes in memory (tests, fuzz seeds). Layout as `write`.
 std::vector<uint8_t> serialize(const std::vector<NamedTensor>& tensors,

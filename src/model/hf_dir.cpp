@@ -185,14 +185,14 @@ ExportResult export_hf_dir(const std::string& out_dir, const ModelConfig& config
   check_against_registry(config, shapes, dtypes, "export to " + out_dir);
   // Registry order (= HF state-dict order) decides the sharding.
   auto reg = param_registry(config);
-  std::map<std::string, const Tensor*> by_name;
-  for (const auto& t : tensors) by_name[t.name] = &t.tensor;
+  std::map<std::string, const safetensors::NamedTensor*> by_name;
+  for (const auto& t : tensors) by_name[t.name] = &t;
   std::vector<safetensors::NamedTensor> out;
   out.reserve(reg.size());
   for (const auto& p : reg) {
-    const Tensor& src = *by_name.at(p.name);
-    DType target = opts.dtype ? (p.fp32_master_only ? DType::F32 : *opts.dtype) : src.dtype();
-    out.push_back({p.name, src, target});  // converted lazily while writing
+    const safetensors::NamedTensor& src = *by_name.at(p.name);
+    DType target = opts.dtype ? (p.fp32_master_only ? DType::F32 : *opts.dtype) : src.tensor.dtype();
+    out.push_back({p.name, src.tensor, target, src.load});  // loaded and converted while writing
   }
   io::AtomicDir publish(out_dir);
   ExportResult res;

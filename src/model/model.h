@@ -131,6 +131,7 @@ std::vector<Param> allocate_params(const ModelConfig& config);
 //   A_log = log U[1, 16] (stream = registry index);  other tensors of >= 2 dims ~ N(0, initializer_range)
 //   (stream = FNV-1a of the name). Gradients are zeroed.
 void init_params(std::vector<Param>& params, const ModelConfig& config, uint64_t seed);
+// An HF directory, or an OLMo-core step directory (model/olmo_core.h).
 std::unique_ptr<CausalLM> load_model(const std::string& hf_dir);
 
 // Loading one shard at a time (dist::ModelShards): a model built with no parameter storage (every
@@ -144,7 +145,13 @@ ParamFill init_param_fill(const ModelConfig& config, uint64_t seed);
 // The values load_model(hf_dir) would hold, read with pread from the safetensors files: only the bytes
 // asked for (bf16/f16 converted exactly). The directory is validated at once (config, names, shapes,
 // dtypes, index); *config receives its config.
+// An OLMo-core step directory (distributed checkpoint, model/olmo_core.h) is accepted too: it is validated
+// at once against its config.json, and each call reads the whole tensor it needs (cached until another is
+// asked for, so a rank holds at most one full tensor besides its shard).
 ParamFill hf_param_fill(const std::string& hf_dir, ModelConfig* config);
+// model.init's config: DIR/config.json of an HF directory, or an OLMo-core step directory's config mapped to
+// the HF config (model/olmo_core.h).
+ModelConfig load_init_config(const std::string& dir);
 
 // The model's current parameters as (HF name, tensor) pairs in registry order, for export_hf_dir /
 // safetensors::write: views of the fp32 masters (no copy), converted to `dtype` while being written

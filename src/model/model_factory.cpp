@@ -1,12 +1,14 @@
 // make_model / load_model / export_tensors: the one place that maps a ModelConfig to an implementation.
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 #include "core/rng.h"
 #include "model/hf_dir.h"
 #include "model/model.h"
 #include "model/olmo3.h"
 #include "model/olmo3moe.h"
+#include "model/olmo_core.h"
 #include "model/params.h"
 
 namespace olmosft::model {
@@ -116,6 +118,15 @@ std::unique_ptr<CausalLM> make_model(const ModelConfig& config, uint64_t seed) {
 }
 
 std::unique_ptr<CausalLM> load_model(const std::string& hf_dir) {
+  if (olmo_core::is_olmo_core_dir(hf_dir)) {  // an OLMo-core step directory: one tensor read at a time
+    olmo_core::Checkpoint ck = olmo_core::open(hf_dir);
+    auto m = construct(ck.config);
+    for (auto& p : m->params()) {
+      p.value.copy_from(ck.read(p.name));
+      p.grad.zero();
+    }
+    return m;
+  }
   HfModel hf = load_hf_dir(hf_dir);  // validated against the registry (names, shapes, dtypes)
   auto m = construct(hf.config);
   for (auto& p : m->params()) {
@@ -152,7 +163,44 @@ ParamFill init_param_fill(const ModelConfig& config, uint64_t seed) {
   };
 }
 
+namespace {
+
+ParamFill olmo_core_param_fill(const std::string& dir, ModelConfig* config) {
+  struct State {
+    olmo_core::Checkpoint ck;
+    std::mutex mu;  // the fill may be called from several threads
+    size_t cached = SIZE_MAX;
+    Tensor value;  // fp32 copy of registry[cached]
+  };
+  auto st = std::make_shared<State>();
+  st->ck = olmo_core::open(dir);
+  if (config) *config = st->ck.config;
+  return [st](size_t i, int64_t begin, int64_t n, float* out) {
+    std::lock_guard<std::mutex> lock(st->mu);
+    OLMO_CHECK(i < st->ck.registry.size(), st->ck.dcp.dir(), ": parameter ", i, " of ",
+               st->ck.registry.size());
+    if (st->cached != i) {
+      st->value = Tensor();
+      Tensor t = st->ck.read(st->ck.registry[i].name);
+      st->value = t.dtype() == DType::F32 ? t : t.to(DType::F32);
+      st->cached = i;
+    }
+    OLMO_CHECK(begin >= 0 && n >= 0 && begin + n <= st->value.numel(), st->ck.dcp.dir(), ": ",
+               st->ck.registry[i].name, ": elements [", begin, ", ", begin + n, ") are outside its ",
+               st->value.numel());
+    std::memcpy(out, st->value.data<float>() + begin, size_t(n) * 4);
+  };
+}
+
+}  // namespace
+
+ModelConfig load_init_config(const std::string& dir) {
+  if (olmo_core::is_olmo_core_dir(dir)) return olmo_core::open(dir).config;
+  return load_config(dir + "/config.json");
+}
+
 ParamFill hf_param_fill(const std::string& hf_dir, ModelConfig* config) {
+  if (olmo_core::is_olmo_core_dir(hf_dir)) return olmo_core_param_fill(hf_dir, config);
   auto hf = std::make_shared<const HfModel>(load_hf_dir(hf_dir));  // validated; nothing read but headers
   if (config) *config = hf->config;
   return [hf](size_t i, int64_t begin, int64_t n, float* out) {

@@ -549,7 +549,7 @@ MemoryPlan require_fit(const model::ModelConfig& m, const TrainConfig& cfg, int6
 }
 
 model::ModelConfig recipe_model_config(const TrainConfig& cfg) {
-  if (!cfg.model.init.empty()) return model::load_config(cfg.model.init + "/config.json");
+  if (!cfg.model.init.empty()) return model::load_init_config(cfg.model.init);
   OLMO_CHECK(!cfg.model.config.empty(), cfg.source,
              ": one of model.init (HF directory) or model.config "
              "(config.json) is required to plan the run");

@@ -128,8 +128,10 @@ std::vector<RecipeKey> run_keys() {
        }},
       int_key("seed", "0", "seed for initialisation and any sampling (data order is fixed by the dataset)",
               kMath, INT64_MIN, "", OLMOSFT_FIELD(seed)),
-      text_key("model.init", "", "HF model directory to fine-tune (config.json + safetensors)", kMath,
-               OLMOSFT_FIELD(model.init)),
+      text_key("model.init", "",
+               "HF model directory to fine-tune (config.json + safetensors), or an OLMo-core step directory "
+               "(model_and_optim/ distributed checkpoint + config.json)",
+               kMath, OLMOSFT_FIELD(model.init)),
       text_key("model.config", "", "config.json for a randomly initialised model (when model.init is empty)",
                kMath, OLMOSFT_FIELD(model.config)),
       {"model.remat", KeyType::String, "none",

@@ -20,6 +20,7 @@ extern "C" int olmosft_fuzz_template(const uint8_t* data, size_t size);
 extern "C" int olmosft_fuzz_tokenizer(const uint8_t* data, size_t size);
 extern "C" int olmosft_fuzz_recipe(const uint8_t* data, size_t size);
 extern "C" int olmosft_fuzz_manifest(const uint8_t* data, size_t size);
+extern "C" int olmosft_fuzz_pickle(const uint8_t* data, size_t size);
 
 namespace fs = std::filesystem;
 
@@ -28,11 +29,9 @@ int main(int argc, char** argv) {
     const char* name;
     int (*run)(const uint8_t*, size_t);
   };
-  const Target targets[] = {{"safetensors", olmosft_fuzz_safetensors},
-                            {"template", olmosft_fuzz_template},
-                            {"tokenizer", olmosft_fuzz_tokenizer},
-                            {"recipe", olmosft_fuzz_recipe},
-                            {"manifest", olmosft_fuzz_manifest}};
+  const Target targets[] = {{"safetensors", olmosft_fuzz_safetensors}, {"template", olmosft_fuzz_template},
+                            {"tokenizer", olmosft_fuzz_tokenizer},     {"recipe", olmosft_fuzz_recipe},
+                            {"manifest", olmosft_fuzz_manifest},       {"pickle", olmosft_fuzz_pickle}};
   const Target* t = nullptr;
   for (const auto& c : targets)
     if (argc >= 2 && std::strcmp(argv[1], c.name) == 0) t = &c;

@@ -9,7 +9,7 @@ build=${1:?usage: run.sh BUILD [TARGET...]}
 shift
 root=$(cd "$(dirname "$0")/../.." && pwd)
 targets=("$@")
-((${#targets[@]})) || targets=(safetensors template tokenizer recipe manifest)
+((${#targets[@]})) || targets=(safetensors template tokenizer recipe manifest pickle)
 seconds=${FUZZ_SECONDS:-60} timeout=${FUZZ_TIMEOUT:-10} rss=${FUZZ_RSS_MB:-2048} jobs=${FUZZ_JOBS:-1}
 cmake --build "$build" --target fuzz || exit 1
 one() {
