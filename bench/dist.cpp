@@ -1,4 +1,4 @@
-// `make bench` -> build/bench_dist: the distributed engine on the toy MLP (tests/unit/dist_toy.h).
+// `make bench` -> build/bench_dist: the distributed engine on the toy MLP (tests/unit/dist/dist_toy.h).
 // Without mpirun it re-launches itself as `mpirun -np N` for N = 1 and 2 (shared-memory transport),
 // and prints a markdown table: step time (wall and per-rank CPU), scaling 1 -> 2 processes, and the
 // bytes each rank sent per step against the theoretical minimum of each mode:
@@ -19,7 +19,7 @@
 #include <sstream>
 #include <string>
 
-#include "../tests/unit/dist_toy.h"
+#include "../tests/unit/dist/dist_toy.h"
 #include "dist/comm.h"
 #include "dist/sharded.h"
 

@@ -22,10 +22,10 @@ set_property(SOURCE ${CMAKE_SOURCE_DIR}/src/xla/pjrt_plugin.cpp APPEND PROPERTY 
              OLMOSFT_XLA_CPU_PLUGIN="${OLMOSFT_XLA_CPU_PLUGIN}")
 target_link_libraries(olmosft_lib PUBLIC ${CMAKE_DL_LIBS})
 
-# Two stand-in plugins for the runtime's version checks (tests/unit/xla_fake_plugin.cpp): one reports a
+# Two stand-in plugins for the runtime's version checks (tests/unit/xla/xla_fake_plugin.cpp): one reports a
 # different API major, one a newer minor. They export GetPjrtApi and nothing XLA.
 foreach(kind major minor)
-  add_library(xla_fake_plugin_${kind} MODULE ${CMAKE_SOURCE_DIR}/tests/unit/xla_fake_plugin.cpp)
+  add_library(xla_fake_plugin_${kind} MODULE ${CMAKE_SOURCE_DIR}/tests/unit/xla/xla_fake_plugin.cpp)
   target_include_directories(xla_fake_plugin_${kind} SYSTEM PRIVATE "${OLMOSFT_XLA_DIR}/include")
   string(TOUPPER ${kind} _k)
   target_compile_definitions(xla_fake_plugin_${kind} PRIVATE OLMOSFT_FAKE_PJRT_NEWER_${_k})

@@ -19,6 +19,11 @@ trap 'git -C "$root" worktree remove --force "$work/base" >/dev/null 2>&1; rm -r
 sha=$(git -C "$root" rev-parse --verify "$base^{commit}") || { echo "bitwise-compare: no commit $base"; exit 2; }
 echo "bitwise-compare: base $base ($sha) vs the working tree ($build)"
 git -C "$root" worktree add -q --detach "$work/base" "$sha" || exit 2
+# What scripts/install-deps.sh put under deps/ (git-ignored: the venv with Arrow C++, the plugins, ...) is shared.
+for d in "$root"/deps/*/; do
+  d=${d%/}
+  [ -e "$work/base/deps/$(basename "$d")" ] || ln -s "$d" "$work/base/deps/$(basename "$d")"
+done
 [ -x "$build/olmosft" ] || { echo "bitwise-compare: $build/olmosft missing: build first"; exit 2; }
 echo "bitwise-compare: building the base (cmake, $(nproc) jobs)"
 cmake -S "$work/base" -B "$work/base-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOLMOSFT_CUDA=OFF >/dev/null || exit 2

@@ -1,6 +1,6 @@
 // The Olmo 3 Think chat template (open-instruct `olmo_thinker`, as quoted in
 // docs/reference/sft_pipeline.md 1.3 and /work/shared/reference/templates/olmo_thinker.jinja), embedded for
-// `olmosft tokenizer dolma2`. tests/unit/tok_labels_test.cpp checks it equals
+// `olmosft tokenizer dolma2`. tests/unit/data/tok_labels_test.cpp checks it equals
 // tests/golden/tok/templates/olmo3_think.jinja byte for byte.
 #include "data/template_olmo.h"
 

@@ -29,7 +29,7 @@ class TensorBoardWriter {
   // Creates logdir (and parents) if needed and a new file events.out.tfevents.<10-digit unix time>.<host>
   // (".<pid>.<n>" is appended only if that name is taken). `clock` gives each event's wall_time (seconds
   // since the epoch); empty = the system clock. A fixed clock makes the file's bytes deterministic (the
-  // TensorBoard fixture of tests/unit/io_tb_upstream_test.cpp).
+  // TensorBoard fixture of tests/unit/io/io_tb_upstream_test.cpp).
   explicit TensorBoardWriter(const std::string& logdir, std::function<double()> clock = {});
   ~TensorBoardWriter();
   TensorBoardWriter(const TensorBoardWriter&) = delete;

@@ -1,5 +1,5 @@
 // What the trainer logs per step to TensorBoard, derived from the same metrics.jsonl row it writes, so the
-// two logs cannot disagree (tests/unit/io_tb_upstream_test.cpp checks TensorBoard's own reader against the
+// two logs cannot disagree (tests/unit/io/io_tb_upstream_test.cpp checks TensorBoard's own reader against the
 // rows).
 #pragma once
 #include <nlohmann/json.hpp>

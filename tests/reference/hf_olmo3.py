@@ -13,7 +13,7 @@ deps/pypi/reference.txt), run from the reference environment deps/venv-reference
    sliding/full/sliding/full, window 12 < T = 40, YaRN x4 on the full layers) written by `save_pretrained`
    (config.json, generation_config.json, model.safetensors), plus oracle.safetensors (input_ids, transformers'
    logits and per-token cross-entropy in float32 and float64) and oracle.json (versions, measured gaps).
-   Checked by tests/unit/model_hf_oracle_test.cpp.
+   Checked by tests/unit/model/model_hf_oracle_test.cpp.
 3. tests/golden/model/hf_olmo3_export/: `olmosft export hf --dtype fp32|bf16` of tests/golden/model/olmo3_tiny
    (our own fixture) is loaded with `Olmo3ForCausalLM.from_pretrained`; expected.json records the sha256 of
    every exported file and transformers' next-token log-probs on tests/golden/model/olmo3_tiny_forward's

@@ -8,7 +8,7 @@ Upstream conventions (src/transformers/models/kimi_linear/modeling_kimi_linear.p
 g = log decay per key channel [B,T,H,K] (<= 0), beta [B,T,H]; the functions compute in float32 whatever the input
 dtype, optionally L2-normalise q and k (use_qk_l2norm_in_kernel: x / sqrt(sum x^2 + 1e-6), as our l2norm) and
 always scale q by 1/sqrt(K). They take no cu_seqlens (swallowed by **kwargs), so every document is run as its
-own call here; tests/unit/kda_upstream_test.cpp runs our kernels on the same documents PACKED in one row (segment
+own call here; tests/unit/kernels/kda_upstream_test.cpp runs our kernels on the same documents PACKED in one row (segment
 ids, boundaries mid-chunk) and compares with these per-document results.
 
 Per case, for the inputs q k v g beta and a seeded output cotangent do (loss = sum(o * do)), the fixture holds

@@ -6,7 +6,7 @@ by our TensorBoardWriter through the trainer's train::tensorboard_scalars for th
 with a fixed clock: OLMOSFT_WRITE_TB_FIXTURE=1 build/io_tb_upstream_test) with
 EventAccumulator(path, size_guidance={SCALARS: 0}) and writes what it got to accumulator.json:
     {"tensorboard": version, "event_file": name, "scalars": {tag: [[wall_time, step, value], ...]}}
-tests/unit/io_tb_upstream_test.cpp compares that with metrics.jsonl. It also checks the same thing here.
+tests/unit/io/io_tb_upstream_test.cpp compares that with metrics.jsonl. It also checks the same thing here.
 
 Run mode (--run RUN_DIR): reads RUN_DIR/tensorboard (a real `olmosft train` run with log.tensorboard: true) and
 RUN_DIR/metrics.jsonl and requires every tag's steps and values to equal the rows (value == float32(row value));

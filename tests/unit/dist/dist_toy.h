@@ -1,6 +1,6 @@
-// Test helper, header-only (tests/unit/dist_test.cpp, bench/dist.cpp): a tiny deterministic model + dataset
-// to prove the distributed engine: a two-layer MLP classifier  logits = W2 tanh(W1 x + b1) + b2  trained
-// with mean cross-entropy, on synthetic rows (x ~ N(0,1) by Philox, label = argmax of a fixed random
+// Test helper, header-only (tests/unit/dist/dist_test.cpp, bench/dist.cpp): a tiny deterministic model +
+// dataset to prove the distributed engine: a two-layer MLP classifier  logits = W2 tanh(W1 x + b1) + b2
+// trained with mean cross-entropy, on synthetic rows (x ~ N(0,1) by Philox, label = argmax of a fixed random
 // teacher). Units: 0 = fc1.*, 1 = fc2.*.
 //
 // Data order (rank-count independent): step s (1-based) uses global rows g = (s-1)*G + r, r in [0, G);

@@ -6,13 +6,13 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "../scratch_dir.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_dolma2.h"
 #include "data/tokenizer_util.h"
 #include "io/atomic_file.h"
 #include "io/hash.h"
-#include "scratch_dir.h"
 
 using namespace olmosft;
 using nlohmann::json;

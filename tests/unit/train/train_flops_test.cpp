@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "../scratch_dir.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "io/atomic_file.h"
@@ -19,7 +20,6 @@
 #include "model/model.h"
 #include "model/olmo3moe.h"
 #include "model/params.h"
-#include "scratch_dir.h"
 #include "train/batch.h"
 #include "train/flops.h"
 

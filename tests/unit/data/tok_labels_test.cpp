@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "../scratch_dir.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "data/chat.h"
@@ -18,7 +19,6 @@
 #include "data/tokenizer_util.h"
 #include "io/atomic_file.h"
 #include "io/hash.h"
-#include "scratch_dir.h"
 
 using namespace olmosft;
 using nlohmann::json;

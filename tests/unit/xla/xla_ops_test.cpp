@@ -22,7 +22,7 @@
 #include <limits>
 #include <random>
 
-#include "attn_util.h"
+#include "../kernels/attn_util.h"
 #include "core/bf16.h"
 #include "kernels/adamw.h"
 #include "kernels/cross_entropy.h"
