@@ -12,8 +12,8 @@
 //                                                                    with the float coefficients)
 //   exp(x) = (p * 2^(n >> 1)) * 2^(n - (n >> 1))                  (n in [-150, 128]: both factors are
 //                                                                    normal; the first product is exact,
-//                                                                    so the result is rounded once, also
-//                                                                    in the subnormal range)
+//                                                                    so the scaling rounds only once, also
+//                                                                    into the subnormal range)
 // Accuracy against exp in double, in units of the float result's last place (ulp 2^-149 below 2^-126):
 // normal results at most 0.85 ulp (worst where |r| -> ln(2)/2), subnormal results at most 0.86 ulp, -inf
 // and x < -103.97 give +0 (kernels_vexp_test: every 251st of the 2^32 bit patterns plus every float of
