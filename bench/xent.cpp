@@ -1,9 +1,11 @@
 // `make bench` → build/bench_xent: the fused LM-head softmax cross-entropy (forward + backward) at an
 // SFT-like shape, tiled vs untiled, against the time of its GEMMs alone (the non-GEMM share is the exp /
-// max / rescale work). Prints markdown rows; times are one run after a warm-up (the run is long), in wall and
-// CPU seconds.
+// max / rescale work), with the exp of vexp.h (the path CPUID picks) and with glibc's scalar expf (vexp's
+// `libm` path: the kernel's arithmetic before vexp), in the same run. Prints markdown rows; times are one run
+// after a warm-up (the run is long), in wall and CPU seconds.
 #include <algorithm>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "bench_util.h"
@@ -11,6 +13,7 @@
 #include "core/threads.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/gemm.h"
+#include "kernels/vexp.h"
 
 using namespace olmosft;
 using bench::best_of;
@@ -26,11 +29,14 @@ int main() {
   for (int64_t i = 0; i < N; ++i) tgt[size_t(i)] = int32_t((i * 7919) % V);
   const double gflop = 8.0 * double(N) * double(d) * double(V) / 1e9;  // fwd + recompute + dh + dW
   std::printf(
-      "| CE fwd+bwd, %lld tok x %lld -> %lld (all trained) | threads | wall s | CPU s | GFLOP/s (wall, 8NdV) "
+      "| CE fwd+bwd, %lld tok x %lld -> %lld (all trained) | exp | threads | wall s | CPU s | GFLOP/s (wall, "
+      "8NdV) "
       "| "
-      "GFLOP per CPU-s | GEMM-only CPU s / CE CPU s |\n|---|---|---|---|---|---|---|\n",
+      "GFLOP per CPU-s | GEMM-only CPU s / CE CPU s |\n|---|---|---|---|---|---|---|---|\n",
       (long long)N, (long long)d, (long long)V);
   const int saved = num_threads();
+  const VexpPath best = vexp_path();
+  std::vector<std::string> ratios;
   for (int t : {1, 2}) {
     set_threads(t);
     std::vector<float> logits(static_cast<size_t>(N * V));
@@ -47,15 +53,27 @@ int main() {
       cfg.z_loss = 1e-5;
       cfg.vocab_chunk = chunk;
       cfg.row_block = block;
-      auto tm = best_of(1, [&] {
-        xent_forward<float>(h.data(), W.data(), tgt.data(), nullptr, N, d, V, cfg, lse.data());
-        xent_backward<float>(h.data(), W.data(), tgt.data(), nullptr, lse.data(), N, d, V, cfg, 1.0 / N,
-                             dh.data(), dW.data());
-      });
-      std::printf("| %s | %d | %.3f | %.3f | %.1f | %.1f | %.2f |\n", name, t, tm.first, tm.second,
-                  gflop / tm.first, gflop / tm.second, gemms.second / tm.second);
+      double cpu_libm = 0;
+      for (VexpPath path : {VexpPath::kLibm, best}) {
+        vexp_set_path(path);
+        auto tm = best_of(1, [&] {
+          xent_forward<float>(h.data(), W.data(), tgt.data(), nullptr, N, d, V, cfg, lse.data());
+          xent_backward<float>(h.data(), W.data(), tgt.data(), nullptr, lse.data(), N, d, V, cfg, 1.0 / N,
+                               dh.data(), dW.data());
+        });
+        std::printf("| %s | %s | %d | %.3f | %.3f | %.1f | %.1f | %.2f |\n", name, vexp_path_name(path), t,
+                    tm.first, tm.second, gflop / tm.first, gflop / tm.second, gemms.second / tm.second);
+        if (path == VexpPath::kLibm)
+          cpu_libm = tm.second;
+        else
+          ratios.push_back(std::string(name) + ", " + std::to_string(t) + " thread(s): libm / " +
+                           vexp_path_name(path) + " CPU time = " + std::to_string(cpu_libm / tm.second));
+      }
     }
   }
   set_threads(saved);
+  vexp_set_path(best);
+  std::printf("\n");
+  for (const auto& r : ratios) std::printf("- CE speed-up from vexp, same run: %s\n", r.c_str());
   return 0;
 }

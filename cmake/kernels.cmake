@@ -18,3 +18,14 @@ target_link_libraries(olmosft_lib PUBLIC ${OLMOSFT_DNNL_LIB})
 # no errno write for negative inputs, which the second moment never is); its bits are pinned by
 # KernelsAdamW.StepsKeepTheScalarLoopsBits.
 set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/adamw.cpp PROPERTIES COMPILE_OPTIONS -fno-math-errno)
+
+# vexp.cpp (the vectorised exp): its AVX2 and AVX-512 paths are compiled with target attributes and chosen
+# at run time, so the file is built for the baseline ISA (no AVX-512 instruction can leak into the AVX2 path
+# under -march=native), and without contraction (a multiply followed by an add must round twice on every
+# path, or the paths would differ in bits).
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+  set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/vexp.cpp PROPERTIES COMPILE_OPTIONS
+                              "-march=x86-64;-mtune=generic;-ffp-contract=off")
+else()
+  set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/vexp.cpp PROPERTIES COMPILE_OPTIONS -ffp-contract=off)
+endif()

@@ -7,6 +7,7 @@
 
 #include "core/threads.h"
 #include "kernels/gemm.h"
+#include "kernels/vexp.h"
 
 namespace olmosft {
 
@@ -38,6 +39,27 @@ Plan make_plan(const int32_t* targets, const uint8_t* mask, int64_t N, int64_t d
                 ? std::max<int64_t>(1, int64_t(p.rows.size()))
                 : std::min<int64_t>(cfg.row_block, std::max<int64_t>(1, int64_t(p.rows.size())));
   return p;
+}
+
+// Per-row softmax pieces. float: the vectorised exp and max of vexp.h (its path is chosen at run time; a
+// row's result depends only on the row). double (the finite-difference path): std::exp, sequential.
+float row_max(const float* l, int64_t n) { return vmax(l, n); }
+double row_max(const double* l, int64_t n) {
+  double m = l[0];
+  for (int64_t j = 1; j < n; ++j) m = std::max(m, l[j]);
+  return m;
+}
+// sum_j exp(l[j] - m), accumulated in double.
+double sum_exp(const float* l, int64_t n, float m) { return vexp_sub_sum_f64(l, n, m); }
+double sum_exp(const double* l, int64_t n, double m) {
+  double s = 0;
+  for (int64_t j = 0; j < n; ++j) s += std::exp(l[j] - m);
+  return s;
+}
+// l[j] = exp(l[j] - L) * k.
+void exp_scale(float* l, int64_t n, float L, float k) { vexp_sub_scale(l, n, L, k); }
+void exp_scale(double* l, int64_t n, double L, double k) {
+  for (int64_t j = 0; j < n; ++j) l[j] = std::exp(l[j] - L) * k;
 }
 
 template <typename T>
@@ -90,12 +112,9 @@ XentStats xent_forward(const T* h, const T* W, const int32_t* targets, const uin
           [&](int64_t b, int64_t e) {
             for (int64_t r = b; r < e; ++r) {
               const T* l = logits.data() + r * nc;
-              T m = l[0];
-              for (int64_t j = 1; j < nc; ++j) m = std::max(m, l[j]);
+              const T m = row_max(l, nc);
               const double m_new = std::max(run_max[size_t(r)], double(m));
-              const T mt = T(m_new);
-              double s = 0;
-              for (int64_t j = 0; j < nc; ++j) s += double(std::exp(l[j] - mt));
+              const double s = sum_exp(l, nc, T(m_new));
               run_sum[size_t(r)] = run_sum[size_t(r)] * std::exp(run_max[size_t(r)] - m_new) + s;
               run_max[size_t(r)] = m_new;
               const int64_t t = targets[rows[r]];
@@ -139,7 +158,7 @@ void xent_backward(const T* h, const T* W, const int32_t* targets, const uint8_t
               T* l = g.data() + r * nc;
               const T L = lse[rows[r]];
               const T k = T(scale * (1.0 + 2.0 * cfg.z_loss * double(L))), sc = T(scale);
-              for (int64_t j = 0; j < nc; ++j) l[j] = std::exp(l[j] - L) * k;
+              exp_scale(l, nc, L, k);
               const int64_t t = targets[rows[r]];
               if (t >= c0 && t < c0 + nc) l[t - c0] -= sc;
             }

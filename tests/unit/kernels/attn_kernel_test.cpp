@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "kernels/attention.h"
 #include "kernels/gradcheck.h"
+#include "kernels/vexp.h"
 
 // GCC flags free() in the replaced operator delete as mismatched with the replaced operator new (which uses
 // malloc); the pairing is correct.
@@ -176,6 +177,34 @@ TEST(AttnVsNaive, LongRowManyBlocks) {
     EXPECT_LT(rel_err(g.dq, ref.dq), 5e-5);
     EXPECT_LT(rel_err(g.dk, ref.dk), 5e-5);
     EXPECT_LT(rel_err(g.dv, ref.dv), 5e-5);
+  }
+}
+
+// The float kernel on every exp path this CPU runs (vexp.h; the AVX2 and scalar paths are forced on an
+// AVX-512 machine): same reference and tolerance as above, and 1 thread = 2 threads bitwise on each path
+// (o, lse, and the owned dK/dV; dQ may be summed from split buffers when units < threads).
+TEST(AttnVsNaive, EveryExpPath) {
+  for (VexpPath p : {VexpPath::kScalar, VexpPath::kAvx2, VexpPath::kAvx512, VexpPath::kLibm}) {
+    if (!vexp_path_supported(p)) continue;
+    const VexpPath saved = vexp_set_path(p);
+    for (size_t idx : {size_t(7), size_t(9), size_t(15)}) {  // window + docs, padding, scale-4 logits
+      const Case& k = cases()[idx];
+      const AttentionConfig c = config_of(k, 2);
+      const Data d = make_data(c, seg_of(k));
+      const Grads<double> ref = naive(c, d.q, d.k, d.v, d.seg, d.dout);
+      const Grads<float> g = run_kernel<float>(c, cast<float>(d.q), cast<float>(d.k), cast<float>(d.v), d.seg,
+                                               cast<float>(d.dout));
+      const std::string at = k.name + " " + vexp_path_name(p);
+      EXPECT_LT(rel_err(g.o, ref.o), 5e-5) << at;
+      EXPECT_LT(rel_err(g.lse, ref.lse), 5e-5) << at;
+      EXPECT_LT(rel_err(g.dq, ref.dq), 5e-5) << at;
+      EXPECT_LT(rel_err(g.dk, ref.dk), 5e-5) << at;
+      EXPECT_LT(rel_err(g.dv, ref.dv), 5e-5) << at;
+      const Grads<float> g1 = run_kernel<float>(config_of(k, 1), cast<float>(d.q), cast<float>(d.k),
+                                                cast<float>(d.v), d.seg, cast<float>(d.dout));
+      EXPECT_TRUE(g1.o == g.o && g1.lse == g.lse && g1.dk == g.dk && g1.dv == g.dv) << at;
+    }
+    vexp_set_path(saved);
   }
 }
 

@@ -6,6 +6,7 @@
 #include "core/threads.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/gradcheck.h"
+#include "kernels/vexp.h"
 #include "kernels_util.h"
 
 using namespace olmosft;
@@ -69,6 +70,19 @@ TEST(KernelsXent, VsTorchUntiledFloat) { vs_torch<float>(0, 0, 2e-6); }
 TEST(KernelsXent, VsTorchTiledFloat) { vs_torch<float>(5, 2, 2e-6); }
 TEST(KernelsXent, VsTorchUntiledDouble) { vs_torch<double>(0, 0, 1e-12); }
 TEST(KernelsXent, VsTorchTiledDouble) { vs_torch<double>(8, 4, 1e-12); }
+
+// The same fixture and tolerance on every exp path this CPU runs (vexp.h: AVX-512, AVX2, scalar, and libm,
+// the glibc expf arithmetic the kernel used before vexp).
+TEST(KernelsXent, VsTorchFloatEveryExpPath) {
+  for (VexpPath p : {VexpPath::kLibm, VexpPath::kScalar, VexpPath::kAvx2, VexpPath::kAvx512}) {
+    if (!vexp_path_supported(p)) continue;
+    const VexpPath saved = vexp_set_path(p);
+    std::printf("[measured] exp path %s:\n", vexp_path_name(p));
+    vs_torch<float>(0, 0, 2e-6);
+    vs_torch<float>(5, 2, 2e-6);
+    vexp_set_path(saved);
+  }
+}
 
 TEST(KernelsXent, PaddedVocabTrap) {
   Fx f = load();
