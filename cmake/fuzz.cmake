@@ -2,7 +2,7 @@
 #   fuzz_safetensors  safetensors header (src/io/safetensors.cpp)
 #   fuzz_template     Jinja chat templates (src/data/template*.cpp)
 #   fuzz_tokenizer    HF tokenizer.json loader + encode (src/data/tokenizer.cpp)
-#   fuzz_recipe       recipe YAML flattening + typed config (src/train/recipe.cpp)
+#   fuzz_recipe       recipe YAML flattening + typed config (src/train/recipe.cpp, recipe_schema.cpp)
 #   fuzz_manifest     packed-dataset manifest.json (PackedDataset::open, src/data/dataset.cpp)
 #   fuzz_pickle       restricted unpickler + distcp .metadata + torch.save items (src/io/pickle.cpp, distcp*.cpp)
 # They need clang++ and compiler-rt's fuzzer runtime (Debian: clang-14, libclang-rt-14-dev), and the parser
@@ -114,7 +114,8 @@ olmosft_fuzz_target(template SOURCES src/data/template.cpp src/data/template_fil
                                      src/data/template_render.cpp src/data/template_values.cpp)
 olmosft_fuzz_target(tokenizer SOURCES src/data/tokenizer.cpp src/data/tokenizer_util.cpp ${_io_common}
                               LIBS ${_pcre2} ${_zstd})
-olmosft_fuzz_target(recipe SOURCES src/train/recipe.cpp src/model/memory_policy.cpp LIBS $<TARGET_FILE:yaml-cpp>)
+olmosft_fuzz_target(recipe SOURCES src/train/recipe.cpp src/train/recipe_schema.cpp src/model/memory_policy.cpp
+                    src/kernels/gemm_choice.cpp LIBS $<TARGET_FILE:yaml-cpp>)
 olmosft_fuzz_target(manifest SOURCES src/data/dataset.cpp src/io/hash.cpp ${_io_common} LIBS ${_crypto})
 olmosft_fuzz_target(pickle SOURCES src/io/pickle.cpp src/io/distcp.cpp src/io/distcp_item.cpp src/io/atomic_file.cpp
                                src/core/tensor.cpp src/core/bf16.cpp)

@@ -116,28 +116,6 @@ bool onednn_bf16_supported(std::string* why) { return onednn::bf16_supported(why
 
 CpuGemm cpu_gemm() { return {g_fp32_lib.load(), g_compute.load()}; }
 
-GemmLib auto_gemm_lib() {
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return avx512 ? GemmLib::OneDNN : GemmLib::OpenBLAS;
-}
-
-GemmLib parse_gemm_lib(const std::string& text, const std::string& where) {
-  if (text == "auto") return auto_gemm_lib();
-  if (text == "openblas") return GemmLib::OpenBLAS;
-  if (text == "onednn") return GemmLib::OneDNN;
-  throw Error(where + ": expected auto, openblas or onednn, got '" + text + "'");
-}
-
-ComputeDtype parse_compute_dtype(const std::string& text, const std::string& where) {
-  if (text == "fp32") return ComputeDtype::F32;
-  if (text == "bf16") return ComputeDtype::BF16;
-  throw Error(where + ": expected fp32 or bf16, got '" + text + "'");
-}
-
-const char* gemm_lib_name(GemmLib l) { return l == GemmLib::OneDNN ? "onednn" : "openblas"; }
-const char* compute_dtype_name(ComputeDtype d) { return d == ComputeDtype::BF16 ? "bf16" : "fp32"; }
-
 template <typename T>
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
           int64_t ldb, T beta, T* C, int64_t ldc) {

@@ -21,31 +21,7 @@ using namespace olmosft::kda;
 
 namespace {
 
-template <typename T>
-struct Outs {
-  std::vector<T> o, dq, dk, dv, dg, db;
-};
-
-// Forward then backward on inputs drawn from `seed` (segment ids `seg`, empty = one document per row).
-template <typename T>
-Outs<T> run(const kdatest::KdaInputs<T>& in, const std::vector<T>& dout, int64_t chunk) {
-  const KdaDims& d = in.d;
-  const size_t NH = size_t(d.B * d.L * d.H);
-  Outs<T> r;
-  r.o.assign(NH * d.V, T(-7));
-  r.dq.assign(NH * d.K, T(-7));
-  r.dk.assign(NH * d.K, T(-7));
-  r.dg.assign(NH * d.K, T(-7));
-  r.dv.assign(NH * d.V, T(-7));
-  r.db.assign(NH, T(-7));
-  const T scale = T(1) / std::sqrt(T(d.K));
-  const int32_t* sp = in.seg.empty() ? nullptr : in.seg.data();
-  kda_chunk_forward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), sp, d, scale,
-                    r.o.data(), chunk);
-  kda_chunk_backward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), sp, d, scale,
-                     dout.data(), r.dq.data(), r.dk.data(), r.dv.data(), r.dg.data(), r.db.data(), chunk);
-  return r;
-}
+using kdatest::Outs;
 
 // Segment ids of a [B, L] batch: row r holds documents of the given lengths, the rest is padding (-1).
 std::vector<int32_t> packed(const std::vector<std::vector<int64_t>>& docs, int64_t L) {
@@ -118,10 +94,10 @@ void threads_change_no_bit() {
       kdatest::KdaInputs<T> in(s.d, packed(s.docs, s.d.L), 200);
       const auto dout = kdatest::randn<T>(size_t(s.d.B * s.d.L * s.d.H * s.d.V), 211);
       olmosft::set_threads(1);
-      const Outs<T> one = run(in, dout, s.chunk);
+      const Outs<T> one = kdatest::run_kda(in, dout, true, s.chunk);
       olmosft::set_threads(2);
-      const Outs<T> two = run(in, dout, s.chunk);
-      const Outs<T> again = run(in, dout, s.chunk);
+      const Outs<T> two = kdatest::run_kda(in, dout, true, s.chunk);
+      const Outs<T> again = kdatest::run_kda(in, dout, true, s.chunk);
       olmosft::set_threads(1);
       const std::string what =
           std::string(type_name<T>()) + " " + lib_name(lib) + " K=" + std::to_string(s.d.K);
@@ -140,7 +116,7 @@ void packed_equals_alone() {
       d.B = 1;  // row 0 of the shape
       kdatest::KdaInputs<T> in(d, packed({s.docs[0]}, d.L), 300);
       const auto dout = kdatest::randn<T>(size_t(d.L * d.H * d.V), 311);
-      const Outs<T> row = run(in, dout, s.chunk);
+      const Outs<T> row = kdatest::run_kda(in, dout, true, s.chunk);
       int64_t t0 = 0;
       for (int64_t n : s.docs[0]) {
         kdatest::KdaInputs<T> one = in;
@@ -151,7 +127,7 @@ void packed_equals_alone() {
         one.g = tokens(in.g, t0, n, d.H, d.K);
         one.v = tokens(in.v, t0, n, d.H, d.V);
         one.beta = tokens(in.beta, t0, n, d.H, 1);
-        const Outs<T> alone = run(one, tokens(dout, t0, n, d.H, d.V), s.chunk);
+        const Outs<T> alone = kdatest::run_kda(one, tokens(dout, t0, n, d.H, d.V), true, s.chunk);
         Outs<T> part{tokens(row.o, t0, n, d.H, d.V),  tokens(row.dq, t0, n, d.H, d.K),
                      tokens(row.dk, t0, n, d.H, d.K), tokens(row.dv, t0, n, d.H, d.V),
                      tokens(row.dg, t0, n, d.H, d.K), tokens(row.db, t0, n, d.H, 1)};

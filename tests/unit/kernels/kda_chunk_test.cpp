@@ -14,38 +14,6 @@ using kdatest::rel_err;
 
 namespace {
 
-template <typename T>
-struct Outs {
-  std::vector<T> o, dq, dk, dv, dg, db;
-};
-
-template <typename T>
-Outs<T> run(const KdaInputs<T>& in, const std::vector<T>& dout, bool chunked, int64_t chunk) {
-  const auto& d = in.d;
-  const size_t NH = size_t(d.B * d.L * d.H);
-  Outs<T> r;
-  r.o.assign(NH * d.V, T(-7));  // sentinel: every entry must be written
-  r.dq.assign(NH * d.K, T(-7));
-  r.dk.assign(NH * d.K, T(-7));
-  r.dg.assign(NH * d.K, T(-7));
-  r.dv.assign(NH * d.V, T(-7));
-  r.db.assign(NH, T(-7));
-  const T scale = T(1) / std::sqrt(T(d.K));
-  const int32_t* seg = in.seg.empty() ? nullptr : in.seg.data();
-  if (chunked) {
-    kda_chunk_forward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), seg, d, scale,
-                      r.o.data(), chunk);
-    kda_chunk_backward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), seg, d, scale,
-                       dout.data(), r.dq.data(), r.dk.data(), r.dv.data(), r.dg.data(), r.db.data(), chunk);
-  } else {
-    kda_recurrent_forward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), seg, d, scale,
-                          r.o.data());
-    kda_recurrent_backward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), seg, d, scale,
-                           dout.data(), r.dq.data(), r.dk.data(), r.dv.data(), r.dg.data(), r.db.data(), 16);
-  }
-  return r;
-}
-
 // Row 0: documents of 37, 3, 30 tokens then 7 padding (L = 77): boundaries at 37 and 40 fall inside
 // 16-token chunks; row 1: 2 tokens, 60, 15.
 std::vector<int32_t> two_rows_segments(int64_t L) {
@@ -62,8 +30,8 @@ void compare_chunk_vs_recurrent(int64_t chunk, double tol, const char* what) {
   KdaDims d{2, 77, 2, 16, 32};
   KdaInputs<T> in(d, two_rows_segments(d.L), 100);
   auto dout = kdatest::randn<T>(size_t(d.B * d.L * d.H * d.V), 7);
-  auto ref = run(in, dout, false, 0);
-  auto chk = run(in, dout, true, chunk);
+  auto ref = kdatest::run_kda(in, dout, false, 0);
+  auto chk = kdatest::run_kda(in, dout, true, chunk);
   const double eo = rel_err(chk.o, ref.o), eq = rel_err(chk.dq, ref.dq), ek = rel_err(chk.dk, ref.dk),
                ev = rel_err(chk.dv, ref.dv), eg = rel_err(chk.dg, ref.dg), eb = rel_err(chk.db, ref.db);
   std::printf("%s chunk=%ld: rel err o %.2e dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e\n", what, long(chunk),
@@ -105,7 +73,7 @@ TEST(KdaChunk, PackedEqualsSeparateDocuments) {
   KdaInputs<double> in(d, seg, 300);
   auto dout = kdatest::randn<double>(size_t(L * d.H * d.V), 8);
   for (bool chunked : {false, true}) {
-    auto packed = run(in, dout, chunked, 16);
+    auto packed = kdatest::run_kda(in, dout, chunked, 16);
     for (int doc = 0; doc < 3; ++doc) {
       const int64_t t0 = bounds[doc], n = bounds[doc + 1] - t0;
       KdaDims dd{1, n, d.H, d.K, d.V};
@@ -120,7 +88,7 @@ TEST(KdaChunk, PackedEqualsSeparateDocuments) {
       one.g = sl(in.g, d.K);
       one.v = sl(in.v, d.V);
       one.beta = sl(in.beta, 1);
-      auto alone = run(one, sl(dout, d.V), chunked, 16);
+      auto alone = kdatest::run_kda(one, sl(dout, d.V), chunked, 16);
       EXPECT_LE(rel_err(sl(packed.o, d.V), alone.o), 1e-13) << "doc " << doc << " chunked " << chunked;
       EXPECT_LE(rel_err(sl(packed.dq, d.K), alone.dq), 1e-13) << "doc " << doc;
       EXPECT_LE(rel_err(sl(packed.dk, d.K), alone.dk), 1e-13) << "doc " << doc;
@@ -152,8 +120,8 @@ TEST(KdaChunk, PaddingIsNoOp) {
       }
   auto dout = kdatest::randn<float>(size_t(L * d.H * d.V), 9);
   for (bool chunked : {false, true}) {
-    auto a = run(clean, dout, chunked, 16);
-    auto b = run(dirty, dout, chunked, 16);
+    auto a = kdatest::run_kda(clean, dout, chunked, 16);
+    auto b = kdatest::run_kda(dirty, dout, chunked, 16);
     for (auto* v : {&b.o, &b.dq, &b.dk, &b.dv, &b.dg, &b.db}) EXPECT_TRUE(kdatest::all_finite(*v));
     EXPECT_EQ(a.o, b.o);
     EXPECT_EQ(a.dq, b.dq);
@@ -171,7 +139,7 @@ TEST(KdaChunk, PaddingIsNoOp) {
   for (auto& s : seg2) s = s < 0 ? s : 4;
   KdaInputs<float> same_id = clean;
   same_id.seg = seg2;
-  EXPECT_EQ(run(same_id, dout, true, 16).o, run(clean, dout, true, 16).o);
+  EXPECT_EQ(kdatest::run_kda(same_id, dout, true, 16).o, kdatest::run_kda(clean, dout, true, 16).o);
 }
 
 // The decay can be extremely strong (g << -100 per step) without overflow: every exponent in the chunked
@@ -181,8 +149,8 @@ TEST(KdaChunk, StrongDecayStaysFinite) {
   KdaInputs<float> in(d, {}, 700);
   for (auto& x : in.g) x *= 60.0f;  // A_log up to log 16: g down to about -1000 per step
   auto dout = kdatest::randn<float>(size_t(d.L * d.V), 10);
-  auto ref = run(in, dout, false, 0);
-  auto chk = run(in, dout, true, 64);
+  auto ref = kdatest::run_kda(in, dout, false, 0);
+  auto chk = kdatest::run_kda(in, dout, true, 64);
   for (auto* v : {&chk.o, &chk.dq, &chk.dk, &chk.dv, &chk.dg, &chk.db}) EXPECT_TRUE(kdatest::all_finite(*v));
   // The true outputs/gradients are tiny here (every state is almost fully forgotten), so errors are measured
   // against the scale of the inputs (O(1)): absolute 1e-5.

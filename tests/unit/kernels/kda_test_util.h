@@ -87,4 +87,41 @@ struct KdaInputs {
   }
 };
 
+// The six outputs of a KDA forward + backward.
+template <typename T>
+struct Outs {
+  std::vector<T> o, dq, dk, dv, dg, db;
+};
+
+// Forward then backward, chunked (chunk size `chunk`) or the recurrent reference; every output starts as a
+// sentinel (-7) so an entry left unwritten shows.
+template <typename T>
+Outs<T> run_kda(const KdaInputs<T>& in, const std::vector<T>& dout, bool chunked, int64_t chunk) {
+  const auto& d = in.d;
+  const size_t NH = size_t(d.B * d.L * d.H);
+  Outs<T> r;
+  r.o.assign(NH * d.V, T(-7));  // sentinel: every entry must be written
+  r.dq.assign(NH * d.K, T(-7));
+  r.dk.assign(NH * d.K, T(-7));
+  r.dg.assign(NH * d.K, T(-7));
+  r.dv.assign(NH * d.V, T(-7));
+  r.db.assign(NH, T(-7));
+  const T scale = T(1) / std::sqrt(T(d.K));
+  const int32_t* seg = in.seg.empty() ? nullptr : in.seg.data();
+  if (chunked) {
+    olmosft::kda::kda_chunk_forward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), seg,
+                                    d, scale, r.o.data(), chunk);
+    olmosft::kda::kda_chunk_backward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), seg,
+                                     d, scale, dout.data(), r.dq.data(), r.dk.data(), r.dv.data(),
+                                     r.dg.data(), r.db.data(), chunk);
+  } else {
+    olmosft::kda::kda_recurrent_forward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
+                                        seg, d, scale, r.o.data());
+    olmosft::kda::kda_recurrent_backward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
+                                         seg, d, scale, dout.data(), r.dq.data(), r.dk.data(), r.dv.data(),
+                                         r.dg.data(), r.db.data(), 16);
+  }
+  return r;
+}
+
 }  // namespace kdatest
