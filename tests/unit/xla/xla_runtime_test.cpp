@@ -15,29 +15,15 @@
 #include "core/error.h"
 #include "xla/hlo_builder.h"
 #include "xla/pjrt.h"
+#include "xla_test_util.h"
 
 using namespace olmosft;
 using namespace olmosft::xla;
 
 namespace {
 
-// One client for the whole file (loading the 260 MB plugin and creating a client takes seconds).
-Client& cpu() {
-  static Client c = Client::create("cpu", ClientOptions{2});
-  return c;
-}
-
-// Runs F and returns the message of the olmosft::Error it throws (fails the test if it throws nothing).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an olmosft::Error";
-  return "";
-}
+Client& cpu() { return testutil::test_client(2); }
+using testutil::error_of;
 
 // A temporary directory of this test, removed at the end.
 struct TempDir {
@@ -65,6 +51,7 @@ void expect_same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
 }  // namespace
 
 TEST(XlaRuntime, CpuPluginClientAndDevices) {
+  OLMOSFT_CPU_PLUGIN_ONLY();
   Client& c = cpu();
   EXPECT_EQ(c.platform_name(), "cpu");
   EXPECT_EQ(c.device_count(), 2u);  // the cpu_device_count create option (the plugin's default is 4)
@@ -77,6 +64,7 @@ TEST(XlaRuntime, CpuPluginClientAndDevices) {
 }
 
 TEST(XlaRuntime, PluginNamesAndMissingPaths) {
+  OLMOSFT_CPU_PLUGIN_ONLY();  // (it unsets OLMOSFT_PJRT_CUDA)
   EXPECT_TRUE(Plugin::resolve("cpu").ends_with("deps/xla/cpu/xla_cpu_pjrt.so"));
   EXPECT_EQ(Plugin::resolve("/some/where/plugin.so"), "/some/where/plugin.so");
   EXPECT_NE(error_of([] { Plugin::resolve("gpu"); }).find("expected cpu, cuda, tpu or the path"),
@@ -95,6 +83,7 @@ TEST(XlaRuntime, PluginNamesAndMissingPaths) {
 }
 
 TEST(XlaRuntime, DifferentApiMajorIsRefusedNamingBoth) {
+  OLMOSFT_CPU_PLUGIN_ONLY();
   const std::string msg = error_of([] { Plugin::load(OLMOSFT_XLA_FAKE_PLUGIN_MAJOR); });
   const std::string theirs = std::to_string(Plugin::header_major() + 1) + ".0";
   const std::string ours =
@@ -105,6 +94,7 @@ TEST(XlaRuntime, DifferentApiMajorIsRefusedNamingBoth) {
 }
 
 TEST(XlaRuntime, NewerMinorIsAcceptedAndMissingFunctionsAreNamed) {
+  OLMOSFT_CPU_PLUGIN_ONLY();
   auto p = Plugin::load(OLMOSFT_XLA_FAKE_PLUGIN_MINOR);
   EXPECT_EQ(p->api_major(), Plugin::header_major());
   EXPECT_EQ(p->api_minor(), Plugin::header_minor() + 1);
@@ -212,6 +202,7 @@ TEST(XlaRuntime, ExecuteWithoutAndWithDonation) {
 }
 
 TEST(XlaRuntime, PjrtErrorsCarryThePluginMessageAndTheCall) {
+  OLMOSFT_CPU_PLUGIN_ONLY();  // device 1 and its name
   Client& c = cpu();
   const std::string msg = error_of([&] { c.compile("module { func.func @main() { bogus_op } }"); });
   EXPECT_NE(msg.find("PJRT_Client_Compile failed"), std::string::npos) << msg;
@@ -243,7 +234,8 @@ TEST(XlaRuntime, BuffersAndExecutablesOutliveTheirClientObject) {
   std::optional<Buffer> kept;
   std::optional<Executable> exe;
   {
-    Client c = Client::create("cpu", ClientOptions{1});
+    Client c = Client::create(testutil::test_plugin(),
+                              testutil::on_cpu_plugin() ? ClientOptions{1} : ClientOptions{});
     std::vector<float> a{5, 6, 7, 8};
     kept = c.to_device(std::span<const float>(a), {4});
     exe = c.compile(kAddModule);

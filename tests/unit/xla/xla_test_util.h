@@ -1,0 +1,46 @@
+// Shared by the XLA tests: the plugin they run on and one client per test binary. `make test` runs them on
+// XLA's CPU plugin (installed by scripts/install-deps.sh); scripts/accel-check.sh runs the runtime and
+// builder tests on an accelerator's plugin with OLMOSFT_XLA_TEST_PLUGIN=cuda|tpu|PATH.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+#include "xla/pjrt.h"
+
+namespace olmosft::xla::testutil {
+
+inline std::string test_plugin() {
+  const char* p = std::getenv("OLMOSFT_XLA_TEST_PLUGIN");
+  return p != nullptr && *p != '\0' ? p : "cpu";
+}
+inline bool on_cpu_plugin() { return test_plugin() == "cpu"; }
+
+// The binary's client: on the CPU plugin with `cpu_devices` devices, elsewhere with the plugin's defaults.
+inline Client& test_client(int64_t cpu_devices) {
+  static Client c =
+      Client::create(test_plugin(), on_cpu_plugin() ? ClientOptions{cpu_devices} : ClientOptions{});
+  return c;
+}
+
+// Runs F and returns the message of the olmosft::Error it throws (fails the test if it throws nothing).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an olmosft::Error";
+  return "";
+}
+
+}  // namespace olmosft::xla::testutil
+
+// A check that only XLA's CPU plugin can answer (its device names, its option, the stand-in plugins).
+#define OLMOSFT_CPU_PLUGIN_ONLY()                                         \
+  if (!::olmosft::xla::testutil::on_cpu_plugin())                         \
+  GTEST_SKIP() << "skipped: a check of XLA's CPU plugin (this run is on " \
+               << ::olmosft::xla::testutil::test_plugin() << ")"
