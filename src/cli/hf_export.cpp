@@ -17,11 +17,7 @@ int export_hf_main(int argc, char** argv) {
   app.add_option("--shard-size", shard, "maximum shard size, e.g. 5GB, 500MB, 2GiB");
   return olmosft::cli::run_app(app, argc, argv, [&] {
     using namespace olmosft;
-    model::ExportOptions opts;
-    opts.max_shard_bytes = safetensors::parse_size(shard);
-    if (dtype == "bf16") opts.dtype = DType::BF16;
-    if (dtype == "fp32") opts.dtype = DType::F32;
-    if (dtype == "fp16") opts.dtype = DType::F16;
+    model::ExportOptions opts = model::parse_export_options(dtype, shard);
     opts.copy_side_files_from = from;
     auto m = model::load_hf_dir(from);
     auto res = model::export_hf_dir(out, m.config, m.named(), opts);

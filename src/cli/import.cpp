@@ -50,11 +50,7 @@ int import_olmo_core_main(int argc, char** argv) {
   app.add_option("--shard-size", shard, "maximum safetensors shard size, e.g. 5GB, 500MB, 2GiB");
   return olmosft::cli::run_app(app, argc, argv, [&] {
     using namespace olmosft;
-    model::ExportOptions opts;
-    opts.max_shard_bytes = safetensors::parse_size(shard);
-    if (dtype == "bf16") opts.dtype = DType::BF16;
-    if (dtype == "fp32") opts.dtype = DType::F32;
-    if (dtype == "fp16") opts.dtype = DType::F16;
+    model::ExportOptions opts = model::parse_export_options(dtype, shard);
     auto ck = model::olmo_core::open(step, config);
     if (!opts.dtype) {  // keep: config.json's torch_dtype names the stored dtype when there is one
       std::set<DType> stored;

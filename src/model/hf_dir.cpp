@@ -169,6 +169,20 @@ HfModel load_hf_dir(const std::string& dir) {
   return m;
 }
 
+ExportOptions parse_export_options(const std::string& dtype, const std::string& shard_size) {
+  ExportOptions opts;
+  opts.max_shard_bytes = safetensors::parse_size(shard_size);
+  if (dtype == "bf16")
+    opts.dtype = DType::BF16;
+  else if (dtype == "fp32")
+    opts.dtype = DType::F32;
+  else if (dtype == "fp16")
+    opts.dtype = DType::F16;
+  else
+    OLMO_CHECK(dtype == "keep", "--dtype: expected bf16, fp32, fp16 or keep, got '", dtype, "'");
+  return opts;
+}
+
 ExportResult export_hf_dir(const std::string& out_dir, const ModelConfig& config,
                            const std::vector<safetensors::NamedTensor>& tensors, const ExportOptions& opts) {
   if (opts.dtype) {

@@ -56,6 +56,10 @@ struct ExportOptions {
   std::string copy_side_files_from;  // source HF dir for tokenizer/generation files ("" = none)
 };
 
+// The export verbs' --dtype (bf16, fp32, fp16 or keep) and --shard-size (safetensors::parse_size) as options;
+// anything else throws olmosft::Error naming the flag.
+ExportOptions parse_export_options(const std::string& dtype, const std::string& shard_size);
+
 struct ExportResult {
   std::vector<std::string> files;  // every file written, relative to the output dir
   uint64_t tensor_bytes = 0;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "io/atomic_file.h"
 #include "io/hash.h"
@@ -212,4 +213,21 @@ TEST(HfDir, CliExportAndInfo) {
         (d / "err") + " 2>&1";
   EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2);
   EXPECT_NE(io::read_file(d / "err").find("unknown unit"), std::string::npos) << io::read_file(d / "err");
+}
+
+// The export verbs' flags (export hf, import olmo-core) read into ExportOptions in one place.
+TEST(HfDir, ExportOptionsFromFlags) {
+  EXPECT_FALSE(olmosft::model::parse_export_options("keep", "5GB").dtype.has_value());
+  EXPECT_EQ(olmosft::model::parse_export_options("bf16", "500MB").dtype, olmosft::DType::BF16);
+  EXPECT_EQ(olmosft::model::parse_export_options("fp32", "2GiB").max_shard_bytes, 2ull << 30);
+  EXPECT_EQ(olmosft::model::parse_export_options("fp16", "64KiB").dtype, olmosft::DType::F16);
+  try {
+    (void)olmosft::model::parse_export_options("int8", "5GB");
+    ADD_FAILURE() << "--dtype int8 accepted";
+  } catch (const olmosft::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--dtype: expected bf16, fp32, fp16 or keep, got 'int8'"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW((void)olmosft::model::parse_export_options("keep", "lots"), olmosft::Error);
 }

@@ -35,6 +35,7 @@
 #include "xla/ops_dense.h"
 #include "xla/ops_xent.h"
 #include "xla/pjrt.h"
+#include "xla_test_util.h"
 
 using namespace olmosft;
 using namespace olmosft::xla;
@@ -44,10 +45,8 @@ namespace {
 constexpr ElementType F32 = ElementType::kF32;
 constexpr ElementType S32 = ElementType::kS32;
 
-Client& cpu() {
-  static Client c = Client::create("cpu", ClientOptions{1});
-  return c;
-}
+Client& cpu() { return testutil::test_client(1); }
+using testutil::error_of;
 
 std::vector<float> randu(size_t n, float lo, float hi, unsigned seed) {
   std::mt19937 g(seed);
@@ -528,15 +527,6 @@ TEST(XlaOps, AttentionAndCrossEntropyGraphsHoldNoQuadraticTensor) {
 }
 
 TEST(XlaOps, RefusesMismatchedShapesClearly) {
-  auto error_of = [](const std::function<void()>& f) -> std::string {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    ADD_FAILURE() << "expected an olmosft::Error";
-    return "";
-  };
   auto has = [](const std::string& msg, const std::string& part) {
     EXPECT_NE(msg.find(part), std::string::npos) << msg;
   };
