@@ -22,7 +22,14 @@ void check_dims(int64_t N, int64_t D, double eps, const char* who) {
 
 template <typename T>
 void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t N, int64_t D, double eps) {
+  rmsnorm_forward_grouped(x, w, 1, y, rstd, N, D, eps);
+}
+
+template <typename T>
+void rmsnorm_forward_grouped(const T* x, const T* w_all, int64_t G, T* y, T* rstd, int64_t N, int64_t D,
+                             double eps) {
   check_dims(N, D, eps, "rmsnorm_forward");
+  OLMO_CHECK(G >= 1, "rmsnorm_forward: gain groups must be >= 1, got ", G);
   parallel_for(
       N,
       [&](int64_t b, int64_t e) {
@@ -31,6 +38,7 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t N, int64_t D
           T* yi = y + i * D;
           const T r = row_rstd(xi, D, eps);
           if (rstd) rstd[i] = r;
+          const T* w = w_all ? w_all + (i % G) * D : nullptr;
           if (w)
             for (int64_t j = 0; j < D; ++j) yi[j] = w[j] * (xi[j] * r);
           else
@@ -43,15 +51,23 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t N, int64_t D
 template <typename T>
 void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t N, int64_t D,
                       double eps) {
+  rmsnorm_backward_grouped(dy, x, w, 1, rstd, dx, dw, N, D, eps);
+}
+
+template <typename T>
+void rmsnorm_backward_grouped(const T* dy, const T* x, const T* w_all, int64_t G, const T* rstd, T* dx, T* dw,
+                              int64_t N, int64_t D, double eps) {
   check_dims(N, D, eps, "rmsnorm_backward");
-  const bool want_dw = w != nullptr && dw != nullptr;
+  OLMO_CHECK(G >= 1, "rmsnorm_backward: gain groups must be >= 1, got ", G);
+  const bool want_dw = w_all != nullptr && dw != nullptr;
   // Fixed blocking of rows for the dw partial sums (independent of the thread count).
-  const int64_t P = std::max<int64_t>(1, std::min<int64_t>(16, N));
-  std::vector<double> part(want_dw ? size_t(P * D) : 0, 0.0);
+  const int64_t P = std::max<int64_t>(1, std::min<int64_t>(16, N)), GD = G * D;
+  std::vector<double> part(want_dw ? size_t(P * GD) : 0, 0.0);
   parallel_for(P, [&](int64_t pb, int64_t pe) {
     for (int64_t p = pb; p < pe; ++p) {
-      double* dwp = want_dw ? part.data() + p * D : nullptr;
       for (int64_t i = N * p / P; i < N * (p + 1) / P; ++i) {
+        const T* w = w_all ? w_all + (i % G) * D : nullptr;
+        double* dwp = want_dw ? part.data() + p * GD + (i % G) * D : nullptr;
         const T* xi = x + i * D;
         const T* dyi = dy + i * D;
         T* dxi = dx + i * D;
@@ -72,9 +88,9 @@ void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx,
     }
   });
   if (want_dw)
-    for (int64_t j = 0; j < D; ++j) {
+    for (int64_t j = 0; j < GD; ++j) {
       double s = 0;
-      for (int64_t p = 0; p < P; ++p) s += part[p * D + j];
+      for (int64_t p = 0; p < P; ++p) s += part[p * GD + j];
       dw[j] += T(s);
     }
 }
@@ -86,6 +102,14 @@ template void rmsnorm_backward<float>(const float*, const float*, const float*, 
                                       int64_t, int64_t, double);
 template void rmsnorm_backward<double>(const double*, const double*, const double*, const double*, double*,
                                        double*, int64_t, int64_t, double);
+template void rmsnorm_forward_grouped<float>(const float*, const float*, int64_t, float*, float*, int64_t,
+                                             int64_t, double);
+template void rmsnorm_forward_grouped<double>(const double*, const double*, int64_t, double*, double*,
+                                              int64_t, int64_t, double);
+template void rmsnorm_backward_grouped<float>(const float*, const float*, const float*, int64_t, const float*,
+                                              float*, float*, int64_t, int64_t, double);
+template void rmsnorm_backward_grouped<double>(const double*, const double*, const double*, int64_t,
+                                               const double*, double*, double*, int64_t, int64_t, double);
 
 namespace {
 void check_t(const Tensor& t, const Shape& shape, DType dt, const char* who, const char* name) {

@@ -22,6 +22,15 @@ template <typename T>
 void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t N, int64_t D,
                       double eps);
 
+// Grouped gains: row i uses the gains w + (i % G) * D (w holds G * D values; G = 1 is the plain form), as
+// a per-head q/k norm with its own gains per head (rows = token x head). dw ([G * D]) is accumulated.
+template <typename T>
+void rmsnorm_forward_grouped(const T* x, const T* w, int64_t G, T* y, T* rstd, int64_t N, int64_t D,
+                             double eps);
+template <typename T>
+void rmsnorm_backward_grouped(const T* dy, const T* x, const T* w, int64_t G, const T* rstd, T* dx, T* dw,
+                              int64_t N, int64_t D, double eps);
+
 // Tensor overloads (F32/F64, contiguous, x [..., D]); w, rstd, dw may be undefined Tensors.
 void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, double eps);
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,

@@ -7,51 +7,12 @@
 #include "core/error.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
+#include "kernels/rmsnorm.h"
 #include "model/params.h"
 
 namespace olmosft::model::unit {
 
 namespace {
-
-// Grouped RMSNorm: N*G rows of length L; row r uses gain w + (r % G) * L (w holds G*L gains). Used for
-// the attention q/k norms (per head: G = heads, L = head_dim; whole vector: G = 1, L = heads*head_dim).
-template <typename T>
-void group_rms_forward(const T* x, const T* w, int64_t rows, int64_t G, int64_t L, double eps, T* y,
-                       T* rstd) {
-#pragma omp parallel for schedule(static) if (rows * L >= (1 << 16))
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * L;
-    double ss = 0;
-    for (int64_t i = 0; i < L; ++i) ss += static_cast<double>(xr[i]) * xr[i];
-    const double rs = 1.0 / std::sqrt(ss / static_cast<double>(L) + eps);
-    rstd[r] = static_cast<T>(rs);
-    const T* wr = w + (r % G) * L;
-    for (int64_t i = 0; i < L; ++i) y[r * L + i] = static_cast<T>(static_cast<double>(xr[i]) * rs * wr[i]);
-  }
-}
-
-template <typename T>
-void group_rms_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t G,
-                        int64_t L, T* dx, T* dw, double* dwacc) {
-  std::fill(dwacc, dwacc + G * L, 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * L;
-    const T* dyr = dy + r * L;
-    const T* wr = w + (r % G) * L;
-    const double rs = rstd[r];
-    double m = 0;
-    for (int64_t i = 0; i < L; ++i) m += static_cast<double>(xr[i]) * wr[i] * dyr[i];
-    m /= static_cast<double>(L);
-    double* dwr = dwacc + (r % G) * L;
-    for (int64_t i = 0; i < L; ++i) {
-      const double gi = static_cast<double>(wr[i]) * dyr[i];
-      dx[r * L + i] = static_cast<T>(rs * (gi - static_cast<double>(xr[i]) * rs * rs * m));
-      dwr[i] += static_cast<double>(dyr[i]) * xr[i] * rs;
-    }
-  }
-  if (dw != nullptr)
-    for (int64_t i = 0; i < G * L; ++i) dw[i] += static_cast<T>(dwacc[i]);
-}
 
 template <typename T>
 T sigmoid(T x) {
@@ -135,8 +96,8 @@ void SoftmaxAttentionUnit::forward(const Ctx<T>& ctx, const T* x, T* a, const Sa
   int64_t Gq, Lq, Gk, Lk;
   qk_norm_shape(ctx.c, true, &Gq, &Lq);
   qk_norm_shape(ctx.c, false, &Gk, &Lk);
-  group_rms_forward(s.q, ctx.W(qnorm), N * Gq, Gq, Lq, ctx.c.rms_norm_eps, s.qn, s.qrs);
-  group_rms_forward(s.k, ctx.W(knorm), N * Gk, Gk, Lk, ctx.c.rms_norm_eps, s.kn, s.krs);
+  rmsnorm_forward_grouped(s.q, ctx.W(qnorm), Gq, s.qn, s.qrs, N * Gq, Lq, ctx.c.rms_norm_eps);
+  rmsnorm_forward_grouped(s.k, ctx.W(knorm), Gk, s.kn, s.krs, N * Gk, Lk, ctx.c.rms_norm_eps);
   const T* qs_in = s.qn;
   if (ssmax_scale >= 0) {
     const T* sc = ctx.W(ssmax_scale);
@@ -204,8 +165,10 @@ void SoftmaxAttentionUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T
   int64_t Gq, Lq, Gk, Lk;
   qk_norm_shape(ctx.c, true, &Gq, &Lq);
   qk_norm_shape(ctx.c, false, &Gk, &Lk);
-  group_rms_backward(s.q, ctx.W(qnorm), s.qrs, w.dqn, N * Gq, Gq, Lq, w.dq, ctx.G(qnorm), w.acc);
-  group_rms_backward(s.k, ctx.W(knorm), s.krs, w.dkn, N * Gk, Gk, Lk, w.dk, ctx.G(knorm), w.acc);
+  rmsnorm_backward_grouped(w.dqn, s.q, ctx.W(qnorm), Gq, s.qrs, w.dq, ctx.G(qnorm), N * Gq, Lq,
+                           ctx.c.rms_norm_eps);
+  rmsnorm_backward_grouped(w.dkn, s.k, ctx.W(knorm), Gk, s.krs, w.dk, ctx.G(knorm), N * Gk, Lk,
+                           ctx.c.rms_norm_eps);
   linear_backward(w.dq, x, ctx.W(q), dx, ctx.G(q), N, ctx.d, QD, dx_written);
   linear_backward(w.dk, x, ctx.W(k), dx, ctx.G(k), N, ctx.d, KVD, true);
   linear_backward(w.dv, x, ctx.W(v), dx, ctx.G(v), N, ctx.d, KVD, true);

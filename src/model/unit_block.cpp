@@ -43,7 +43,7 @@ template <typename T>
 void PeriLnBlock::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t l, int64_t N, bool input,
                                  bool mixer) {
   const int64_t d = c.hidden_size;
-  if (input) p.add_activation(&h_in, N * d);
+  if (input) p.add(&h_in, N * d);  // fp32 under saved_dtype bf16 too, as the block input it copies
   for (T** b : {&x1, &a, &h_mid, &x2, &f}) p.add_activation(b, N * d);
   for (T** b : {&rs_pre_attn, &rs_post_attn, &rs_pre_ffn, &rs_post_ffn}) p.add(b, N);
   const bool is_kda = c.layer_types[static_cast<size_t>(l)] == LayerType::LinearAttention;

@@ -42,6 +42,39 @@ TEST(KernelsRmsnorm, VsTorchWeightDouble) { rmsnorm_vs_torch<double>("rmsnorm_w"
 TEST(KernelsRmsnorm, VsTorchNoWeightFloat) { rmsnorm_vs_torch<float>("rmsnorm_now", 2e-6); }
 TEST(KernelsRmsnorm, VsTorchNoWeightDouble) { rmsnorm_vs_torch<double>("rmsnorm_now", 1e-12); }
 
+// Grouped gains (the per-head q/k norm): row i uses gains w + (i % G) * D. Each row's output and dx equal the
+// plain kernel's on that row with its group's gains, bit for bit (the same per-row arithmetic); dw per group
+// equals the sum of the per-row calls' dw within float64 rounding of the fixed-block partial sums (1e-12).
+TEST(KernelsRmsnorm, GroupedGainsEqualPerRowCalls) {
+  const int64_t N = 37, G = 3, D = 8;
+  const double eps = 1e-6;
+  auto x = kt::randn<double>(static_cast<size_t>(N * D), 11, 0.9), dy = kt::randn<double>(x.size(), 12);
+  auto w = kt::randn<double>(static_cast<size_t>(G * D), 13, 0.5);
+  std::vector<double> y(x.size()), rs(static_cast<size_t>(N)), dx(x.size()), dw(w.size(), 0.0);
+  rmsnorm_forward_grouped<double>(x.data(), w.data(), G, y.data(), rs.data(), N, D, eps);
+  rmsnorm_backward_grouped<double>(dy.data(), x.data(), w.data(), G, rs.data(), dx.data(), dw.data(), N, D,
+                                   eps);
+  std::vector<double> y1(static_cast<size_t>(D)), dx1(static_cast<size_t>(D)), dw1(w.size(), 0.0);
+  for (int64_t i = 0; i < N; ++i) {
+    const double* wi = w.data() + (i % G) * D;
+    double r1 = 0;
+    rmsnorm_forward<double>(x.data() + i * D, wi, y1.data(), &r1, 1, D, eps);
+    rmsnorm_backward<double>(dy.data() + i * D, x.data() + i * D, wi, &r1, dx1.data(),
+                             dw1.data() + (i % G) * D, 1, D, eps);
+    EXPECT_EQ(r1, rs[static_cast<size_t>(i)]);
+    for (int64_t j = 0; j < D; ++j) {
+      EXPECT_EQ(y1[static_cast<size_t>(j)], y[static_cast<size_t>(i * D + j)]) << i << "," << j;
+      EXPECT_EQ(dx1[static_cast<size_t>(j)], dx[static_cast<size_t>(i * D + j)]) << i << "," << j;
+    }
+  }
+  EXPECT_LT(kt::max_rel(dw, dw1), 1e-12);
+  // G = 1 is the plain kernel
+  std::vector<double> yp(x.size()), yg(x.size());
+  rmsnorm_forward<double>(x.data(), w.data(), yp.data(), nullptr, N, D, eps);
+  rmsnorm_forward_grouped<double>(x.data(), w.data(), 1, yg.data(), nullptr, N, D, eps);
+  EXPECT_EQ(kt::max_abs(yp, yg), 0.0);
+}
+
 TEST(KernelsRmsnorm, FiniteDifferencesFloat64) {
   for (bool weight : {true, false})
     for (double eps : {1e-6, 0.5}) {  // a large eps makes the eps term visible in the gradient
