@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "core/threads.h"
-#include "model/olmo3moe.h"
+#include "model/decoder.h"
 
 using namespace olmosft;
 using namespace olmosft::model;
@@ -105,13 +105,13 @@ Timing time_fb(CausalLM& m, int64_t T, int reps) {
 
 int child_mem(int64_t T) {
   auto cfg = parse_config(preset_config_json("olmo3moe-tiny"), "preset olmo3moe-tiny");
-  auto m = make_olmo3moe(cfg, 1);
+  auto m = make_decoder(cfg, 1);
   const long before = vm_hwm_kb();
   Row r(T, cfg.vocab_size);
   const double w0 = now();
   m->forward_backward(r.batch(), sft_loss(), 1.0 / static_cast<double>(T - 1), 1.0);
   const double wall = now() - w0;
-  const auto* hm = dynamic_cast<Olmo3MoeModel*>(m.get());
+  const auto* hm = dynamic_cast<Decoder*>(m.get());
   std::printf("%lld %ld %ld %zu %.3f\n", static_cast<long long>(T), before, vm_hwm_kb(),
               hm ? hm->last_run().saved_bytes : size_t{0}, wall);
   return 0;
@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
   }
   set_threads(threads);
   auto cfg = parse_config(preset_config_json("olmo3moe-d2small"), "preset olmo3moe-d2small");
-  auto m = make_olmo3moe(cfg, 1);
+  auto m = make_decoder(cfg, 1);
   std::printf(
       "## bench_hybrid: olmo3moe D.2 small (%lld layers, d=%lld, %lld experts top-%lld), threads %d\n\n",
       static_cast<long long>(cfg.num_hidden_layers), static_cast<long long>(cfg.hidden_size),

@@ -17,8 +17,8 @@
 #include "bench_util.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "model/decoder.h"
 #include "model/model.h"
-#include "model/olmo3.h"
 
 using namespace olmosft;
 using namespace olmosft::model;
@@ -105,15 +105,15 @@ int main(int argc, char** argv) {
   const double w0 = now(), c0 = cpu_now();
   for (int i = 0; i < iters; ++i) m->forward_backward(b, lc, 1.0 / double(ntr), 1.0);
   const double wall = (now() - w0) / iters, cpu = (cpu_now() - c0) / iters;
-  auto* o3 = dynamic_cast<Olmo3*>(m.get());
+  auto* o3 = dynamic_cast<Decoder*>(m.get());
   std::printf("## bench_model_olmo3: Olmo 3 D.1 small, forward+backward, 1 row x T=%lld (%d documents)\n\n",
               (long long)T, docs);
   std::printf(
       "- threads %d; %lld trained targets; model FLOPs/step %.3g (6 x %.3g matmul params x T + attention "
       "%.3g)\n",
       nt, (long long)ntr, flops, mm_params, attn_flops);
-  std::printf("- workspace %.1f MiB (%lld floats/token by formula)\n\n",
-              double(o3->workspace_bytes()) / 1048576.0, (long long)Olmo3::activation_floats_per_token(c));
+  std::printf("- workspace %.1f MiB (saved %.1f MiB)\n\n", double(o3->workspace_bytes()) / 1048576.0,
+              double(o3->last_run().saved_bytes) / 1048576.0);
   std::printf("| impl | s/step (wall) | CPU s/step | tokens/s | GFLOP/s (wall) | %% of 2-core peak 200 |\n");
   std::printf("|---|---|---|---|---|---|\n");
   std::printf("| olmosft | %.3f | %.3f | %.0f | %.1f | %.0f%% |\n", wall, cpu, double(T) / wall,

@@ -16,7 +16,7 @@
 // Each implementation runs in a fresh process (ours: this binary with --child), so its peak RSS (VmHWM,
 // reset after set-up where /proc/self/clear_refs allows) is the training loop's. The analytic figure is
 // 16 bytes per parameter (fp32 weights, grads, AdamW m and v) + the activations saved for the backward
-// (counted from olmo3.cpp / olmo3moe.cpp for one micro-batch) + the cross-entropy tile.
+// (counted from the units' headers, model/unit_*.h, for one micro-batch) + the cross-entropy tile.
 // MFU = model FLOPs per step / step time / measured SGEMM peak, with the trainer's FLOP count (train/flops.h
 // FlopModel over the step's micro-batches: projections and MLP/active experts, attention per document and
 // window, KDA's chunked delta rule, the LM head over trained targets; docs/train.md "MFU accounting").
@@ -48,9 +48,8 @@
 #include "io/safetensors.h"
 #include "kernels/adamw.h"
 #include "kernels/gemm.h"
+#include "model/decoder.h"
 #include "model/model.h"
-#include "model/olmo3.h"
-#include "model/olmo3moe.h"
 #include "model/params.h"
 #include "train/flops.h"
 #include "train/perf.h"
@@ -215,33 +214,36 @@ Batch micro_view(const Packed& p, int64_t rows, int64_t m) {
   return b;
 }
 
-// Activation bytes kept for the backward of one micro-batch of N tokens, counted from the model code.
-// Dense: Olmo3's workspace (activation_floats_per_token: saved tensors + shared scratch, olmo3.cpp).
-// Hybrid: olmo3moe.cpp LayerCache / KdaCache / AttnCache / moe::MoeCache sizes per token:
-//   every layer  h_in, x1, a, h_mid, x2, f (6 d) + 4 RMS scales
-//   KDA          q/k in, conv, normed (6 KD), v in/conv (2 VD), f, g (2 KD), f/g low rank (2 dv),
-//                beta logit + beta (2 H), o, gate, y (3 VD)
-//   attention    q, qn, qs, o, gate, gated o (6 H D), k, v, kn (3 Hkv D), q/k RMS (H + Hkv), lse (H)
-//   dense FFN    gate, up pre-activations and hidden (3 F)
-//   MoE          probs (E), router lse (1), weights (k), z and r (2 latent), shared expert (3 S) floats,
-//                top-k ids (k int32), kept flags (k bytes); per layer: loads (E int64)
+// Activation bytes kept for the backward of one micro-batch of N tokens, counted by hand from the units'
+// headers (model/unit_*.h), both families:
+//   residual streams   (L + 1) d
+//   every block        a, h_mid, f (3 d) + 2 RMS scales; peri-LN: x1, x2 (2 d) + 2 RMS scales
+//   attention          q, o (2 H D), k, v (2 Hkv D), q/k RMS (per head: H + Hkv, else 2), lse (H);
+//                      gate: logits and gated o (2 H D)
+//   KDA                q/k in, conv, normed (6 KD), v in/conv (2 VD), f, g (2 KD), f/g low rank (2 dv),
+//                      beta logit + beta (2 H), o, gate, y (3 VD)
+//   dense FFN          gate, up pre-activations (2 F)
+//   MoE                probs (E), router lse (1), weights (k), z and r (2 latent), shared expert (3 S)
+//   floats,
+//                      top-k ids (k int32), kept flags (k bytes); per layer: loads (E int64)
 double saved_bytes_analytic(const ModelConfig& c, int64_t N) {
-  if (!c.is_moe()) return 4.0 * static_cast<double>(Olmo3::activation_floats_per_token(c) * N);
   const int64_t d = c.hidden_size, KD = c.linear_num_key_heads * c.linear_key_head_dim,
                 VD = c.linear_num_value_heads * c.linear_value_head_dim, Hk = c.linear_num_key_heads,
                 R = c.linear_value_head_dim, H = c.num_attention_heads, Hkv = c.num_key_value_heads,
                 D = c.head_dim, E = c.n_routed_experts, k = c.num_experts_per_tok, Lt = c.latent_moe_dim,
                 S = c.shared_expert_intermediate_size;
-  double bytes = 0;
+  const bool peri = c.use_peri_ln, gate = c.attention_gate_type == "elementwise";
+  double bytes = 4.0 * static_cast<double>((c.num_hidden_layers + 1) * d * N);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    int64_t f = 6 * d + 4;
+    int64_t f = 3 * d + 2 + (peri ? 2 * d + 2 : 0);
     if (c.layer_types[static_cast<size_t>(l)] == LayerType::LinearAttention)
       f += 8 * KD + 5 * VD + 2 * R + 2 * Hk;
     else
-      f += 6 * H * D + 3 * Hkv * D + 2 * H + Hkv;
+      f += 2 * H * D + 2 * Hkv * D + (c.use_head_qk_norm ? H + Hkv : 2) + H + (gate ? 2 * H * D : 0);
     double per_tok = 4.0 * static_cast<double>(f);
     if (c.is_dense_layer(l)) {
-      per_tok += 4.0 * 3.0 * static_cast<double>(c.dense_mlp_intermediate_size);
+      per_tok +=
+          4.0 * 2.0 * static_cast<double>(c.is_moe() ? c.dense_mlp_intermediate_size : c.intermediate_size);
     } else {
       per_tok += 4.0 * static_cast<double>(E + 1 + k + 2 * Lt + 3 * S) + 4.0 * k + 1.0 * k;
       bytes += 8.0 * static_cast<double>(E);
@@ -335,8 +337,7 @@ int child(const std::string& name, const std::string& dir, int steps) {
                       {"moe_lb", lb / g},
                       {"router_z", rz / g},
                       {"grad_norm", gnorm}});
-    if (auto* h = dynamic_cast<Olmo3MoeModel*>(m.get())) saved = h->last_run().saved_bytes;
-    if (auto* o = dynamic_cast<Olmo3*>(m.get())) saved = o->workspace_bytes();
+    if (auto* h = dynamic_cast<Decoder*>(m.get())) saved = h->last_run().saved_bytes;
   };
   step(1);  // warm-up (allocates the workspaces)
   double wall = 0, cpu = 0, best = 1e30;

@@ -10,6 +10,7 @@
 #      (2 threads) and export them.
 # and the script compares the dumps, the LOSS-PARTS lines and the sha256 of every exported file. Exit 0 only
 # when everything is identical. Uses about 2 builds' time; the temporary tree is removed at the end.
+# BASE_BUILD=DIR uses an existing build of BASE_REF instead (e.g. the base's own worktree build): no rebuild.
 set -uo pipefail
 base=${1:?usage: scripts/bitwise-compare.sh BASE_REF [BUILD]}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,17 +19,25 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/olmosft-bitwise.XXXXXX")
 trap 'git -C "$root" worktree remove --force "$work/base" >/dev/null 2>&1; rm -rf "$work"' EXIT
 sha=$(git -C "$root" rev-parse --verify "$base^{commit}") || { echo "bitwise-compare: no commit $base"; exit 2; }
 echo "bitwise-compare: base $base ($sha) vs the working tree ($build)"
-git -C "$root" worktree add -q --detach "$work/base" "$sha" || exit 2
-# What scripts/install-deps.sh put under deps/ (git-ignored: the venv with Arrow C++, the plugins, ...) is shared.
-for d in "$root"/deps/*/; do
-  d=${d%/}
-  [ -e "$work/base/deps/$(basename "$d")" ] || ln -s "$d" "$work/base/deps/$(basename "$d")"
-done
 [ -x "$build/olmosft" ] || { echo "bitwise-compare: $build/olmosft missing: build first"; exit 2; }
-echo "bitwise-compare: building the base (cmake, $(nproc) jobs)"
-cmake -S "$work/base" -B "$work/base-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOLMOSFT_CUDA=OFF >/dev/null || exit 2
-cmake --build "$work/base-build" -j "$(nproc)" --target olmosft model_bitwise_test >"$work/base-build.log" 2>&1 ||
-  { tail -20 "$work/base-build.log"; echo "bitwise-compare: the base does not build"; exit 2; }
+if [ -n "${BASE_BUILD:-}" ]; then
+  base_build=$(cd "$BASE_BUILD" && pwd) || exit 2
+  [ -x "$base_build/olmosft" ] && [ -x "$base_build/model_bitwise_test" ] ||
+    { echo "bitwise-compare: BASE_BUILD=$BASE_BUILD has no olmosft / model_bitwise_test"; exit 2; }
+  echo "bitwise-compare: using the base build $base_build (BASE_BUILD; it must be a build of $sha)"
+else
+  base_build=$work/base-build
+  git -C "$root" worktree add -q --detach "$work/base" "$sha" || exit 2
+  # What scripts/install-deps.sh put under deps/ (git-ignored: the venv with Arrow C++, the plugins, ...) is shared.
+  for d in "$root"/deps/*/; do
+    d=${d%/}
+    [ -e "$work/base/deps/$(basename "$d")" ] || ln -s "$d" "$work/base/deps/$(basename "$d")"
+  done
+  echo "bitwise-compare: building the base (cmake, $(nproc) jobs)"
+  cmake -S "$work/base" -B "$base_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOLMOSFT_CUDA=OFF >/dev/null || exit 2
+  cmake --build "$base_build" -j "$(nproc)" --target olmosft model_bitwise_test >"$work/base-build.log" 2>&1 ||
+    { tail -20 "$work/base-build.log"; echo "bitwise-compare: the base does not build"; exit 2; }
+fi
 
 fails=0
 same() {  # same WHAT A B: compares two files
@@ -38,7 +47,7 @@ same() {  # same WHAT A B: compares two files
 # 1. The model's numbers.
 for side in base head; do
   b=$build
-  [ $side = base ] && b=$work/base-build
+  [ $side = base ] && b=$base_build
   OLMOSFT_BITWISE_DUMP="$work/$side.hashes" "$b/model_bitwise_test" --gtest_filter=ModelBitwise.Repeatable \
     >"$work/$side.bitwise.log" 2>&1
 done
@@ -58,7 +67,7 @@ G=$root/tests/golden
 for model in olmo3_tiny olmo3moe_tiny; do
   for side in base head; do
     bin=$build/olmosft
-    [ $side = base ] && bin=$work/base-build/olmosft
+    [ $side = base ] && bin=$base_build/olmosft
     cat >"$work/recipe.yaml" <<YAML
 output_dir: $work/runs-$side
 run_name: $model

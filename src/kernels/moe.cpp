@@ -332,9 +332,9 @@ void moe_backward(const MoeDims& dims, const MoeWeights<T>& w, const MoeGrads<T>
     }
   }
   if (dims.latent > 0)
-    linear_backward(dz.data(), x, w.latent_down, dx, g.latent_down, N, d, Lt);
+    linear_backward(dz.data(), x, w.latent_down, dx, g.latent_down, N, d, Lt, true);
   else
-    std::copy(dz.begin(), dz.end(), dx);
+    for (size_t i = 0; i < dz.size(); ++i) dx[i] += dz[i];
   if (S > 0)
     swiglu_mlp_backward(x, w.shared_gate, w.shared_up, w.shared_down, N, d, S, c.sh_a.data(), c.sh_b.data(),
                         c.sh_h.data(), dout, dx, g.shared_gate, g.shared_up, g.shared_down, true);

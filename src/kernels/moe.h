@@ -100,7 +100,7 @@ template <typename T>
 MoeStats moe_forward(const MoeDims& dims, const MoeWeights<T>& w, const T* x, const uint8_t* valid, int64_t N,
                      T* out, MoeCache<T>& cache);
 
-// Backward of  sum(dout * out) + lb_coef * LB + z_coef * Z.  dx [N, d] is overwritten.
+// Backward of  sum(dout * out) + lb_coef * LB + z_coef * Z.  dx [N, d] is ACCUMULATED (the units' contract).
 template <typename T>
 void moe_backward(const MoeDims& dims, const MoeWeights<T>& w, const MoeGrads<T>& g, const T* x,
                   const MoeCache<T>& cache, const T* dout, double lb_coef, double z_coef, T* dx);

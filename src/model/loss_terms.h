@@ -1,8 +1,8 @@
 // The training loss as a list of terms, each named once. The model adds each term's micro-batch sum to
-// LossParts::sum[term] (where it is computed: ce and lm_z in the LM head's cross-entropy, moe_lb and router_z in
-// every MoE layer's router); the trainer reduces each over the step by its Reduction and weights it with its
-// recipe key; the LOSS-PARTS line, metrics.jsonl, TensorBoard (`train/<name>`), the trainer's total and `k8s
-// watch` iterate over this list. Adding a term: an entry here, and the code that computes its sum.
+// LossParts::sum[term] (where it is computed: ce and lm_z in the LM head's cross-entropy, moe_lb and router_z
+// in every MoE layer's router); the trainer reduces each over the step by its Reduction and weights it with
+// its recipe key; the LOSS-PARTS line, metrics.jsonl, TensorBoard (`train/<name>`), the trainer's total and
+// `k8s watch` iterate over this list. Adding a term: an entry here, and the code that computes its sum.
 #pragma once
 #include <array>
 

@@ -1,5 +1,5 @@
-// The model interface the trainer, `olmosft forward` and the checks use. Two implementations:
-// Olmo 3 dense (src/model/olmo3*) and Olmo 3.5 hybrid KDA + latent MoE (src/model/olmo3moe*).
+// The model interface the trainer, `olmosft forward` and the checks use. One implementation, the decoder
+// (src/model/decoder.h), of which Olmo 3 dense and the Olmo 3.5 hybrid (KDA + latent MoE) are configurations.
 // Parameters are fp32 masters keyed by HF tensor name in registry order (model/params.h), so loading,
 // checkpoints and export share one naming.
 #pragma once
@@ -112,8 +112,8 @@ struct ActivationBytes {
 ActivationBytes activation_bytes(const ModelConfig& config, int64_t B, int64_t T, const MemoryPolicy& policy);
 
 // A model family: what parse_config, make_model and load_model dispatch on. Adding a family takes its
-// config keys (model/config.cpp), its assembly (a CausalLM composed of the layer units, src/model/unit_*.h)
-// and one entry in model_families() (model_factory.cpp).
+// config keys (model/config.cpp), its layer list (model/layers.cpp: which mixers, FFNs and norms) and one
+// entry in model_families() (model_factory.cpp); every family is run by the one Decoder.
 struct ModelFamily {
   ModelType type;
   const char* model_type;                                      // HF config.json "model_type"
@@ -125,7 +125,7 @@ const std::vector<ModelFamily>& model_families();
 // What the model constructors call: zero values and gradients in registry order, with the weight-decay
 // flags of the registry (model/params.h).
 std::vector<Param> allocate_params(const ModelConfig& config);
-// The one initialisation (make_model; make_olmo3moe), the same for both families; each tensor draws from
+// The one initialisation (make_model; make_decoder), the same for both families; each tensor draws from
 // its own Philox stream, so its values depend on neither the thread count nor the other tensors:
 //   "*norm.weight" = 1;  "*.bias", "*dt_bias" = 0;  "*ssmax_scale" = 1;
 //   A_log = log U[1, 16] (stream = registry index);  other tensors of >= 2 dims ~ N(0, initializer_range)

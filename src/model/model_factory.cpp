@@ -4,10 +4,9 @@
 #include <mutex>
 
 #include "core/rng.h"
+#include "model/decoder.h"
 #include "model/hf_dir.h"
 #include "model/model.h"
-#include "model/olmo3.h"
-#include "model/olmo3moe.h"
 #include "model/olmo_core.h"
 #include "model/params.h"
 
@@ -70,11 +69,11 @@ float checked_stdev(const ModelConfig& config) {
 const std::vector<ModelFamily>& model_families() {
   static const std::vector<ModelFamily> families = {
       {ModelType::Olmo3, "olmo3",
-       [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Olmo3>(c); },
-       &Olmo3::activation_bytes},
+       [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Decoder>(c); },
+       &Decoder::activation_bytes},
       {ModelType::Olmo3Moe, "olmo3moe",
-       [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Olmo3MoeModel>(c); },
-       &Olmo3MoeModel::activation_bytes},
+       [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Decoder>(c); },
+       &Decoder::activation_bytes},
   };
   return families;
 }

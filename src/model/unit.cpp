@@ -21,16 +21,6 @@ int ParamIndex::get(const std::string& name, bool required) const {
   return it == by_.end() ? -1 : it->second;
 }
 
-void resolve_attention(const ParamIndex& idx, const std::string& a, int* q, int* k, int* v, int* o,
-                       int* qnorm, int* knorm) {
-  *q = idx.get(a + hf::kQProj);
-  *k = idx.get(a + hf::kKProj);
-  *v = idx.get(a + hf::kVProj);
-  *o = idx.get(a + hf::kOProj);
-  *qnorm = idx.get(a + hf::kQNorm);
-  *knorm = idx.get(a + hf::kKNorm);
-}
-
 namespace {
 constexpr size_t kAlignBytes = 64;
 size_t round_up(size_t n) { return (n + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
@@ -118,14 +108,17 @@ AttentionConfig attention_config(const ModelConfig& c, int64_t B, int64_t T, int
   return ac;
 }
 
-size_t attention_workspace_bytes(const ModelConfig& c, int64_t B, int64_t T) {
+template <typename T>
+size_t attention_workspace_bytes(const ModelConfig& c, int64_t B, int64_t T_) {
   size_t need = 0;
   for (int64_t win : {int64_t(0), c.sliding_window}) {
-    const AttentionConfig ac = attention_config(c, B, T, win);
-    need = std::max(
-        {need, attention_forward_workspace_bytes<float>(ac), attention_backward_workspace_bytes<float>(ac)});
+    const AttentionConfig ac = attention_config(c, B, T_, win);
+    need =
+        std::max({need, attention_forward_workspace_bytes<T>(ac), attention_backward_workspace_bytes<T>(ac)});
   }
   return need;
 }
+template size_t attention_workspace_bytes<float>(const ModelConfig&, int64_t, int64_t);
+template size_t attention_workspace_bytes<double>(const ModelConfig&, int64_t, int64_t);
 
 }  // namespace olmosft::model::unit

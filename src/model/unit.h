@@ -45,10 +45,6 @@ class ParamIndex {
   size_t size_ = 0;
 };
 
-// The q/k/v/o projections and q/k norms of an attention layer (prefix "model.layers.<l>.self_attn.").
-void resolve_attention(const ParamIndex& idx, const std::string& prefix, int* q, int* k, int* v, int* o,
-                       int* qnorm, int* knorm);
-
 // What the units of one call read: the batch, derived per-token arrays, and the weight / gradient
 // pointers in registry order (g == nullptr: forward only).
 template <typename T>
@@ -57,10 +53,14 @@ struct Ctx {
   const Batch& b;
   const std::vector<const T*>& w;
   const std::vector<T*>* g = nullptr;
-  int64_t N = 0, d = 0;              // B*T tokens, hidden size
-  const int32_t* seg = nullptr;      // [N] document id per token (< 0 = padding)
-  const uint8_t* valid = nullptr;    // [N] 1 = not padding
-  const T* logpos = nullptr;         // [N] log(position + 1) (scalable softmax)
+  int64_t N = 0, d = 0;            // B*T tokens, hidden size
+  const int32_t* seg = nullptr;    // [N] document id per token (< 0 = padding)
+  const uint8_t* valid = nullptr;  // [N] 1 = not padding
+  const T* logpos = nullptr;       // [N] log(position + 1) (scalable softmax)
+  const T* rope_cos[3] = {};       // per RopeKind: [N, head_dim / 2] tables at the tokens' positions
+  const T* rope_sin[3] = {};
+  void* attn_ws = nullptr;  // the attention kernel's workspace (attention_workspace_bytes<T>)
+  size_t attn_ws_bytes = 0;
   const LossConfig* loss = nullptr;  // MoE capacity and auxiliary-loss coefficients
   double aux_scale = 1.0;            // multiplies the MoE auxiliary losses' gradients
   int64_t kda_chunk = 64;            // KDA chunk size
@@ -134,11 +134,14 @@ struct Bf16Store {
   static std::vector<Plan> stagings(const std::vector<Bf16Store>& layers);
 };
 
-// Explicit instantiation of a mixer unit (KdaUnit, SoftmaxAttentionUnit) for value type T.
+// The backward contract of every unit: the gradient w.r.t. the unit's input is ACCUMULATED into dx (as
+// llm.c's backward passes and autograd's .grad do), and so are the parameter gradients.
+//
+// Explicit instantiation of a mixer unit (KdaUnit, AttentionUnit) for value type T.
 #define OLMOSFT_MIXER_UNIT(U, T)                                                                          \
   template struct U::Saved<T>;                                                                            \
   template struct U::Scratch<T>;                                                                          \
-  template void U::forward<T>(const Ctx<T>&, const T*, T*, const Saved<T>&) const;                        \
+  template void U::forward<T>(const Ctx<T>&, const T*, T*, const Saved<T>&, const Scratch<T>&) const;     \
   template void U::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, const T*, T*, const Scratch<T>&) \
       const;
 
@@ -147,11 +150,12 @@ struct Bf16Store {
 std::vector<int> residency_groups(const ModelConfig& c);
 
 // The attention kernel's configuration for a [B, T] batch of a config's softmax attention (GQA, head_dim for
-// q, k and v, scale 1/sqrt(head_dim)) with the given window (0 = full causal). Both attention units use it.
+// q, k and v, scale 1/sqrt(head_dim)) with the given window (0 = full causal).
 AttentionConfig attention_config(const ModelConfig& c, int64_t B, int64_t T, int64_t window);
 // The attention kernel's workspace for a [B, T] batch: the larger of forward and backward, over the full
-// and the sliding window (fp32).
-size_t attention_workspace_bytes(const ModelConfig& c, int64_t B, int64_t T);
+// and the sliding window, for value type T (fp32 by default), at the current thread count.
+template <typename T = float>
+size_t attention_workspace_bytes(const ModelConfig& c, int64_t B, int64_t T_);
 
 // model.h activation_bytes of a model's workspace type W: W has a `policy` and a plan(c, N) that returns
 // the unit::Plan it carves and sets W::saved_bytes.

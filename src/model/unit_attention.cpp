@@ -1,4 +1,4 @@
-// Softmax attention unit of the hybrid (see unit_attention.h).
+// Softmax attention mixer unit (see unit_attention.h).
 #include "model/unit_attention.h"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
 #include "model/params.h"
 
 namespace olmosft::model::unit {
@@ -26,32 +27,36 @@ void qk_norm_shape(const ModelConfig& c, bool is_q, int64_t* G, int64_t* Ls) {
   *Ls = c.use_head_qk_norm ? D : H * D;
 }
 
+bool gated(const ModelConfig& c) { return c.attention_gate_type == "elementwise"; }
+
 }  // namespace
 
-SoftmaxAttentionUnit SoftmaxAttentionUnit::resolve(const ParamIndex& idx, const std::string& a,
-                                                   const ModelConfig& c, LayerType type) {
-  SoftmaxAttentionUnit u;
-  resolve_attention(idx, a, &u.q, &u.k, &u.v, &u.o, &u.qnorm, &u.knorm);
+AttentionUnit AttentionUnit::resolve(const ParamIndex& idx, const std::string& a, const LayerSpec& spec) {
+  AttentionUnit u;
+  u.q = idx.get(a + hf::kQProj);
+  u.k = idx.get(a + hf::kKProj);
+  u.v = idx.get(a + hf::kVProj);
+  u.o = idx.get(a + hf::kOProj);
+  u.qnorm = idx.get(a + hf::kQNorm);
+  u.knorm = idx.get(a + hf::kKNorm);
   u.gate = idx.get(a + hf::kGProj, false);
   u.ssmax_scale = idx.get(a + hf::kSsmaxScale, false);
-  u.window = type == LayerType::SlidingAttention ? c.sliding_window : 0;
+  u.window = spec.window;
+  u.rope = spec.rope;
   return u;
 }
 
-int64_t SoftmaxAttentionUnit::saved_floats_per_token(const ModelConfig& c) {
+int64_t AttentionUnit::saved_floats_per_token(const ModelConfig& c) {
   const int64_t H = c.num_attention_heads, QD = H * c.head_dim, KVD = c.num_key_value_heads * c.head_dim;
   int64_t Gq, Lq, Gk, Lk;
   qk_norm_shape(c, true, &Gq, &Lq);
   qk_norm_shape(c, false, &Gk, &Lk);
-  // q qn o: QD; k v kn: KVD; q/k rstd; lse: H; with SSMax the scaled q, with a gate its logits and o*gate.
-  int64_t n = 3 * QD + 3 * KVD + Gq + Gk + H;
-  if (c.scalable_softmax) n += QD;
-  if (c.attention_gate_type == "elementwise") n += 2 * QD;
-  return n;
+  // q o: QD; k v: KVD; q/k rstd; lse: H; with a gate its logits and o*gate.
+  return 2 * QD + 2 * KVD + Gq + Gk + H + (gated(c) ? 2 * QD : 0);
 }
 
 template <typename T>
-void SoftmaxAttentionUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
+void AttentionUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
   const int64_t H = c.num_attention_heads, QD = H * c.head_dim, KVD = c.num_key_value_heads * c.head_dim;
   int64_t Gq, Lq, Gk, Lk;
   qk_norm_shape(c, true, &Gq, &Lq);
@@ -59,57 +64,79 @@ void SoftmaxAttentionUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t
   // q, k, v and o stay fp32 even under saved_dtype bf16: the backward recomputes the probabilities from q, k
   // and the forward's fp32 logsumexp, which rounded q, k would not match (measured: the SSMax gain's
   // gradient moved by 30%)
-  for (T** b : {&q, &qn, &o}) p.add(b, N * QD);
-  for (T** b : {&k, &v, &kn}) p.add(b, N * KVD);
+  p.add(&q, N * QD);
+  p.add(&k, N * KVD);
+  p.add(&v, N * KVD);
+  p.add(&o, N * QD);
+  p.add(&lse, N * H);
   p.add(&qrs, N * Gq);
   p.add(&krs, N * Gk);
-  p.add(&lse, N * H);
-  if (c.scalable_softmax) p.add(&qs, N * QD);
-  if (c.attention_gate_type == "elementwise")
+  zg = og = nullptr;
+  if (gated(c))
     for (T** b : {&zg, &og}) p.add_activation(b, N * QD);
 }
 
 template <typename T>
-int64_t SoftmaxAttentionUnit::Scratch<T>::per_token(const ModelConfig& c) {
-  // dog dO dz dqs dqn dq: H*D; dkn dv dk: Hkv*D.
-  return 6 * c.num_attention_heads * c.head_dim + 3 * c.num_key_value_heads * c.head_dim;
+int64_t AttentionUnit::Scratch<T>::per_token(const ModelConfig& c) {
+  const int64_t QD = c.num_attention_heads * c.head_dim, KVD = c.num_key_value_heads * c.head_dim;
+  // qn dO dq: QD; kn dk dv: KVD; SSMax: qs dqn; gate: dog dz.
+  return 3 * QD + 3 * KVD + (c.scalable_softmax ? 2 * QD : 0) + (gated(c) ? 2 * QD : 0);
 }
 
 template <typename T>
-void SoftmaxAttentionUnit::Scratch<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
+void AttentionUnit::Scratch<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
   const int64_t H = c.num_attention_heads, QD = H * c.head_dim, KVD = c.num_key_value_heads * c.head_dim;
-  for (T** b : {&dog, &dO, &dz, &dqs, &dqn, &dq}) p.add(b, N * QD);
-  for (T** b : {&dkn, &dv, &dk}) p.add(b, N * KVD);
-  p.add(&acc, std::max(QD, KVD));  // >= every norm's G * L and H
+  for (T** b : {&qn, &dO, &dq}) p.add(b, N * QD);
+  for (T** b : {&kn, &dk, &dv}) p.add(b, N * KVD);
+  qs = dqn = dog = dz = nullptr;
+  if (c.scalable_softmax)
+    for (T** b : {&qs, &dqn}) p.add(b, N * QD);
+  if (gated(c))
+    for (T** b : {&dog, &dz}) p.add(b, N * QD);
+  p.add(&acc, H);
 }
 
 template <typename T>
-void SoftmaxAttentionUnit::forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s) const {
+const T* AttentionUnit::normed_qk(const Ctx<T>& ctx, const Saved<T>& s, const Scratch<T>& w,
+                                  bool save_rstd) const {
+  const ModelConfig& c = ctx.c;
+  const int64_t N = ctx.N, H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+  int64_t Gq, Lq, Gk, Lk;
+  qk_norm_shape(c, true, &Gq, &Lq);
+  qk_norm_shape(c, false, &Gk, &Lk);
+  rmsnorm_forward_grouped(s.q, ctx.W(qnorm), Gq, w.qn, save_rstd ? s.qrs : nullptr, N * Gq, Lq,
+                          c.rms_norm_eps);
+  rmsnorm_forward_grouped(s.k, ctx.W(knorm), Gk, w.kn, save_rstd ? s.krs : nullptr, N * Gk, Lk,
+                          c.rms_norm_eps);
+  if (rope != RopeKind::None) {
+    const T* cs = ctx.rope_cos[static_cast<int>(rope)];
+    const T* sn = ctx.rope_sin[static_cast<int>(rope)];
+    rope_forward<T>(w.qn, cs, sn, N, H, D, H * D);
+    rope_forward<T>(w.kn, cs, sn, N, Hkv, D, Hkv * D);
+  }
+  if (ssmax_scale < 0) return w.qn;
+  const T* sc = ctx.W(ssmax_scale);
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t hh = 0; hh < H; ++hh) {
+      const T f = ctx.logpos[i] * sc[hh];
+      for (int64_t j = 0; j < D; ++j) w.qs[(i * H + hh) * D + j] = w.qn[(i * H + hh) * D + j] * f;
+    }
+  return w.qs;
+}
+
+template <typename T>
+void AttentionUnit::forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s,
+                            const Scratch<T>& w) const {
   const auto ac = attention_config(ctx.c, ctx.b.B, ctx.b.T, window);
-  const int64_t H = ac.heads, Hkv = ac.kv_heads, D = ac.head_dim, QD = H * D, KVD = Hkv * D, N = ctx.N;
+  const int64_t QD = ac.heads * ac.head_dim, KVD = ac.kv_heads * ac.head_dim, N = ctx.N;
   OLMO_CHECK(
-      (ssmax_scale < 0 || s.qs != nullptr) && (gate < 0 || s.og != nullptr),
+      (ssmax_scale < 0 || w.qs != nullptr) && (gate < 0 || s.og != nullptr),
       "attention unit: the workspace plan has no SSMax / gate buffers (config and parameters disagree)");
   linear_forward(x, ctx.W(q), s.q, N, ctx.d, QD);
   linear_forward(x, ctx.W(k), s.k, N, ctx.d, KVD);
   linear_forward(x, ctx.W(v), s.v, N, ctx.d, KVD);
-  int64_t Gq, Lq, Gk, Lk;
-  qk_norm_shape(ctx.c, true, &Gq, &Lq);
-  qk_norm_shape(ctx.c, false, &Gk, &Lk);
-  rmsnorm_forward_grouped(s.q, ctx.W(qnorm), Gq, s.qn, s.qrs, N * Gq, Lq, ctx.c.rms_norm_eps);
-  rmsnorm_forward_grouped(s.k, ctx.W(knorm), Gk, s.kn, s.krs, N * Gk, Lk, ctx.c.rms_norm_eps);
-  const T* qs_in = s.qn;
-  if (ssmax_scale >= 0) {
-    const T* sc = ctx.W(ssmax_scale);
-    for (int64_t i = 0; i < N; ++i)
-      for (int64_t hh = 0; hh < H; ++hh) {
-        const T f = ctx.logpos[i] * sc[hh];
-        for (int64_t j = 0; j < D; ++j) s.qs[(i * H + hh) * D + j] = s.qn[(i * H + hh) * D + j] * f;
-      }
-    qs_in = s.qs;
-  }
-  Vec<T> ws(attention_forward_workspace_bytes<T>(ac) / sizeof(T) + 16);
-  attention_forward(ac, qs_in, s.kn, s.v, ctx.seg, s.o, s.lse, ws.data(), ws.size() * sizeof(T));
+  const T* q_in = normed_qk(ctx, s, w, true);
+  attention_forward(ac, q_in, w.kn, s.v, ctx.seg, s.o, s.lse, ctx.attn_ws, ctx.attn_ws_bytes);
   const T* og = s.o;
   if (gate >= 0) {
     linear_forward(x, ctx.W(gate), s.zg, N, ctx.d, QD);
@@ -120,28 +147,26 @@ void SoftmaxAttentionUnit::forward(const Ctx<T>& ctx, const T* x, T* a, const Sa
 }
 
 template <typename T>
-void SoftmaxAttentionUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx,
-                                    const Scratch<T>& w) const {
+void AttentionUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx,
+                             const Scratch<T>& w) const {
   const auto ac = attention_config(ctx.c, ctx.b.B, ctx.b.T, window);
   const int64_t H = ac.heads, Hkv = ac.kv_heads, D = ac.head_dim, QD = H * D, KVD = Hkv * D, N = ctx.N;
-  const T* og = gate >= 0 ? s.og : s.o;
-  linear_backward(da, og, ctx.W(o), w.dog, ctx.G(o), N, QD, ctx.d);
-  bool dx_written = false;
+  const ModelConfig& c = ctx.c;
   if (gate >= 0) {
+    linear_backward(da, s.og, ctx.W(o), w.dog, ctx.G(o), N, QD, ctx.d);
     for (int64_t i = 0; i < N * QD; ++i) {
       const T sg = sigmoid(s.zg[i]);
       w.dO[i] = w.dog[i] * sg;
       w.dz[i] = w.dog[i] * s.o[i] * sg * (T(1) - sg);
     }
-    linear_backward(w.dz, x, ctx.W(gate), dx, ctx.G(gate), N, ctx.d, QD, false);
-    dx_written = true;
+    linear_backward(w.dz, x, ctx.W(gate), dx, ctx.G(gate), N, ctx.d, QD, true);
   } else {
-    std::copy(w.dog, w.dog + N * QD, w.dO);
+    linear_backward(da, s.o, ctx.W(o), w.dO, ctx.G(o), N, QD, ctx.d);
   }
-  const T* qs_in = ssmax_scale >= 0 ? s.qs : s.qn;
-  Vec<T> ws(attention_backward_workspace_bytes<T>(ac) / sizeof(T) + 16);
-  attention_backward(ac, qs_in, s.kn, s.v, ctx.seg, s.o, s.lse, w.dO, w.dqs, w.dkn, w.dv, ws.data(),
-                     ws.size() * sizeof(T));
+  const T* q_in = normed_qk(ctx, s, w, false);
+  attention_backward(ac, q_in, w.kn, s.v, ctx.seg, s.o, s.lse, w.dO, w.dq, w.dk, w.dv, ctx.attn_ws,
+                     ctx.attn_ws_bytes);
+  T* dqn = w.dq;  // d(normed q): the SSMax product's backward, or the attention's dq itself
   if (ssmax_scale >= 0) {
     const T* sc = ctx.W(ssmax_scale);
     double* ds = w.acc;
@@ -152,29 +177,36 @@ void SoftmaxAttentionUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T
         double dot = 0;
         const int64_t base = (i * H + hh) * D;
         for (int64_t j = 0; j < D; ++j) {
-          dot += static_cast<double>(w.dqs[base + j]) * s.qn[base + j];
-          w.dqn[base + j] = static_cast<T>(w.dqs[base + j] * lpv * sc[hh]);
+          dot += static_cast<double>(w.dq[base + j]) * w.qn[base + j];
+          w.dqn[base + j] = static_cast<T>(w.dq[base + j] * lpv * sc[hh]);
         }
         ds[hh] += lpv * dot;
       }
     if (T* gs = ctx.G(ssmax_scale))
       for (int64_t hh = 0; hh < H; ++hh) gs[hh] += static_cast<T>(ds[hh]);
-  } else {
-    std::copy(w.dqs, w.dqs + N * QD, w.dqn);
+    dqn = w.dqn;
+  }
+  if (rope != RopeKind::None) {
+    const T* cs = ctx.rope_cos[static_cast<int>(rope)];
+    const T* sn = ctx.rope_sin[static_cast<int>(rope)];
+    rope_backward<T>(dqn, cs, sn, N, H, D, QD);
+    rope_backward<T>(w.dk, cs, sn, N, Hkv, D, KVD);
   }
   int64_t Gq, Lq, Gk, Lk;
-  qk_norm_shape(ctx.c, true, &Gq, &Lq);
-  qk_norm_shape(ctx.c, false, &Gk, &Lk);
-  rmsnorm_backward_grouped(w.dqn, s.q, ctx.W(qnorm), Gq, s.qrs, w.dq, ctx.G(qnorm), N * Gq, Lq,
-                           ctx.c.rms_norm_eps);
-  rmsnorm_backward_grouped(w.dkn, s.k, ctx.W(knorm), Gk, s.krs, w.dk, ctx.G(knorm), N * Gk, Lk,
-                           ctx.c.rms_norm_eps);
-  linear_backward(w.dq, x, ctx.W(q), dx, ctx.G(q), N, ctx.d, QD, dx_written);
-  linear_backward(w.dk, x, ctx.W(k), dx, ctx.G(k), N, ctx.d, KVD, true);
+  qk_norm_shape(c, true, &Gq, &Lq);
+  qk_norm_shape(c, false, &Gk, &Lk);
+  T* dqraw = w.dO;  // free after the attention backward
+  T* dkraw = w.kn;  // free after the attention backward
+  rmsnorm_backward_grouped(dqn, s.q, ctx.W(qnorm), Gq, s.qrs, dqraw, ctx.G(qnorm), N * Gq, Lq,
+                           c.rms_norm_eps);
+  rmsnorm_backward_grouped(w.dk, s.k, ctx.W(knorm), Gk, s.krs, dkraw, ctx.G(knorm), N * Gk, Lk,
+                           c.rms_norm_eps);
+  linear_backward(dqraw, x, ctx.W(q), dx, ctx.G(q), N, ctx.d, QD, true);
+  linear_backward(dkraw, x, ctx.W(k), dx, ctx.G(k), N, ctx.d, KVD, true);
   linear_backward(w.dv, x, ctx.W(v), dx, ctx.G(v), N, ctx.d, KVD, true);
 }
 
-OLMOSFT_MIXER_UNIT(SoftmaxAttentionUnit, float)
-OLMOSFT_MIXER_UNIT(SoftmaxAttentionUnit, double)
+OLMOSFT_MIXER_UNIT(AttentionUnit, float)
+OLMOSFT_MIXER_UNIT(AttentionUnit, double)
 
 }  // namespace olmosft::model::unit

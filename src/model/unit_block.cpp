@@ -1,4 +1,4 @@
-// The hybrid's peri-LN block (see unit_block.h).
+// The decoder block (see unit_block.h).
 #include "model/unit_block.h"
 
 #include <algorithm>
@@ -9,209 +9,222 @@
 
 namespace olmosft::model::unit {
 
-PeriLnBlock PeriLnBlock::resolve(const ParamIndex& idx, const ModelConfig& c, int64_t l) {
-  PeriLnBlock u;
-  const std::string p = hf::layer(l);
-  u.layer = l;
-  u.kda = c.layer_types[static_cast<size_t>(l)] == LayerType::LinearAttention;
-  u.dense = c.is_dense_layer(l);
-  u.pre_attn = idx.get(p + hf::kPreAttnNorm);
-  u.post_attn = idx.get(p + hf::kPostAttnNorm);
-  u.pre_ffn = idx.get(p + hf::kPreFfnNorm);
-  u.post_ffn = idx.get(p + hf::kPostFfnNorm);
-  if (u.kda)
-    u.kda_unit = KdaUnit::resolve(idx, p + hf::kSelfAttn);
-  else
-    u.attn_unit =
-        SoftmaxAttentionUnit::resolve(idx, p + hf::kSelfAttn, c, c.layer_types[static_cast<size_t>(l)]);
-  if (u.dense)
-    u.mlp_unit = SwiGluMlpUnit::resolve(idx, p + hf::kMlp);
-  else
-    u.moe_unit = MoeUnit::resolve(idx, p + hf::kMlp, c);
-  return u;
-}
+namespace {
 
-int64_t PeriLnBlock::saved_floats_per_token(const ModelConfig& c, int64_t l) {
-  const bool kda = c.layer_types[static_cast<size_t>(l)] == LayerType::LinearAttention;
-  return 6 * c.hidden_size + 4 +
-         (kda ? KdaUnit::saved_floats_per_token(c) : SoftmaxAttentionUnit::saved_floats_per_token(c)) +
-         (c.is_dense_layer(l) ? SwiGluMlpUnit::saved_floats_per_token(c)
-                              : MoeUnit::saved_floats_per_token(c));
+// Calls f(std::integral_constant<size_t, I>) for the mixer kind I == k (Mixers is in MixerKind order).
+template <size_t I = 0, typename F>
+void with_mixer_kind(size_t k, F&& f) {
+  if constexpr (I < std::variant_size_v<Mixers>) {
+    if (k == I) return f(std::integral_constant<size_t, I>{});
+    with_mixer_kind<I + 1>(k, std::forward<F>(f));
+  }
 }
 
 template <typename T>
-void PeriLnBlock::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t l, int64_t N, bool input,
-                                 bool mixer) {
-  const int64_t d = c.hidden_size;
-  if (input) p.add(&h_in, N * d);  // fp32 under saved_dtype bf16 too, as the block input it copies
-  for (T** b : {&x1, &a, &h_mid, &x2, &f}) p.add_activation(b, N * d);
-  for (T** b : {&rs_pre_attn, &rs_post_attn, &rs_pre_ffn, &rs_post_ffn}) p.add(b, N);
-  const bool is_kda = c.layer_types[static_cast<size_t>(l)] == LayerType::LinearAttention;
-  if (mixer && is_kda) kda.plan(p, c, N);
-  if (mixer && !is_kda) attn.plan(p, c, N);
-  if (c.is_dense_layer(l)) mlp.plan(p, c, N);
+void residual_add(const T* x, const T* t, T* y, int64_t n) {
+  parallel_for(
+      n,
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) y[i] = x[i] + t[i];
+      },
+      1 << 14);
 }
 
-namespace {
-// Whether the config has KDA / softmax-attention layers.
-void mixer_kinds(const ModelConfig& c, bool* has_kda, bool* has_attn) {
-  *has_kda = *has_attn = false;
-  for (const LayerType lt : c.layer_types) (lt == LayerType::LinearAttention ? *has_kda : *has_attn) = true;
+int64_t largest_ffn_hidden(const std::vector<LayerSpec>& layers) {
+  int64_t F = 0;
+  for (const LayerSpec& s : layers)
+    if (s.ffn == FfnKind::SwiGlu) F = std::max(F, s.ffn_hidden);
+  return F;
 }
+
 }  // namespace
 
-template <typename T>
-void PeriLnBlock::Scratch<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
-  for (T** b : {&t, &dA, &dX}) p.add(b, N * c.hidden_size);
-  bool has_kda, has_attn;
-  mixer_kinds(c, &has_kda, &has_attn);
-  if (has_kda) kda.plan(p, c, N);
-  if (has_attn) attn.plan(p, c, N);
-}
-
-template <typename T>
-int64_t PeriLnBlock::Scratch<T>::per_token(const ModelConfig& c) {
-  bool has_kda, has_attn;
-  mixer_kinds(c, &has_kda, &has_attn);
-  return 3 * c.hidden_size + (has_kda ? KdaUnit::Scratch<T>::per_token(c) : 0) +
-         (has_attn ? SoftmaxAttentionUnit::Scratch<T>::per_token(c) : 0);
-}
-
-template <typename T>
-void PeriLnBlock::forward(const Ctx<T>& ctx, T* h, Saved<T>& s, const Scratch<T>& w, LossParts& lp) const {
-  const int64_t N = ctx.N, d = ctx.d;
-  const double eps = ctx.c.rms_norm_eps;
-  std::copy(h, h + N * d, s.h_in);
-  rmsnorm_forward(h, ctx.W(pre_attn), s.x1, s.rs_pre_attn, N, d, eps);
-  if (kda)
-    kda_unit.forward(ctx, s.x1, s.a, s.kda);
-  else
-    attn_unit.forward(ctx, s.x1, s.a, s.attn);
-  rmsnorm_forward(s.a, ctx.W(post_attn), w.t, s.rs_post_attn, N, d, eps);
-  add_into(h, w.t, N * d);
-  std::copy(h, h + N * d, s.h_mid);
-  rmsnorm_forward(h, ctx.W(pre_ffn), s.x2, s.rs_pre_ffn, N, d, eps);
-  if (dense) {
-    mlp_unit.forward(ctx, s.x2, s.f, s.mlp);
-  } else {
-    const moe::MoeStats st = moe_unit.forward(ctx, s.x2, s.f, s.moe);
-    MoeLayerStats ms;
-    ms.layer = layer;
-    ms.lb_loss = st.lb;
-    ms.router_z = st.router_z;
-    ms.required_buffer_factor = st.required_buffer_factor;
-    ms.dropped_tokens = st.dropped;
-    lp.sum[kLossMoeLb] += ctx.loss->weight[kLossMoeLb] * st.lb;
-    lp.sum[kLossRouterZ] += ctx.loss->weight[kLossRouterZ] * st.router_z;
-    lp.moe_layers.push_back(ms);
+Block Block::resolve(const ParamIndex& idx, const ModelConfig& c, const LayerSpec& spec) {
+  Block b;
+  const std::string p = hf::layer(spec.index);
+  b.spec = spec;
+  if (spec.pre_norm) {
+    b.pre_attn = idx.get(p + hf::kPreAttnNorm);
+    b.pre_ffn = idx.get(p + hf::kPreFfnNorm);
   }
-  rmsnorm_forward(s.f, ctx.W(post_ffn), w.t, s.rs_post_ffn, N, d, eps);
-  add_into(h, w.t, N * d);
-}
-
-template <typename T>
-void PeriLnBlock::backward(const Ctx<T>& ctx, T* dh, const Saved<T>& s, const Scratch<T>& w) const {
-  const int64_t N = ctx.N, d = ctx.d;
-  const double eps = ctx.c.rms_norm_eps;
-  // h_out = h_mid + RMS_post_ffn(f):  dA = df, dX = dx2
-  rmsnorm_backward(dh, s.f, ctx.W(post_ffn), s.rs_post_ffn, w.dA, ctx.G(post_ffn), N, d, eps);
-  if (dense)
-    mlp_unit.backward(ctx, s.x2, s.mlp, w.dA, w.dX);
+  b.post_attn = idx.get(p + hf::kPostAttnNorm);
+  b.post_ffn = idx.get(p + hf::kPostFfnNorm);
+  with_mixer_kind(static_cast<size_t>(spec.mixer), [&](auto I) {
+    using U = std::variant_alternative_t<I, Mixers>;
+    b.mixer.template emplace<I>(U::resolve(idx, p + hf::kSelfAttn, spec));
+  });
+  if (spec.ffn == FfnKind::SwiGlu)
+    b.mlp = SwiGluUnit::resolve(idx, p + hf::kMlp, spec.ffn_hidden);
   else
-    moe_unit.backward(ctx, s.x2, s.moe, w.dA, w.dX);
-  rmsnorm_backward(w.dX, s.h_mid, ctx.W(pre_ffn), s.rs_pre_ffn, w.t, ctx.G(pre_ffn), N, d, eps);
-  add_into(dh, w.t, N * d);
-  // h_mid = h_in + RMS_post_attn(a):  dA = da, dX = dx1
-  rmsnorm_backward(dh, s.a, ctx.W(post_attn), s.rs_post_attn, w.dA, ctx.G(post_attn), N, d, eps);
-  if (ctx.recompute_mixer) {  // the mixer's Saved is shared by the layers: re-run this layer's into it
-    if (kda)
-      kda_unit.forward(ctx, s.x1, w.t, s.kda);
-    else
-      attn_unit.forward(ctx, s.x1, w.t, s.attn);
-  }
-  if (kda)
-    kda_unit.backward(ctx, s.x1, s.kda, w.dA, w.dX, w.kda);
-  else
-    attn_unit.backward(ctx, s.x1, s.attn, w.dA, w.dX, w.attn);
-  rmsnorm_backward(w.dX, s.h_in, ctx.W(pre_attn), s.rs_pre_attn, w.t, ctx.G(pre_attn), N, d, eps);
-  add_into(dh, w.t, N * d);
+    b.moe = MoeUnit::resolve(idx, p + hf::kMlp, c);
+  return b;
 }
 
-#define OLMOSFT_PERI_LN_BLOCK(T)                                                                            \
-  template struct PeriLnBlock::Saved<T>;                                                                    \
-  template struct PeriLnBlock::Scratch<T>;                                                                  \
-  template void PeriLnBlock::forward<T>(const Ctx<T>&, T*, Saved<T>&, const Scratch<T>&, LossParts&) const; \
-  template void PeriLnBlock::backward<T>(const Ctx<T>&, T*, const Saved<T>&, const Scratch<T>&) const;
-OLMOSFT_PERI_LN_BLOCK(float)
-OLMOSFT_PERI_LN_BLOCK(double)
-#undef OLMOSFT_PERI_LN_BLOCK
-
-PostNormBlock PostNormBlock::resolve(const ParamIndex& idx, const ModelConfig& c, int64_t l) {
-  PostNormBlock u;
-  const std::string p = hf::layer(l);
-  u.attn = RopeAttentionUnit::resolve(idx, p + hf::kSelfAttn, c.layer_types.at(static_cast<size_t>(l)));
-  u.mlp = RecomputedSwiGluMlpUnit::resolve(idx, p + hf::kMlp);
-  u.post_attn = idx.get(p + hf::kPostAttnNorm);
-  u.post_ffn = idx.get(p + hf::kPostFfnNorm);
-  return u;
-}
-
-int64_t PostNormBlock::saved_floats_per_token(const ModelConfig& c) {
-  return RopeAttentionUnit::saved_floats_per_token(c) + RecomputedSwiGluMlpUnit::saved_floats_per_token(c) +
-         3 * c.hidden_size + 2;
-}
-
-void PostNormBlock::Saved::plan(Plan& p, const ModelConfig& c, int64_t N, bool with_attn) {
-  if (with_attn) attn.plan(p, c, N);
+int64_t Block::saved_floats_per_token(const ModelConfig& c, const LayerSpec& spec) {
   const int64_t d = c.hidden_size;
-  p.add_activation(&a, N * d);
-  p.add(&ra, N);
-  p.add_activation(&hmid, N * d);
-  mlp.plan(p, c, N);
-  p.add_activation(&m, N * d);
-  p.add(&rm, N);
+  int64_t n = 3 * d + 2 + (spec.pre_norm ? 2 * d + 2 : 0);  // a h_mid f + 2 rstd; x1 x2 + 2 rstd
+  with_mixer_kind(static_cast<size_t>(spec.mixer),
+                  [&](auto I) { n += std::variant_alternative_t<I, Mixers>::saved_floats_per_token(c); });
+  n += spec.ffn == FfnKind::SwiGlu ? SwiGluUnit::saved_floats_per_token(spec.ffn_hidden)
+                                   : MoeUnit::saved_floats_per_token(c);
+  return n;
 }
 
-void PostNormBlock::Scratch::plan(Plan& p, const ModelConfig& c, int64_t N) {
-  attn.plan(p, c, N);
-  mlp.plan(p, c, N);
-  p.add(&dtmp, N * c.hidden_size);
+template <typename T>
+void Block::plan_mixer(Plan& p, const ModelConfig& c, MixerKind kind, int64_t N, MixerSaved<T>& s) {
+  with_mixer_kind(static_cast<size_t>(kind), [&](auto I) { std::get<I>(s).plan(p, c, N); });
 }
 
-void PostNormBlock::forward(const Ctx<float>& ctx, const float* x, float* y, Saved& s, Scratch& w) const {
+template <typename T>
+void Block::Saved<T>::plan(Plan& p, const ModelConfig& c, const LayerSpec& spec, int64_t N, bool with_mixer) {
+  const int64_t d = c.hidden_size;
+  if (spec.pre_norm) {
+    for (T** b : {&x1, &x2}) p.add_activation(b, N * d);
+    for (T** b : {&rs_pre_attn, &rs_pre_ffn}) p.add(b, N);
+  }
+  for (T** b : {&a, &h_mid, &f}) p.add_activation(b, N * d);
+  for (T** b : {&rs_post_attn, &rs_post_ffn}) p.add(b, N);
+  if (with_mixer) plan_mixer<T>(p, c, spec.mixer, N, mixer);
+  if (spec.ffn == FfnKind::SwiGlu) mlp.plan(p, spec.ffn_hidden, N);
+}
+
+template <typename T>
+void Block::Scratch<T>::plan(Plan& p, const ModelConfig& c, const std::vector<LayerSpec>& layers, int64_t N) {
+  const int64_t d = c.hidden_size;
+  for (T** b : {&t, &dA}) p.add(b, N * d);
+  bool peri = false, kinds[std::variant_size_v<Mixers>] = {};
+  for (const LayerSpec& s : layers) {
+    peri = peri || s.pre_norm;
+    kinds[static_cast<size_t>(s.mixer)] = true;
+  }
+  dX = nullptr;
+  if (peri) p.add(&dX, N * d);
+  for (size_t k = 0; k < std::variant_size_v<Mixers>; ++k)
+    if (kinds[k]) with_mixer_kind(k, [&](auto I) { std::get<I>(mixer).plan(p, c, N); });
+  if (const int64_t F = largest_ffn_hidden(layers); F > 0) mlp.plan(p, F, N);
+}
+
+template <typename T>
+int64_t Block::Scratch<T>::per_token(const ModelConfig& c, const std::vector<LayerSpec>& layers) {
+  bool peri = false, kinds[std::variant_size_v<Mixers>] = {};
+  for (const LayerSpec& s : layers) {
+    peri = peri || s.pre_norm;
+    kinds[static_cast<size_t>(s.mixer)] = true;
+  }
+  int64_t n = (peri ? 3 : 2) * c.hidden_size + 2 * largest_ffn_hidden(layers);
+  for (size_t k = 0; k < std::variant_size_v<Mixers>; ++k)
+    if (kinds[k])
+      with_mixer_kind(
+          k, [&](auto I) { n += std::variant_alternative_t<I, Mixers>::template Scratch<T>::per_token(c); });
+  return n;
+}
+
+template <typename T>
+void Block::mixer_forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s, const Scratch<T>& w) const {
+  std::visit(
+      [&](const auto& u) {
+        using U = std::decay_t<decltype(u)>;
+        u.forward(ctx, x, a, std::get<typename U::template Saved<T>>(s.mixer),
+                  std::get<typename U::template Scratch<T>>(w.mixer));
+      },
+      mixer);
+}
+
+template <typename T>
+void Block::mixer_backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx,
+                           const Scratch<T>& w) const {
+  std::visit(
+      [&](const auto& u) {
+        using U = std::decay_t<decltype(u)>;
+        u.backward(ctx, x, std::get<typename U::template Saved<T>>(s.mixer), da, dx,
+                   std::get<typename U::template Scratch<T>>(w.mixer));
+      },
+      mixer);
+}
+
+template <typename T>
+void Block::ffn_forward(const Ctx<T>& ctx, const T* x, T* f, Saved<T>& s, const Scratch<T>& w,
+                        LossParts& lp) const {
+  if (spec.ffn == FfnKind::SwiGlu) return mlp.forward(ctx, x, f, s.mlp, w.mlp);
+  const moe::MoeStats st = moe.forward(ctx, x, f, s.moe);
+  MoeLayerStats ms;
+  ms.layer = spec.index;
+  ms.lb_loss = st.lb;
+  ms.router_z = st.router_z;
+  ms.required_buffer_factor = st.required_buffer_factor;
+  ms.dropped_tokens = st.dropped;
+  lp.sum[kLossMoeLb] += ctx.loss->weight[kLossMoeLb] * st.lb;
+  lp.sum[kLossRouterZ] += ctx.loss->weight[kLossRouterZ] * st.router_z;
+  lp.moe_layers.push_back(ms);
+}
+
+template <typename T>
+void Block::forward(const Ctx<T>& ctx, const T* x, T* y, Saved<T>& s, const Scratch<T>& w,
+                    LossParts& lp) const {
   const int64_t N = ctx.N, d = ctx.d;
   const double eps = ctx.c.rms_norm_eps;
-  attn.forward(ctx, x, s.a, s.attn, w.attn);
-  rmsnorm_forward<float>(s.a, ctx.W(post_attn), w.dtmp, s.ra, N, d, eps);
-  parallel_for(
-      N * d,
-      [&](int64_t bb, int64_t e) {
-        for (int64_t i = bb; i < e; ++i) s.hmid[i] = x[i] + w.dtmp[i];
-      },
-      1 << 14);
-  mlp.forward(ctx, s.hmid, s.m, s.mlp, w.mlp);
-  rmsnorm_forward<float>(s.m, ctx.W(post_ffn), w.dtmp, s.rm, N, d, eps);
-  parallel_for(
-      N * d,
-      [&](int64_t bb, int64_t e) {
-        for (int64_t i = bb; i < e; ++i) y[i] = s.hmid[i] + w.dtmp[i];
-      },
-      1 << 14);
+  const T* xm = x;  // the mixer's input
+  if (spec.pre_norm) {
+    rmsnorm_forward(x, ctx.W(pre_attn), s.x1, s.rs_pre_attn, N, d, eps);
+    xm = s.x1;
+  }
+  mixer_forward(ctx, xm, s.a, s, w);
+  rmsnorm_forward(s.a, ctx.W(post_attn), w.t, s.rs_post_attn, N, d, eps);
+  residual_add(x, w.t, s.h_mid, N * d);
+  const T* xf = s.h_mid;  // the FFN's input
+  if (spec.pre_norm) {
+    rmsnorm_forward(s.h_mid, ctx.W(pre_ffn), s.x2, s.rs_pre_ffn, N, d, eps);
+    xf = s.x2;
+  }
+  ffn_forward(ctx, xf, s.f, s, w, lp);
+  rmsnorm_forward(s.f, ctx.W(post_ffn), w.t, s.rs_post_ffn, N, d, eps);
+  residual_add(s.h_mid, w.t, y, N * d);
 }
 
-void PostNormBlock::backward(const Ctx<float>& ctx, const float* x, const Saved& s, float* dh,
-                             Scratch& w) const {
+template <typename T>
+void Block::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, T* dh, const Scratch<T>& w) const {
   const int64_t N = ctx.N, d = ctx.d;
   const double eps = ctx.c.rms_norm_eps;
-  // MLP half: y = hmid + RMSNorm_ffn(m).
-  rmsnorm_backward<float>(dh, s.m, ctx.W(post_ffn), s.rm, w.dtmp, ctx.G(post_ffn), N, d, eps);
-  mlp.backward(ctx, s.hmid, s.mlp, w.dtmp, dh, w.mlp);
-  // Attention half: hmid = x + RMSNorm_attn(a).
-  rmsnorm_backward<float>(dh, s.a, ctx.W(post_attn), s.ra, w.dtmp, ctx.G(post_attn), N, d, eps);
-  // remat attn: the attention Saved is shared by the layers; re-run this layer's (a is rewritten with the
-  // same values, and is not read again)
-  if (ctx.recompute_mixer) attn.forward(ctx, x, s.a, s.attn, w.attn);
-  attn.backward(ctx, x, s.attn, w.dtmp, dh, w.attn);
+  // y = h_mid + RMSNorm_post_ffn(f): dA = df; a peri-LN layer's FFN gradient goes through its pre-norm (dX).
+  rmsnorm_backward(dh, s.f, ctx.W(post_ffn), s.rs_post_ffn, w.dA, ctx.G(post_ffn), N, d, eps);
+  auto ffn_backward = [&](const T* xf, T* dx) {
+    if (spec.ffn == FfnKind::SwiGlu)
+      mlp.backward(ctx, xf, s.mlp, w.dA, dx, w.mlp);
+    else
+      moe.backward(ctx, xf, s.moe, w.dA, dx);
+  };
+  if (spec.pre_norm) {
+    std::fill(w.dX, w.dX + N * d, T(0));
+    ffn_backward(s.x2, w.dX);
+    rmsnorm_backward(w.dX, s.h_mid, ctx.W(pre_ffn), s.rs_pre_ffn, w.t, ctx.G(pre_ffn), N, d, eps);
+    add_into(dh, w.t, N * d);
+  } else {
+    ffn_backward(s.h_mid, dh);
+  }
+  // h_mid = x + RMSNorm_post_attn(a)
+  rmsnorm_backward(dh, s.a, ctx.W(post_attn), s.rs_post_attn, w.dA, ctx.G(post_attn), N, d, eps);
+  const T* xm = spec.pre_norm ? s.x1 : x;
+  // remat attn: the mixer's Saved is shared by the layers: re-run this layer's into it
+  if (ctx.recompute_mixer) mixer_forward(ctx, xm, w.t, s, w);
+  if (spec.pre_norm) {
+    std::fill(w.dX, w.dX + N * d, T(0));
+    mixer_backward(ctx, xm, s, w.dA, w.dX, w);
+    rmsnorm_backward(w.dX, x, ctx.W(pre_attn), s.rs_pre_attn, w.t, ctx.G(pre_attn), N, d, eps);
+    add_into(dh, w.t, N * d);
+  } else {
+    mixer_backward(ctx, xm, s, w.dA, dh, w);
+  }
 }
+
+#define OLMOSFT_BLOCK(T)                                                                                 \
+  template struct Block::Saved<T>;                                                                       \
+  template struct Block::Scratch<T>;                                                                     \
+  template void Block::plan_mixer<T>(Plan&, const ModelConfig&, MixerKind, int64_t, MixerSaved<T>&);     \
+  template void Block::forward<T>(const Ctx<T>&, const T*, T*, Saved<T>&, const Scratch<T>&, LossParts&) \
+      const;                                                                                             \
+  template void Block::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, T*, const Scratch<T>&) const;
+OLMOSFT_BLOCK(float)
+OLMOSFT_BLOCK(double)
+#undef OLMOSFT_BLOCK
 
 }  // namespace olmosft::model::unit

@@ -1,103 +1,101 @@
-// The hybrid's peri-LN block (docs/reference/architecture.md B.2): a mixer unit (KDA or softmax attention)
-// and an FFN unit (dense SwiGLU MLP or latent MoE), each wrapped in a pre-norm and a post-norm:
+// The decoder block (docs/reference/architecture.md A.3, B.2): one mixer (softmax attention or KDA) and one
+// FFN (dense SwiGLU or latent MoE), each followed by a post-norm before its residual add and, on peri-LN
+// layers (LayerSpec::pre_norm), preceded by a pre-norm:
 //
-//   h_mid = h + RMSNorm_post_attn(mixer(RMSNorm_pre_attn(h)))
-//   h_out = h_mid + RMSNorm_post_ffn(ffn(RMSNorm_pre_ffn(h_mid)))
+//   post-norm (Olmo 3):  h_mid = x + RMSNorm_post_attn(mixer(x));      y = h_mid +
+//   RMSNorm_post_ffn(ffn(h_mid)) peri-LN (hybrid):    h_mid = x + RMSNorm_post_attn(mixer(x1)),  x1 =
+//   RMSNorm_pre_attn(x)
+//                        y = h_mid + RMSNorm_post_ffn(ffn(x2)),     x2 = RMSNorm_pre_ffn(h_mid)
 //
-// Parameters: model.layers.<l>.{pre,post}_{attention,feedforward}_layernorm plus the units'. Saves the
-// block input, the two normed inputs, the mixer and FFN outputs, h_mid and the four rstd (6 d + 4 floats
-// per token) plus the units' Saved. Saved and Scratch are carved from the model's planned workspace
-// (unit::Plan); one Scratch serves every layer. Recomputation (model.remat, memory_policy.h): with
-// Ctx::recompute_mixer the backward first re-runs the mixer's forward from x1 into its Saved (remat attn);
-// remat full re-runs forward() from the kept block input (the model's runner does that).
+// Parameters: model.layers.<l>.{pre_attention,post_attention,pre_feedforward,post_feedforward}_layernorm
+// (pre only on peri-LN layers) plus the units'. The block input x is the runner's residual stream, not
+// saved here. Saves the mixer and FFN outputs, h_mid, the norms' rstd and on peri-LN layers the two normed
+// inputs (saved_floats_per_token), plus its units' Saved. One Scratch serves every layer. Recomputation
+// (model.remat, memory_policy.h): with Ctx::recompute_mixer the backward first re-runs the mixer's forward
+// into its Saved (remat attn); remat full re-runs forward() from the kept input (the runner does that).
+//
+// The mixers a block can hold are listed once, in Mixers below; the block dispatches over them.
 #pragma once
 #include <cstdint>
+#include <tuple>
+#include <variant>
+#include <vector>
 
+#include "model/layers.h"
 #include "model/unit.h"
 #include "model/unit_attention.h"
 #include "model/unit_ffn.h"
 #include "model/unit_kda.h"
-#include "model/unit_rope_attention.h"
 
 namespace olmosft::model::unit {
 
-struct PeriLnBlock {
-  int64_t layer = 0;
-  bool kda = true;     // mixer: KdaUnit (linear_attention) or SoftmaxAttentionUnit
-  bool dense = false;  // FFN: SwiGluMlpUnit or MoeUnit
+// Every mixer unit, in MixerKind order: a new mixer kind is one entry here (and its unit file).
+using Mixers = std::variant<AttentionUnit, KdaUnit>;
+
+// Per mixer kind, its Saved / Scratch for value type T (std::get<U::Saved<T>> picks a unit's).
+template <typename T, typename V>
+struct MixerBuffers;
+template <typename T, typename... U>
+struct MixerBuffers<T, std::variant<U...>> {
+  using Saved = std::tuple<typename U::template Saved<T>...>;
+  using Scratch = std::tuple<typename U::template Scratch<T>...>;
+};
+template <typename T>
+using MixerSaved = typename MixerBuffers<T, Mixers>::Saved;
+template <typename T>
+using MixerScratch = typename MixerBuffers<T, Mixers>::Scratch;
+
+struct Block {
+  LayerSpec spec;
   int pre_attn = -1, post_attn = -1, pre_ffn = -1, post_ffn = -1;
-  KdaUnit kda_unit;
-  SoftmaxAttentionUnit attn_unit;
-  SwiGluMlpUnit mlp_unit;
-  MoeUnit moe_unit;
+  Mixers mixer;
+  SwiGluUnit mlp;  // dense layers
+  MoeUnit moe;     // MoE layers
 
   template <typename T>
   struct Saved {
-    T *h_in, *x1, *rs_pre_attn, *a, *rs_post_attn, *h_mid, *x2, *rs_pre_ffn, *f, *rs_post_ffn;
-    KdaUnit::Saved<T> kda;                // KDA layers
-    SoftmaxAttentionUnit::Saved<T> attn;  // attention layers
-    SwiGluMlpUnit::Saved<T> mlp;          // dense layers
-    MoeUnit::Saved<T> moe;                // MoE layers (vectors sized by moe.cpp)
-    // Plans layer `layer`'s buffers: saved_floats_per_token(c, layer) * N values less the MoE cache;
-    // without h_in when !input (recomputation points it at the kept block input) and without the mixer's
-    // Saved when !mixer (remat attn shares one across the layers).
-    void plan(Plan& p, const ModelConfig& c, int64_t layer, int64_t N, bool input = true, bool mixer = true);
+    T *x1 = nullptr, *rs_pre_attn = nullptr, *a, *rs_post_attn, *h_mid;  // x1, rs_pre_*: peri-LN only
+    T *x2 = nullptr, *rs_pre_ffn = nullptr, *f, *rs_post_ffn;
+    MixerSaved<T> mixer;       // by kind; the layer's kind is planned
+    SwiGluUnit::Saved<T> mlp;  // dense layers
+    MoeUnit::Saved<T> moe;     // MoE layers (vectors sized by moe.cpp)
+    // Plans layer `spec`'s buffers: saved_floats_per_token(c, spec) * N values less the MoE cache; without
+    // the mixer's Saved when !mixer (remat attn shares one across the layers).
+    void plan(Plan& p, const ModelConfig& c, const LayerSpec& spec, int64_t N, bool mixer = true);
     size_t moe_bytes() const { return moe.bytes(); }
   };
-  // Shared by the layers: the block's temporaries [N, d] and the mixers' backward scratch.
+  // Shared by the layers: the block's temporaries [N, d] and the units' scratch for the kinds present.
   template <typename T>
   struct Scratch {
-    T *t, *dA, *dX;
-    KdaUnit::Scratch<T> kda;
-    SoftmaxAttentionUnit::Scratch<T> attn;
-    void plan(Plan& p, const ModelConfig& c, int64_t N);  // the mixers' scratch for the kinds c has
-    static int64_t per_token(const ModelConfig& c);       // what plan requests per token
+    T *t, *dA, *dX = nullptr;  // dX: peri-LN only
+    MixerScratch<T> mixer;     // the kinds present are planned
+    SwiGluUnit::Scratch<T> mlp;
+    void plan(Plan& p, const ModelConfig& c, const std::vector<LayerSpec>& layers, int64_t N);
+    static int64_t per_token(const ModelConfig& c, const std::vector<LayerSpec>& layers);
   };
 
-  static PeriLnBlock resolve(const ParamIndex& idx, const ModelConfig& c, int64_t layer);
-  static int64_t saved_floats_per_token(const ModelConfig& c, int64_t layer);
-
-  // h [N, d] in place; the MoE layer's statistics and weighted aux losses are added to lp.
+  static Block resolve(const ParamIndex& idx, const ModelConfig& c, const LayerSpec& spec);
+  static int64_t saved_floats_per_token(const ModelConfig& c, const LayerSpec& spec);
+  // Plans the mixer Saved of `kind` (remat attn's shared one).
   template <typename T>
-  void forward(const Ctx<T>& ctx, T* h, Saved<T>& s, const Scratch<T>& w, LossParts& lp) const;
-  // dh [N, d] in place: gradient w.r.t. the block output in, w.r.t. the block input out.
+  static void plan_mixer(Plan& p, const ModelConfig& c, MixerKind kind, int64_t N, MixerSaved<T>& s);
+
+  // x [N, d] -> y [N, d]; an MoE layer's statistics and weighted auxiliary losses are added to lp.
   template <typename T>
-  void backward(const Ctx<T>& ctx, T* dh, const Saved<T>& s, const Scratch<T>& w) const;
-};
-
-// Olmo 3's post-norm block (docs/reference/architecture.md A.3), fp32, on the planned workspace:
-//
-//   h_mid = x + RMSNorm_post_attn(RopeAttention(x));  y = h_mid + RMSNorm_post_ffn(SwiGLU-MLP(h_mid))
-//
-// Parameters: model.layers.<l>.post_attention_layernorm, post_feedforward_layernorm plus the units'.
-// Saves the attention output a, h_mid, the MLP output m and the two rstd (3 d + 2 floats per token) plus
-// the units' Saved (the block input is the model's residual stream); recomputes what its units do.
-struct PostNormBlock {
-  int post_attn = -1, post_ffn = -1;
-  RopeAttentionUnit attn;
-  RecomputedSwiGluMlpUnit mlp;
-
-  struct Saved {
-    RopeAttentionUnit::Saved attn;
-    RecomputedSwiGluMlpUnit::Saved mlp;
-    float *a, *ra, *hmid, *m, *rm;
-    // Without the attention's Saved when !attn (remat attn shares one across the layers).
-    void plan(Plan& p, const ModelConfig& c, int64_t N, bool attn = true);
-  };
-  struct Scratch {
-    RopeAttentionUnit::Scratch attn;
-    RecomputedSwiGluMlpUnit::Scratch mlp;
-    float* dtmp;
-    void plan(Plan& p, const ModelConfig& c, int64_t N);
-  };
-
-  static PostNormBlock resolve(const ParamIndex& idx, const ModelConfig& c, int64_t layer);
-  static int64_t saved_floats_per_token(const ModelConfig& c);
-
-  // x [N, d] -> y [N, d].
-  void forward(const Ctx<float>& ctx, const float* x, float* y, Saved& s, Scratch& w) const;
+  void forward(const Ctx<T>& ctx, const T* x, T* y, Saved<T>& s, const Scratch<T>& w, LossParts& lp) const;
   // dh [N, d] in place: dL/dy in, dL/dx out.
-  void backward(const Ctx<float>& ctx, const float* x, const Saved& s, float* dh, Scratch& w) const;
+  template <typename T>
+  void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, T* dh, const Scratch<T>& w) const;
+
+ private:
+  template <typename T>
+  void mixer_forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s, const Scratch<T>& w) const;
+  template <typename T>
+  void mixer_backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx,
+                      const Scratch<T>& w) const;
+  template <typename T>
+  void ffn_forward(const Ctx<T>& ctx, const T* x, T* f, Saved<T>& s, const Scratch<T>& w,
+                   LossParts& lp) const;
 };
 
 }  // namespace olmosft::model::unit

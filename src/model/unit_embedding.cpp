@@ -1,51 +1,69 @@
-// Embedding unit of the hybrid (see unit_embedding.h).
+// Embedding unit (see unit_embedding.h).
 #include "model/unit_embedding.h"
 
 #include <algorithm>
 
+#include "core/error.h"
+#include "core/threads.h"
 #include "kernels/rmsnorm.h"
 #include "model/params.h"
 
 namespace olmosft::model::unit {
 
-ScaledEmbeddingUnit ScaledEmbeddingUnit::resolve(const ParamIndex& idx) {
-  ScaledEmbeddingUnit u;
+EmbeddingUnit EmbeddingUnit::resolve(const ParamIndex& idx) {
+  EmbeddingUnit u;
   u.embed = idx.get(hf::kEmbedTokens);
   u.embed_norm = idx.get(hf::kEmbedNorm, false);
   return u;
 }
 
 template <typename T>
-void ScaledEmbeddingUnit::forward(const Ctx<T>& ctx, T* h, const Saved<T>& s) const {
+void EmbeddingUnit::forward(const Ctx<T>& ctx, T* h, const Saved<T>& s) const {
   const int64_t N = ctx.N, d = ctx.d;
   const T* E = ctx.W(embed);
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t j = 0; j < d; ++j)
-      s.e[i * d + j] = static_cast<T>(E[ctx.b.tokens[i] * d + j] * ctx.c.embed_scale);
-  if (embed_norm >= 0)
-    rmsnorm_forward(s.e, ctx.W(embed_norm), h, s.rs, N, d, ctx.c.rms_norm_eps);
-  else
-    std::copy(s.e, s.e + N * d, h);
+  OLMO_CHECK(embed_norm < 0 || s.e != nullptr,
+             "embedding unit: the workspace plan has no embed_norm buffers");
+  T* out = embed_norm >= 0 ? s.e : h;
+  const double scale = ctx.c.embed_scale;
+  parallel_for(
+      N,
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const T* row = E + static_cast<int64_t>(ctx.b.tokens[i]) * d;
+          for (int64_t j = 0; j < d; ++j) out[i * d + j] = static_cast<T>(row[j] * scale);
+        }
+      },
+      64);
+  if (embed_norm >= 0) rmsnorm_forward(s.e, ctx.W(embed_norm), h, s.rs, N, d, ctx.c.rms_norm_eps);
 }
 
 template <typename T>
-void ScaledEmbeddingUnit::backward(const Ctx<T>& ctx, const T* dh, const Saved<T>& s, T* de) const {
+void EmbeddingUnit::backward(const Ctx<T>& ctx, const T* dh, const Saved<T>& s, T* de) const {
   const int64_t N = ctx.N, d = ctx.d;
-  if (embed_norm >= 0)
+  const T* g = dh;
+  if (embed_norm >= 0) {
     rmsnorm_backward(dh, s.e, ctx.W(embed_norm), s.rs, de, ctx.G(embed_norm), N, d, ctx.c.rms_norm_eps);
-  else
-    std::copy(dh, dh + N * d, de);
-  if (T* dE = ctx.G(embed)) {
-    for (int64_t i = 0; i < N; ++i) {
-      T* row = dE + static_cast<int64_t>(ctx.b.tokens[i]) * d;
-      for (int64_t j = 0; j < d; ++j) row[j] += static_cast<T>(de[i * d + j] * ctx.c.embed_scale);
-    }
+    g = de;
   }
+  T* dE = ctx.G(embed);
+  if (dE == nullptr) return;
+  const double scale = ctx.c.embed_scale;
+  // dE[tok] += scale * g: columns split across threads, so each element sums its tokens in order.
+  parallel_for(
+      d,
+      [&](int64_t c0, int64_t c1) {
+        for (int64_t i = 0; i < N; ++i) {
+          T* dst = dE + static_cast<int64_t>(ctx.b.tokens[i]) * d;
+          const T* src = g + i * d;
+          for (int64_t c = c0; c < c1; ++c) dst[c] += static_cast<T>(src[c] * scale);
+        }
+      },
+      16);
 }
 
-#define OLMOSFT_EMBEDDING_UNIT(T)                                                          \
-  template void ScaledEmbeddingUnit::forward<T>(const Ctx<T>&, T*, const Saved<T>&) const; \
-  template void ScaledEmbeddingUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, T*) const;
+#define OLMOSFT_EMBEDDING_UNIT(T)                                                    \
+  template void EmbeddingUnit::forward<T>(const Ctx<T>&, T*, const Saved<T>&) const; \
+  template void EmbeddingUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, T*) const;
 OLMOSFT_EMBEDDING_UNIT(float)
 OLMOSFT_EMBEDDING_UNIT(double)
 #undef OLMOSFT_EMBEDDING_UNIT

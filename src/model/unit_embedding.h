@@ -1,6 +1,7 @@
-// Embedding unit of the hybrid (docs/reference/architecture.md B.2):  h0 = RMSNorm_embed(embed_scale *
-// E[token]) (the norm only when embed_norm is configured). Parameters model.embed_tokens, model.embed_norm.
-// Saves the scaled embedding rows and the norm's rstd (d + 1 floats per token); recomputes nothing.
+// Embedding unit (docs/reference/architecture.md A.2, B.2):  h0 = RMSNorm_embed(embed_scale * E[token]),
+// the norm only when the config has model.embed_norm (the hybrid's embed_norm; Olmo 3 has none and scale 1).
+// Parameters model.embed_tokens, model.embed_norm. With the norm it saves the scaled rows and the norm's
+// rstd (d + 1 floats per token); without it, nothing.
 #pragma once
 #include <cstdint>
 
@@ -8,20 +9,23 @@
 
 namespace olmosft::model::unit {
 
-struct ScaledEmbeddingUnit {
+struct EmbeddingUnit {
   int embed = -1, embed_norm = -1;
 
   template <typename T>
   struct Saved {
-    T *e, *rs;  // [N, d], [N]
+    T *e = nullptr, *rs = nullptr;  // [N, d], [N] (with the norm)
     void plan(Plan& p, const ModelConfig& c, int64_t N) {
+      if (!c.embed_norm) return;
       p.add(&e, N * c.hidden_size);
       p.add(&rs, N);
     }
   };
 
-  static ScaledEmbeddingUnit resolve(const ParamIndex& idx);
-  static int64_t saved_floats_per_token(const ModelConfig& c) { return c.hidden_size + 1; }
+  static EmbeddingUnit resolve(const ParamIndex& idx);
+  static int64_t saved_floats_per_token(const ModelConfig& c) { return c.embed_norm ? c.hidden_size + 1 : 0; }
+  // Whether the backward reads parameter values (the norm's gain), so that a sharded model gathers them.
+  bool backward_reads_weights() const { return embed_norm >= 0; }
 
   // h [N, d] (overwritten) from ctx.b.tokens.
   template <typename T>

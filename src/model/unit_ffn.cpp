@@ -1,4 +1,4 @@
-// Dense SwiGLU MLP and latent MoE units of the hybrid (see unit_ffn.h).
+// Dense SwiGLU MLP and latent MoE units (see unit_ffn.h).
 #include "model/unit_ffn.h"
 
 #include <cmath>
@@ -72,63 +72,34 @@ void moe_grads(const MoeUnit& u, const Ctx<T>& ctx, moe::MoeGrads<T>& m) {
 
 }  // namespace
 
-SwiGluMlpUnit SwiGluMlpUnit::resolve(const ParamIndex& idx, const std::string& m) {
-  SwiGluMlpUnit u;
+SwiGluUnit SwiGluUnit::resolve(const ParamIndex& idx, const std::string& m, int64_t hidden) {
+  SwiGluUnit u;
   u.gate = idx.get(m + hf::kGateProj);
   u.up = idx.get(m + hf::kUpProj);
   u.down = idx.get(m + hf::kDownProj);
+  u.hidden = hidden;
   return u;
 }
 
 template <typename T>
-void SwiGluMlpUnit::forward(const Ctx<T>& ctx, const T* x, T* f, const Saved<T>& s) const {
-  const int64_t F = ctx.c.dense_mlp_intermediate_size;
-  moe::swiglu_mlp_forward(x, ctx.W(gate), ctx.W(up), ctx.W(down), ctx.N, ctx.d, F, s.a, s.b, s.h, f);
+void SwiGluUnit::forward(const Ctx<T>& ctx, const T* x, T* f, const Saved<T>& s, const Scratch<T>& w) const {
+  const int64_t N = ctx.N, d = ctx.d, F = hidden;
+  linear_forward(x, ctx.W(gate), s.a, N, d, F);
+  linear_forward(x, ctx.W(up), s.b, N, d, F);
+  swiglu_forward(s.a, s.b, w.act, N * F);
+  linear_forward(w.act, ctx.W(down), f, N, F, d);
 }
 
 template <typename T>
-void SwiGluMlpUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx) const {
-  const int64_t F = ctx.c.dense_mlp_intermediate_size;
-  moe::swiglu_mlp_backward(x, ctx.W(gate), ctx.W(up), ctx.W(down), ctx.N, ctx.d, F, s.a, s.b, s.h, df, dx,
-                           ctx.G(gate), ctx.G(up), ctx.G(down), false);
-}
-
-RecomputedSwiGluMlpUnit RecomputedSwiGluMlpUnit::resolve(const ParamIndex& idx, const std::string& m) {
-  RecomputedSwiGluMlpUnit u;
-  u.gate = idx.get(m + hf::kGateProj);
-  u.up = idx.get(m + hf::kUpProj);
-  u.down = idx.get(m + hf::kDownProj);
-  return u;
-}
-
-void RecomputedSwiGluMlpUnit::Saved::plan(Plan& p, const ModelConfig& c, int64_t N) {
-  p.add_activation(&a, N * c.intermediate_size);
-  p.add_activation(&b, N * c.intermediate_size);
-}
-
-void RecomputedSwiGluMlpUnit::Scratch::plan(Plan& p, const ModelConfig& c, int64_t N) {
-  p.add(&act, N * c.intermediate_size);
-  p.add(&dact, N * c.intermediate_size);
-}
-
-void RecomputedSwiGluMlpUnit::forward(const Ctx<float>& ctx, const float* x, float* m, Saved& s,
-                                      Scratch& w) const {
-  const int64_t N = ctx.N, d = ctx.d, F = ctx.c.intermediate_size;
-  linear_forward<float>(x, ctx.W(gate), s.a, N, d, F);
-  linear_forward<float>(x, ctx.W(up), s.b, N, d, F);
-  swiglu_forward<float>(s.a, s.b, w.act, N * F);
-  linear_forward<float>(w.act, ctx.W(down), m, N, F, d);
-}
-
-void RecomputedSwiGluMlpUnit::backward(const Ctx<float>& ctx, const float* x, const Saved& s, const float* dm,
-                                       float* dx, Scratch& w) const {
-  const int64_t N = ctx.N, d = ctx.d, F = ctx.c.intermediate_size;
-  swiglu_forward<float>(s.a, s.b, w.act, N * F);  // recompute the activation
-  linear_backward<float>(dm, w.act, ctx.W(down), w.dact, ctx.G(down), N, F, d);
+void SwiGluUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx,
+                          const Scratch<T>& w) const {
+  const int64_t N = ctx.N, d = ctx.d, F = hidden;
+  swiglu_forward(s.a, s.b, w.act, N * F);  // recompute the hidden product
+  linear_backward(df, w.act, ctx.W(down), w.dact, ctx.G(down), N, F, d);
   // da (gate) overwrites dact (each element's dh is read before it is written); db (up) goes to act.
-  swiglu_backward<float>(w.dact, F, s.a, F, s.b, F, w.dact, F, w.act, F, N, F);
-  linear_backward<float>(w.dact, x, ctx.W(gate), dx, ctx.G(gate), N, d, F, true);
-  linear_backward<float>(w.act, x, ctx.W(up), dx, ctx.G(up), N, d, F, true);
+  swiglu_backward(w.dact, F, s.a, F, s.b, F, w.dact, F, w.act, F, N, F);
+  linear_backward(w.dact, x, ctx.W(gate), dx, ctx.G(gate), N, d, F, true);
+  linear_backward(w.act, x, ctx.W(up), dx, ctx.G(up), N, d, F, true);
 }
 
 MoeUnit MoeUnit::resolve(const ParamIndex& idx, const std::string& m, const ModelConfig& c) {
@@ -167,10 +138,12 @@ void MoeUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T
                     ctx.aux_scale * ctx.loss->weight[kLossRouterZ], dx);
 }
 
-#define OLMOSFT_FFN_UNITS(T)                                                                              \
-  template void SwiGluMlpUnit::forward<T>(const Ctx<T>&, const T*, T*, const Saved<T>&) const;            \
-  template void SwiGluMlpUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, const T*, T*) const; \
-  template moe::MoeStats MoeUnit::forward<T>(const Ctx<T>&, const T*, T*, Saved<T>&) const;               \
+#define OLMOSFT_FFN_UNITS(T)                                                                            \
+  template void SwiGluUnit::forward<T>(const Ctx<T>&, const T*, T*, const Saved<T>&, const Scratch<T>&) \
+      const;                                                                                            \
+  template void SwiGluUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, const T*, T*,         \
+                                        const Scratch<T>&) const;                                       \
+  template moe::MoeStats MoeUnit::forward<T>(const Ctx<T>&, const T*, T*, Saved<T>&) const;             \
   template void MoeUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, const T*, T*) const;
 OLMOSFT_FFN_UNITS(float)
 OLMOSFT_FFN_UNITS(double)

@@ -1,12 +1,11 @@
-// FFN units of the hybrid (docs/reference/architecture.md B.5, B.6): the dense SwiGLU MLP of the dense layers
-// and the latent MoE of the others. Both map x [N, d] -> f [N, d].
+// FFN units (docs/reference/architecture.md A.3, B.5, B.6): the dense SwiGLU MLP (every Olmo 3 layer, the
+// hybrid's dense layers) and the latent MoE. Both map x [N, d] -> f [N, d]; both backwards ACCUMULATE into dx
+// (unit.h).
 //
-// SwiGluMlpUnit:  f = (SiLU(x Wg^T) * (x Wu^T)) Wd^T  (moe::swiglu_mlp_*). Parameters mlp.gate_proj,
-//   mlp.up_proj, mlp.down_proj. Saves the gate and up pre-activations and the hidden product (3 F floats
-//   per token); recomputes nothing.
-// RecomputedSwiGluMlpUnit (Olmo 3, fp32):  the same SwiGLU MLP with mlp.gate_proj / up_proj / down_proj,
-//   saving only the gate and up pre-activations (2 F floats per token); the backward recomputes the
-//   hidden product into scratch. Scratch (shared by all layers): act, dact [N, F].
+// SwiGluUnit:  f = (SiLU(x Wg^T) * (x Wu^T)) Wd^T. Parameters mlp.gate_proj, mlp.up_proj, mlp.down_proj;
+//   hidden size from the layer spec (Olmo 3's intermediate_size, the hybrid's dense_mlp_intermediate_size).
+//   Saves the gate and up pre-activations (2 F floats per token); the backward recomputes the hidden
+//   product into scratch. Scratch (shared by all layers): act, dact [N, F].
 // MoeUnit:  router softmax, top-k, optional latent down/up projection, routed SwiGLU experts, optional
 //   shared expert (moe::moe_*). Parameters mlp.router.gate, mlp.latent_down_proj / latent_up_proj,
 //   mlp.experts.<e>.{gate,up,down}_proj, mlp.shared_expert.{gate,up,down}_proj. Saves moe::MoeCache (router
@@ -25,49 +24,35 @@
 
 namespace olmosft::model::unit {
 
-struct SwiGluMlpUnit {
+struct SwiGluUnit {
   int gate = -1, up = -1, down = -1;
+  int64_t hidden = 0;  // F
 
   template <typename T>
   struct Saved {
-    T *a, *b, *h;  // gate / up pre-activations, hidden [N, F]
-    void plan(Plan& p, const ModelConfig& c, int64_t N) {
-      for (T** x : {&a, &b, &h}) p.add_activation(x, N * c.dense_mlp_intermediate_size);
+    T *a, *b;  // gate / up pre-activations [N, F]
+    void plan(Plan& p, int64_t F, int64_t N) {
+      for (T** x : {&a, &b}) p.add_activation(x, N * F);
+    }
+  };
+  template <typename T>
+  struct Scratch {
+    T *act, *dact;  // [N, F] for the largest F of the layers
+    void plan(Plan& p, int64_t F, int64_t N) {
+      for (T** x : {&act, &dact}) p.add(x, N * F);
     }
   };
 
   // prefix = "model.layers.<l>.mlp."
-  static SwiGluMlpUnit resolve(const ParamIndex& idx, const std::string& prefix);
-  static int64_t saved_floats_per_token(const ModelConfig& c) { return 3 * c.dense_mlp_intermediate_size; }
+  static SwiGluUnit resolve(const ParamIndex& idx, const std::string& prefix, int64_t hidden);
+  static int64_t saved_floats_per_token(int64_t F) { return 2 * F; }
 
   template <typename T>
-  void forward(const Ctx<T>& ctx, const T* x, T* f, const Saved<T>& s) const;
-  // df -> dx (overwritten).
+  void forward(const Ctx<T>& ctx, const T* x, T* f, const Saved<T>& s, const Scratch<T>& w) const;
+  // df -> dx (ACCUMULATED).
   template <typename T>
-  void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx) const;
-};
-
-struct RecomputedSwiGluMlpUnit {
-  int gate = -1, up = -1, down = -1;
-
-  struct Saved {
-    float *a, *b;  // gate / up pre-activations
-    void plan(Plan& p, const ModelConfig& c, int64_t N);
-  };
-  struct Scratch {
-    float *act, *dact;
-    void plan(Plan& p, const ModelConfig& c, int64_t N);
-  };
-
-  // prefix = "model.layers.<l>.mlp."
-  static RecomputedSwiGluMlpUnit resolve(const ParamIndex& idx, const std::string& prefix);
-  static int64_t saved_floats_per_token(const ModelConfig& c) { return 2 * c.intermediate_size; }
-
-  // x [N, d] -> m [N, d] (overwritten).
-  void forward(const Ctx<float>& ctx, const float* x, float* m, Saved& s, Scratch& w) const;
-  // dm -> dx (ACCUMULATED).
-  void backward(const Ctx<float>& ctx, const float* x, const Saved& s, const float* dm, float* dx,
-                Scratch& w) const;
+  void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx,
+                const Scratch<T>& w) const;
 };
 
 struct MoeUnit {
@@ -89,7 +74,7 @@ struct MoeUnit {
 
   template <typename T>
   moe::MoeStats forward(const Ctx<T>& ctx, const T* x, T* f, Saved<T>& s) const;
-  // df -> dx (overwritten); the auxiliary losses' gradients use ctx.loss coefficients * ctx.aux_scale.
+  // df -> dx (ACCUMULATED); the auxiliary losses' gradients use ctx.loss coefficients * ctx.aux_scale.
   template <typename T>
   void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx) const;
 };

@@ -25,7 +25,7 @@ kda::KdaDims kdims(const Ctx<T>& ctx) {
 
 }  // namespace
 
-KdaUnit KdaUnit::resolve(const ParamIndex& idx, const std::string& a) {
+KdaUnit KdaUnit::resolve(const ParamIndex& idx, const std::string& a, const LayerSpec&) {
   KdaUnit u;
   u.q = idx.get(a + hf::kQProj);
   u.k = idx.get(a + hf::kKProj);
@@ -90,7 +90,7 @@ void KdaUnit::Scratch<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
 }
 
 template <typename T>
-void KdaUnit::forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s) const {
+void KdaUnit::forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s, const Scratch<T>&) const {
   const auto kd = kdims(ctx);
   const int64_t H = kd.H, Dk = kd.K, Dv = kd.V, KD = H * Dk, VD = H * Dv, R = ctx.c.linear_value_head_dim,
                 C = ctx.c.linear_conv_kernel_dim;
@@ -140,7 +140,7 @@ void KdaUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T
   if (T* db = ctx.G(g2b))
     for (int64_t i = 0; i < ctx.N; ++i) add_into(db, w.dzg + i * VD, VD);
   linear_backward(w.dzg, s.glow, ctx.W(g2), w.dglow, ctx.G(g2), ctx.N, R, VD);
-  linear_backward(w.dglow, x, ctx.W(g1), dx, ctx.G(g1), ctx.N, ctx.d, R, false);
+  linear_backward(w.dglow, x, ctx.W(g1), dx, ctx.G(g1), ctx.N, ctx.d, R, true);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(Dk)));
   if (ctx.kda_recurrent)
     kda::kda_recurrent_backward(s.qn, s.kn, s.vc, s.g, s.beta, ctx.seg, kd, scale, w.dO, w.dq, w.dk, w.dv,

@@ -12,6 +12,7 @@
 #pragma once
 #include <cstdint>
 
+#include "model/layers.h"
 #include "model/unit.h"
 
 namespace olmosft::model::unit {
@@ -36,13 +37,13 @@ struct KdaUnit {
   };
 
   // prefix = "model.layers.<l>.self_attn."
-  static KdaUnit resolve(const ParamIndex& idx, const std::string& prefix);
+  static KdaUnit resolve(const ParamIndex& idx, const std::string& prefix, const LayerSpec& spec);
   static int64_t saved_floats_per_token(const ModelConfig& c);
 
-  // x [N, d] -> a [N, d] (overwritten).
+  // x [N, d] -> a [N, d] (overwritten); the forward needs no scratch (the mixers' common signature).
   template <typename T>
-  void forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s) const;
-  // da [N, d] -> dx [N, d] (overwritten); parameter gradients accumulated.
+  void forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s, const Scratch<T>& w) const;
+  // da [N, d] -> dx [N, d] ACCUMULATED; parameter gradients accumulated.
   template <typename T>
   void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx,
                 const Scratch<T>& w) const;

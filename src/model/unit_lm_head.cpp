@@ -1,4 +1,4 @@
-// Final norm + LM head unit of the hybrid (see unit_lm_head.h).
+// Final norm + LM head unit (see unit_lm_head.h).
 #include "model/unit_lm_head.h"
 
 #include <algorithm>
@@ -27,11 +27,12 @@ XentStats LmHeadUnit::forward(const Ctx<T>& ctx, const T* h, Saved<T>& s, float*
   const T* Wlm = ctx.W(lm_head);
   std::fill(s.targets, s.targets + N, -100);
   std::fill(s.mask, s.mask + N, uint8_t(0));
-  if (b.targets != nullptr && b.trained != nullptr) {
+  if (b.targets != nullptr) {
     for (int64_t i = 0; i < N; ++i) {
-      if (!b.trained[i] || !ctx.valid[i]) continue;
-      OLMO_CHECK(b.targets[i] >= 0 && b.targets[i] < V, "olmo3moe: trained target ", b.targets[i], " at row ",
-                 i / b.T, ", position ", i % b.T, " is outside [0, ", V, ")");
+      const bool trained = (b.trained == nullptr || b.trained[i] != 0) && b.targets[i] != -100;
+      if (!trained || !ctx.valid[i]) continue;
+      OLMO_CHECK(b.targets[i] >= 0 && b.targets[i] < V, ctx.c.model_type_name, ": trained target ",
+                 b.targets[i], " at row ", i / b.T, ", position ", i % b.T, " is outside [0, ", V, ")");
       s.targets[i] = b.targets[i];
       s.mask[i] = 1;
     }

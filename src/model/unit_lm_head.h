@@ -1,4 +1,4 @@
-// Final norm + LM head unit of the hybrid (docs/reference/architecture.md B.2):  logits = RMSNorm_final(h)
+// Final norm + LM head unit (docs/reference/architecture.md A.2, B.2):  logits = RMSNorm_final(h)
 // Wlm^T, the loss by the tiled cross-entropy with z-loss (kernels/cross_entropy). Parameters model.norm,
 // lm_head (model.embed_tokens when tied). Saves the normalised h, its rstd and the per-token logsumexp (d + 2
 // floats per token) plus the checked targets and mask; the logits are never stored (the backward
@@ -19,7 +19,7 @@ struct LmHeadUnit {
   struct Saved {
     T *hn, *rs, *lse;  // [N, d], [N], [N]
     int32_t* targets;  // [N] -100 where not trained
-    uint8_t* mask;     // [N] 1 = trained target (and not padding)
+    uint8_t* mask;     // [N] 1 = trained (Batch::trained if given) target != -100, not padding
     XentConfig xc;
     void plan(Plan& p, const ModelConfig& c, int64_t N) {
       p.add(&hn, N * c.hidden_size);

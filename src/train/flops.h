@@ -25,7 +25,7 @@
 namespace olmosft::train {
 
 struct FlopOptions {
-  int64_t kda_chunk = 64;  // the model's KDA chunk size (model::Olmo3MoeOptions::kda_chunk)
+  int64_t kda_chunk = 64;  // the model's KDA chunk size (model::DecoderOptions::kda_chunk)
   bool recompute = false;  // add the work the backward recomputes (attention scores, MoE experts' forward,
                            // the KDA chunk forward and state pass, LM-head logits): hardware FLOPs
   bool count_padding = false;  // per-token GEMMs over every row position, padding included, as the

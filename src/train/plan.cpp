@@ -138,7 +138,7 @@ void activation_parts(const model::ModelConfig& m, const TrainConfig& cfg, const
   parts.push_back({"attention workspace", double(a.kernels) * share, "the attention kernel's tiles"});
   const int64_t N = int64_t(std::ceil(double(B * T) * share));
   if (m.is_moe()) {
-    // remat full keeps one Saved per layer kind (model/olmo3moe.cpp HybridWork): one MoE cache for each
+    // remat full keeps one Saved per layer kind (model/decoder.cpp DecoderWork): one MoE cache for each
     // mixer kind (KDA, softmax attention) among the MoE layers.
     int64_t moe_layers = 0, moe_kinds = 0;
     bool kind_seen[2] = {false, false};
@@ -164,10 +164,6 @@ void activation_parts(const model::ModelConfig& m, const TrainConfig& cfg, const
                      "one layer's expert scratch at moe.buffer_factor=" + num(bf) + ": " + bound + ", " +
                          std::to_string(parallel) + " experts at once",
                      true});
-    if (moe_layers < m.num_hidden_layers)
-      parts.push_back({"dense MLP backward",
-                       double(moe::swiglu_mlp_backward_workspace_bytes(N, m.dense_mlp_intermediate_size)),
-                       "the dense layers' SwiGLU backward scratch (dh, da, db)", true});
   }
   XentConfig xc;
   xc.valid_vocab = m.vocab_size;

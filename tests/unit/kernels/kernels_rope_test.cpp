@@ -11,7 +11,7 @@
 #include "kernels/rope.h"
 #include "kernels_util.h"
 #include "model/config.h"
-#include "model/olmo3.h"
+#include "model/decoder.h"
 
 using namespace olmosft;
 using nlohmann::json;

@@ -1,4 +1,4 @@
-// float64 finite-difference checks of the whole hybrid model (olmo3moe_run<double>) on the fixture batch
+// float64 finite-difference checks of the whole hybrid model (decoder_run<double>) on the fixture batch
 // and weights (routing margins >= 1.48e-3, so the +-1e-6 perturbations never change the expert choice).
 // Loss = CE + 0.1 * LM z + sum_l (1 * LB_l + 0.1 * Z_l), so every term is visible in the gradients.
 #include <gtest/gtest.h>
@@ -16,7 +16,7 @@ namespace {
 struct Fd {
   DoubleModel m = load_model_f64();
   FixtureBatch fb = load_batch();
-  Olmo3MoeOptions opts;
+  DecoderOptions opts;
   LossConfig loss;
   double n = 0;
   bool row_positions = false;
@@ -37,13 +37,13 @@ struct Fd {
   double eval() {
     const Batch b = fb.batch();
     return total(
-        olmo3moe_run<double>(m.config, opts, m.wp(), nullptr, b, loss, 1.0 / n, 1.0, nullptr, nullptr));
+        decoder_run<double>(m.config, opts, m.wp(), nullptr, b, loss, 1.0 / n, 1.0, nullptr, nullptr));
   }
   void grads() {
     for (auto& g : m.g) std::fill(g.begin(), g.end(), 0.0);
     auto gp = m.gp();
     const Batch b = fb.batch();
-    olmo3moe_run<double>(m.config, opts, m.wp(), &gp, b, loss, 1.0 / n, 1.0, nullptr, nullptr);
+    decoder_run<double>(m.config, opts, m.wp(), &gp, b, loss, 1.0 / n, 1.0, nullptr, nullptr);
   }
   // FD over `count` entries of a tensor starting at `offset`.
   double check(const std::string& name, int64_t offset, int64_t count) {
@@ -133,8 +133,7 @@ TEST(HybridFd, PackedEqualsPerDocumentFloat64) {
   const Batch b = fd.fb.batch();
   const int64_t V = fd.m.config.vocab_size;
   std::vector<float> packed(static_cast<size_t>(b.B * b.T * V));
-  olmo3moe_run<double>(fd.m.config, fd.opts, fd.m.wp(), nullptr, b, fd.loss, 1.0, 1.0, packed.data(),
-                       nullptr);
+  decoder_run<double>(fd.m.config, fd.opts, fd.m.wp(), nullptr, b, fd.loss, 1.0, 1.0, packed.data(), nullptr);
   // Documents from segment ids.
   double worst = 0;
   int docs = 0;
@@ -158,8 +157,8 @@ TEST(HybridFd, PackedEqualsPerDocumentFloat64) {
       }
       std::vector<float> lg(static_cast<size_t>(one.T * V));
       const Batch ob = one.batch();
-      olmo3moe_run<double>(fd.m.config, fd.opts, fd.m.wp(), nullptr, ob, fd.loss, 1.0, 1.0, lg.data(),
-                           nullptr);
+      decoder_run<double>(fd.m.config, fd.opts, fd.m.wp(), nullptr, ob, fd.loss, 1.0, 1.0, lg.data(),
+                          nullptr);
       for (int64_t i = 0; i < one.T * V; ++i)
         worst = std::max(worst, std::fabs(static_cast<double>(lg[static_cast<size_t>(i)]) -
                                           packed[static_cast<size_t>((r * b.T + s) * V + i)]));

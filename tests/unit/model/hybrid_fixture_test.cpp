@@ -49,8 +49,8 @@ double max_abs(const float* a, const float* b, int64_t n) {
   return md;
 }
 
-Olmo3MoeOptions opts16() {
-  Olmo3MoeOptions o;
+DecoderOptions opts16() {
+  DecoderOptions o;
   o.kda_chunk = 16;
   return o;
 }
@@ -128,7 +128,7 @@ TEST(HybridFixture, ForwardLossesRoutingAndGradients) {
 TEST(HybridFixture, RowPositionSsmaxVariant) {
   const auto ex = expected();
   const auto fb = load_batch();
-  Olmo3MoeOptions o = opts16();
+  DecoderOptions o = opts16();
   o.ssmax_row_positions = true;
   auto model = load_model_f32(o);
   const Batch b = fb.batch();
@@ -182,7 +182,7 @@ TEST(HybridFixture, ChunkSizesAndRecurrentAgree) {
   const Batch b = fb.batch();
   std::vector<std::vector<float>> all;
   for (int mode = 0; mode < 3; ++mode) {
-    Olmo3MoeOptions o;
+    DecoderOptions o;
     o.kda_chunk = mode == 0 ? 16 : 64;
     o.kda_recurrent = mode == 2;
     auto model = load_model_f32(o);
@@ -230,7 +230,7 @@ TEST(HybridFixture, PackedEqualsPerDocument) {
 
 TEST(HybridFixture, InitIsSeededAndFollowsTheScheme) {
   auto cfg = parse_config(preset_config_json("olmo3moe-tiny"), "preset");
-  auto a = make_olmo3moe(cfg, 7), b2 = make_olmo3moe(cfg, 7), c = make_olmo3moe(cfg, 8);
+  auto a = make_decoder(cfg, 7), b2 = make_decoder(cfg, 7), c = make_decoder(cfg, 8);
   ASSERT_EQ(a->params().size(), 537u);
   bool any_diff = false;
   for (size_t i = 0; i < a->params().size(); ++i) {
@@ -267,7 +267,7 @@ TEST(HybridFixture, BadInputsAreRejected) {
   EXPECT_THROW(model->forward(fb.batch(), fixture_loss(), nullptr, nullptr), Error);
   auto cfg = parse_config(preset_config_json("olmo3moe-tiny"), "preset");
   cfg.use_rope = true;
-  EXPECT_THROW(make_olmo3moe(cfg, 1), Error);
+  EXPECT_THROW(make_decoder(cfg, 1), Error);
 }
 
 TEST(HybridFixture, ThreadCountsAgree) {

@@ -7,8 +7,8 @@
 
 #include "core/threads.h"
 #include "io/safetensors.h"
+#include "model/decoder.h"
 #include "model/hf_dir.h"
-#include "model/olmo3moe.h"
 #include "model/params.h"
 #include "train/batch.h"
 
@@ -66,10 +66,10 @@ inline FixtureBatch load_batch() {
   return fb;
 }
 
-// The fixture model as an Olmo3MoeModel (fp32 params loaded by name, as the factory's load_model does).
-inline std::unique_ptr<Olmo3MoeModel> load_model_f32(const Olmo3MoeOptions& opts) {
+// The fixture model as an Decoder (fp32 params loaded by name, as the factory's load_model does).
+inline std::unique_ptr<Decoder> load_model_f32(const DecoderOptions& opts) {
   HfModel hf = load_hf_dir(fixture_dir());
-  auto m = std::make_unique<Olmo3MoeModel>(hf.config, opts);
+  auto m = std::make_unique<Decoder>(hf.config, opts);
   for (auto& p : m->params()) p.value.copy_from(hf.at(p.name));
   return m;
 }

@@ -19,8 +19,8 @@
 #include "core/threads.h"
 #include "kernels/gemm.h"
 #include "model/config.h"
+#include "model/decoder.h"
 #include "model/model.h"
-#include "model/olmo3moe.h"
 #include "model/params.h"
 #include "train/batch.h"
 
@@ -171,20 +171,20 @@ void run_hybrid_double(Record& rec, CausalLM& m, const MemoryPolicy& policy) {
   std::vector<double*> gp;
   for (auto& x : w) wp.push_back(x.data());
   for (auto& x : g) gp.push_back(x.data());
-  Olmo3MoeOptions opts;
+  DecoderOptions opts;
   opts.kda_chunk = 16;
   opts.memory = policy;
   const PackedBatch& a = batch_a(c.vocab_size);
   const LossConfig lc = loss_config();
   rec.parts("hybrid64.fb",
-            olmo3moe_run<double>(c, opts, wp, &gp, a.batch(), lc, 1.0 / 97.0, 0.5, nullptr, nullptr));
+            decoder_run<double>(c, opts, wp, &gp, a.batch(), lc, 1.0 / 97.0, 0.5, nullptr, nullptr));
   for (size_t i = 0; i < g.size(); ++i)
     rec.add("hybrid64.grad." + m.params()[i].name, hash_of(g[i].data(), static_cast<int64_t>(g[i].size())));
   std::vector<float> logits(static_cast<size_t>(a.B * a.T * c.vocab_size)),
       logprobs(static_cast<size_t>(a.B * a.T));
   opts.kda_recurrent = true;
-  rec.parts("hybrid64.fwd_recurrent", olmo3moe_run<double>(c, opts, wp, nullptr, a.batch(), lc, 1.0, 1.0,
-                                                           logits.data(), logprobs.data()));
+  rec.parts("hybrid64.fwd_recurrent", decoder_run<double>(c, opts, wp, nullptr, a.batch(), lc, 1.0, 1.0,
+                                                          logits.data(), logprobs.data()));
   rec.add("hybrid64.fwd_recurrent.logits", hash_of(logits.data(), static_cast<int64_t>(logits.size())));
   rec.add("hybrid64.fwd_recurrent.logprobs", hash_of(logprobs.data(), static_cast<int64_t>(logprobs.size())));
 }

@@ -17,9 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "model/decoder.h"
 #include "model/hf_dir.h"
 #include "model/model.h"
-#include "model/olmo3.h"
 
 using namespace olmosft;
 using namespace olmosft::model;
@@ -154,9 +154,9 @@ TEST(ModelHfOracle, YarnOnEveryLayerWouldBeCaught) {
   // original_max_position_embeddings).
   const auto& O = oracle();
   HfModel hf = load_hf_dir(kDir);
-  Olmo3Options opt;
+  DecoderOptions opt;
   opt.yarn_on_all_layers = true;
-  Olmo3 variant(hf.config, opt);
+  Decoder variant(hf.config, opt);
   for (auto& p : variant.params()) p.value.copy_from(hf.at(p.name));
   const int64_t V = hf.config.vocab_size, N = O.B * O.T;
   std::vector<float> logits(static_cast<size_t>(N * V));

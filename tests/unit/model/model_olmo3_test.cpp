@@ -12,9 +12,9 @@
 #include "core/threads.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "model/decoder.h"
 #include "model/hf_dir.h"
 #include "model/model.h"
-#include "model/olmo3.h"
 
 namespace fs = std::filesystem;
 using namespace olmosft;
@@ -98,7 +98,7 @@ struct TempDir {
 TEST(ModelOlmo3, LogitsHiddenLossMatchReference) {
   const auto& F = fx();
   auto m = load_model(kDir);
-  auto* o3 = dynamic_cast<Olmo3*>(m.get());
+  auto* o3 = dynamic_cast<Decoder*>(m.get());
   ASSERT_NE(o3, nullptr);
   const int64_t V = m->config().vocab_size, d = m->config().hidden_size, N = F.B * F.T;
   std::vector<float> logits(static_cast<size_t>(N * V)), lp(static_cast<size_t>(N));
@@ -194,9 +194,9 @@ TEST(ModelOlmo3, YarnOnAllLayersIsTheOtherVariant) {
   const auto& F = fx();
   auto correct = load_model(kDir);
   HfModel hf = load_hf_dir(kDir);
-  Olmo3Options opt;
+  DecoderOptions opt;
   opt.yarn_on_all_layers = true;
-  Olmo3 variant(hf.config, opt);
+  Decoder variant(hf.config, opt);
   for (auto& p : variant.params()) p.value.copy_from(hf.at(p.name));
   const int64_t N = F.B * F.T, V = hf.config.vocab_size;
   std::vector<float> lc(static_cast<size_t>(N * V)), lv(static_cast<size_t>(N * V));

@@ -1,5 +1,5 @@
-// The layer units' per-token declarations (saved_floats_per_token) against what the models really keep:
-// the hybrid's measured saved bytes and Olmo 3's planned workspace.
+// The layer units' per-token declarations (saved_floats_per_token) against what the decoder really keeps,
+// for both families.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,9 +9,9 @@
 
 #include "core/threads.h"
 #include "model/config.h"
+#include "model/decoder.h"
+#include "model/layers.h"
 #include "model/model.h"
-#include "model/olmo3.h"
-#include "model/olmo3moe.h"
 #include "model/unit_block.h"
 #include "train/batch.h"
 
@@ -43,51 +43,57 @@ struct Row {
 
 }  // namespace
 
-TEST(ModelUnits, HybridSavedBytesMatchTheBlocksDeclarations) {
+// Both families: the planned Saved part of the block is the residual streams plus the blocks' declarations
+// (less the MoE caches, which moe.cpp sizes), the measured saved bytes add the MoE caches, and the rest of
+// the block is the decoder's declared scratch.
+static void expect_declarations_match(const std::string& name) {
   set_threads(1);
-  const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3moe_tiny/config.json");
+  const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/" + name + "/config.json");
   auto m = make_model(c, 3);
   const int64_t T = 64;
   const Row r(T, c.vocab_size);
   LossConfig lc;
   m->forward_backward(r.batch(), lc, 1.0 / double(T), 1.0);
-  const Olmo3MoeRunInfo info = dynamic_cast<Olmo3MoeModel&>(*m).last_run();
+  const DecoderRunInfo info = dynamic_cast<Decoder&>(*m).last_run();
   const size_t saved = info.saved_bytes;
-  int64_t declared = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    declared += unit::PeriLnBlock::saved_floats_per_token(c, l);
+  int64_t declared = (c.num_hidden_layers + 1) * c.hidden_size, moe_declared = 0;  // the residual streams
+  for (const LayerSpec& s : layer_specs(c)) {
+    declared += unit::Block::saved_floats_per_token(c, s);
+    if (s.ffn == FfnKind::Moe) moe_declared += unit::MoeUnit::saved_floats_per_token(c);
+  }
   std::printf(
-      "[units] hybrid tiny: saved %.1f bytes/token, declared %lld floats/token (%lld bytes); scratch %.1f "
+      "[units] %s: saved %.1f bytes/token, declared %lld floats/token (%lld bytes); scratch %.1f "
       "bytes/token, planned block %zu bytes\n",
-      double(saved) / double(T), static_cast<long long>(declared), static_cast<long long>(4 * declared),
-      double(info.scratch_bytes) / double(T), info.workspace_bytes);
+      name.c_str(), double(saved) / double(T), static_cast<long long>(declared),
+      static_cast<long long>(4 * declared), double(info.scratch_bytes) / double(T), info.workspace_bytes);
   EXPECT_EQ(info.tokens, T);
   // The declaration counts every saved value as a float; the MoE cache keeps its `kept` flags as bytes
   // and its per-expert loads per layer (not per token).
   EXPECT_GE(4.0 * double(declared) * double(T), 0.99 * double(saved));
   EXPECT_LE(4.0 * double(declared) * double(T), 1.01 * double(saved));
-  // The planned part of the saved activations (all but the MoE caches, which moe.cpp sizes) is exactly
-  // the declaration less the MoE's (T = 64: every buffer is a multiple of 64 bytes, no rounding).
-  int64_t moe_declared = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    if (!c.is_dense_layer(l)) moe_declared += unit::MoeUnit::saved_floats_per_token(c);
+  // The planned part of the saved activations is exactly the declaration less the MoE's (T = 64: every
+  // buffer is a multiple of 64 bytes, no rounding).
   EXPECT_EQ(info.workspace_bytes - info.scratch_bytes, size_t(4 * (declared - moe_declared) * T));
   // The rest of the block is the declared scratch: 4 bytes per declared float less 3 for each of the two
   // byte fields (valid flags, LM-head mask), plus the per-layer-size stand-ins (a few KiB at most).
-  const int64_t scratch_declared = Olmo3MoeModel::scratch_floats_per_token(c);
+  const int64_t scratch_declared = Decoder::scratch_floats_per_token(c);
   std::printf(
-      "[units] hybrid tiny: scratch declared %lld floats/token, planned %zu bytes (slack %lld)\n",
+      "[units] %s: scratch declared %lld floats/token, planned %zu bytes (slack %lld)\n", name.c_str(),
       static_cast<long long>(scratch_declared), info.scratch_bytes,
       static_cast<long long>(info.scratch_bytes) - static_cast<long long>((4 * scratch_declared - 6) * T));
   EXPECT_GE(info.scratch_bytes, size_t((4 * scratch_declared - 6) * T));
   EXPECT_LE(info.scratch_bytes, size_t((4 * scratch_declared - 6) * T + 16384));
 }
 
+TEST(ModelUnits, HybridSavedBytesMatchTheBlocksDeclarations) { expect_declarations_match("olmo3moe_tiny"); }
+
+TEST(ModelUnits, Olmo3SavedBytesMatchTheBlocksDeclarations) { expect_declarations_match("olmo3_tiny"); }
+
 TEST(ModelUnits, HybridWorkspaceIsPlannedOnceAndReusedWhileTokensDoNotGrow) {
   set_threads(1);
   const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3moe_tiny/config.json");
   auto m = make_model(c, 3);
-  auto& hm = dynamic_cast<Olmo3MoeModel&>(*m);
+  auto& hm = dynamic_cast<Decoder&>(*m);
   LossConfig lc;
   const Row big(64, c.vocab_size), small(32, c.vocab_size), bigger(96, c.vocab_size);
   const LossParts first = m->forward_backward(big.batch(), lc, 1.0 / 64.0, 1.0);
@@ -102,27 +108,6 @@ TEST(ModelUnits, HybridWorkspaceIsPlannedOnceAndReusedWhileTokensDoNotGrow) {
   EXPECT_EQ(again.sum[model::kLossMoeLb], first.sum[model::kLossMoeLb]);
   m->forward_backward(bigger.batch(), lc, 1.0 / 96.0, 1.0);
   EXPECT_GT(hm.last_run().workspace_bytes, block);  // more tokens: planned again
-}
-
-TEST(ModelUnits, Olmo3WorkspaceMatchesTheDeclarations) {
-  set_threads(1);
-  const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3_tiny/config.json");
-  auto m = make_model(c, 3);
-  const int64_t T = 64;
-  const Row r(T, c.vocab_size);
-  LossConfig lc;
-  m->forward_backward(r.batch(), lc, 1.0 / double(T), 1.0);
-  auto& o3 = dynamic_cast<Olmo3&>(*m);
-  const int64_t per_token = Olmo3::activation_floats_per_token(c);
-  const int64_t saved_per_token = c.num_hidden_layers * unit::PostNormBlock::saved_floats_per_token(c);
-  std::printf(
-      "[units] olmo3 tiny: saved by the blocks %lld floats/token (%lld bytes), workspace %lld floats/token\n",
-      static_cast<long long>(saved_per_token), static_cast<long long>(4 * saved_per_token),
-      static_cast<long long>(per_token));
-  // The planned block: the declared floats per token, each buffer rounded up to 64 bytes.
-  const double block = double(o3.workspace_bytes());
-  EXPECT_GE(block, 4.0 * double(per_token * T));
-  EXPECT_LE(block, 4.0 * double(per_token * T) * 1.5 + 1e6);  // + rounding, attention workspace, seg/pos
 }
 
 // activation_bytes (what `olmosft plan` reads) is the block each model really plans, under each remat
@@ -141,11 +126,7 @@ TEST(ModelUnits, ActivationBytesIsWhatTheModelsAllocateUnderEachRematPolicy) {
       ASSERT_TRUE(m->set_memory_policy(policy));
       m->forward_backward(r.batch(), LossConfig{}, 1.0 / double(T), 1.0);
       const ActivationBytes a = activation_bytes(c, 1, T, policy);
-      size_t planned = 0;
-      if (auto* o3 = dynamic_cast<Olmo3*>(m.get()))
-        planned = o3->workspace_bytes();
-      else
-        planned = dynamic_cast<Olmo3MoeModel&>(*m).last_run().workspace_bytes + a.kernels;
+      const size_t planned = dynamic_cast<Decoder&>(*m).workspace_bytes();
       std::printf("[units] %s remat %s: saved %zu, working %zu, kernels %zu bytes (T = %lld)\n", fam,
                   remat_name(remat), a.saved, a.working, a.kernels, static_cast<long long>(T));
       EXPECT_EQ(planned, a.total()) << fam << " remat " << remat_name(remat);
@@ -153,9 +134,8 @@ TEST(ModelUnits, ActivationBytesIsWhatTheModelsAllocateUnderEachRematPolicy) {
     }
     EXPECT_LT(saved[1], saved[0]) << fam << ": attn keeps less than none";
     EXPECT_LT(saved[2], saved[1]) << fam << ": full keeps less than attn";
-    // full keeps the block inputs: L streams of d floats per token (Olmo 3: its L + 1 residual streams)
-    const int64_t streams = c.num_hidden_layers + (c.is_moe() ? 0 : 1);
-    EXPECT_EQ(saved[2], size_t(4 * streams * c.hidden_size * T)) << fam;
+    // full keeps the block inputs: the L + 1 residual streams of d floats per token
+    EXPECT_EQ(saved[2], size_t(4 * (c.num_hidden_layers + 1) * c.hidden_size * T)) << fam;
   }
 }
 
@@ -224,10 +204,10 @@ TEST(ModelUnits, Bf16SavedActivationsHalveTheirBytesAndPerturbGradientsByRoundin
       EXPECT_LT(worst, 2e-1) << fam << " " << worst_name;
       EXPECT_LT(double(a16.saved), 0.75 * double(a32.saved)) << fam;
       size_t planned = 0;
-      if (auto* o3 = dynamic_cast<Olmo3*>(m.get()))
+      if (auto* o3 = dynamic_cast<Decoder*>(m.get()))
         planned = o3->workspace_bytes();
       else
-        planned = dynamic_cast<Olmo3MoeModel&>(*m).last_run().workspace_bytes + a16.kernels;
+        planned = dynamic_cast<Decoder&>(*m).last_run().workspace_bytes + a16.kernels;
       EXPECT_EQ(planned, a16.total()) << fam;
     }
     auto m = make_model(c, 3);

@@ -17,8 +17,8 @@
 #include "io/atomic_file.h"
 #include "kernels/gemm.h"
 #include "model/config.h"
+#include "model/decoder.h"
 #include "model/model.h"
-#include "model/olmo3moe.h"
 #include "model/params.h"
 #include "train/batch.h"
 #include "train/flops.h"
@@ -344,9 +344,9 @@ TEST(TrainFlops, GemmCounterMatchesOlmo3ForwardBackward) {
 TEST(TrainFlops, GemmCounterMatchesHybridForwardBackward) {
   set_threads(2);
   const model::ModelConfig c = preset("olmo3moe-tiny");
-  model::Olmo3MoeOptions opts;
+  model::DecoderOptions opts;
   opts.kda_chunk = 16;  // several chunks per document
-  auto m = model::make_olmo3moe(c, 1, opts);
+  auto m = model::make_decoder(c, 1, opts);
   std::mt19937 rng(9);
   const PackedBatch p = random_batch(rng, 2, 64, 40, c.vocab_size);
   expect_gemm_count(*m, p, opts.kda_chunk, "olmo3moe-tiny");

@@ -1,0 +1,87 @@
+// The decoder's layer list (see layers.h).
+#include "model/layers.h"
+
+#include <string>
+
+#include "core/error.h"
+
+namespace olmosft::model {
+
+namespace {
+
+void check_olmo3(const ModelConfig& c) {
+  OLMO_CHECK(c.hidden_act == "silu", "Olmo3: hidden_act '", c.hidden_act, "' is not supported (silu)");
+  OLMO_CHECK(!c.tie_word_embeddings, "Olmo3: tie_word_embeddings=true is not supported");
+  OLMO_CHECK(!c.attention_bias, "Olmo3: attention_bias=true is not supported");
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerType t = c.layer_types.at(static_cast<size_t>(l));
+    OLMO_CHECK(t == LayerType::SlidingAttention || t == LayerType::FullAttention, "Olmo3: layer ", l,
+               " has type ", layer_type_name(t), " (olmo3 has sliding_attention and full_attention only)");
+  }
+}
+
+void check_olmo3moe(const ModelConfig& c) {
+  const std::string ctx = "olmo3moe config";
+  OLMO_CHECK(c.use_peri_ln, ctx, ": use_peri_ln=false is not supported (expected true)");
+  OLMO_CHECK(!c.use_rope, ctx, ": use_rope=true is not supported by the hybrid (expected false: NoPE)");
+  OLMO_CHECK(c.gating_function == "softmax", ctx, ": gating_function '", c.gating_function,
+             "' is not supported (expected softmax)");
+  OLMO_CHECK(c.normalize_expert_weights == 1.0, ctx, ": normalize_expert_weights ",
+             c.normalize_expert_weights, " is not supported (expected 1.0: L1)");
+  OLMO_CHECK(c.restore_weight_scale, ctx, ": restore_weight_scale=false is not supported (expected true)");
+  OLMO_CHECK(!c.latent_moe_bias, ctx, ": latent_moe_bias=true is not supported (expected false)");
+  OLMO_CHECK(!c.latent_moe_up_proj_input_norm, ctx, ": latent_moe_up_proj_input_norm=true is not supported");
+  OLMO_CHECK(c.attention_gate_type.empty() || c.attention_gate_type == "elementwise", ctx,
+             ": attention_gate_type '", c.attention_gate_type,
+             "' is not supported (expected elementwise or none)");
+  OLMO_CHECK(c.linear_num_key_heads == c.linear_num_value_heads, ctx, ": linear_num_key_heads (",
+             c.linear_num_key_heads, ") must equal linear_num_value_heads (", c.linear_num_value_heads, ")");
+  OLMO_CHECK(c.hidden_act == "silu", ctx, ": hidden_act '", c.hidden_act,
+             "' is not supported (expected silu)");
+}
+
+}  // namespace
+
+void check_supported(const ModelConfig& c) {
+  if (c.model_type == ModelType::Olmo3)
+    check_olmo3(c);
+  else
+    check_olmo3moe(c);
+  OLMO_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
+             c.model_type_name, ": num_attention_heads ", c.num_attention_heads,
+             " is not a multiple of num_key_value_heads ", c.num_key_value_heads);
+}
+
+std::vector<LayerSpec> layer_specs(const ModelConfig& c) {
+  check_supported(c);
+  const bool olmo3 = c.model_type == ModelType::Olmo3;
+  std::vector<LayerSpec> v;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerType t = c.layer_types.at(static_cast<size_t>(l));
+    LayerSpec s;
+    s.index = l;
+    s.mixer = t == LayerType::LinearAttention ? MixerKind::Kda : MixerKind::Attention;
+    s.window = t == LayerType::SlidingAttention ? c.sliding_window : 0;
+    // Olmo 3 rotates q and k (YaRN on full_attention layers); the hybrid's attention is NoPE
+    if (olmo3) s.rope = t == LayerType::SlidingAttention ? RopeKind::Sliding : RopeKind::Full;
+    s.pre_norm = c.use_peri_ln;
+    s.ffn = c.is_dense_layer(l) ? FfnKind::SwiGlu : FfnKind::Moe;
+    s.ffn_hidden = olmo3 ? c.intermediate_size : c.dense_mlp_intermediate_size;
+    v.push_back(s);
+  }
+  return v;
+}
+
+bool has_mixer(const std::vector<LayerSpec>& layers, MixerKind m) {
+  for (const LayerSpec& s : layers)
+    if (s.mixer == m) return true;
+  return false;
+}
+
+bool uses_rope(const std::vector<LayerSpec>& layers) {
+  for (const LayerSpec& s : layers)
+    if (s.rope != RopeKind::None) return true;
+  return false;
+}
+
+}  // namespace olmosft::model
