@@ -78,6 +78,12 @@ bool has_mixer(const std::vector<LayerSpec>& layers, MixerKind m) {
   return false;
 }
 
+bool has_ffn(const std::vector<LayerSpec>& layers, FfnKind f) {
+  for (const LayerSpec& s : layers)
+    if (s.ffn == f) return true;
+  return false;
+}
+
 bool uses_rope(const std::vector<LayerSpec>& layers) {
   for (const LayerSpec& s : layers)
     if (s.rope != RopeKind::None) return true;

@@ -38,6 +38,7 @@ std::vector<LayerSpec> layer_specs(const ModelConfig& c);
 // Whether the config has a layer with this mixer / RoPE table.
 bool has_mixer(const std::vector<LayerSpec>& layers, MixerKind m);
 bool uses_rope(const std::vector<LayerSpec>& layers);
+bool has_ffn(const std::vector<LayerSpec>& layers, FfnKind f);
 // The checks of layer_specs alone (the family's supported settings).
 void check_supported(const ModelConfig& c);
 

@@ -55,6 +55,13 @@ int64_t AttentionUnit::saved_floats_per_token(const ModelConfig& c) {
   return 2 * QD + 2 * KVD + Gq + Gk + H + (gated(c) ? 2 * QD : 0);
 }
 
+double AttentionUnit::gemm_weights_per_token(const ModelConfig& c) {
+  const double d = static_cast<double>(c.hidden_size),
+               QD = static_cast<double>(c.num_attention_heads * c.head_dim),
+               KVD = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  return d * QD + 2 * d * KVD + QD * d + (gated(c) ? d * QD : 0.0);
+}
+
 template <typename T>
 void AttentionUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
   const int64_t H = c.num_attention_heads, QD = H * c.head_dim, KVD = c.num_key_value_heads * c.head_dim;

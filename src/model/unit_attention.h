@@ -54,6 +54,9 @@ struct AttentionUnit {
   // prefix = "model.layers.<l>.self_attn."
   static AttentionUnit resolve(const ParamIndex& idx, const std::string& prefix, const LayerSpec& spec);
   static int64_t saved_floats_per_token(const ModelConfig& c);
+  // FLOPs (train/flops.cpp): weight elements of the GEMMs run once per token (q/k/v/o, the gate). The
+  // score and value work per visible (query, key) pair is H * D multiply-adds each way (kernels/attention.h).
+  static double gemm_weights_per_token(const ModelConfig& c);
 
  private:
   // The normed (rotated, SSMax-scaled) q and k into w.qn / w.kn (and w.qs); returns the q the attention

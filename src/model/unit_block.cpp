@@ -70,6 +70,18 @@ int64_t Block::saved_floats_per_token(const ModelConfig& c, const LayerSpec& spe
   return n;
 }
 
+double Block::gemm_weights_per_token(const ModelConfig& c, const LayerSpec& spec) {
+  double w = 0;
+  with_mixer_kind(static_cast<size_t>(spec.mixer),
+                  [&](auto I) { w = std::variant_alternative_t<I, Mixers>::gemm_weights_per_token(c); });
+  return w + (spec.ffn == FfnKind::SwiGlu ? SwiGluUnit::gemm_weights_per_token(c, spec.ffn_hidden)
+                                          : MoeUnit::gemm_weights_per_token(c));
+}
+
+double Block::gemm_weights_per_routed(const ModelConfig& c, const LayerSpec& spec) {
+  return spec.ffn == FfnKind::Moe ? MoeUnit::gemm_weights_per_routed(c) : 0.0;
+}
+
 template <typename T>
 void Block::plan_mixer(Plan& p, const ModelConfig& c, MixerKind kind, int64_t N, MixerSaved<T>& s) {
   with_mixer_kind(static_cast<size_t>(kind), [&](auto I) { std::get<I>(s).plan(p, c, N); });

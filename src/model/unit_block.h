@@ -76,6 +76,9 @@ struct Block {
 
   static Block resolve(const ParamIndex& idx, const ModelConfig& c, const LayerSpec& spec);
   static int64_t saved_floats_per_token(const ModelConfig& c, const LayerSpec& spec);
+  // FLOPs: the layer's per-token GEMM weight elements (its mixer's and FFN's), and per routed assignment.
+  static double gemm_weights_per_token(const ModelConfig& c, const LayerSpec& spec);
+  static double gemm_weights_per_routed(const ModelConfig& c, const LayerSpec& spec);
   // Plans the mixer Saved of `kind` (remat attn's shared one).
   template <typename T>
   static void plan_mixer(Plan& p, const ModelConfig& c, MixerKind kind, int64_t N, MixerSaved<T>& s);

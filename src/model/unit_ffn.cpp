@@ -119,6 +119,17 @@ MoeUnit MoeUnit::resolve(const ParamIndex& idx, const std::string& m, const Mode
   return u;
 }
 
+double MoeUnit::gemm_weights_per_token(const ModelConfig& c) {
+  const double d = static_cast<double>(c.hidden_size), Lt = static_cast<double>(c.latent_moe_dim);
+  return d * static_cast<double>(c.n_routed_experts) + (c.latent_moe_dim > 0 ? 2 * d * Lt : 0.0) +
+         3 * d * static_cast<double>(c.shared_expert_intermediate_size);
+}
+
+double MoeUnit::gemm_weights_per_routed(const ModelConfig& c) {
+  const double Lt = static_cast<double>(c.latent_moe_dim > 0 ? c.latent_moe_dim : c.hidden_size);
+  return 3 * Lt * static_cast<double>(c.moe_intermediate_size);
+}
+
 int64_t MoeUnit::saved_floats_per_token(const ModelConfig& c) {
   return c.n_routed_experts + 1 + 3 * c.num_experts_per_tok + 2 * c.latent_moe_dim +
          3 * c.shared_expert_intermediate_size;

@@ -46,6 +46,10 @@ struct SwiGluUnit {
   // prefix = "model.layers.<l>.mlp."
   static SwiGluUnit resolve(const ParamIndex& idx, const std::string& prefix, int64_t hidden);
   static int64_t saved_floats_per_token(int64_t F) { return 2 * F; }
+  // FLOPs (train/flops.cpp): weight elements of the per-token GEMMs: gate, up, down.
+  static double gemm_weights_per_token(const ModelConfig& c, int64_t F) {
+    return 3.0 * static_cast<double>(c.hidden_size) * static_cast<double>(F);
+  }
 
   template <typename T>
   void forward(const Ctx<T>& ctx, const T* x, T* f, const Saved<T>& s, const Scratch<T>& w) const;
@@ -71,6 +75,11 @@ struct MoeUnit {
   static MoeUnit resolve(const ParamIndex& idx, const std::string& prefix, const ModelConfig& c);
   // Upper bound (dropless): probs E, lse 1, top-k ids / weights / kept 3k, latent 2 Lt, shared 3 S.
   static int64_t saved_floats_per_token(const ModelConfig& c);
+  // FLOPs (train/flops.cpp): weight elements of the GEMMs every token runs (router, latent projections,
+  // shared expert) and of those each routed (token, expert) assignment runs (the expert's SwiGLU);
+  // num_experts_per_tok assignments per token.
+  static double gemm_weights_per_token(const ModelConfig& c);
+  static double gemm_weights_per_routed(const ModelConfig& c);
 
   template <typename T>
   moe::MoeStats forward(const Ctx<T>& ctx, const T* x, T* f, Saved<T>& s) const;

@@ -53,6 +53,14 @@ int64_t KdaUnit::saved_floats_per_token(const ModelConfig& c) {
   return 8 * KD + 5 * VD + 2 * R + 2 * H;
 }
 
+double KdaUnit::gemm_weights_per_token(const ModelConfig& c) {
+  const double d = static_cast<double>(c.hidden_size), Hl = static_cast<double>(c.linear_num_key_heads),
+               KD = Hl * static_cast<double>(c.linear_key_head_dim),
+               R = static_cast<double>(c.linear_value_head_dim), VD = Hl * R;
+  // q, k, v, f_proj_1/2 (rank R = value head dim), beta, g_proj_1/2, o.
+  return d * (2 * KD + VD) + (d * R + R * KD) + d * Hl + (d * R + R * VD) + VD * d;
+}
+
 template <typename T>
 void KdaUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
   const int64_t H = c.linear_num_key_heads, KD = H * c.linear_key_head_dim, VD = H * c.linear_value_head_dim,

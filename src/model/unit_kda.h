@@ -39,6 +39,9 @@ struct KdaUnit {
   // prefix = "model.layers.<l>.self_attn."
   static KdaUnit resolve(const ParamIndex& idx, const std::string& prefix, const LayerSpec& spec);
   static int64_t saved_floats_per_token(const ModelConfig& c);
+  // FLOPs (train/flops.cpp): weight elements of the per-token GEMMs (q/k/v, f_proj_1/2, beta, g_proj_1/2,
+  // o); the delta rule itself is counted per document chunk by train::kda_document_flops.
+  static double gemm_weights_per_token(const ModelConfig& c);
 
   // x [N, d] -> a [N, d] (overwritten); the forward needs no scratch (the mixers' common signature).
   template <typename T>

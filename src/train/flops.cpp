@@ -12,7 +12,9 @@
 #include "core/threads.h"
 #include "io/atomic_file.h"
 #include "kernels/gemm.h"
+#include "model/layers.h"
 #include "model/params.h"
+#include "model/unit_block.h"
 
 namespace fs = std::filesystem;
 
@@ -61,39 +63,16 @@ KdaFlops kda_chunk_flops(double n, double K, double V, bool has_next, bool recom
 }
 
 // Per-token weight elements of the GEMMs that run once per token (dense bucket), and per routed
-// (token, expert) assignment.
+// (token, expert) assignment: the sum over the layer list of what each layer's units declare.
 struct TokenWeights {
   double per_token = 0, per_routed = 0;
 };
 
-TokenWeights token_weights(const model::ModelConfig& c) {
-  const double d = static_cast<double>(c.hidden_size);
-  const double H = static_cast<double>(c.num_attention_heads),
-               Hkv = static_cast<double>(c.num_key_value_heads), D = static_cast<double>(c.head_dim);
+TokenWeights token_weights(const model::ModelConfig& c, const std::vector<model::LayerSpec>& layers) {
   TokenWeights w;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const model::LayerType t = c.layer_types.at(static_cast<size_t>(l));
-    if (t == model::LayerType::LinearAttention) {
-      const double Hl = static_cast<double>(c.linear_num_key_heads),
-                   KD = Hl * static_cast<double>(c.linear_key_head_dim),
-                   R = static_cast<double>(c.linear_value_head_dim), VD = Hl * R;
-      // q, k, v, f_proj_1/2 (rank R = value head dim), beta, g_proj_1/2, o.
-      w.per_token += d * (2 * KD + VD) + (d * R + R * KD) + d * Hl + (d * R + R * VD) + VD * d;
-    } else {
-      w.per_token += d * H * D + 2 * d * Hkv * D + H * D * d;
-      if (c.is_moe() && c.attention_gate_type == "elementwise") w.per_token += d * H * D;
-    }
-    if (!c.is_moe()) {
-      w.per_token += 3 * d * static_cast<double>(c.intermediate_size);
-    } else if (c.is_dense_layer(l)) {
-      w.per_token += 3 * d * static_cast<double>(c.dense_mlp_intermediate_size);
-    } else {
-      const double Lt = c.latent_moe_dim > 0 ? static_cast<double>(c.latent_moe_dim) : d;
-      w.per_token += d * static_cast<double>(c.n_routed_experts);
-      if (c.latent_moe_dim > 0) w.per_token += 2 * d * Lt;
-      w.per_token += 3 * d * static_cast<double>(c.shared_expert_intermediate_size);
-      w.per_routed += 3 * Lt * static_cast<double>(c.moe_intermediate_size);
-    }
+  for (const model::LayerSpec& s : layers) {
+    w.per_token += model::unit::Block::gemm_weights_per_token(c, s);
+    w.per_routed += model::unit::Block::gemm_weights_per_routed(c, s);
   }
   return w;
 }
@@ -154,19 +133,21 @@ FlopModel::FlopModel(const model::ModelConfig& c, const FlopOptions& o) : o_(o) 
   OLMO_CHECK(o.kda_chunk > 0, "training_flops: kda_chunk must be > 0, got ", o.kda_chunk);
   OLMO_CHECK(static_cast<int64_t>(c.layer_types.size()) == c.num_hidden_layers, "training_flops: config has ",
              c.layer_types.size(), " layer_types for ", c.num_hidden_layers, " layers");
-  const TokenWeights w = token_weights(c);
+  const std::vector<model::LayerSpec> layers = model::layer_specs(c);
+  const TokenWeights w = token_weights(c, layers);
   per_token_ = w.per_token;
   per_routed_ = w.per_routed;
-  top_k_ = c.is_moe() ? static_cast<double>(c.num_experts_per_tok) : 0.0;
+  top_k_ = model::has_ffn(layers, model::FfnKind::Moe) ? static_cast<double>(c.num_experts_per_tok) : 0.0;
   vd_ = static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
   // Attention per visible pair and query head: S = QK^T (2D) and O = PV (2Dv) forward; dV, dP, dK, dQ
   // (4D + 4Dv) backward; the backward recomputes S (+2D). Dv = D in both models.
   const double D = static_cast<double>(c.head_dim);
   per_pair_ = static_cast<double>(c.num_attention_heads) * (12 * D + (o.recompute ? 2 * D : 0.0));
-  for (model::LayerType t : c.layer_types) {
-    kda_layers_ += t == model::LayerType::LinearAttention;
-    full_layers_ += t == model::LayerType::FullAttention;
-    sliding_layers_ += t == model::LayerType::SlidingAttention;
+  for (const model::LayerSpec& s : layers) {
+    const bool attn = s.mixer == model::MixerKind::Attention;
+    kda_layers_ += s.mixer == model::MixerKind::Kda;
+    full_layers_ += attn && s.window == 0;
+    sliding_layers_ += attn && s.window != 0;
   }
   kda_heads_ = static_cast<double>(c.linear_num_key_heads);
   window_ = c.sliding_window;

@@ -13,6 +13,7 @@
 #include "core/threads.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/moe.h"
+#include "model/layers.h"
 #include "model/model.h"
 #include "model/params.h"
 #include "train/batch.h"
@@ -104,17 +105,23 @@ moe::MoeDims moe_dims_of(const model::ModelConfig& m, double buffer_factor) {
 // the MoE experts it runs (`rows` tokens at most, the dispatch buffers' bound).
 double bf16_operand_bytes(const model::ModelConfig& m, int64_t N, const XentConfig& xc, int64_t threads,
                           int64_t rows) {
-  int64_t widest = std::max(
-      {m.hidden_size, m.intermediate_size, m.num_attention_heads * m.head_dim, m.attention_hidden_size});
-  if (m.is_moe())
-    widest = std::max({widest, m.dense_mlp_intermediate_size, m.shared_expert_intermediate_size,
-                       m.linear_num_key_heads * std::max(m.linear_key_head_dim, m.linear_value_head_dim)});
+  // the widest projection side over the layer list's units
+  const std::vector<model::LayerSpec> layers = model::layer_specs(m);
+  const bool moe = model::has_ffn(layers, model::FfnKind::Moe);
+  int64_t widest = std::max({m.hidden_size, m.num_attention_heads * m.head_dim, m.attention_hidden_size});
+  for (const model::LayerSpec& s : layers) {
+    if (s.ffn == model::FfnKind::SwiGlu) widest = std::max(widest, s.ffn_hidden);
+    if (s.ffn == model::FfnKind::Moe) widest = std::max(widest, m.shared_expert_intermediate_size);
+    if (s.mixer == model::MixerKind::Kda)
+      widest =
+          std::max(widest, m.linear_num_key_heads * std::max(m.linear_key_head_dim, m.linear_value_head_dim));
+  }
   const int64_t chunk = xc.vocab_chunk == 0 ? xc.valid_vocab : std::min(xc.vocab_chunk, xc.valid_vocab);
   const int64_t block = xc.row_block == 0 ? N : std::min(xc.row_block, N), d = m.hidden_size;
   const double a = double(std::max(N * widest, block * std::max(d, chunk)));
   const double b = std::max({double(N * widest), double(widest) * double(widest), double(chunk * d)});
   double workers = 0;
-  if (m.is_moe() && threads > 1) {
+  if (moe && threads > 1) {
     const int64_t F = std::max(m.moe_intermediate_size, m.latent_moe_dim > 0 ? m.latent_moe_dim : d);
     workers = double(threads - 1) * (double(rows * F) + std::max(double(rows * F), double(F * F)));
   }
@@ -137,17 +144,17 @@ void activation_parts(const model::ModelConfig& m, const TrainConfig& cfg, const
                    "residual streams, batch arrays, the largest unit's shared scratch (the planned block)"});
   parts.push_back({"attention workspace", double(a.kernels) * share, "the attention kernel's tiles"});
   const int64_t N = int64_t(std::ceil(double(B * T) * share));
-  if (m.is_moe()) {
+  const std::vector<model::LayerSpec> layers = model::layer_specs(m);
+  if (model::has_ffn(layers, model::FfnKind::Moe)) {
     // remat full keeps one Saved per layer kind (model/decoder.cpp DecoderWork): one MoE cache for each
     // mixer kind (KDA, softmax attention) among the MoE layers.
     int64_t moe_layers = 0, moe_kinds = 0;
-    bool kind_seen[2] = {false, false};
-    for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
-      if (m.is_dense_layer(l)) continue;
+    bool kind_seen[model::LayerSpec::kKinds] = {};
+    for (const model::LayerSpec& s : layers) {
+      if (s.ffn != model::FfnKind::Moe) continue;
       ++moe_layers;
-      bool& seen = kind_seen[m.layer_types[static_cast<size_t>(l)] == model::LayerType::LinearAttention];
-      if (!seen) ++moe_kinds;
-      seen = true;
+      if (!kind_seen[s.kind()]) ++moe_kinds;
+      kind_seen[s.kind()] = true;
     }
     const bool cpu = o.device.kind == DeviceKind::Cpu;
     const int64_t parallel = cpu ? (o.threads > 0 ? o.threads : num_threads()) : m.n_routed_experts;
@@ -176,7 +183,7 @@ void activation_parts(const model::ModelConfig& m, const TrainConfig& cfg, const
     const int64_t threads = o.threads > 0 ? o.threads : num_threads();
     const double bf = cfg.moe.buffer_factor;
     const int64_t rows =
-        m.is_moe() && bf > 0
+        model::has_ffn(layers, model::FfnKind::Moe) && bf > 0
             ? int64_t(std::ceil(bf * double(N * m.num_experts_per_tok) / double(m.n_routed_experts)))
             : N;
     parts.push_back(
@@ -295,7 +302,7 @@ std::vector<Candidate> candidates(const model::ModelConfig& m, const TrainConfig
     c.batch.per_device_batch = pdb;
     add(c, "per_device_batch=" + num(pdb));
   }
-  if (m.is_moe())
+  if (model::has_ffn(model::layer_specs(m), model::FfnKind::Moe))
     for (double bf : {2.0, 1.5, 1.25, 1.0}) {
       if (cfg.moe.buffer_factor > 0 && bf >= cfg.moe.buffer_factor) continue;
       TrainConfig c = cfg;
@@ -456,7 +463,8 @@ MemoryPlan make_plan(const model::ModelConfig& m, const TrainConfig& cfg, const 
   os << "dist.mode=" << all.dist.mode << " devices=" << all.batch.devices
      << " model.remat=" << model::remat_name(all.model.memory.remat)
      << " per_device_batch=" << all.batch.per_device_batch;
-  if (m.is_moe()) os << " moe.buffer_factor=" << all.moe.buffer_factor;
+  if (model::has_ffn(model::layer_specs(m), model::FfnKind::Moe))
+    os << " moe.buffer_factor=" << all.moe.buffer_factor;
   if (q.fits) {
     p.change = os.str();
     p.change_note = "no single change fits; together: peak " + gib(q.peak()) + " GiB per device";
