@@ -1,10 +1,12 @@
 // `olmosft recipe show RECIPE [key=value ...]`: the fully resolved recipe and its derived values, checked.
-// `olmosft recipe keys`: every key with its type, default and meaning.
+// `olmosft recipe keys`: every key with its type, default and meaning: the trainer's table, then the k8s
+// launcher's `cluster.*` table.
 #include "train/recipe.h"
 
 #include <iostream>
 
 #include "cli/verb.h"
+#include "cluster/recipe_keys.h"
 
 namespace {
 int recipe_show(int argc, char** argv) {
@@ -24,9 +26,13 @@ int recipe_show(int argc, char** argv) {
 }
 
 int recipe_keys(int argc, char** argv) {
-  CLI::App app{"List every recipe key with its type, default and meaning", "recipe keys"};
+  CLI::App app{
+      "List every recipe key (the trainer's and the k8s launcher's cluster.*) with its type, default "
+      "and meaning",
+      "recipe keys"};
   return olmosft::cli::run_app(app, argc, argv, [&] {
     for (const auto& k : olmosft::recipe_keys()) olmosft::print_recipe_key(std::cout, k);
+    for (const auto& k : olmosft::cluster::cluster_keys()) olmosft::print_recipe_key(std::cout, k);
     return 0;
   });
 }
