@@ -1,10 +1,12 @@
 // `olmosft recipe show RECIPE [key=value ...]`: the fully resolved recipe and its derived values, checked.
-// `olmosft recipe keys`: every key with its default and meaning.
+// `olmosft recipe keys`: every key with its type, default and meaning: the trainer's table, then the k8s
+// launcher's `cluster.*` table.
 #include "train/recipe.h"
 
 #include <iostream>
 
 #include "cli/verb.h"
+#include "cluster/recipe_keys.h"
 
 namespace {
 int recipe_show(int argc, char** argv) {
@@ -24,16 +26,17 @@ int recipe_show(int argc, char** argv) {
 }
 
 int recipe_keys(int argc, char** argv) {
-  CLI::App app{"List every recipe key with its default and meaning", "recipe keys"};
+  CLI::App app{
+      "List every recipe key (the trainer's and the k8s launcher's cluster.*) with its type, default "
+      "and meaning",
+      "recipe keys"};
   return olmosft::cli::run_app(app, argc, argv, [&] {
-    for (const auto& k : olmosft::recipe_keys()) {
-      std::cout << k.name << " = " << (k.default_value.empty() ? "\"\"" : k.default_value) << "  # " << k.doc
-                << "\n";
-    }
+    for (const auto& k : olmosft::recipe_keys()) olmosft::print_recipe_key(std::cout, k);
+    for (const auto& k : olmosft::cluster::cluster_keys()) olmosft::print_recipe_key(std::cout, k);
     return 0;
   });
 }
 }  // namespace
 
 OLMOSFT_VERB("recipe show", "print a resolved recipe and its derived batch/schedule values", recipe_show);
-OLMOSFT_VERB("recipe keys", "list every recipe key with its default", recipe_keys);
+OLMOSFT_VERB("recipe keys", "list every recipe key with its type and default", recipe_keys);

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <set>
 #include <sstream>
 
+#include "cluster/recipe_keys.h"
 #include "core/error.h"
 #include "train/recipe.h"
 
@@ -26,104 +26,6 @@ std::vector<std::string> split(const std::string& s, char sep) {
   }
   out.push_back(cur);
   return out;
-}
-
-bool parse_int(const std::string& s, int64_t& v) {
-  if (s.empty()) return false;
-  size_t i = 0;
-  if (s[0] == '-' || s[0] == '+') i = 1;
-  if (i >= s.size()) return false;
-  for (size_t j = i; j < s.size(); ++j)
-    if (s[j] < '0' || s[j] > '9') return false;
-  try {
-    v = std::stoll(s);
-  } catch (...) {
-    return false;
-  }
-  return true;
-}
-
-// Reads the raw `cluster.*` values the trainer's reader passed through (TrainConfig::cluster).
-struct Reader {
-  const std::string& origin;
-  const std::map<std::string, std::string>& raw;  // key below `cluster.` -> text
-  std::string where(const std::string& key) const { return origin + ": key '" + key + "'"; }
-
-  // The value of cluster.<key>; nullopt when absent or null.
-  std::optional<std::string> get(const std::string& key) const {
-    auto it = raw.find(key);
-    if (it == raw.end() || it->second.empty()) return std::nullopt;
-    return it->second;
-  }
-  int64_t integer(const std::string& key, int64_t lo, int64_t hi) const {
-    const std::string s = *get(key);
-    int64_t v = 0;
-    OLMO_CHECK(parse_int(s, v), where("cluster." + key), ": expected an integer, got '", s, "'");
-    OLMO_CHECK(v >= lo && v <= hi, where("cluster." + key), ": ", v, " is out of range [", lo, ", ", hi, "]");
-    return v;
-  }
-  double number(const std::string& key) const {
-    const std::string s = *get(key);
-    char* end = nullptr;
-    double v = std::strtod(s.c_str(), &end);
-    OLMO_CHECK(!s.empty() && end == s.c_str() + s.size() && std::isfinite(v), where("cluster." + key),
-               ": expected a finite number, got '", s, "'");
-    return v;
-  }
-  bool boolean(const std::string& key) const {
-    std::string s = *get(key);
-    std::transform(s.begin(), s.end(), s.begin(), ::tolower);
-    if (s == "true" || s == "yes" || s == "on") return true;
-    if (s == "false" || s == "no" || s == "off") return false;
-    fail(where("cluster." + key), ": expected true or false, got '", *get(key), "'");
-  }
-  // Every key is a known one; a value under a key that expects a single value is refused.
-  void only_known(const std::set<std::string>& top, const std::set<std::string>& stop) const {
-    auto list = [](const std::set<std::string>& allowed) {
-      std::string l;
-      for (const auto& a : allowed) l += (l.empty() ? "" : ", ") + a;
-      return l;
-    };
-    for (const auto& [k, v] : raw) {
-      const std::string head = k.substr(0, k.find('.'));
-      if (!top.count(head))
-        fail(where("cluster." + head), ": unknown key (allowed under 'cluster': ", list(top), ")");
-      if (head != "stop_rules" && head != k)
-        fail(where("cluster." + head), ": expected a single value, not a map");
-      if (head == "stop_rules" && head == k && !v.empty())
-        fail(where("cluster.stop_rules"), ": expected a map (", list(stop), ")");
-      if (head == "stop_rules" && head != k && !stop.count(k.substr(11)))
-        fail(where("cluster." + k), ": unknown key (allowed under 'cluster.stop_rules': ", list(stop), ")");
-    }
-  }
-};
-
-const std::set<std::string> kClusterKeys = {"namespace",
-                                            "queue",
-                                            "image",
-                                            "slice",
-                                            "accelerator",
-                                            "nodes",
-                                            "gpu_label",
-                                            "nccl_socket_ifname",
-                                            "allow_cpu_on_accelerator_hosts",
-                                            "host_network",
-                                            "node_pool",
-                                            "exclusive_topology",
-                                            "max_restarts",
-                                            "service_account",
-                                            "container",
-                                            "command",
-                                            "coordinator_port",
-                                            "stop_rules"};
-const std::set<std::string> kStopKeys = {"nan_loss", "max_required_rbf", "stall_minutes"};
-
-// DNS-1123 label check for namespace / queue names (what the API server requires for those objects).
-bool dns1123_label(const std::string& s) {
-  if (s.empty() || s.size() > 63) return false;
-  for (char c : s)
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
-  return s.front() != '-' && s.back() != '-';
 }
 
 }  // namespace
@@ -180,7 +82,7 @@ SliceSpec parse_slice(const std::string& text) {
   std::vector<int64_t> dims;
   for (const auto& d : split(shape, 'x')) {
     int64_t v = 0;
-    OLMO_CHECK(parse_int(d, v) && v >= 1 && v <= 4096, "slice '", text, "': bad shape '", shape, "'; ",
+    OLMO_CHECK(parse_integer(d, v) && v >= 1 && v <= 4096, "slice '", text, "': bad shape '", shape, "'; ",
                forms);
     dims.push_back(v);
   }
@@ -312,112 +214,6 @@ void check_fits(Recipe& r) {
                " has ", devices);
   }
 }
-
-namespace {
-
-// The slice: cluster.slice (TPU, or the gpu-<model>-NxG form), or cluster.accelerator + cluster.nodes (GPU).
-void read_slice(const Reader& rd, ClusterSpec& c) {
-  const auto slice = rd.get("slice"), acc = rd.get("accelerator");
-  OLMO_CHECK(!(slice && acc), rd.where("cluster.accelerator"),
-             ": give cluster.slice (a TPU slice) or cluster.accelerator (GPU nodes), not both");
-  OLMO_CHECK(slice || acc, rd.where("cluster.slice"),
-             ": missing (required: cluster.slice for a TPU slice, or cluster.accelerator for GPU nodes)");
-  if (slice) {
-    OLMO_CHECK(!rd.get("nodes"), rd.where("cluster.nodes"),
-               ": only with cluster.accelerator (a slice string carries its own shape)");
-    try {
-      c.slice = parse_slice(*slice);
-    } catch (const Error& e) {
-      fail(rd.where("cluster.slice"), ": ", e.what());
-    }
-  } else {
-    const GpuType* type = nullptr;
-    try {
-      type = &find_gpu_type(*acc);
-    } catch (const Error& e) {
-      fail(rd.where("cluster.accelerator"), ": ", e.what());
-    }
-    const int nodes = rd.get("nodes") ? static_cast<int>(rd.integer("nodes", 1, 4096)) : 1;
-    c.slice = gpu_slice(*type, nodes);
-  }
-  if (auto v = rd.get("gpu_label")) c.gpu_label = *v;
-  OLMO_CHECK(c.gpu_label == "gke" || c.gpu_label == "nvidia", rd.where("cluster.gpu_label"),
-             ": expected gke (cloud.google.com/gke-accelerator) or nvidia (nvidia.com/gpu.product), got '",
-             c.gpu_label, "'");
-  if (c.slice.kind == SliceSpec::Kind::Gpu && c.gpu_label == "nvidia") {
-    c.slice.accelerator_key = "nvidia.com/gpu.product";
-    c.slice.accelerator_value = c.slice.gpu->product;
-  }
-}
-
-ClusterSpec read_cluster(const std::string& origin, const std::map<std::string, std::string>& raw) {
-  Reader rd{origin, raw};
-  OLMO_CHECK(!raw.empty(), rd.where("cluster"), ": missing (required)");
-  rd.only_known(kClusterKeys, kStopKeys);
-  auto need = [&](const std::string& key) {
-    auto v = rd.get(key);
-    OLMO_CHECK(v.has_value(), rd.where("cluster." + key), ": missing (required)");
-    return *v;
-  };
-  ClusterSpec c;
-  if (auto v = rd.get("namespace")) c.namespace_ = *v;
-  OLMO_CHECK(dns1123_label(c.namespace_), rd.where("cluster.namespace"), ": '", c.namespace_,
-             "' is not a valid namespace name (lowercase letters, digits, '-', at most 63)");
-  c.queue = need("queue");
-  OLMO_CHECK(dns1123_label(c.queue), rd.where("cluster.queue"), ": '", c.queue,
-             "' is not a valid LocalQueue name");
-  c.image = need("image");
-  OLMO_CHECK(c.image.find(' ') == std::string::npos, rd.where("cluster.image"),
-             ": expected an image reference");
-  read_slice(rd, c);
-  c.host_network = c.slice.multi_host_tpu();
-  if (rd.get("host_network")) c.host_network = rd.boolean("host_network");
-  if (auto v = rd.get("node_pool")) c.node_pool = *v;
-  if (c.slice.kind == SliceSpec::Kind::Tpu) c.exclusive_topology = "cloud.google.com/gke-nodepool";
-  if (raw.count("exclusive_topology")) c.exclusive_topology = raw.at("exclusive_topology");  // null: none
-  if (rd.get("max_restarts")) c.max_restarts = static_cast<int>(rd.integer("max_restarts", 0, 1000));
-  if (auto v = rd.get("service_account")) c.service_account = *v;
-  if (auto v = rd.get("container")) c.container = *v;
-  OLMO_CHECK(dns1123_label(c.container), rd.where("cluster.container"), ": not a valid container name");
-  if (auto v = rd.get("command")) {
-    YAML::Node list;
-    try {
-      list = YAML::Load(*v);
-    } catch (const YAML::Exception&) {
-    }
-    OLMO_CHECK(list.IsSequence() && list.size() > 0, rd.where("cluster.command"),
-               ": expected a non-empty list of strings");
-    for (const auto& a : list) {
-      OLMO_CHECK(a.IsScalar(), rd.where("cluster.command[]"), ": expected a string");
-      c.command.push_back(a.Scalar());
-    }
-  } else {
-    c.command = {"olmosft", "train", "/etc/olmosft/recipe.yaml"};
-  }
-  if (rd.get("allow_cpu_on_accelerator_hosts"))
-    c.allow_cpu_on_accelerator_hosts = rd.boolean("allow_cpu_on_accelerator_hosts");
-  if (auto v = rd.get("nccl_socket_ifname")) c.nccl_socket_ifname = *v;
-  OLMO_CHECK(!c.nccl_socket_ifname.empty() && c.nccl_socket_ifname.size() < 256 &&
-                 c.nccl_socket_ifname.find_first_of(" \t\n") == std::string::npos,
-             rd.where("cluster.nccl_socket_ifname"),
-             ": expected an interface name or NCCL's list form (eth0, ^lo)");
-  if (rd.get("coordinator_port"))
-    c.coordinator_port = static_cast<int>(rd.integer("coordinator_port", 1, 65535));
-  if (rd.get("stop_rules.nan_loss")) c.stop_rules.nan_loss = rd.boolean("stop_rules.nan_loss");
-  if (rd.get("stop_rules.max_required_rbf")) {
-    double v = rd.number("stop_rules.max_required_rbf");
-    OLMO_CHECK(v > 0, rd.where("cluster.stop_rules.max_required_rbf"), ": must be > 0");
-    c.stop_rules.max_required_rbf = v;
-  }
-  if (rd.get("stop_rules.stall_minutes")) {
-    double v = rd.number("stop_rules.stall_minutes");
-    OLMO_CHECK(v > 0, rd.where("cluster.stop_rules.stall_minutes"), ": must be > 0");
-    c.stop_rules.stall_minutes = v;
-  }
-  return c;
-}
-
-}  // namespace
 
 Recipe parse_recipe(const std::string& text, const std::string& origin,
                     const std::vector<std::string>& overrides) {

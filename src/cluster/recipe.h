@@ -1,7 +1,8 @@
 // The trainer recipe as far as the cluster launcher needs it: a YAML file plus `key=value` overrides
 // (dotted keys, e.g. cluster.stop_rules.nan_loss=false; values are YAML, so mesh={fsdp: 16} works). The
 // whole file is read with the trainer's reader into a TrainConfig (cluster -> train is the layering); this
-// reader adds the slice checks and is strict inside `cluster:` (an unknown key there is most likely a typo).
+// reader adds the slice checks and reads `cluster:` through its key table (cluster/recipe_keys.h), strictly:
+// an unknown key there is most likely a typo.
 #pragma once
 #include <yaml-cpp/yaml.h>
 
@@ -55,30 +56,35 @@ SliceSpec parse_slice(const std::string& text);
 // `nodes` whole nodes of one GPU type (cluster.accelerator + cluster.nodes): gpu-<model>-<nodes>x<gpus>.
 SliceSpec gpu_slice(const GpuType& type, int nodes);
 
+// `k8s watch`'s stop rules. A default StopRules stops on a non-finite loss only; a recipe's come from its
+// cluster.stop_rules.* keys (cluster/recipe_keys.h has their defaults and checks).
 struct StopRules {
   bool nan_loss = true;                    // any non-finite LOSS-PARTS value
   std::optional<double> max_required_rbf;  // REQUIRED_RBF above this
   std::optional<double> stall_minutes;     // no new step for this long (after the first step)
 };
 
+// The recipe's `cluster:` section, typed: one field per cluster.* key (cluster/recipe_keys.h: the table of
+// keys, their defaults, docs and checks; read_cluster fills every field, so none has a default of its own
+// here), the slice made from cluster.slice or cluster.accelerator + cluster.nodes.
 struct ClusterSpec {
-  std::string namespace_ = "default";
-  std::string queue;  // Kueue LocalQueue (label kueue.x-k8s.io/queue-name); required
-  std::string image;  // required
+  std::string namespace_;
+  std::string queue;  // Kueue LocalQueue (label kueue.x-k8s.io/queue-name)
+  std::string image;
   SliceSpec slice;
-  bool host_network = false;       // default: true for multi-host TPU
-  std::string node_pool;           // optional: pin to one GKE node pool
-  std::string exclusive_topology;  // node label key; default gke-nodepool for TPU, none for GPU
-  int max_restarts = 3;
+  bool host_network = false;
+  std::string node_pool;           // empty: any
+  std::string exclusive_topology;  // node label key; empty: none
+  int max_restarts = 0;
   std::string service_account;
-  std::string container = "trainer";
-  std::vector<std::string> command;  // default: olmosft train /etc/olmosft/recipe.yaml
-  int coordinator_port = 29500;
+  std::string container;
+  std::vector<std::string> command;
+  int coordinator_port = 0;
   StopRules stop_rules;
   // GPU node selector: "gke" (cloud.google.com/gke-accelerator) or "nvidia" (nvidia.com/gpu.product, the
   // label NVIDIA's GPU Feature Discovery / GPU Operator sets on any cluster).
-  std::string gpu_label = "gke";
-  std::string nccl_socket_ifname = "eth0";  // GPU: NCCL_SOCKET_IFNAME (the pod's interface)
+  std::string gpu_label;
+  std::string nccl_socket_ifname;  // GPU: NCCL_SOCKET_IFNAME (the pod's interface)
   // This build trains on CPUs only: a slice whose accelerators it would leave idle (TPU; GPU with
   // device=cpu) is refused unless the recipe says so here.
   bool allow_cpu_on_accelerator_hosts = false;

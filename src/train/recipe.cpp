@@ -85,6 +85,8 @@ void check_value(const RecipeKey& k, const std::string& v, const std::string& or
     case KeyType::Bool:
       if (v != "true" && v != "false") bad("true or false");
       return;
+    case KeyType::List:  // no trainer key is a list (flatten refuses one outside the passthrough sections)
+      bad("a list");
   }
 }
 

@@ -17,27 +17,40 @@
 
 namespace olmosft {
 
-enum class KeyType { String, Int, Float, Bool };
+// A key's value type. List: a YAML list (`cluster.command`; the trainer's own keys are single values).
+enum class KeyType { String, Int, Float, Bool, List };
+const char* key_type_name(KeyType t);  // "string", "int", "float", "bool", "list"
 // Whether a resumed run may change a key: Operational keys change how a run is executed (process layout,
 // threads, logging, checkpoint cadence, ...) but not what it computes beyond summation order; Math keys
 // change the run's numbers (data, model, optimizer, losses, batch, steps, ...): a different run.
 enum class OnResume { Math, Operational };
 struct TrainConfig;
 
-// One recipe key (train/recipe_schema.cpp holds the table): its name, type, default, doc, resume rule, and
-// how it is read into its TrainConfig field with its validation (throws olmosft::Error naming `source` and
-// the key). `read` gets a value already checked against `type`.
-struct RecipeKey {
+// What every row of a recipe key table says about its key, whichever layer reads it: the trainer's table
+// (RecipeKey, train/recipe_schema.cpp) or the k8s launcher's `cluster.*` table (cluster/recipe_keys.h, which
+// the trainer passes through as text). `olmosft recipe keys` prints these rows (print_recipe_key).
+struct RecipeKeyDoc {
   std::string name;  // dotted, e.g. "optimizer.lr"
   KeyType type;
-  std::string default_value;  // as written in YAML
+  // As written in YAML; for a key without one default value (required, or derived from other keys) a
+  // description in parentheses, e.g. "(required)".
+  std::string default_value;
   std::string doc;
   OnResume on_resume = OnResume::Math;
+};
+// One `olmosft recipe keys` line: "NAME = DEFAULT  # TYPE: DOC" (an empty default shown as "").
+void print_recipe_key(std::ostream& os, const RecipeKeyDoc& k);
+
+// One trainer recipe key (train/recipe_schema.cpp holds the table): its RecipeKeyDoc, and how it is read
+// into its TrainConfig field with its validation (throws olmosft::Error naming `source` and the key). `read`
+// gets a value already checked against `type`.
+struct RecipeKey : RecipeKeyDoc {
   std::function<void(TrainConfig&, const std::string& value, const std::string& source)> read;
 };
 
-// All known keys: the only list of them (the `cluster.*` section is passed through for the k8s tooling,
-// validated there; `mesh.*` holds mesh axis sizes).
+// The trainer's keys: the only list of them. The `cluster.*` section is the k8s launcher's table
+// (cluster/recipe_keys.h cluster_keys(): the trainer passes it through as text, the launcher reads and
+// validates it); `mesh.*` holds mesh axis sizes.
 const std::vector<RecipeKey>& recipe_keys();
 const RecipeKey* find_recipe_key(const std::string& name);  // nullptr for an unknown key
 

@@ -1,9 +1,12 @@
-// The recipe schema: the one list of recipe keys. Each entry binds a key to its TrainConfig field, its type,
-// default, documentation, whether a resumed run may change it, and its validation; parsing, `olmosft recipe
-// keys`, `recipe show`, the resume diff and the error texts all read this table (train/recipe.h).
+// The recipe schema: the one list of the trainer's recipe keys. Each entry binds a key to its TrainConfig
+// field, its type, default, documentation, whether a resumed run may change it, and its validation; parsing,
+// `olmosft recipe keys`, `recipe show`, the resume diff and the error texts all read this table
+// (train/recipe.h). The `cluster.*` keys are the k8s launcher's table of the same rows (RecipeKeyDoc), in
+// cluster/recipe_keys.cpp (cluster depends on train, not the reverse); `recipe keys` lists both.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <ostream>
 #include <sstream>
 
 #include "core/error.h"
@@ -285,6 +288,27 @@ std::vector<RecipeKey> run_control_keys() {
 #undef OLMOSFT_FIELD
 
 }  // namespace
+
+const char* key_type_name(KeyType t) {
+  switch (t) {
+    case KeyType::String:
+      return "string";
+    case KeyType::Int:
+      return "int";
+    case KeyType::Float:
+      return "float";
+    case KeyType::Bool:
+      return "bool";
+    case KeyType::List:
+      return "list";
+  }
+  return "?";
+}
+
+void print_recipe_key(std::ostream& os, const RecipeKeyDoc& k) {
+  os << k.name << " = " << (k.default_value.empty() ? "\"\"" : k.default_value) << "  # "
+     << key_type_name(k.type) << ": " << k.doc << "\n";
+}
 
 const std::vector<RecipeKey>& recipe_keys() {
   static const std::vector<RecipeKey> keys = [] {
