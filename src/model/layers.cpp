@@ -47,7 +47,9 @@ void check_supported(const ModelConfig& c) {
     check_olmo3(c);
   else
     check_olmo3moe(c);
-  OLMO_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
+  bool attention = false;  // GQA needs the query heads in whole groups (only where a layer attends)
+  for (const LayerType t : c.layer_types) attention = attention || t != LayerType::LinearAttention;
+  OLMO_CHECK(!attention || (c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0),
              c.model_type_name, ": num_attention_heads ", c.num_attention_heads,
              " is not a multiple of num_key_value_heads ", c.num_key_value_heads);
 }
