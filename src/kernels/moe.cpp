@@ -102,11 +102,6 @@ void swiglu_mlp_backward(const T* x, const T* Wg, const T* Wu, const T* Wd, int6
   linear_backward(db.data(), x, Wu, dx, dWu, N, d, F, true);
 }
 
-size_t swiglu_mlp_backward_workspace_bytes(int64_t N, int64_t F, size_t elem) {
-  OLMO_CHECK(N >= 0 && F >= 0, "swiglu_mlp_backward_workspace_bytes: N and F must be >= 0");
-  return static_cast<size_t>(3 * N * F) * elem;
-}
-
 template <typename T>
 MoeStats moe_forward(const MoeDims& dims, const MoeWeights<T>& w, const T* x, const uint8_t* valid, int64_t N,
                      T* out, MoeCache<T>& c) {

@@ -128,7 +128,5 @@ template <typename T>
 void swiglu_mlp_backward(const T* x, const T* Wg, const T* Wu, const T* Wd, int64_t N, int64_t d, int64_t F,
                          const T* a, const T* b, const T* h, const T* dy, T* dx, T* dWg, T* dWu, T* dWd,
                          bool accumulate_dx);
-// The bytes swiglu_mlp_backward allocates (dh, da, db: 3 x N x F values), for planning.
-size_t swiglu_mlp_backward_workspace_bytes(int64_t N, int64_t F, size_t elem = sizeof(float));
 
 }  // namespace olmosft::moe

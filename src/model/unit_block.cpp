@@ -30,11 +30,21 @@ void residual_add(const T* x, const T* t, T* y, int64_t n) {
       1 << 14);
 }
 
-int64_t largest_ffn_hidden(const std::vector<LayerSpec>& layers) {
-  int64_t F = 0;
-  for (const LayerSpec& s : layers)
-    if (s.ffn == FfnKind::SwiGlu) F = std::max(F, s.ffn_hidden);
-  return F;
+// What the shared Scratch must hold for a layer list (plan and per_token read the same answer).
+struct ScratchNeeds {
+  bool peri = false;                             // a peri-LN layer: dX
+  bool mixer[std::variant_size_v<Mixers>] = {};  // the mixer kinds present
+  int64_t ffn_hidden = 0;                        // the largest SwiGLU hidden size
+};
+
+ScratchNeeds scratch_needs(const std::vector<LayerSpec>& layers) {
+  ScratchNeeds n;
+  for (const LayerSpec& s : layers) {
+    n.peri = n.peri || s.pre_norm;
+    n.mixer[static_cast<size_t>(s.mixer)] = true;
+    if (s.ffn == FfnKind::SwiGlu) n.ffn_hidden = std::max(n.ffn_hidden, s.ffn_hidden);
+  }
+  return n;
 }
 
 }  // namespace
@@ -103,29 +113,21 @@ void Block::Saved<T>::plan(Plan& p, const ModelConfig& c, const LayerSpec& spec,
 template <typename T>
 void Block::Scratch<T>::plan(Plan& p, const ModelConfig& c, const std::vector<LayerSpec>& layers, int64_t N) {
   const int64_t d = c.hidden_size;
+  const ScratchNeeds need = scratch_needs(layers);
   for (T** b : {&t, &dA}) p.add(b, N * d);
-  bool peri = false, kinds[std::variant_size_v<Mixers>] = {};
-  for (const LayerSpec& s : layers) {
-    peri = peri || s.pre_norm;
-    kinds[static_cast<size_t>(s.mixer)] = true;
-  }
   dX = nullptr;
-  if (peri) p.add(&dX, N * d);
+  if (need.peri) p.add(&dX, N * d);
   for (size_t k = 0; k < std::variant_size_v<Mixers>; ++k)
-    if (kinds[k]) with_mixer_kind(k, [&](auto I) { std::get<I>(mixer).plan(p, c, N); });
-  if (const int64_t F = largest_ffn_hidden(layers); F > 0) mlp.plan(p, F, N);
+    if (need.mixer[k]) with_mixer_kind(k, [&](auto I) { std::get<I>(mixer).plan(p, c, N); });
+  if (need.ffn_hidden > 0) mlp.plan(p, need.ffn_hidden, N);
 }
 
 template <typename T>
 int64_t Block::Scratch<T>::per_token(const ModelConfig& c, const std::vector<LayerSpec>& layers) {
-  bool peri = false, kinds[std::variant_size_v<Mixers>] = {};
-  for (const LayerSpec& s : layers) {
-    peri = peri || s.pre_norm;
-    kinds[static_cast<size_t>(s.mixer)] = true;
-  }
-  int64_t n = (peri ? 3 : 2) * c.hidden_size + 2 * largest_ffn_hidden(layers);
+  const ScratchNeeds need = scratch_needs(layers);
+  int64_t n = (need.peri ? 3 : 2) * c.hidden_size + 2 * need.ffn_hidden;
   for (size_t k = 0; k < std::variant_size_v<Mixers>; ++k)
-    if (kinds[k])
+    if (need.mixer[k])
       with_mixer_kind(
           k, [&](auto I) { n += std::variant_alternative_t<I, Mixers>::template Scratch<T>::per_token(c); });
   return n;
