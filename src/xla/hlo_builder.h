@@ -117,6 +117,15 @@ class HloBuilder {
   Value dynamic_slice(const Value& x, const std::vector<Value>& starts, const std::vector<int64_t>& sizes);
   Value dynamic_update_slice(const Value& x, const Value& update, const std::vector<Value>& starts);
   Value concatenate(const std::vector<Value>& xs, int64_t dim);
+  // Rows of TABLE [V, d...] (any element type, V >= 1) picked by IDS (s32, [N] or [B, T]): the result is
+  // [N, d...] (or [B, T, d...]) with row i = TABLE[IDS[i]] (stablehlo.gather). An out-of-range id is clamped
+  // into [0, V-1] by XLA, not refused: the caller validates ids on the host.
+  Value gather_rows(const Value& table, const Value& ids);
+  // TABLE [V, d...] with UPDATES[i] added into row IDS[i] (stablehlo.scatter with an add region): IDS s32 [N]
+  // (or [B, T]), UPDATES [N, d...] (or [B, T, d...]) of TABLE's numeric element type. Duplicate ids
+  // accumulate, in an order XLA chooses (float sums may differ from a sequential sum in the last bits). An
+  // update with an out-of-range id is dropped by XLA, not refused: the caller validates ids on the host.
+  Value scatter_add_rows(const Value& table, const Value& ids, const Value& updates);
 
   // stablehlo.while: COND returns one pred scalar, BODY returns values of INIT's types.
   std::vector<Value> while_loop(const std::vector<Value>& init, const RegionFn& cond, const RegionFn& body);

@@ -1,4 +1,5 @@
-// HloBuilder: dot_general, the shape ops (reshape, transpose, slices, concatenate), loops and custom calls.
+// HloBuilder: dot_general, the shape ops (reshape, transpose, slices, concatenate), row gather/scatter-add,
+// loops and custom calls.
 #include <algorithm>
 
 #include "core/error.h"
@@ -150,6 +151,70 @@ Value HloBuilder::concatenate(const std::vector<Value>& xs, int64_t dim) {
     out.dims[size_t(dim)] += t.dims[size_t(dim)];
   }
   return emit1("stablehlo.concatenate", xs, "dimension = " + std::to_string(dim) + " : i64", out);
+}
+
+namespace {
+// Checks TABLE [V, d...] (V >= 1) and IDS (s32, rank 1 or 2); returns the row dimensions (d...).
+std::vector<int64_t> row_dims(const TensorType& table, const TensorType& ids, const char* op) {
+  OLMO_CHECK(table.rank() >= 1 && table.dims[0] >= 1, "hlo_builder: ", op, ": the table ", table.mlir(),
+             " needs rank >= 1 and at least one row");
+  OLMO_CHECK(ids.type == ElementType::kS32 && (ids.rank() == 1 || ids.rank() == 2), "hlo_builder: ", op,
+             ": ids ", ids.mlir(), " must be s32 of rank 1 ([N]) or 2 ([B, T]) (table ", table.mlir(), ")");
+  return std::vector<int64_t>(table.dims.begin() + 1, table.dims.end());
+}
+
+// The window dimensions of the gather result or the scatter updates: the row's, after the ids' dimensions.
+std::vector<int64_t> window_dims(const TensorType& ids, const std::vector<int64_t>& row) {
+  std::vector<int64_t> d;
+  for (size_t i = 0; i < row.size(); ++i) d.push_back(ids.rank() + int64_t(i));
+  return d;
+}
+
+// IDS [N] (or [B, T]) as [N, 1] ([B, T, 1]): the index vector is the last dimension, of size 1.
+std::vector<int64_t> with_index_vector(const TensorType& ids) {
+  std::vector<int64_t> d = ids.dims;
+  d.push_back(1);
+  return d;
+}
+}  // namespace
+
+Value HloBuilder::gather_rows(const Value& table, const Value& ids) {
+  const TensorType &t = table.type(), &i = ids.type();
+  const std::vector<int64_t> row = row_dims(t, i, "gather_rows"), offset_dims = window_dims(i, row);
+  TensorType out{t.type, i.dims};
+  out.dims.insert(out.dims.end(), row.begin(), row.end());
+  std::vector<int64_t> slice_sizes{1};
+  slice_sizes.insert(slice_sizes.end(), row.begin(), row.end());
+  const Value idx = reshape(ids, with_index_vector(i));
+  // Empty dimension lists are left out of the attribute (a table of rank 1 has no offset dimensions).
+  const std::string attrs =
+      "dimension_numbers = #stablehlo.gather<" +
+      (offset_dims.empty() ? "" : "offset_dims = " + mlir::i64_list(offset_dims) + ", ") +
+      "collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = " + std::to_string(i.rank()) +
+      ">, indices_are_sorted = false, slice_sizes = " + mlir::i64_array(slice_sizes);
+  return emit1("stablehlo.gather", {table, idx}, attrs, out);
+}
+
+Value HloBuilder::scatter_add_rows(const Value& table, const Value& ids, const Value& updates) {
+  const TensorType &t = table.type(), &i = ids.type(), &u = updates.type();
+  const std::vector<int64_t> row = row_dims(t, i, "scatter_add_rows"), windows = window_dims(i, row);
+  OLMO_CHECK(t.type != ElementType::kPred, "hlo_builder: scatter_add_rows of a pred table ", t.mlir());
+  std::vector<int64_t> want = i.dims;
+  want.insert(want.end(), row.begin(), row.end());
+  OLMO_CHECK(u.type == t.type && u.dims == want, "hlo_builder: scatter_add_rows: updates ", u.mlir(),
+             " must be ", TensorType{t.type, want}.mlir(), " (ids ", i.mlir(), " into table ", t.mlir(), ")");
+  const Value idx = reshape(ids, with_index_vector(i));
+  const TensorType scalar{t.type, {}};
+  const std::string body = region(
+      {scalar, scalar},
+      [](HloBuilder& b, const std::vector<Value>& a) { return std::vector<Value>{b.add(a[0], a[1])}; },
+      {scalar}, "scatter_add_rows");
+  const std::string attrs =
+      "indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<" +
+      (windows.empty() ? "" : "update_window_dims = " + mlir::i64_list(windows) + ", ") +
+      "inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = " +
+      std::to_string(i.rank()) + ">, unique_indices = false";
+  return emit("stablehlo.scatter", {table, idx, updates}, attrs, {t}, " (" + body + ")")[0];
 }
 
 std::vector<Value> HloBuilder::while_loop(const std::vector<Value>& init, const RegionFn& cond,

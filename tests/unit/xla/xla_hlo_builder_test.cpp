@@ -304,6 +304,141 @@ TEST(XlaHloBuilder, ShapeOps) {
   EXPECT_EQ(U, want);
 }
 
+// gather_rows only moves data: bit for bit against C++ indexing, for ids with repeats and the first and last
+// rows, an s32 table with [B, T] ids, and a rank-1 table. An out-of-range id is clamped by XLA (documented in
+// hlo_builder.h: the caller validates ids on the host).
+TEST(XlaHloBuilder, GatherRows) {
+  const int64_t V = 7, D = 5;
+  const auto table = randu(V * D, -2, 2, 14);
+  const std::vector<int32_t> ids = {3, 0, 6, 3, 3, 6, 1, 0}, wild = {-3, 100};
+  std::vector<int32_t> itable(4 * 3), ivec = {10, 20, 30, 40};
+  for (size_t k = 0; k < itable.size(); ++k) itable[k] = int32_t(k * k) - 7;
+  const std::vector<int32_t> bt = {2, 0, 3, 3, 1, 2};  // [2, 3]
+  HloBuilder b;
+  Value T = b.argument({F32, {V, D}}), I = b.argument({S32, {8}}), W = b.argument({S32, {2}});
+  Value IT = b.argument({S32, {4, 3}}), BT = b.argument({S32, {2, 3}}), IV = b.argument({S32, {4}});
+  Value g = b.gather_rows(T, I), gbt = b.gather_rows(IT, BT);
+  EXPECT_EQ(g.type(), (TensorType{F32, {8, D}}));
+  EXPECT_EQ(gbt.type(), (TensorType{S32, {2, 3, 3}}));
+  b.returns({g, gbt, b.gather_rows(IV, BT), b.gather_rows(T, W)});
+  auto out = run(b, {{table.data(), {F32, {V, D}}},
+                     {ids.data(), {S32, {8}}},
+                     {wild.data(), {S32, {2}}},
+                     {itable.data(), {S32, {4, 3}}},
+                     {bt.data(), {S32, {2, 3}}},
+                     {ivec.data(), {S32, {4}}}});
+  const auto got = out[0].to_host<float>();
+  for (size_t n = 0; n < ids.size(); ++n)
+    for (int64_t d = 0; d < D; ++d)
+      EXPECT_EQ(f32_bits(got[n * D + size_t(d)]), f32_bits(table[size_t(ids[n] * D + d)])) << n << "," << d;
+  const auto gi = out[1].to_host<int32_t>(), gv = out[2].to_host<int32_t>();
+  for (size_t n = 0; n < bt.size(); ++n) {
+    for (size_t d = 0; d < 3; ++d) EXPECT_EQ(gi[n * 3 + d], itable[size_t(bt[n]) * 3 + d]) << n;
+    EXPECT_EQ(gv[n], ivec[size_t(bt[n])]) << n;
+  }
+  const auto clamped = out[3].to_host<float>();
+  EXPECT_EQ(std::vector<float>(clamped.begin(), clamped.begin() + D),
+            std::vector<float>(table.begin(), table.begin() + D));  // -3 -> row 0
+  EXPECT_EQ(std::vector<float>(clamped.begin() + D, clamped.end()),
+            std::vector<float>(table.end() - D, table.end()));  // 100 -> row V-1
+}
+
+// scatter_add_rows with duplicate ids against a float64 sum: XLA may add the duplicates into a row in any
+// order, so the float result may differ from any one sequential sum by rounding: 1e-6 of the sum of |terms|.
+// With unique ids each element is one float addition, exact against the same addition in C++; an s32 table
+// ([B, T] ids) is exact whatever the order. An update with an out-of-range id is dropped by XLA.
+TEST(XlaHloBuilder, ScatterAddRows) {
+  const int64_t V = 6, D = 4, N = 10;
+  const auto table = randu(V * D, -2, 2, 15), upd = randu(N * D, -1, 1, 16);
+  const std::vector<int32_t> ids = {5, 0, 2, 5, 5, 0, 3, 2, 5, 0}, uniq = {4, 0, 5};
+  const std::vector<int32_t> wild = {-1, 6, 2};
+  const std::vector<int32_t> itable = {1, 2, 3, 4, 5, 6}, bt = {2, 0, 2, 2, 1, 0},
+                             iupd = {10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120};
+  HloBuilder b;
+  const TensorType tt{F32, {V, D}};
+  Value T = b.argument(tt), I = b.argument({S32, {N}}), U = b.argument({F32, {N, D}});
+  Value Q = b.argument({S32, {3}}), W = b.argument({S32, {3}});
+  Value IT = b.argument({S32, {3, 2}}), BT = b.argument({S32, {2, 3}}), IU = b.argument({S32, {2, 3, 2}});
+  Value U3 = b.slice(U, {0, 0}, {3, D});
+  Value s = b.scatter_add_rows(T, I, U);
+  EXPECT_EQ(s.type(), tt);
+  b.returns({s, b.scatter_add_rows(T, Q, U3), b.scatter_add_rows(IT, BT, IU), b.scatter_add_rows(T, W, U3)});
+  auto out = run(b, {{table.data(), tt},
+                     {ids.data(), {S32, {N}}},
+                     {upd.data(), {F32, {N, D}}},
+                     {uniq.data(), {S32, {3}}},
+                     {wild.data(), {S32, {3}}},
+                     {itable.data(), {S32, {3, 2}}},
+                     {bt.data(), {S32, {2, 3}}},
+                     {iupd.data(), {S32, {2, 3, 2}}}});
+  const auto got = out[0].to_host<float>();
+  double worst = 0;
+  for (int64_t v = 0; v < V; ++v)
+    for (int64_t d = 0; d < D; ++d) {
+      double want = table[size_t(v * D + d)], sa = std::fabs(want);
+      for (int64_t n = 0; n < N; ++n)
+        if (ids[size_t(n)] == v) {
+          want += upd[size_t(n * D + d)];
+          sa += std::fabs(upd[size_t(n * D + d)]);
+        }
+      EXPECT_NEAR(got[size_t(v * D + d)], want, 1e-6 * sa) << v << "," << d;
+      worst = std::max(worst, std::fabs(got[size_t(v * D + d)] - want) / sa);
+    }
+  std::cout << "scatter_add_rows with duplicates: max error " << worst
+            << " of the sum of |terms| (allowed 1e-6)\n";
+  std::vector<float> want_uniq = table, want_wild = table;
+  for (size_t n = 0; n < uniq.size(); ++n)
+    for (int64_t d = 0; d < D; ++d) want_uniq[size_t(uniq[n] * D + d)] += upd[n * D + size_t(d)];
+  for (int64_t d = 0; d < D; ++d) want_wild[size_t(2 * D + d)] += upd[2 * D + size_t(d)];
+  EXPECT_EQ(out[1].to_host<float>(), want_uniq);
+  std::vector<int32_t> want_int = itable;
+  for (size_t n = 0; n < bt.size(); ++n)
+    for (size_t d = 0; d < 2; ++d) want_int[size_t(bt[n]) * 2 + d] += iupd[n * 2 + d];
+  EXPECT_EQ(out[2].to_host<int32_t>(), want_int);
+  EXPECT_EQ(out[3].to_host<float>(), want_wild);  // ids -1 and 6 (= V) dropped
+}
+
+TEST(XlaHloBuilder, GatherScatterRefuseMismatches) {
+  HloBuilder b;
+  Value t = b.argument({F32, {7, 4}}), ids = b.argument({S32, {3}}), u = b.argument({F32, {3, 4}});
+  auto has = [](const std::string& msg, const std::string& part) {
+    EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  };
+  has(error_of([&] {
+        b.gather_rows(t, b.argument({ElementType::kS64, {3}}));
+      }),
+      "gather_rows: ids tensor<3xi64> must be s32 of rank 1 ([N]) or 2 ([B, T]) (table tensor<7x4xf32>)");
+  has(error_of([&] {
+        b.gather_rows(t, b.argument({F32, {3}}));
+      }),
+      "gather_rows: ids tensor<3xf32> must be s32");
+  has(error_of([&] { b.gather_rows(t, b.argument({S32, {1, 2, 3}})); }), "ids tensor<1x2x3xi32> must be s32");
+  has(error_of([&] { b.gather_rows(b.scalar(F32, 1), ids); }),
+      "gather_rows: the table tensor<f32> needs rank >= 1 and at least one row");
+  has(error_of([&] {
+        b.scatter_add_rows(t, b.argument({S32, {3, 1}}), u);
+      }),
+      "scatter_add_rows: updates tensor<3x4xf32> must be tensor<3x1x4xf32>");
+  has(error_of([&] {
+        b.scatter_add_rows(t, ids, b.argument({F32, {3, 5}}));
+      }),
+      "scatter_add_rows: updates tensor<3x5xf32> must be tensor<3x4xf32> (ids tensor<3xi32> into table "
+      "tensor<7x4xf32>)");
+  has(error_of([&] {
+        b.scatter_add_rows(t, ids, b.argument({ElementType::kF64, {3, 4}}));
+      }),
+      "scatter_add_rows: updates tensor<3x4xf64> must be tensor<3x4xf32>");
+  has(error_of([&] {
+        b.scatter_add_rows(t, b.argument({ElementType::kS64, {3}}), u);
+      }),
+      "scatter_add_rows: ids tensor<3xi64> must be s32");
+  const TensorType pred{ElementType::kPred, {7, 4}};
+  has(error_of([&] {
+        b.scatter_add_rows(b.argument(pred), ids, b.argument({ElementType::kPred, {3, 4}}));
+      }),
+      "scatter_add_rows of a pred table tensor<7x4xi1>");
+}
+
 TEST(XlaHloBuilder, ConvertBf16AndF32) {
   auto x = randu(100, -300, 300, 11);
   x.push_back(1.00390625f);  // halfway between two bf16 values: ties to even
