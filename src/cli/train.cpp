@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "model/config.h"
+#include "model/decoder_xla.h"
 #include "model/model.h"
 #include "train/plan.h"
 #include "train/recipe.h"
@@ -28,7 +29,14 @@ std::unique_ptr<olmosft::model::CausalLM> build_model(const olmosft::TrainConfig
     mc = olmosft::model::load_config(cfg);
     fill = olmosft::model::init_param_fill(mc, static_cast<uint64_t>(c.seed));
   }
-  return olmosft::model::make_model_unallocated(mc);
+  if (c.device != "xla") return olmosft::model::make_model_unallocated(mc);
+  olmosft::model::XlaOptions xo;  // device: xla (docs/xla.md)
+  xo.plugin = c.xla.plugin;
+  xo.cpu_devices = c.xla.cpu_devices;
+  xo.bf16 = c.compute.gemm.compute == olmosft::ComputeDtype::BF16;
+  return olmosft::model::make_model_unallocated(mc, [&](const olmosft::model::ModelConfig& m) {
+    return std::make_unique<olmosft::model::XlaDecoder>(m, xo);
+  });
 }
 
 int train_main(int argc, char** argv) {

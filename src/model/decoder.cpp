@@ -10,6 +10,7 @@
 #include "core/tensor.h"
 #include "kernels/attention.h"
 #include "kernels/kda.h"
+#include "model/decoder_units.h"
 #include "model/layers.h"
 #include "model/params.h"
 #include "model/unit_block.h"
@@ -47,33 +48,6 @@ RopeFreqs olmo3_rope_frequencies(const RopeParams& p, int64_t head_dim, int64_t 
   }
   return f;
 }
-
-// The layer list and units of a config: parameter indices resolved by name once.
-struct DecoderUnits {
-  std::vector<LayerSpec> layers;
-  unit::EmbeddingUnit embed;
-  std::vector<unit::Block> blocks;
-  unit::LmHeadUnit head;
-  size_t count = 0;
-  std::vector<int> group;  // residency group per parameter
-  RopeFreqs rope[3];       // per RopeKind (None unused)
-  DecoderUnits(const ModelConfig& c, const DecoderOptions& o) : layers(layer_specs(c)) {
-    unit::ParamIndex idx(c);
-    idx.who = c.model_type_name;
-    count = idx.size();
-    embed = unit::EmbeddingUnit::resolve(idx);
-    for (const LayerSpec& s : layers) blocks.push_back(unit::Block::resolve(idx, c, s));
-    head = unit::LmHeadUnit::resolve(idx, c);
-    group = unit::residency_groups(c);
-    if (uses_rope(layers)) {
-      const int full = static_cast<int>(RopeKind::Full), sliding = static_cast<int>(RopeKind::Sliding);
-      rope[full] = olmo3_rope_frequencies(c.rope_full, c.head_dim, c.max_position_embeddings);
-      rope[sliding] = o.yarn_on_all_layers
-                          ? rope[full]
-                          : olmo3_rope_frequencies(c.rope_sliding, c.head_dim, c.max_position_embeddings);
-    }
-  }
-};
 
 // The per-call workspace of one model: the residual streams and their gradient, the per-token batch arrays,
 // every unit's Saved and the shared Scratch, carved from one block planned from the units' declarations
@@ -178,41 +152,50 @@ struct DecoderWork {
   }
 };
 
-namespace {
-
-// The per-token batch arrays of a call: segments (checked contiguous per row), padding, positions (given,
-// or restarting at 0 per document), the SSMax log-positions and the RoPE tables.
 template <typename T>
-void prepare_batch(const ModelConfig& c, const DecoderOptions& o, const DecoderUnits& u, const Batch& b,
-                   DecoderWork<T>& k) {
+void batch_token_arrays(const ModelConfig& c, const DecoderOptions& o, const Batch& b, int32_t* seg,
+                        uint8_t* valid, int32_t* pos, T* logpos) {
   const int64_t N = b.B * b.T;
   const std::string& who = c.model_type_name;
   for (int64_t i = 0; i < N; ++i)
     OLMO_CHECK(b.tokens[i] >= 0 && b.tokens[i] < c.vocab_size, who, ": token id ", b.tokens[i], " at row ",
                i / b.T, ", position ", i % b.T, " is outside the vocabulary [0, ", c.vocab_size, ")");
-  for (int64_t i = 0; i < N; ++i) k.seg[i] = b.segments ? b.segments[i] : 0;
-  for (int64_t r = 0; r < b.B; ++r) attention_check_segments(k.seg + r * b.T, b.T, r);
-  for (int64_t i = 0; i < N; ++i) k.valid[i] = k.seg[i] >= 0 ? 1 : 0;
+  for (int64_t i = 0; i < N; ++i) seg[i] = b.segments ? b.segments[i] : 0;
+  for (int64_t r = 0; r < b.B; ++r) attention_check_segments(seg + r * b.T, b.T, r);
+  for (int64_t i = 0; i < N; ++i) valid[i] = seg[i] >= 0 ? 1 : 0;
   for (int64_t r = 0; r < b.B; ++r) {
     int32_t p = 0;
     for (int64_t t = 0; t < b.T; ++t) {
       const int64_t i = r * b.T + t;
-      if (t > 0 && k.seg[i] != k.seg[i - 1]) p = 0;
-      k.pos[i] = b.positions ? b.positions[i] : p++;
+      if (t > 0 && seg[i] != seg[i - 1]) p = 0;
+      pos[i] = b.positions ? b.positions[i] : p++;
     }
   }
-  const auto starts = kda::segment_starts(k.seg, b.B, b.T);
+  const auto starts = kda::segment_starts(seg, b.B, b.T);
   for (int64_t i = 0; i < N; ++i) {  // SSMax: padding counts as position 0
     const int64_t t = i % b.T, start = starts[static_cast<size_t>(i)];
-    double pos = o.ssmax_row_positions    ? static_cast<double>(t)
-                 : b.positions != nullptr ? b.positions[i]
-                 : start < 0              ? 0.0
-                                          : static_cast<double>(t - start);
-    OLMO_CHECK(pos >= 0, who, ": negative position ", pos, " at row ", i / b.T, ", token ", t);
-    k.logpos[i] = static_cast<T>(std::log(pos + 1.0));
+    double p = o.ssmax_row_positions    ? static_cast<double>(t)
+               : b.positions != nullptr ? b.positions[i]
+               : start < 0              ? 0.0
+                                        : static_cast<double>(t - start);
+    OLMO_CHECK(p >= 0, who, ": negative position ", p, " at row ", i / b.T, ", token ", t);
+    logpos[i] = static_cast<T>(std::log(p + 1.0));
   }
+}
+template void batch_token_arrays<float>(const ModelConfig&, const DecoderOptions&, const Batch&, int32_t*,
+                                        uint8_t*, int32_t*, float*);
+template void batch_token_arrays<double>(const ModelConfig&, const DecoderOptions&, const Batch&, int32_t*,
+                                         uint8_t*, int32_t*, double*);
+
+namespace {
+
+// The per-token batch arrays of a call (batch_token_arrays) and the RoPE tables at the tokens' positions.
+template <typename T>
+void prepare_batch(const ModelConfig& c, const DecoderOptions& o, const DecoderUnits& u, const Batch& b,
+                   DecoderWork<T>& k) {
+  batch_token_arrays(c, o, b, k.seg, k.valid, k.pos, k.logpos);
   for (int r = 1; r < 3; ++r)
-    if (k.rope_cos[r] != nullptr) rope_tables<T>(u.rope[r], k.pos, N, k.rope_cos[r], k.rope_sin[r]);
+    if (k.rope_cos[r] != nullptr) rope_tables<T>(u.rope[r], k.pos, b.B * b.T, k.rope_cos[r], k.rope_sin[r]);
 }
 
 template <typename T>

@@ -48,6 +48,15 @@ LossParts decoder_run(const ModelConfig& c, const DecoderOptions& opts, const st
                       double grad_scale, double aux_scale, float* logits, float* logprobs,
                       DecoderRunInfo* info = nullptr);
 
+// The per-token arrays of a batch, the same for every backend: seg[i] (Batch::segments, 0 without them;
+// each document one contiguous run per row, checked), valid[i] = not padding (seg >= 0), pos[i]
+// (Batch::positions, or restarting at 0 per document) and the scalable softmax's logpos[i] = log(p + 1)
+// (p per DecoderOptions::ssmax_row_positions; padding 0). Throws naming the row and position of a token id
+// outside the vocabulary or a bad segment layout. Arrays of B * T.
+template <typename T>
+void batch_token_arrays(const ModelConfig& c, const DecoderOptions& o, const Batch& b, int32_t* seg,
+                        uint8_t* valid, int32_t* pos, T* logpos);
+
 struct DecoderUnits;  // decoder.cpp: the layer list and units of a config, resolved once
 template <typename T>
 struct DecoderWork;  // decoder.cpp: the planned workspace

@@ -139,6 +139,10 @@ std::unique_ptr<CausalLM> load_model(const std::string& hf_dir);
 // elements [begin, begin + n) of parameter `index` (registry order, flat row-major) as fp32 into out.
 using ParamFill = std::function<void(size_t index, int64_t begin, int64_t n, float* out)>;
 std::unique_ptr<CausalLM> make_model_unallocated(const ModelConfig& config);
+// The same with another constructor (e.g. the XLA backend's XlaDecoder, model/decoder_xla.h): CONSTRUCT's
+// allocate_params leaves the storage out.
+std::unique_ptr<CausalLM> make_model_unallocated(
+    const ModelConfig& config, const std::function<std::unique_ptr<CausalLM>(const ModelConfig&)>& construct);
 // The values make_model(config, seed) would hold; each call initialises the whole tensor it reads from
 // (one tensor at a time, so a rank holds at most one full tensor besides its shard).
 ParamFill init_param_fill(const ModelConfig& config, uint64_t seed);

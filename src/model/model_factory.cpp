@@ -138,12 +138,17 @@ std::unique_ptr<CausalLM> load_model(const std::string& hf_dir) {
   return m;
 }
 
-std::unique_ptr<CausalLM> make_model_unallocated(const ModelConfig& config) {
+std::unique_ptr<CausalLM> make_model_unallocated(
+    const ModelConfig& config, const std::function<std::unique_ptr<CausalLM>(const ModelConfig&)>& make) {
   struct Flag {
     Flag() { t_no_storage = true; }
     ~Flag() { t_no_storage = false; }
   } flag;
-  return construct(config);
+  return make(config);
+}
+
+std::unique_ptr<CausalLM> make_model_unallocated(const ModelConfig& config) {
+  return make_model_unallocated(config, [](const ModelConfig& c) { return construct(c); });
 }
 
 ParamFill init_param_fill(const ModelConfig& config, uint64_t seed) {

@@ -10,6 +10,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "model/params.h"
+#include "xla/ops_attention.h"
 
 namespace olmosft::model::unit {
 
@@ -211,6 +212,123 @@ void AttentionUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, c
   linear_backward(dqraw, x, ctx.W(q), dx, ctx.G(q), N, ctx.d, QD, true);
   linear_backward(dkraw, x, ctx.W(k), dx, ctx.G(k), N, ctx.d, KVD, true);
   linear_backward(w.dv, x, ctx.W(v), dx, ctx.G(v), N, ctx.d, KVD, true);
+}
+
+// ---- XLA: the same unit as StableHLO (unit_emit.h) -----------------------------------------------------
+
+namespace {
+
+xla::ops::AttentionOptions emit_attention_options(const Emit& e, int64_t window) {
+  xla::ops::AttentionOptions o;
+  o.scale = attention_config(e.c, e.B, e.T, window).scale;
+  o.window = window;
+  o.block = e.attention_block;
+  return o;
+}
+
+// The SSMax factor logpos[i] * scale[h] as [N, H] (the CPU's f32 product), broadcast over head_dim.
+xla::Value ssmax_factor(Emit& e, const xla::Value& sc, int64_t H, int64_t D) {
+  auto& b = e.b;
+  const xla::Value f =
+      b.mul(b.broadcast_in_dim(*e.logpos, {e.N, H}, {0}), b.broadcast_in_dim(sc, {e.N, H}, {1}));
+  return b.broadcast_in_dim(f, {e.N, H, D}, {0, 1});
+}
+
+}  // namespace
+
+xla::Value AttentionUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const {
+  namespace ops = xla::ops;
+  auto& b = e.b;
+  const ModelConfig& c = e.c;
+  const int64_t N = e.N, H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+  int64_t Gq, Lq, Gk, Lk;
+  qk_norm_shape(c, true, &Gq, &Lq);
+  qk_norm_shape(c, false, &Gk, &Lk);
+  s.q = ops::linear_forward(b, x, e.W(q), e.operands);
+  s.k = ops::linear_forward(b, x, e.W(k), e.operands);
+  const xla::Value v_ = ops::linear_forward(b, x, e.W(v), e.operands);
+  // the gains flat ([heads, head_dim] per-head gains as one [heads * head_dim] vector)
+  const ops::RmsNormForward nq =
+      ops::rmsnorm_forward(b, *s.q, b.reshape(e.W(qnorm), {H * D}), c.rms_norm_eps, Gq);
+  const ops::RmsNormForward nk =
+      ops::rmsnorm_forward(b, *s.k, b.reshape(e.W(knorm), {Hkv * D}), c.rms_norm_eps, Gk);
+  s.qrs = nq.rstd;
+  s.krs = nk.rstd;
+  xla::Value qn = b.reshape(nq.y, {N, H, D}), kn = b.reshape(nk.y, {N, Hkv, D});
+  if (rope != RopeKind::None) {
+    const ops::RopeTables& t = *e.rope[static_cast<int>(rope)];
+    qn = ops::rope_forward(b, qn, t);
+    kn = ops::rope_forward(b, kn, t);
+  }
+  s.qn = qn;
+  const xla::Value qin = ssmax_scale < 0 ? qn : b.mul(qn, ssmax_factor(e, e.W(ssmax_scale), H, D));
+  s.qin = b.reshape(qin, {e.B, e.T, H, D});
+  s.kin = b.reshape(kn, {e.B, e.T, Hkv, D});
+  s.vin = b.reshape(v_, {e.B, e.T, Hkv, D});
+  const ops::AttentionForward af =
+      ops::attention_forward(b, *s.qin, *s.kin, *s.vin, *e.seg, emit_attention_options(e, window));
+  s.out = af.out;
+  s.lse = af.lse;
+  xla::Value og = b.reshape(af.out, {N, H * D});
+  if (gate >= 0) {
+    s.zg = ops::linear_forward(b, x, e.W(gate), e.operands);
+    og = b.mul(og, b.logistic(*s.zg));
+    s.og = og;
+  }
+  return ops::linear_forward(b, og, e.W(o), e.operands);
+}
+
+xla::Value AttentionUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s,
+                                        const xla::Value& da) const {
+  namespace ops = xla::ops;
+  auto& b = e.b;
+  const ModelConfig& c = e.c;
+  const int64_t N = e.N, H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+  const xla::Value o_flat = b.reshape(*s.out, {N, H * D});
+  const ops::LinearBackward lo = ops::linear_backward(b, da, gate >= 0 ? *s.og : o_flat, e.W(o), e.operands);
+  e.grad(o, lo.dw);
+  xla::Value dO = lo.dx;
+  std::optional<xla::Value> dx;
+  if (gate >= 0) {  // og = o * sigmoid(zg)
+    const xla::Value sg = b.logistic(*s.zg), one = b.constant(sg.type(), 1.0);
+    dO = b.mul(lo.dx, sg);
+    const xla::Value dz = b.mul(b.mul(b.mul(lo.dx, o_flat), sg), b.sub(one, sg));
+    const ops::LinearBackward lg = ops::linear_backward(b, dz, x, e.W(gate), e.operands);
+    e.grad(gate, lg.dw);
+    dx = lg.dx;
+  }
+  const ops::AttentionBackward ab =
+      ops::attention_backward(b, *s.qin, *s.kin, *s.vin, *e.seg, *s.out, *s.lse,
+                              b.reshape(dO, {e.B, e.T, H, D}), emit_attention_options(e, window));
+  xla::Value dqn = b.reshape(ab.dq, {N, H, D}), dkn = b.reshape(ab.dk, {N, Hkv, D});
+  if (ssmax_scale >= 0) {                                              // qin = qn * logpos[i] * sc[h]
+    const xla::Value per_head = b.reduce_sum(b.mul(dqn, *s.qn), {2});  // [N, H]
+    e.grad(ssmax_scale, b.reduce_sum(b.mul(per_head, b.broadcast_in_dim(*e.logpos, {N, H}, {0})), {0}));
+    dqn = b.mul(dqn, ssmax_factor(e, e.W(ssmax_scale), H, D));
+  }
+  if (rope != RopeKind::None) {
+    const ops::RopeTables& t = *e.rope[static_cast<int>(rope)];
+    dqn = ops::rope_backward(b, dqn, t);
+    dkn = ops::rope_backward(b, dkn, t);
+  }
+  int64_t Gq, Lq, Gk, Lk;
+  qk_norm_shape(c, true, &Gq, &Lq);
+  qk_norm_shape(c, false, &Gk, &Lk);
+  const ops::RmsNormBackward rq =
+      ops::rmsnorm_backward(b, b.reshape(dqn, {N, H * D}), *s.q, b.reshape(e.W(qnorm), {H * D}), *s.qrs, Gq);
+  const ops::RmsNormBackward rk = ops::rmsnorm_backward(b, b.reshape(dkn, {N, Hkv * D}), *s.k,
+                                                        b.reshape(e.W(knorm), {Hkv * D}), *s.krs, Gk);
+  e.grad(qnorm, b.reshape(*rq.dw, e.W(qnorm).type().dims));
+  e.grad(knorm, b.reshape(*rk.dw, e.W(knorm).type().dims));
+  const ops::LinearBackward lq = ops::linear_backward(b, rq.dx, x, e.W(q), e.operands);
+  const ops::LinearBackward lk = ops::linear_backward(b, rk.dx, x, e.W(k), e.operands);
+  const ops::LinearBackward lv =
+      ops::linear_backward(b, b.reshape(ab.dv, {N, Hkv * D}), x, e.W(v), e.operands);
+  e.grad(q, lq.dw);
+  e.grad(k, lk.dw);
+  e.grad(v, lv.dw);
+  xla::Value sum = b.add(b.add(lq.dx, lk.dx), lv.dx);
+  return dx ? b.add(*dx, sum) : sum;
 }
 
 OLMOSFT_MIXER_UNIT(AttentionUnit, float)

@@ -16,10 +16,12 @@
 // workspace (unit::Plan); the attention kernel's own workspace comes in Ctx::attn_ws.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "model/layers.h"
 #include "model/unit.h"
+#include "model/unit_emit.h"
 
 namespace olmosft::model::unit {
 
@@ -50,6 +52,15 @@ struct AttentionUnit {
   template <typename T>
   void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx,
                 const Scratch<T>& w) const;
+
+  // XLA (unit_emit.h): the same formulas as StableHLO. The graph keeps the raw q and k projections, their
+  // rstd, the attention's inputs (normed, rotated, scaled q; normed, rotated k; v: [B, T, heads, D]), its
+  // output and logsumexp, and with the gate its logits and the gated output.
+  struct Emitted {
+    std::optional<xla::Value> q, k, qrs, krs, qn, qin, kin, vin, out, lse, zg, og;
+  };
+  xla::Value emit_forward(Emit& e, const xla::Value& x, Emitted& s) const;
+  xla::Value emit_backward(Emit& e, const xla::Value& x, const Emitted& s, const xla::Value& da) const;
 
   // prefix = "model.layers.<l>.self_attn."
   static AttentionUnit resolve(const ParamIndex& idx, const std::string& prefix, const LayerSpec& spec);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "core/threads.h"
 #include "kernels/rmsnorm.h"
 #include "model/params.h"
@@ -228,6 +229,80 @@ void Block::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, T* dh, co
   } else {
     mixer_backward(ctx, xm, s, w.dA, dh, w);
   }
+}
+
+// ---- XLA: the same block as StableHLO (unit_emit.h) -----------------------------------------------------
+
+void Block::check_emits(const ModelConfig& c, const LayerSpec& spec) {
+  bool mixer_emits = false;
+  with_mixer_kind(static_cast<size_t>(spec.mixer),
+                  [&](auto I) { mixer_emits = EmitsXla<std::variant_alternative_t<I, Mixers>>; });
+  OLMO_CHECK(
+      mixer_emits, c.model_type_name, ": layer ", spec.index,
+      "'s mixer (linear attention, KDA) is not emitted by the XLA backend yet (issue #29); use device: cpu");
+  OLMO_CHECK(spec.ffn == FfnKind::SwiGlu, c.model_type_name, ": layer ", spec.index,
+             "'s FFN (MoE) is not emitted by the XLA backend yet (issue #29); use device: cpu");
+}
+
+xla::Value Block::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const {
+  namespace ops = xla::ops;
+  auto& b = e.b;
+  const double eps = e.c.rms_norm_eps;
+  auto norm = [&](const xla::Value& in, int gain, std::optional<xla::Value>& rs) {
+    ops::RmsNormForward n = ops::rmsnorm_forward(b, in, e.W(gain), eps);
+    rs = n.rstd;
+    return n.y;
+  };
+  xla::Value xm = x;
+  if (spec.pre_norm) s.x1 = xm = norm(x, pre_attn, s.rs_pre_attn);
+  s.a = std::visit(
+      [&](const auto& u) -> xla::Value {
+        using U = std::decay_t<decltype(u)>;
+        if constexpr (EmitsXla<U>) {
+          return u.emit_forward(e, xm, std::get<typename U::Emitted>(s.mixer));
+        } else {
+          check_emits(e.c, spec);
+          throw Error("unreachable");
+        }
+      },
+      mixer);
+  s.h_mid = b.add(x, norm(*s.a, post_attn, s.rs_post_attn));
+  xla::Value xf = *s.h_mid;
+  if (spec.pre_norm) s.x2 = xf = norm(*s.h_mid, pre_ffn, s.rs_pre_ffn);
+  if (spec.ffn != FfnKind::SwiGlu) check_emits(e.c, spec);
+  s.f = mlp.emit_forward(e, xf, s.mlp);
+  return b.add(*s.h_mid, norm(*s.f, post_ffn, s.rs_post_ffn));
+}
+
+xla::Value Block::emit_backward(Emit& e, const xla::Value& x, const Emitted& s, const xla::Value& dy) const {
+  namespace ops = xla::ops;
+  auto& b = e.b;
+  // d(norm(in)) given dout: the input's gradient; the gain's is accumulated
+  auto norm_back = [&](const xla::Value& dout, const xla::Value& in, int gain,
+                       const std::optional<xla::Value>& rs) {
+    ops::RmsNormBackward r = ops::rmsnorm_backward(b, dout, in, e.W(gain), *rs);
+    e.grad(gain, *r.dw);
+    return r.dx;
+  };
+  // y = h_mid + RMSNorm_post_ffn(f)
+  const xla::Value df = norm_back(dy, *s.f, post_ffn, s.rs_post_ffn);
+  const xla::Value dxf = mlp.emit_backward(e, spec.pre_norm ? *s.x2 : *s.h_mid, s.mlp, df);
+  const xla::Value dh = b.add(dy, spec.pre_norm ? norm_back(dxf, *s.h_mid, pre_ffn, s.rs_pre_ffn) : dxf);
+  // h_mid = x + RMSNorm_post_attn(a)
+  const xla::Value da = norm_back(dh, *s.a, post_attn, s.rs_post_attn);
+  const xla::Value xm = spec.pre_norm ? *s.x1 : x;
+  const xla::Value dxm = std::visit(
+      [&](const auto& u) -> xla::Value {
+        using U = std::decay_t<decltype(u)>;
+        if constexpr (EmitsXla<U>) {
+          return u.emit_backward(e, xm, std::get<typename U::Emitted>(s.mixer), da);
+        } else {
+          check_emits(e.c, spec);
+          throw Error("unreachable");
+        }
+      },
+      mixer);
+  return b.add(dh, spec.pre_norm ? norm_back(dxm, x, pre_attn, s.rs_pre_attn) : dxm);
 }
 
 #define OLMOSFT_BLOCK(T)                                                                                 \

@@ -17,6 +17,7 @@
 // The mixers a block can hold are listed once, in Mixers below; the block dispatches over them.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <tuple>
 #include <variant>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "model/layers.h"
 #include "model/unit.h"
 #include "model/unit_attention.h"
+#include "model/unit_emit.h"
 #include "model/unit_ffn.h"
 #include "model/unit_kda.h"
 
@@ -44,6 +46,28 @@ template <typename T>
 using MixerSaved = typename MixerBuffers<T, Mixers>::Saved;
 template <typename T>
 using MixerScratch = typename MixerBuffers<T, Mixers>::Scratch;
+
+// The units that emit themselves as StableHLO (unit_emit.h) declare an Emitted struct; per mixer kind, its
+// Emitted (std::monostate for a kind the XLA backend does not emit yet).
+template <typename U>
+concept EmitsXla = requires {
+  typename U::Emitted;
+};
+template <typename U>
+struct EmittedOf {
+  using type = std::monostate;
+};
+template <EmitsXla U>
+struct EmittedOf<U> {
+  using type = typename U::Emitted;
+};
+template <typename V>
+struct MixerEmittedOf;
+template <typename... U>
+struct MixerEmittedOf<std::variant<U...>> {
+  using type = std::tuple<typename EmittedOf<U>::type...>;
+};
+using MixerEmitted = MixerEmittedOf<Mixers>::type;
 
 struct Block {
   LayerSpec spec;
@@ -73,6 +97,18 @@ struct Block {
     void plan(Plan& p, const ModelConfig& c, const std::vector<LayerSpec>& layers, int64_t N);
     static int64_t per_token(const ModelConfig& c, const std::vector<LayerSpec>& layers);
   };
+
+  // XLA (unit_emit.h): the graph values the backward reads, as Saved.
+  struct Emitted {
+    std::optional<xla::Value> x1, rs_pre_attn, a, rs_post_attn, h_mid, x2, rs_pre_ffn, f, rs_post_ffn;
+    MixerEmitted mixer;
+    SwiGluUnit::Emitted mlp;
+  };
+  // Throws naming the layer and what the XLA backend does not emit yet (a mixer kind without Emitted, MoE).
+  static void check_emits(const ModelConfig& c, const LayerSpec& spec);
+  xla::Value emit_forward(Emit& e, const xla::Value& x, Emitted& s) const;
+  // dy -> dx (returned).
+  xla::Value emit_backward(Emit& e, const xla::Value& x, const Emitted& s, const xla::Value& dy) const;
 
   static Block resolve(const ParamIndex& idx, const ModelConfig& c, const LayerSpec& spec);
   static int64_t saved_floats_per_token(const ModelConfig& c, const LayerSpec& spec);

@@ -61,6 +61,31 @@ void EmbeddingUnit::backward(const Ctx<T>& ctx, const T* dh, const Saved<T>& s, 
       16);
 }
 
+xla::Value EmbeddingUnit::emit_forward(Emit& e, Emitted& s) const {
+  auto& b = e.b;
+  xla::Value rows = b.gather_rows(e.W(embed), *e.tokens);
+  // row * f32(scale) in f32; the CPU rounds row * (double) scale once: equal when the scale is a float
+  if (e.c.embed_scale != 1.0) rows = b.mul(rows, b.constant(rows.type(), e.c.embed_scale));
+  if (embed_norm < 0) return rows;
+  const xla::ops::RmsNormForward n = xla::ops::rmsnorm_forward(b, rows, e.W(embed_norm), e.c.rms_norm_eps);
+  s.e = rows;
+  s.rs = n.rstd;
+  return n.y;
+}
+
+void EmbeddingUnit::emit_backward(Emit& e, const Emitted& s, const xla::Value& dh) const {
+  auto& b = e.b;
+  xla::Value g = dh;
+  if (embed_norm >= 0) {
+    const xla::ops::RmsNormBackward r = xla::ops::rmsnorm_backward(b, dh, *s.e, e.W(embed_norm), *s.rs);
+    e.grad(embed_norm, *r.dw);
+    g = r.dx;
+  }
+  if (e.c.embed_scale != 1.0) g = b.mul(g, b.constant(g.type(), e.c.embed_scale));
+  const xla::Value& E = e.W(embed);
+  e.grad(embed, b.scatter_add_rows(b.constant(E.type(), 0.0), *e.tokens, g));
+}
+
 #define OLMOSFT_EMBEDDING_UNIT(T)                                                    \
   template void EmbeddingUnit::forward<T>(const Ctx<T>&, T*, const Saved<T>&) const; \
   template void EmbeddingUnit::backward<T>(const Ctx<T>&, const T*, const Saved<T>&, T*) const;

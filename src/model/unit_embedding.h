@@ -4,8 +4,10 @@
 // rstd (d + 1 floats per token); without it, nothing.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "model/unit.h"
+#include "model/unit_emit.h"
 
 namespace olmosft::model::unit {
 
@@ -33,6 +35,14 @@ struct EmbeddingUnit {
   // Accumulates the embedding (and embed_norm) gradients from dh [N, d]; de: [N, d] scratch.
   template <typename T>
   void backward(const Ctx<T>& ctx, const T* dh, const Saved<T>& s, T* de) const;
+
+  // XLA (unit_emit.h): rows gathered from Emit::tokens; the backward scatter-adds them (ids repeat). The
+  // graph keeps the scaled rows and the norm's rstd when there is a norm.
+  struct Emitted {
+    std::optional<xla::Value> e, rs;
+  };
+  xla::Value emit_forward(Emit& e, Emitted& s) const;
+  void emit_backward(Emit& e, const Emitted& s, const xla::Value& dh) const;
 };
 
 }  // namespace olmosft::model::unit

@@ -102,6 +102,26 @@ void SwiGluUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, cons
   linear_backward(w.act, x, ctx.W(up), dx, ctx.G(up), N, d, F, true);
 }
 
+xla::Value SwiGluUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const {
+  s.a = xla::ops::linear_forward(e.b, x, e.W(gate), e.operands);
+  s.b = xla::ops::linear_forward(e.b, x, e.W(up), e.operands);
+  return xla::ops::linear_forward(e.b, xla::ops::swiglu_forward(e.b, *s.a, *s.b), e.W(down), e.operands);
+}
+
+xla::Value SwiGluUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s,
+                                     const xla::Value& df) const {
+  namespace ops = xla::ops;
+  const xla::Value act = ops::swiglu_forward(e.b, *s.a, *s.b);
+  const ops::LinearBackward ld = ops::linear_backward(e.b, df, act, e.W(down), e.operands);
+  const ops::SwigluBackward sb = ops::swiglu_backward(e.b, ld.dx, *s.a, *s.b);
+  const ops::LinearBackward lg = ops::linear_backward(e.b, sb.da, x, e.W(gate), e.operands);
+  const ops::LinearBackward lu = ops::linear_backward(e.b, sb.db, x, e.W(up), e.operands);
+  e.grad(down, ld.dw);
+  e.grad(gate, lg.dw);
+  e.grad(up, lu.dw);
+  return e.b.add(lg.dx, lu.dx);
+}
+
 MoeUnit MoeUnit::resolve(const ParamIndex& idx, const std::string& m, const ModelConfig& c) {
   MoeUnit u;
   u.router = idx.get(m + hf::kRouter);

@@ -16,11 +16,13 @@
 //   router-z statistics.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/moe.h"
 #include "model/unit.h"
+#include "model/unit_emit.h"
 
 namespace olmosft::model::unit {
 
@@ -57,6 +59,13 @@ struct SwiGluUnit {
   template <typename T>
   void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx,
                 const Scratch<T>& w) const;
+
+  // XLA (unit_emit.h): the graph keeps the gate and up pre-activations, as Saved.
+  struct Emitted {
+    std::optional<xla::Value> a, b;
+  };
+  xla::Value emit_forward(Emit& e, const xla::Value& x, Emitted& s) const;
+  xla::Value emit_backward(Emit& e, const xla::Value& x, const Emitted& s, const xla::Value& df) const;
 };
 
 struct MoeUnit {

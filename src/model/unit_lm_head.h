@@ -5,10 +5,13 @@
 // recomputes them tile by tile).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "kernels/cross_entropy.h"
 #include "model/unit.h"
+#include "model/unit_emit.h"
+#include "xla/ops_xent.h"
 
 namespace olmosft::model::unit {
 
@@ -38,6 +41,25 @@ struct LmHeadUnit {
   // dh [N, d] (overwritten) of grad_scale * (ce_sum + lm_z * z_sum); dhn: [N, d] scratch.
   template <typename T>
   void backward(const Ctx<T>& ctx, const T* h, const Saved<T>& s, double grad_scale, T* dh, T* dhn) const;
+
+  // The trained targets of a batch as forward() checks and keeps them: targets[i] (-100 where not trained)
+  // and mask[i] = 1 where trained: (Batch::trained null or set) and target != -100 and valid[i] (not
+  // padding). Throws naming the row and position of a trained target outside the vocabulary.
+  static void trained_targets(const ModelConfig& c, const Batch& b, const uint8_t* valid, int32_t* targets,
+                              uint8_t* mask);
+
+  // XLA (unit_emit.h). TARGETS s32 [N] (any id in [0, V) where untrained) and MASK s32 [N] (1 = trained)
+  // are graph arguments filled from trained_targets. The graph keeps the normed h, its rstd and the lse.
+  struct Emitted {
+    std::optional<xla::Value> hn, rs, lse, targets, mask;
+  };
+  xla::ops::XentForward emit_forward(Emit& e, const xla::Value& h, const xla::Value& targets,
+                                     const xla::Value& mask, Emitted& s) const;
+  // logits [N, V] (small inputs only) and log p(target) [N] (0 where untrained) of the forward.
+  xla::Value emit_logits(Emit& e, const Emitted& s) const;
+  xla::Value emit_logprobs(Emit& e, const Emitted& s) const;
+  // dh of  scale * (ce_sum + lm_z * z_sum);  SCALE: f32 scalar argument (the call's grad_scale).
+  xla::Value emit_backward(Emit& e, const xla::Value& h, const Emitted& s, const xla::Value& scale) const;
 };
 
 }  // namespace olmosft::model::unit

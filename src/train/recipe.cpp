@@ -257,6 +257,8 @@ void require_device_supported(const TrainConfig& c) {
       c.device != "cuda", c.source,
       ": device=cuda: this build has no CUDA training backend yet (issue #15); set device: cpu to train "
       "on the CPUs (docs/cuda.md says what exists for CUDA so far)");
+  OLMO_CHECK(c.device != "xla" || c.dist.mode == "dp", c.source, ": device=xla needs dist.mode dp (the XLA ",
+             "backend holds every parameter on each process; got dist.mode ", c.dist.mode, ")");
 }
 
 void require_run_inputs(const TrainConfig& c, bool model_from_recipe, bool check_device) {

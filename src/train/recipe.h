@@ -77,7 +77,11 @@ struct TrainConfig {
   std::set<std::string> given;  // keys set in the file or an override (not defaults)
   std::string run_name, output_dir;
   int64_t seed = 0;
-  std::string device = "cpu";  // cpu | cuda (cuda is refused by require_device_supported in this build)
+  std::string device = "cpu";  // cpu | xla | cuda (cuda is refused by require_device_supported in this build)
+  struct Xla {
+    std::string plugin = "cpu";  // xla.plugin: cpu | cuda | tpu | a PJRT plugin path (device: xla)
+    int64_t cpu_devices = 1;     // xla.cpu_devices: devices XLA's CPU plugin creates
+  } xla;
   std::string tokenizer;
   struct Model {
     std::string init, config;    // model.init (HF directory) / model.config (config.json, random init)

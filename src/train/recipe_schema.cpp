@@ -151,10 +151,21 @@ std::vector<RecipeKey> run_keys() {
        [](TrainConfig& c, const std::string& v, const std::string& src) {
          c.model.memory.saved = model::parse_saved_dtype(v, src + ": model.saved_dtype");
        }},
-      choice_key("device", "cpu",
-                 "compute device: cpu, or cuda (NVIDIA GPUs; this build has no CUDA training backend yet, "
-                 "issue #15, and refuses it before any compute)",
-                 kMath, {"cpu", "cuda"}, OLMOSFT_FIELD(device)),
+      choice_key(
+          "device", "cpu",
+          "compute backend: cpu (the CPU kernels), xla (the same decoder emitted as StableHLO and run by "
+          "the PJRT plugin xla.plugin; dense Olmo 3 layers, docs/xla.md), or cuda (refused: no CUDA "
+          "training backend, issue #15)",
+          kMath, {"cpu", "xla", "cuda"}, OLMOSFT_FIELD(device)),
+      text_key(
+          "xla.plugin", "cpu",
+          "device: xla: the PJRT plugin, cpu (XLA's CPU plugin, installed by scripts/install-deps.sh), cuda "
+          "($OLMOSFT_PJRT_CUDA), tpu ($OLMOSFT_PJRT_TPU) or a plugin .so path",
+          kMath, OLMOSFT_FIELD(xla.plugin)),
+      int_key("xla.cpu_devices", "1",
+              "device: xla with xla.plugin cpu: devices XLA's CPU plugin creates (the "
+              "step runs on the first)",
+              kOps, 1, "", OLMOSFT_FIELD(xla.cpu_devices)),
       text_key("tokenizer", "", "HF tokenizer directory; must match the one the dataset was built with",
                kMath, OLMOSFT_FIELD(tokenizer)),
       text_key("data.path", "", "packed dataset directory written by `olmosft data build`", kMath,

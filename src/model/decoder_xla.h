@@ -1,0 +1,72 @@
+// The decoder on XLA (recipe `device: xla`, docs/xla.md "The decoder on XLA"): the same layer list and the
+// same units as Decoder (model/decoder_units.h), each EMITTING its forward and backward as StableHLO
+// (model/unit_emit.h) into one program per batch shape, compiled once by a PJRT plugin (xla/pjrt.h: XLA's
+// CPU plugin in `make test`, its CUDA plugin, libtpu) and run on every call. Parameters stay fp32 masters
+// on the host in registry order, as for the CPU backend, so checkpoints, export and the optimizer are the
+// same; each call copies them to the device and adds the program's gradients into Param::grad.
+//
+// Emitted today: every layer of Olmo 3 (softmax attention with RoPE / YaRN, sliding windows, GQA, q/k norms,
+// SwiGLU, post-norm) and the hybrid's attention features (per-head q/k norms, scalable softmax, the output
+// gate, peri-LN, the embedding norm). KDA and MoE layers are refused at construction, naming the layer.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/decoder.h"
+#include "model/model.h"
+
+namespace olmosft::model {
+
+struct XlaOptions {
+  std::string plugin = "cpu";    // xla.plugin: cpu | cuda | tpu | a plugin path (xla/pjrt.h Plugin::load)
+  int64_t cpu_devices = 1;       // devices XLA's CPU plugin creates (the step runs on the first); CPU only
+  bool bf16 = false;             // bf16 operands in every GEMM with f32 accumulation (compute.dtype bf16)
+  int64_t attention_block = 64;  // queries / keys per block of the blockwise attention
+};
+
+// What the backend did so far (tests, logs).
+struct XlaRunStats {
+  int64_t compiles = 0;  // programs compiled (one per batch shape and kind of call)
+  double compile_seconds = 0;
+  int64_t executions = 0;
+  size_t module_bytes = 0;  // StableHLO text of the last program compiled
+};
+
+class XlaDecoder : public CausalLM {
+ public:
+  // Loads the plugin and creates its client; throws naming the config field when a layer is not emitted
+  // (KDA, MoE) or the decoder does not support the config (layers.h).
+  XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const DecoderOptions& opts = {});
+  ~XlaDecoder() override;
+  const ModelConfig& config() const override { return config_; }
+  std::vector<Param>& params() override { return params_; }
+  LossParts forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,
+                             double aux_scale) override;
+  // logits: a [N, vocab] output of the program (small inputs only, as for the CPU backend).
+  LossParts forward(const Batch& batch, const LossConfig& loss, float* logits, float* logprobs) override;
+  // XLA plans the program's memory itself: only the default policy is accepted.
+  bool set_memory_policy(const MemoryPolicy& policy) override { return policy == MemoryPolicy{}; }
+  const XlaRunStats& stats() const { return stats_; }
+  // The StableHLO text of the program for a [B, T] batch (what forward / forward_backward compile).
+  std::string module_text(int64_t B, int64_t T, const LossConfig& loss, bool backward, bool logits = false,
+                          bool logprobs = false) const;
+
+ private:
+  struct Impl;
+  LossParts run(const Batch& batch, const LossConfig& loss, double grad_scale, bool backward, float* logits,
+                float* logprobs);
+  ModelConfig config_;
+  DecoderOptions opts_;
+  XlaOptions xo_;
+  std::vector<Param> params_;
+  XlaRunStats stats_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// An XlaDecoder with make_decoder's initialisation (init_params).
+std::unique_ptr<CausalLM> make_xla_decoder(const ModelConfig& c, const XlaOptions& xo, uint64_t seed = 0,
+                                           const DecoderOptions& opts = {});
+
+}  // namespace olmosft::model

@@ -1,0 +1,50 @@
+// What the layer units read when they EMIT themselves as StableHLO (the XLA backend, docs/xla.md) instead of
+// executing on the CPU kernels: the same units, the same formulas, written with the layer ops of src/xla
+// (ops_*.h) into one graph. Each unit that the XLA backend runs has, beside forward / backward,
+//   emit_forward(Emit&, x...)  -> its output and an `Emitted` struct of the graph values its backward reads
+//                                  (the graph form of Saved: XLA decides what to keep and what to fuse);
+//   emit_backward(Emit&, x, Emitted, dy) -> the gradient w.r.t. its input. The CPU contract "accumulate into
+//                                  dx" becomes "return dx's term": the caller adds it (graph values are
+//                                  immutable); parameter gradients are accumulated with Emit::grad.
+// All values are f32 (bf16 operands in the GEMMs when Emit::operands says so).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "model/config.h"
+#include "model/model.h"
+#include "xla/hlo_builder.h"
+#include "xla/ops_dense.h"
+
+namespace olmosft::model::unit {
+
+struct Emit {
+  Emit(xla::HloBuilder& b_, const ModelConfig& c_, const LossConfig& loss_, std::vector<xla::Value> w_,
+       int64_t B_, int64_t T_)
+      : b(b_), c(c_), loss(loss_), w(std::move(w_)), B(B_), T(T_), N(B_ * T_), d(c_.hidden_size) {}
+  xla::HloBuilder& b;
+  const ModelConfig& c;
+  const LossConfig& loss;
+  std::vector<xla::Value> w;                    // parameter values, registry order, f32 registry shapes
+  std::vector<std::optional<xla::Value>> g;     // gradient sums per parameter (empty: forward only)
+  int64_t B = 0, T = 0, N = 0, d = 0;           // N = B * T tokens, d = hidden size
+  std::optional<xla::Value> tokens;             // s32 [N]
+  std::optional<xla::Value> seg;                // s32 [B, T] document id, -1 = padding
+  std::optional<xla::Value> logpos;             // f32 [N] log(position + 1) (scalable softmax only)
+  std::optional<xla::ops::RopeTables> rope[3];  // per RopeKind: [N, head_dim / 2]
+  xla::ops::Operands operands = xla::ops::Operands::kF32;
+  int64_t attention_block = 64;  // keys / queries per block of the blockwise attention
+
+  const xla::Value& W(int idx) const { return w[static_cast<size_t>(idx)]; }
+  bool backward() const { return !g.empty(); }
+  // Adds TERM to parameter IDX's gradient (no-op when forward only or idx < 0).
+  void grad(int idx, const xla::Value& term) {
+    if (g.empty() || idx < 0) return;
+    std::optional<xla::Value>& s = g[static_cast<size_t>(idx)];
+    s = s ? b.add(*s, term) : term;
+  }
+};
+
+}  // namespace olmosft::model::unit
