@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DOLMOSFT_WERROR=ON
 
-.PHONY: all deps build test demo bench reference fuzz format clean
+.PHONY: all deps build test demo demo-xla bench reference fuzz format clean
 
 all: build
 
@@ -22,6 +22,10 @@ test: build
 
 demo: build
 	scripts/demo.sh $(BUILD) demo-out
+
+# The same demo with the training step on XLA's CPU plugin (device: xla, docs/xla.md).
+demo-xla: build
+	scripts/demo.sh $(BUILD) demo-out-xla device=xla
 
 bench: build
 	scripts/bench.sh $(BUILD)

@@ -7,11 +7,15 @@
 #   init) and with the trained export,
 # and a short report: the loss curve (ASCII and PNG), the end-of-run checks (trained EOS, P(EOS) and held-out
 # CE), answer accuracy before/after, throughput.
-# Usage: scripts/demo.sh BUILD_DIR OUT_DIR
+# Usage: scripts/demo.sh BUILD_DIR OUT_DIR [KEY=VALUE ...]
+#   KEY=VALUE: recipe overrides for the training run, e.g. device=xla (`make demo-xla`: the same run on XLA's
+#   CPU plugin, docs/xla.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="$1/olmosft"
 out="$2"
+shift 2
+overrides=("$@")
 rm -rf "$out"
 mkdir -p "$out"
 t_start=$(date +%s)
@@ -58,7 +62,7 @@ echo "== 6. answers before training (the trainer's random init: $out/config.json
   --prompts "$out/heldout.jsonl" --out "$out/answers_before.jsonl" --max-new-tokens 12
 echo "== 7. train"
 "$bin" train recipes/tiny-demo.yaml model.config="$out/config.json" tokenizer="$out/tokenizer" \
-  data.path="$out/data" output_dir="$out/runs" 2>&1 | tee "$out/train.log" | grep -E "^(PREFLIGHT|LOSS-PARTS|CHECK|STEP-GUARD|export|progress)" | awk '
+  data.path="$out/data" output_dir="$out/runs" "${overrides[@]}" 2>&1 | tee "$out/train.log" | grep -E "^(PREFLIGHT|LOSS-PARTS|CHECK|STEP-GUARD|export|progress)" | awk '
   /^LOSS-PARTS/ { n++; if (n <= 3 || n % 20 == 0) print; next } { print }'
 hf="$out/runs/tiny-demo/hf"
 echo "== 8. answers after training ($hf)"

@@ -8,6 +8,7 @@
 #include "model/config.h"
 #include "model/decoder_xla.h"
 #include "model/model.h"
+#include "train/log_lines.h"
 #include "train/plan.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
@@ -69,7 +70,18 @@ int train_main(int argc, char** argv) {
     std::unique_ptr<olmosft::model::CausalLM> m = build_model(cfg, opts.param_fill);
     opts.comm = comm.get();
     opts.plan = &plan;
+    auto* xm = dynamic_cast<olmosft::model::XlaDecoder*>(m.get());
+    auto xla_line = [&] {  // device: xla (docs/xla.md): the plugin, then at the end what it compiled and ran
+      if (xm == nullptr || comm->rank() != 0) return;
+      const olmosft::model::XlaRunStats& s = xm->stats();
+      std::cout << olmosft::train::format_xla({xm->xla_options().plugin, xm->platform(),
+                                               static_cast<int64_t>(xm->device_count()), s.compiles,
+                                               s.compile_seconds, s.executions})
+                << std::endl;
+    };
+    xla_line();
     olmosft::train::TrainResult res = olmosft::train::run_training(cfg, *m, opts);
+    xla_line();
     if (res.exit_code != 0 && comm->rank() == 0)
       std::cerr << "olmosft train: exit " << res.exit_code << ": " << res.reason << "\n";
     return res.exit_code;

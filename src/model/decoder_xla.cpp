@@ -77,7 +77,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
   if (uses_rope(u.layers))
     for (int r : {static_cast<int>(RopeKind::Full), static_cast<int>(RopeKind::Sliding)})
       e.rope[r] = xla::ops::rope_tables(b, *a.pos, xla::ops::rope_inv_freq_constant(b, u.rope[r].inv_freq),
-                                        u.rope[r].attention_scaling);
+                                        u.rope[r].attention_scaling, xo.f64_trig);
   unit::EmbeddingUnit::Emitted se;
   std::vector<Value> h{u.embed.emit_forward(e, se)};  // h[l]: layer l's input; h[L]: the final norm's
   std::vector<unit::Block::Emitted> saved(u.blocks.size());
@@ -151,9 +151,17 @@ XlaDecoder::XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const Decoder
 
 XlaDecoder::~XlaDecoder() = default;
 
-std::string XlaDecoder::module_text(int64_t B, int64_t T, const LossConfig& loss, bool backward, bool logits,
-                                    bool logprobs) const {
-  return emit_step(config_, impl_->units, xo_, loss, step_key(B, T, loss, backward, logits, logprobs));
+std::string XlaDecoder::platform() const { return impl_->client.platform_name(); }
+size_t XlaDecoder::device_count() const { return impl_->client.device_count(); }
+
+std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
+                            const LossConfig& loss, bool backward, bool logits, bool logprobs) {
+  check_supported(c);
+  for (const LayerSpec& s : layer_specs(c)) unit::Block::check_emits(c, s);
+  OLMO_CHECK(B > 0 && T > 0, c.model_type_name, ": batch must have B > 0 and T > 0 (got B=", B, ", T=", T,
+             ")");
+  const DecoderUnits units(c, DecoderOptions{});
+  return emit_step(c, units, xo, loss, step_key(B, T, loss, backward, logits, logprobs));
 }
 
 LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double grad_scale, bool backward,

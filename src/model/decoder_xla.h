@@ -24,7 +24,18 @@ struct XlaOptions {
   int64_t cpu_devices = 1;       // devices XLA's CPU plugin creates (the step runs on the first); CPU only
   bool bf16 = false;             // bf16 operands in every GEMM with f32 accumulation (compute.dtype bf16)
   int64_t attention_block = 64;  // queries / keys per block of the blockwise attention
+  // RoPE's cos / sin evaluated in f64 and rounded once, as the CPU kernels (bit-exact tables); false for
+  // devices without f64 (TPU): f32 trigonometry, about 1e-7 relative.
+  bool f64_trig = true;
 };
+
+// The StableHLO text of one step for a [B, T] batch of config C: what XlaDecoder compiles (forward, and the
+// backward when BACKWARD; logits [N, V] and log-probs [N] outputs when asked). Needs no plugin: the
+// ahead-of-time compile for a topology (xla/pjrt.h) and the tests read it. Arguments and results:
+// docs/xla.md "The decoder on XLA". Throws like XlaDecoder's constructor for a layer it does not emit.
+std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
+                            const LossConfig& loss, bool backward, bool logits = false,
+                            bool logprobs = false);
 
 // What the backend did so far (tests, logs).
 struct XlaRunStats {
@@ -49,9 +60,9 @@ class XlaDecoder : public CausalLM {
   // XLA plans the program's memory itself: only the default policy is accepted.
   bool set_memory_policy(const MemoryPolicy& policy) override { return policy == MemoryPolicy{}; }
   const XlaRunStats& stats() const { return stats_; }
-  // The StableHLO text of the program for a [B, T] batch (what forward / forward_backward compile).
-  std::string module_text(int64_t B, int64_t T, const LossConfig& loss, bool backward, bool logits = false,
-                          bool logprobs = false) const;
+  const XlaOptions& xla_options() const { return xo_; }
+  std::string platform() const;  // the plugin's platform name (cpu, cuda, tpu)
+  size_t device_count() const;   // its addressable devices
 
  private:
   struct Impl;

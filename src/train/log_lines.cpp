@@ -178,6 +178,24 @@ std::optional<RequiredRbfLine> parse_required_rbf_line(const std::string& text) 
   return when(ok, l);
 }
 
+// ---------------------------------------------------------------- XLA
+
+std::string format_xla(const XlaLine& l) {
+  return "XLA plugin=" + l.plugin + " platform=" + l.platform + " devices=" + std::to_string(l.devices) +
+         " compiles=" + std::to_string(l.compiles) + " compile_s=" + f("%.3g", l.compile_s) +
+         " executions=" + std::to_string(l.executions);
+}
+
+std::optional<XlaLine> parse_xla_line(const std::string& text) {
+  XlaLine l;
+  Scan c(text, "XLA ");
+  bool ok = c.lit("plugin=") && c.word(l.plugin) && c.lit(" platform=") && c.word(l.platform) &&
+            c.lit(" devices=") && c.i64(l.devices) && c.lit(" compiles=") && c.i64(l.compiles) &&
+            c.lit(" compile_s=") && c.f64(l.compile_s) && c.lit(" executions=") && c.i64(l.executions) &&
+            c.done();
+  return when(ok, l);
+}
+
 // ---------------------------------------------------------------- DIST
 
 std::string format_dist(const DistLine& l) {

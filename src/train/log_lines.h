@@ -50,6 +50,18 @@ struct RequiredRbfLine {
 std::string format_required_rbf(const RequiredRbfLine& l);
 std::optional<RequiredRbfLine> parse_required_rbf_line(const std::string& text);
 
+// XLA plugin=cpu platform=cpu devices=1 compiles=2 compile_s=1.23 executions=24 (device: xla, docs/xla.md):
+// printed when the model is built (counts 0) and at the end of the run (compile_s %.3g).
+struct XlaLine {
+  std::string plugin, platform;
+  int64_t devices = 0, compiles = 0;
+  double compile_s = 0;
+  int64_t executions = 0;
+  bool operator==(const XlaLine&) const = default;
+};
+std::string format_xla(const XlaLine& l);
+std::optional<XlaLine> parse_xla_line(const std::string& text);
+
 // DIST mode=zero3 processes=4 comm=mpi gather=per-layer params=P sent_bytes_per_step_per_rank=a,b,c,d
 // minimum_bytes=M persistent_bytes_per_rank=... peak_transient_bytes_per_rank=... rss_bytes_per_rank=...
 // (one line; byte counts %.0f, one per rank, comma-separated).

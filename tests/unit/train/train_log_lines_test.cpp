@@ -64,6 +64,17 @@ TEST(LogLines, RequiredRbf) {
   EXPECT_FALSE(parse_required_rbf_line("REQUIRED_RBF step=7 value=2.24 layer=3"));
 }
 
+TEST(LogLines, Xla) {
+  XlaLine l{"cpu", "cpu", 1, 2, 1.25, 24};
+  EXPECT_EQ(format_xla(l), "XLA plugin=cpu platform=cpu devices=1 compiles=2 compile_s=1.25 executions=24");
+  EXPECT_EQ(parse_xla_line(format_xla(l)), l);
+  XlaLine p{"/opt/pjrt/xla_cuda_plugin.so", "cuda", 8, 0, 0, 0};
+  EXPECT_EQ(parse_xla_line("2026-12-05T07:00:00Z " + format_xla(p)), p);
+  EXPECT_FALSE(parse_xla_line("XLA plugin=cpu platform=cpu devices=1 compiles=2 compile_s=1.25"));
+  EXPECT_FALSE(parse_xla_line("XLA plugin=cpu platform=cpu devices=one compiles=2 compile_s=1 executions=2"));
+  EXPECT_FALSE(parse_xla_line("XLA plugin= platform=cpu devices=1 compiles=2 compile_s=1 executions=2"));
+}
+
 TEST(LogLines, Dist) {
   DistLine l{"zero3", 2, "mpi", "per-layer", 1234, {100, 200}, 150, {10, 20}, {1, 2}, {3e9, 4e9}};
   const std::string t =

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# `olmosft train` with `device: xla` (docs/xla.md) on XLA's CPU plugin against the CPU backend, the same
+# recipe (the tiny Olmo 3 fixture, 3 steps of 2 micro-batches): per-step CE and lm_z within 1e-5 relative
+# (two fp32 implementations, docs/numerics.md "Two fp32 backends"; measured about 1e-7, close to the
+# 6-decimal print); a run checkpointed on the CPU resumes on XLA (checkpoint.allow_recipe_change, since the
+# backend changes rounding) and its step 3 matches the all-CPU run's; the export is written; zero3 and a
+# missing plugin are refused with their reasons.
+set -u
+bin=$1
+dir=$2
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+G="$root/tests/golden"
+rm -rf "$dir" && mkdir -p "$dir"
+pass=0
+fails=0
+check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+
+"$bin" data build --input "$G/data/convs.jsonl" --tokenizer builtin:bytes --seq-len 256 --seed 7 --epochs 1 --quiet \
+  --out "$dir/data" >/dev/null 2>&1; rc=$?
+check "dataset builds" "[ $rc -eq 0 ]"
+cat >"$dir/recipe.yaml" <<YAML
+output_dir: $dir/runs
+model:
+  init: $G/model/olmo3_tiny
+tokenizer: builtin:bytes
+data:
+  path: $dir/data
+seq_len: 256
+global_batch: 4
+per_device_batch: 2
+steps: 3
+optimizer:
+  lr: 1e-3
+loss:
+  lm_z: 1e-4
+perf:
+  peak_tflops: 1
+checkpoint:
+  every: 1
+  keep_last: 3
+log:
+  tensorboard: false
+YAML
+run() {  # run NAME KEY=VALUE...: trains, keeps stdout/stderr under $dir/NAME.*
+  local name=$1
+  shift
+  "$bin" train "$dir/recipe.yaml" run_name="$name" "$@" >"$dir/$name.out" 2>"$dir/$name.err"
+}
+# "step ce lm_z" per LOSS-PARTS line
+parts() { sed -n 's/^LOSS-PARTS step=\([0-9]*\) ce=\([0-9.]*\) lm_z=\([0-9.]*\).*/\1 \2 \3/p' "$1"; }
+run cpu device=cpu; rc=$?
+check "CPU backend trains (exit 0)" "[ $rc -eq 0 ]"
+run xla device=xla; rc=$?
+check "XLA backend trains (exit 0)" "[ $rc -eq 0 ] && [ -f '$dir/runs/xla/hf/config.json' ]"
+grep '^XLA ' "$dir/xla.out"
+# 3 steps x 2 micro-batches of one shape: one program compiled, 6 executions (+ the end-of-run checks' forwards)
+check "XLA lines: the CPU plugin at start, one backward program compiled and run 6 times by the end" \
+  "grep -q '^XLA plugin=cpu platform=cpu devices=1 compiles=0 ' '$dir/xla.out' && tail -1 <(grep '^XLA ' '$dir/xla.out') | grep -Eq ' compiles=[1-9][0-9]* compile_s=[0-9.e+-]+ executions=([6-9]|[1-9][0-9]+)$'"
+check "the CPU run prints no XLA line" "! grep -q '^XLA ' '$dir/cpu.out'"
+paste <(parts "$dir/cpu.out") <(parts "$dir/xla.out") >"$dir/both.txt"
+cat "$dir/both.txt"
+check "3 steps on each backend, CE and lm_z within 1e-5 relative" \
+  "awk 'function r(a, b) { d = a - b; if (d < 0) d = -d; return d / b }
+        { n++; if (\$1 != \$4 || r(\$5, \$2) > 1e-5 || r(\$6, \$3) > 1e-5) bad++; w = r(\$5, \$2) > w ? r(\$5, \$2) : w }
+        END { printf \"largest CE gap %.3g over %d steps\\n\", w, n; exit !(n == 3 && bad == 0) }' '$dir/both.txt'"
+
+# Resume across backends: 2 steps on the CPU, then step 3 on XLA from the CPU's step-2 checkpoint.
+"$bin" train "$dir/recipe.yaml" run_name=mixed device=cpu steps=2 lr_schedule_steps=3 >"$dir/mixed1.out" 2>&1
+rc1=$?
+run mixed device=xla lr_schedule_steps=3 checkpoint.allow_recipe_change=true; rc2=$?
+check "CPU for 2 steps, then resumed on XLA (exit 0, 0)" "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -q 'step=2' '$dir/mixed1.out'"
+cpu3=$(parts "$dir/cpu.out" | awk '$1 == 3 { print $2 }')
+mix3=$(parts "$dir/mixed.out" | awk '$1 == 3 { print $2 }')
+echo "step 3 CE: all CPU $cpu3, resumed on XLA $mix3"
+check "the resumed run trained only step 3, on XLA, within 1e-5 of the all-CPU step 3" \
+  "[ \"\$(parts '$dir/mixed.out' | wc -l)\" = 1 ] && [ -n '$mix3' ] && awk -v a='$mix3' -v b='$cpu3' 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / b < 1e-5) }'"
+
+run zero3 device=xla dist.mode=zero3; rc=$?
+check "device xla with dist.mode zero3 is refused (exit 2, names the key)" \
+  "[ $rc -eq 2 ] && grep -q 'device=xla needs dist.mode dp' '$dir/zero3.err'"
+run noplugin device=xla xla.plugin=$dir/none.so; rc=$?
+check "a missing plugin is refused naming its path" "[ $rc -ne 0 ] && grep -q '$dir/none.so' '$dir/noplugin.err'"
+echo "$pass passed, $fails failed"
+[ "$fails" -eq 0 ]
