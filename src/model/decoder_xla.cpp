@@ -1,9 +1,11 @@
 // The decoder on XLA (see decoder_xla.h): the layer list emitted as one StableHLO program per batch shape.
 #include "model/decoder_xla.h"
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <tuple>
 
@@ -13,30 +15,33 @@
 #include "model/params.h"
 #include "model/unit_emit.h"
 #include "xla/hlo_builder.h"
+#include "xla/ops_adamw.h"
 #include "xla/ops_dense.h"
 #include "xla/pjrt.h"
 
 namespace olmosft::model {
-
-namespace {
-
-using xla::ElementType;
-using xla::TensorType;
-using xla::Value;
 
 // What one compiled program is for: the batch shape, the kind of call and the loss settings that are
 // constants of the graph (grad_scale is an argument).
 struct StepKey {
   int64_t B = 0, T = 0;
   bool backward = false, logits = false, logprobs = false;
+  bool accumulate = false;  // the gradient sums so far are arguments, donated into the results (device state)
   double lm_z = 0;
   int64_t vocab_tile = 0;
   auto operator<=>(const StepKey&) const = default;
 };
 
-StepKey step_key(int64_t B, int64_t T, const LossConfig& loss, bool backward, bool logits, bool logprobs) {
-  return StepKey{B, T, backward, logits, logprobs, loss.weight[kLossLmZ], loss.vocab_tile};
+static StepKey step_key(int64_t B, int64_t T, const LossConfig& loss, bool backward, bool logits,
+                        bool logprobs, bool accumulate = false) {
+  return StepKey{B, T, backward, logits, logprobs, accumulate, loss.weight[kLossLmZ], loss.vocab_tile};
 }
+
+namespace {
+
+using xla::ElementType;
+using xla::TensorType;
+using xla::Value;
 
 bool uses_ssmax(const ModelConfig& c) { return c.scalable_softmax; }
 
@@ -88,11 +93,18 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
   if (k.logits) results.push_back(u.head.emit_logits(e, sh));
   if (k.logprobs) results.push_back(u.head.emit_logprobs(e, sh));
   if (k.backward) {
+    // the sums so far, each donated into its result (argument i -> result first_grad + i)
+    std::vector<Value> sums;
+    const int first_grad = static_cast<int>(results.size());
+    if (k.accumulate)
+      for (size_t i = 0; i < reg.size(); ++i) sums.push_back(b.argument(w[i].type(), first_grad + int(i)));
     Value dh = u.head.emit_backward(e, h.back(), sh, *a.scale);
     for (size_t l = u.blocks.size(); l-- > 0;) dh = u.blocks[l].emit_backward(e, h[l], saved[l], dh);
     u.embed.emit_backward(e, se, dh);
-    for (size_t i = 0; i < reg.size(); ++i)
-      results.push_back(e.g[i] ? *e.g[i] : b.constant(w[i].type(), 0.0));
+    for (size_t i = 0; i < reg.size(); ++i) {
+      const Value g = e.g[i] ? *e.g[i] : b.constant(w[i].type(), 0.0);
+      results.push_back(k.accumulate ? b.add(sums[i], g) : g);
+    }
   }
   b.returns(results);
   return b.module();
@@ -124,12 +136,61 @@ HostBatch host_batch(const ModelConfig& c, const DecoderOptions& o, const Batch&
   return h;
 }
 
+// The global norm of the gradient sums: one f32 scalar (the CPU sums its squares in double).
+std::string emit_grad_norm(const std::vector<ParamSpec>& reg) {
+  xla::HloBuilder b("olmosft_grad_norm");
+  std::vector<Value> g;
+  for (const ParamSpec& p : reg) g.push_back(b.argument(TensorType{ElementType::kF32, p.shape}));
+  b.returns({xla::ops::clip_grad_norm(b, g, 0.0).norm});
+  return b.module();
+}
+
+// What an update program is for: AdamW's constants and the clip threshold (the LR and step are an argument).
+struct UpdateKey {
+  double beta1 = 0, beta2 = 0, eps = 0, max_norm = 0;
+  auto operator<=>(const UpdateKey&) const = default;
+};
+
+// Clip + AdamW over every parameter: arguments p_i (donated into result i), g_i, m_i (-> result P + i), v_i
+// (-> 2P + i), then the f32 [3] scalars of ops::adamw_scalars; results the new p, m and v.
+std::string emit_update(const std::vector<ParamSpec>& reg, const std::vector<bool>& decay,
+                        const UpdateKey& k) {
+  xla::HloBuilder b("olmosft_update");
+  const int P = static_cast<int>(reg.size());
+  std::vector<Value> p, g, m, v;
+  auto type = [&](int i) { return TensorType{ElementType::kF32, reg[size_t(i)].shape}; };
+  for (int i = 0; i < P; ++i) p.push_back(b.argument(type(i), i));
+  for (int i = 0; i < P; ++i) g.push_back(b.argument(type(i)));
+  for (int i = 0; i < P; ++i) m.push_back(b.argument(type(i), P + i));
+  for (int i = 0; i < P; ++i) v.push_back(b.argument(type(i), 2 * P + i));
+  const Value scalars = b.argument(TensorType{ElementType::kF32, {3}});
+  const xla::ops::ClipResult clipped = xla::ops::clip_grad_norm(b, g, k.max_norm);
+  std::vector<xla::ops::AdamWParam> ap;
+  for (int i = 0; i < P; ++i)
+    ap.push_back({p[size_t(i)], clipped.grads[size_t(i)], m[size_t(i)], v[size_t(i)], decay[size_t(i)]});
+  xla::ops::AdamWOptions o;
+  o.beta1 = k.beta1;
+  o.beta2 = k.beta2;
+  o.eps = k.eps;
+  const std::vector<xla::ops::AdamWState> next = xla::ops::adamw_update(b, ap, scalars, o);
+  std::vector<Value> results;
+  for (const auto& n : next) results.push_back(n.p);
+  for (const auto& n : next) results.push_back(n.m);
+  for (const auto& n : next) results.push_back(n.v);
+  b.returns(results);
+  return b.module();
+}
+
 }  // namespace
 
 struct XlaDecoder::Impl {
   DecoderUnits units;
   xla::Client client;
   std::map<StepKey, xla::Executable> programs;
+  std::optional<xla::Executable> norm;
+  std::map<UpdateKey, xla::Executable> updates;
+  // Device training state (DeviceTraining): empty until upload(); g empty while no step has a gradient sum.
+  std::vector<xla::Buffer> p, m, v, g;
   Impl(const ModelConfig& c, const DecoderOptions& o, const XlaOptions& xo)
       : units(c, o), client(xla::Client::create(xo.plugin, client_options(xo))) {}
   static xla::ClientOptions client_options(const XlaOptions& xo) {
@@ -164,6 +225,18 @@ std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t 
   return emit_step(c, units, xo, loss, step_key(B, T, loss, backward, logits, logprobs));
 }
 
+xla::Executable& XlaDecoder::program(const StepKey& key, const LossConfig& loss) {
+  auto it = impl_->programs.find(key);
+  if (it != impl_->programs.end()) return it->second;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string text = emit_step(config_, impl_->units, xo_, loss, key);
+  xla::Executable& exe = impl_->programs.emplace(key, impl_->client.compile(text)).first->second;
+  stats_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.module_bytes = text.size();
+  ++stats_.compiles;
+  return exe;
+}
+
 LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double grad_scale, bool backward,
                           float* logits, float* logprobs) {
   const std::string& who = config_.model_type_name;
@@ -171,24 +244,19 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
              ", T=", batch.T, ")");
   OLMO_CHECK(batch.tokens != nullptr, who, ": batch has no tokens");
   const HostBatch hb = host_batch(config_, opts_, batch);
-  const StepKey key = step_key(batch.B, batch.T, loss, backward, logits != nullptr, logprobs != nullptr);
-  auto it = impl_->programs.find(key);
-  if (it == impl_->programs.end()) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::string text = emit_step(config_, impl_->units, xo_, loss, key);
-    it = impl_->programs.emplace(key, impl_->client.compile(text)).first;
-    stats_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    stats_.module_bytes = text.size();
-    ++stats_.compiles;
-  }
-  const xla::Client& cl = impl_->client;
-  std::vector<xla::Buffer> args;
-  for (const Param& p : params_) {
-    OLMO_CHECK(p.value.defined(), who, ": the XLA backend needs every parameter on this process; ", p.name,
-               " is not (dist.mode zero3 is not supported with device: xla)");
-    args.push_back(cl.to_device(std::span<const float>(p.value.data<float>(), size_t(p.value.numel())),
-                                p.value.shape()));
-  }
+  Impl& im = *impl_;
+  const bool on_device = !im.p.empty(), accumulate = backward && !im.g.empty();
+  xla::Executable& exe = program(
+      step_key(batch.B, batch.T, loss, backward, logits != nullptr, logprobs != nullptr, accumulate), loss);
+  const xla::Client& cl = im.client;
+  std::vector<xla::Buffer> args;  // the host's parameters (no device state), then the batch
+  if (!on_device)
+    for (const Param& p : params_) {
+      OLMO_CHECK(p.value.defined(), who, ": the XLA backend needs every parameter on this process; ", p.name,
+                 " is not (dist.mode zero3 is not supported with device: xla)");
+      args.push_back(cl.to_device(std::span<const float>(p.value.data<float>(), size_t(p.value.numel())),
+                                  p.value.shape()));
+    }
   const int64_t N = batch.B * batch.T;
   args.push_back(cl.to_device(std::span<const int32_t>(hb.tokens), {N}));
   args.push_back(cl.to_device(std::span<const int32_t>(hb.seg), {batch.B, batch.T}));
@@ -199,8 +267,16 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
   const float scale = static_cast<float>(grad_scale);
   if (backward) args.push_back(cl.to_device(std::span<const float>(&scale, 1), {}));
   std::vector<xla::Buffer*> ptrs;
+  if (on_device)
+    for (auto& b : im.p) ptrs.push_back(&b);
   for (auto& a : args) ptrs.push_back(&a);
-  std::vector<xla::Buffer> out = it->second.execute(ptrs);
+  std::vector<size_t> donate;
+  if (accumulate)
+    for (auto& g : im.g) {
+      donate.push_back(ptrs.size());
+      ptrs.push_back(&g);
+    }
+  std::vector<xla::Buffer> out = exe.execute(ptrs, donate);
   ++stats_.executions;
   LossParts lp;
   lp.sum[kLossCe] = out[0].to_host<float>()[0];
@@ -210,12 +286,91 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
   if (logits != nullptr) out[r++].to_host(logits, size_t(N * config_.vocab_size) * sizeof(float));
   if (logprobs != nullptr) out[r++].to_host(logprobs, size_t(N) * sizeof(float));
   if (!backward) return lp;
+  if (on_device) {  // the sum stays on the device (DeviceTraining)
+    im.g.assign(std::make_move_iterator(out.begin() + long(r)), std::make_move_iterator(out.end()));
+    return lp;
+  }
   for (Param& p : params_) {
     const std::vector<float> g = out[r++].to_host<float>();
     float* dst = p.grad.data<float>();
     for (size_t j = 0; j < g.size(); ++j) dst[j] += g[j];
   }
   return lp;
+}
+
+// ---- DeviceTraining --------------------------------------------------------------------------------------
+
+void XlaDecoder::upload(const std::vector<const float*>& values, const std::vector<const float*>& exp_avg,
+                        const std::vector<const float*>& exp_avg_sq) {
+  const size_t P = params_.size();
+  OLMO_CHECK(values.size() == P && exp_avg.size() == P && exp_avg_sq.size() == P, config_.model_type_name,
+             ": upload needs ", P, " tensors of values and of each moment");
+  Impl& im = *impl_;
+  im.p.clear(), im.m.clear(), im.v.clear(), im.g.clear();
+  const std::vector<ParamSpec> reg = param_registry(config_);
+  for (size_t i = 0; i < P; ++i) {
+    const size_t n = static_cast<size_t>(shape_numel(reg[i].shape));
+    im.p.push_back(im.client.to_device(std::span<const float>(values[i], n), reg[i].shape));
+    im.m.push_back(im.client.to_device(std::span<const float>(exp_avg[i], n), reg[i].shape));
+    im.v.push_back(im.client.to_device(std::span<const float>(exp_avg_sq[i], n), reg[i].shape));
+  }
+}
+
+void XlaDecoder::download(const std::vector<float*>& values, const std::vector<float*>& exp_avg,
+                          const std::vector<float*>& exp_avg_sq) {
+  Impl& im = *impl_;
+  const size_t P = params_.size();
+  OLMO_CHECK(!im.p.empty(), config_.model_type_name, ": download before upload (no device state)");
+  OLMO_CHECK(values.size() == P && exp_avg.size() == P && exp_avg_sq.size() == P, config_.model_type_name,
+             ": download needs ", P, " tensors of values and of each moment");
+  for (size_t i = 0; i < P; ++i) {
+    const size_t bytes = im.p[i].type().bytes();
+    im.p[i].to_host(values[i], bytes);
+    im.m[i].to_host(exp_avg[i], bytes);
+    im.v[i].to_host(exp_avg_sq[i], bytes);
+  }
+}
+
+double XlaDecoder::grad_norm() {
+  Impl& im = *impl_;
+  OLMO_CHECK(!im.g.empty(), config_.model_type_name, ": grad_norm with no gradient sum on the device");
+  if (!im.norm) im.norm = im.client.compile(emit_grad_norm(param_registry(config_)));
+  std::vector<xla::Buffer*> ptrs;
+  for (auto& g : im.g) ptrs.push_back(&g);
+  return im.norm->execute(ptrs)[0].to_host<float>()[0];
+}
+
+void XlaDecoder::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step) {
+  Impl& im = *impl_;
+  OLMO_CHECK(!im.g.empty(), config_.model_type_name, ": clip_and_step with no gradient sum on the device");
+  const UpdateKey key{cfg.beta1, cfg.beta2, cfg.eps, max_norm};
+  auto it = im.updates.find(key);
+  if (it == im.updates.end()) {
+    std::vector<bool> decay;
+    for (const Param& p : params_) decay.push_back(p.decay);
+    it = im.updates.emplace(key, im.client.compile(emit_update(param_registry(config_), decay, key))).first;
+  }
+  xla::ops::AdamWOptions o;
+  o.lr = cfg.lr;
+  o.beta1 = cfg.beta1, o.beta2 = cfg.beta2, o.eps = cfg.eps, o.weight_decay = cfg.weight_decay;
+  const std::array<float, 3> sc = xla::ops::adamw_scalars(o, step);
+  xla::Buffer scalars = im.client.to_device(std::span<const float>(sc.data(), 3), {3});
+  const size_t P = params_.size();
+  std::vector<xla::Buffer*> ptrs;
+  std::vector<size_t> donate;
+  for (auto* group : {&im.p, &im.g, &im.m, &im.v})
+    for (auto& b : *group) {
+      if (group != &im.g) donate.push_back(ptrs.size());
+      ptrs.push_back(&b);
+    }
+  ptrs.push_back(&scalars);
+  std::vector<xla::Buffer> out = it->second.execute(ptrs, donate);
+  im.g.clear();  // consumed: the next step starts a new sum
+  for (size_t i = 0; i < P; ++i) {
+    im.p[i] = std::move(out[i]);
+    im.m[i] = std::move(out[P + i]);
+    im.v[i] = std::move(out[2 * P + i]);
+  }
 }
 
 LossParts XlaDecoder::forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,

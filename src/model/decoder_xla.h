@@ -17,6 +17,10 @@
 #include "model/decoder.h"
 #include "model/model.h"
 
+namespace olmosft::xla {
+class Executable;
+}
+
 namespace olmosft::model {
 
 struct XlaOptions {
@@ -45,7 +49,9 @@ struct XlaRunStats {
   size_t module_bytes = 0;  // StableHLO text of the last program compiled
 };
 
-class XlaDecoder : public CausalLM {
+struct StepKey;  // decoder_xla.cpp: what one compiled step program is for
+
+class XlaDecoder : public CausalLM, public DeviceTraining {
  public:
   // Loads the plugin and creates its client; throws naming the config field when a layer is not emitted
   // (KDA, MoE) or the decoder does not support the config (layers.h).
@@ -59,6 +65,18 @@ class XlaDecoder : public CausalLM {
   LossParts forward(const Batch& batch, const LossConfig& loss, float* logits, float* logprobs) override;
   // XLA plans the program's memory itself: only the default policy is accepted.
   bool set_memory_policy(const MemoryPolicy& policy) override { return policy == MemoryPolicy{}; }
+  // Parameters, the step's gradient sum and the AdamW moments on the device (model.h DeviceTraining): the
+  // trainer's path with one process. Before upload(), every call copies the host's parameters in and adds
+  // the gradients into Param::grad.
+  DeviceTraining* device_training() override { return this; }
+  void upload(const std::vector<const float*>& values, const std::vector<const float*>& exp_avg,
+              const std::vector<const float*>& exp_avg_sq) override;
+  void download(const std::vector<float*>& values, const std::vector<float*>& exp_avg,
+                const std::vector<float*>& exp_avg_sq) override;
+  double grad_norm() override;
+  // The update program: clip (ops::clip_grad_norm, the norm in f32) + AdamW (ops::adamw_update) with the
+  // parameters and moments donated; compiled once per (betas, eps, max_norm), the LR and step an argument.
+  void clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step) override;
   const XlaRunStats& stats() const { return stats_; }
   const XlaOptions& xla_options() const { return xo_; }
   std::string platform() const;  // the plugin's platform name (cpu, cuda, tpu)
@@ -66,6 +84,7 @@ class XlaDecoder : public CausalLM {
 
  private:
   struct Impl;
+  xla::Executable& program(const StepKey& key, const LossConfig& loss);  // compiled once per key
   LossParts run(const Batch& batch, const LossConfig& loss, double grad_scale, bool backward, float* logits,
                 float* logprobs);
   ModelConfig config_;

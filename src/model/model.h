@@ -12,6 +12,7 @@
 
 #include "core/tensor.h"
 #include "io/safetensors.h"
+#include "kernels/adamw.h"
 #include "model/config.h"
 #include "model/loss_terms.h"
 #include "model/memory_policy.h"
@@ -73,6 +74,27 @@ struct ParamResidency {
   std::function<void(int group)> need, done;
 };
 
+// Training state kept on the model's device between steps (the XLA backend, docs/xla.md "Training state on
+// the device"): the parameters, the current step's gradient sum and the AdamW moments. While a model holds
+// it (after upload), its forward_backward adds each leaf's gradients into the device's sum and leaves
+// Param::grad alone, and its forward reads the device's parameters. The host copy (the trainer's master)
+// changes only by download. The trainer (one process): upload after loading or resuming; per step the
+// leaves' forward_backward, grad_norm, clip_and_step (which consumes the sum); download before every
+// checkpoint and at the end of the run.
+class DeviceTraining {
+ public:
+  virtual ~DeviceTraining() = default;
+  // Per parameter (registry order): its values and AdamW moments (exp_avg, exp_avg_sq), numel floats each.
+  virtual void upload(const std::vector<const float*>& values, const std::vector<const float*>& exp_avg,
+                      const std::vector<const float*>& exp_avg_sq) = 0;
+  virtual void download(const std::vector<float*>& values, const std::vector<float*>& exp_avg,
+                        const std::vector<float*>& exp_avg_sq) = 0;
+  // The global norm of the step's gradient sum (no sum yet: an error).
+  virtual double grad_norm() = 0;
+  // Clip to max_norm (> 0) and one AdamW update with cfg's LR at 1-based step `step`; consumes the sum.
+  virtual void clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step) = 0;
+};
+
 class CausalLM {
  public:
   virtual ~CausalLM() = default;
@@ -93,6 +115,8 @@ class CausalLM {
   // Sets what the model keeps between forward and backward; returns false when the model cannot follow
   // `policy` (then it keeps its previous one).
   virtual bool set_memory_policy(const MemoryPolicy& policy) { return policy == MemoryPolicy{}; }
+  // The model's device training state, or nullptr when the host holds it (the CPU backend).
+  virtual DeviceTraining* device_training() { return nullptr; }
 };
 
 // Builds the model for a config with fp32 parameters initialised from N(0, initializer_range) (norm

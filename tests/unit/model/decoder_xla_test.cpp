@@ -239,3 +239,86 @@ TEST(DecoderXla, RefusesLayersItDoesNotEmit) {
   bad.plugin = "/nonexistent/plugin.so";
   EXPECT_THROW(XlaDecoder(load_hf_dir(kDir).config, bad), Error);
 }
+
+// The training state on the device (model.h DeviceTraining) against the same steps with the host optimizer
+// (kernels/adamw on the XLA backend's host gradients): two leaves per step summed on the device, the norm
+// and clip + AdamW in programs, three steps, the downloaded parameters and moments compared after step 1 and
+// step 3. Differences: the host sums the norm's squares in double (the program in f32), fuses one
+// multiply-add less (docs/xla.md, clip / AdamW: 6e-8 of the scale), and adds the two leaves' gradients on
+// the host (the program adds them in f32 too, in its own order). After step 1 the parameters differ by
+// rounding only: bound 1e-4 of the LR (an update is about +-LR per element; weight decay alone moves a
+// weight by LR x wd x |p|, 1e-5 here, so a missing decay is 100x over). Later steps start from slightly
+// different weights (measured after step 1: 2.4e-7 absolute, 1-2 ulp of a norm gain near 1, so the bound
+// is taken after 4 ulp of each value), and AdamW's sign-like update can move a near-zero-gradient element by
+// up to an LR: bound 1e-2 of the 3 LR moved (measured 2.5e-4); the moments stay within 1e-5 of their scale.
+TEST(DecoderXla, DeviceTrainingStateMatchesTheHostOptimizer) {
+  const auto& F = fx();
+  auto host = load_xla(), dev = load_xla();
+  const Batch b = F.make();
+  const double scale = 0.5 / double(F.trained());  // two leaves of the same batch per step
+  AdamWConfig ac;
+  ac.lr = 1e-3;
+  ac.weight_decay = 0.1;
+  const double clip = 0.5;
+  const size_t P = dev->params().size();
+  std::vector<std::vector<float>> m(P), v(P), hm, hv, dp(P), dm(P), dv(P);
+  std::vector<const float*> vals, mp, vp;
+  std::vector<float*> pp, pm, pv;
+  for (size_t i = 0; i < P; ++i) {
+    const size_t n = size_t(dev->params()[i].value.numel());
+    for (auto* x : {&m[i], &v[i], &dp[i], &dm[i], &dv[i]}) x->assign(n, 0.0f);
+    vals.push_back(dev->params()[i].value.data<float>());
+    mp.push_back(m[i].data()), vp.push_back(v[i].data());
+    pp.push_back(dp[i].data()), pm.push_back(dm[i].data()), pv.push_back(dv[i].data());
+  }
+  hm = m, hv = v;
+  DeviceTraining* dt = dev->device_training();
+  ASSERT_NE(dt, nullptr);
+  EXPECT_THROW(dt->download(pp, pm, pv), Error);  // no state yet
+  dt->upload(vals, mp, vp);
+  EXPECT_THROW(dt->grad_norm(), Error);  // no gradient sum yet
+  auto compare = [&](int64_t t, double param_bound) {
+    dt->download(pp, pm, pv);
+    double wp = 0, wm = 0, wv = 0;
+    for (size_t i = 0; i < P; ++i) {
+      const int64_t n = int64_t(m[i].size());
+      const float* hp = host->params()[i].value.data<float>();
+      for (int64_t k = 0; k < n; ++k)  // less a few float roundings of the value itself (4 ulp)
+        wp = std::max(wp,
+                      std::max(0.0, std::fabs(double(dp[i][size_t(k)]) - hp[k]) - 4.8e-7 * std::fabs(hp[k])) /
+                          (double(t) * ac.lr));
+      wm = std::max(wm, scaled_diff(dm[i].data(), hm[i].data(), n));
+      wv = std::max(wv, scaled_diff(dv[i].data(), hv[i].data(), n));
+    }
+    std::printf(
+        "device state vs host optimizer after step %lld: params %.3g of %lld LR, exp_avg %.3g, "
+        "exp_avg_sq %.3g\n",
+        static_cast<long long>(t), wp, static_cast<long long>(t), wm, wv);
+    EXPECT_LT(wp, param_bound) << "step " << t;
+    EXPECT_LT(wm, 1e-5) << "step " << t;
+    EXPECT_LT(wv, 1e-5) << "step " << t;
+  };
+  for (int64_t t = 1; t <= 3; ++t) {
+    for (auto& p : host->params()) p.grad.zero();
+    for (int leaf = 0; leaf < 2; ++leaf) {
+      const LossParts a = host->forward_backward(b, fixture_loss(), scale, 1.0);
+      const LossParts d = dev->forward_backward(b, fixture_loss(), scale, 1.0);
+      EXPECT_LT(rel(d.sum[kLossCe], a.sum[kLossCe]), 1e-5) << "step " << t;
+    }
+    std::vector<AdamWParam<float>> ap;
+    for (size_t i = 0; i < P; ++i) {
+      Param& p = host->params()[i];
+      ap.push_back({p.value.data<float>(), p.grad.data<float>(), hm[i].data(), hv[i].data(), p.value.numel(),
+                    p.decay});
+    }
+    const double dn = dt->grad_norm(), hn = clip_grad_norm(ap, clip);
+    EXPECT_LT(rel(dn, hn), 1e-6) << "step " << t << ": global norm " << dn << " vs " << hn;
+    adamw_step(ap, ac, t);
+    dt->clip_and_step(ac, clip, t);
+    EXPECT_THROW(dt->grad_norm(), Error) << "the update consumes the sum";
+    if (t == 1) compare(1, 1e-4);
+  }
+  compare(3, 1e-2);
+  for (const Param& p : dev->params())  // the device path never touches the host's gradients
+    for (int64_t k = 0; k < p.grad.numel(); ++k) ASSERT_EQ(p.grad.data<float>()[k], 0.0f) << p.name;
+}
