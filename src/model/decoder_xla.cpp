@@ -225,16 +225,20 @@ std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t 
   return emit_step(c, units, xo, loss, step_key(B, T, loss, backward, logits, logprobs));
 }
 
-xla::Executable& XlaDecoder::program(const StepKey& key, const LossConfig& loss) {
-  auto it = impl_->programs.find(key);
-  if (it != impl_->programs.end()) return it->second;
+xla::Executable XlaDecoder::compile(const std::string& text) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string text = emit_step(config_, impl_->units, xo_, loss, key);
-  xla::Executable& exe = impl_->programs.emplace(key, impl_->client.compile(text)).first->second;
+  xla::Executable exe = impl_->client.compile(text);
   stats_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stats_.module_bytes = text.size();
   ++stats_.compiles;
   return exe;
+}
+
+xla::Executable& XlaDecoder::program(const StepKey& key, const LossConfig& loss) {
+  auto it = impl_->programs.find(key);
+  if (it != impl_->programs.end()) return it->second;
+  return impl_->programs.emplace(key, compile(emit_step(config_, impl_->units, xo_, loss, key)))
+      .first->second;
 }
 
 LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double grad_scale, bool backward,
@@ -334,7 +338,7 @@ void XlaDecoder::download(const std::vector<float*>& values, const std::vector<f
 double XlaDecoder::grad_norm() {
   Impl& im = *impl_;
   OLMO_CHECK(!im.g.empty(), config_.model_type_name, ": grad_norm with no gradient sum on the device");
-  if (!im.norm) im.norm = im.client.compile(emit_grad_norm(param_registry(config_)));
+  if (!im.norm) im.norm = compile(emit_grad_norm(param_registry(config_)));
   std::vector<xla::Buffer*> ptrs;
   for (auto& g : im.g) ptrs.push_back(&g);
   return im.norm->execute(ptrs)[0].to_host<float>()[0];
@@ -348,7 +352,7 @@ void XlaDecoder::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t 
   if (it == im.updates.end()) {
     std::vector<bool> decay;
     for (const Param& p : params_) decay.push_back(p.decay);
-    it = im.updates.emplace(key, im.client.compile(emit_update(param_registry(config_), decay, key))).first;
+    it = im.updates.emplace(key, compile(emit_update(param_registry(config_), decay, key))).first;
   }
   xla::ops::AdamWOptions o;
   o.lr = cfg.lr;

@@ -43,7 +43,7 @@ std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t 
 
 // What the backend did so far (tests, logs).
 struct XlaRunStats {
-  int64_t compiles = 0;  // programs compiled (one per batch shape and kind of call)
+  int64_t compiles = 0;  // programs compiled (per batch shape and kind of call; the norm and update ones)
   double compile_seconds = 0;
   int64_t executions = 0;
   size_t module_bytes = 0;  // StableHLO text of the last program compiled
@@ -85,6 +85,7 @@ class XlaDecoder : public CausalLM, public DeviceTraining {
  private:
   struct Impl;
   xla::Executable& program(const StepKey& key, const LossConfig& loss);  // compiled once per key
+  xla::Executable compile(const std::string& text);                      // counted in stats_
   LossParts run(const Batch& batch, const LossConfig& loss, double grad_scale, bool backward, float* logits,
                 float* logprobs);
   ModelConfig config_;

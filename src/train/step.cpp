@@ -157,11 +157,11 @@ std::vector<model::LossParts> run_leaves(const StepContext& c, const std::vector
     }
     if (!o.error.empty()) continue;  // keep taking part in the collectives
     try {
-      c.shards.begin_leaf();
+      if (!c.device_grads) c.shards.begin_leaf();
       parts[static_cast<size_t>(m)] =
           c.model.forward_backward(micro[static_cast<size_t>(m)].view(), c.lc,
                                    1.0 / static_cast<double>(o.total), 1.0 / static_cast<double>(c.leaves));
-      c.shards.end_leaf();
+      if (!c.device_grads) c.shards.end_leaf();
     } catch (const Error& e) {
       o.error = e.what();
     }
@@ -182,7 +182,7 @@ StepOutcome run_step(const StepContext& c, int64_t s, Clock::time_point t0) {
   if (o.error.empty() && !o.abandoned) {
     // Loss parts of every leaf, gathered in leaf order and added in that order (any process count).
     o.parts = gather_loss_parts(c.comm, parts, c.leaves, s, c.shards.mode());
-    c.shards.reduce();  // leaf sums -> all-reduce (dp) / the rounds' sums on each shard (zero3)
+    if (!c.device_grads) c.shards.reduce();  // leaf sums -> all-reduce (dp) / the rounds' sums (zero3)
   }
   c.shards.release_params();
   return o;
@@ -193,6 +193,58 @@ double apply_update(dist::ShardedParams& master, AdamWConfig& acfg, const Schedu
   const double lr = sched.at(s);
   acfg.lr = lr;
   master.clip_and_step(acfg, clip, s, gnorm);  // clip, then AdamW on what this rank owns
+  return lr;
+}
+
+}  // namespace olmosft::train
+
+namespace olmosft::train {
+
+namespace {
+
+// The master's parameters and moments per model parameter (registry order, matched by name).
+struct MasterViews {
+  std::vector<float*> p, m, v;
+};
+
+MasterViews master_views(dist::ShardedParams& master, model::CausalLM& model) {
+  const std::vector<model::Param>& params = model.params();
+  MasterViews mv;
+  mv.p.assign(params.size(), nullptr), mv.m = mv.p, mv.v = mv.p;
+  for (const auto& r : master.owned_ranges()) {
+    const dist::TensorSpec& spec = master.specs()[size_t(r.tensor)];
+    OLMO_CHECK(r.begin == 0 && r.n == spec.numel(), "device training: tensor ", spec.name,
+               " is split across processes (it needs one process holding every tensor)");
+    size_t i = 0;
+    while (i < params.size() && params[i].name != spec.name) ++i;
+    OLMO_CHECK(i < params.size(), "device training: the master's tensor ", spec.name, " is not a parameter");
+    mv.p[i] = r.p, mv.m[i] = r.m, mv.v[i] = r.v;
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    OLMO_CHECK(mv.p[i] != nullptr, "device training: parameter ", params[i].name, " has no master copy");
+  return mv;
+}
+
+}  // namespace
+
+void upload_state(model::DeviceTraining& dt, dist::ShardedParams& master, model::CausalLM& model) {
+  const MasterViews mv = master_views(master, model);
+  auto in = [](const std::vector<float*>& v) { return std::vector<const float*>(v.begin(), v.end()); };
+  dt.upload(in(mv.p), in(mv.m), in(mv.v));
+}
+
+void download_state(model::DeviceTraining& dt, dist::ShardedParams& master, model::CausalLM& model,
+                    int64_t adam_step) {
+  const MasterViews mv = master_views(master, model);
+  dt.download(mv.p, mv.m, mv.v);
+  master.set_adam_step(adam_step);
+}
+
+double apply_device_update(model::DeviceTraining& dt, AdamWConfig& acfg, const Schedule& sched, double clip,
+                           int64_t s) {
+  const double lr = sched.at(s);
+  acfg.lr = lr;
+  dt.clip_and_step(acfg, clip, s);
   return lr;
 }
 

@@ -66,6 +66,9 @@ struct StepContext {
   int64_t leaves = 0;                // leaves per step (ga x processes)
   double grace = 0;                  // checkpoint.grace_seconds
   const FlopModel* flops = nullptr;  // counts each leaf's model FLOPs (MFU); nullptr = not counted
+  // The model sums the leaves' gradients on its device (model::DeviceTraining): the shards' gradient
+  // buffers, leaf accumulation and reduce are skipped.
+  bool device_grads = false;
 };
 
 struct StepOutcome {
@@ -82,5 +85,14 @@ StepOutcome run_step(const StepContext& c, int64_t s, Clock::time_point t0);
 // Clip (global norm `gnorm`) and AdamW with the LR of step s; returns that LR.
 double apply_update(dist::ShardedParams& master, AdamWConfig& acfg, const Schedule& sched, double clip,
                     int64_t s, double gnorm);
+
+// The training state on the model's device (model.h DeviceTraining; one process, every tensor whole):
+// upload_state copies the master's parameters and moments in, download_state writes them back (and the
+// AdamW step count `adam_step`); apply_device_update is apply_update on the device (returns the LR).
+void upload_state(model::DeviceTraining& dt, dist::ShardedParams& master, model::CausalLM& model);
+void download_state(model::DeviceTraining& dt, dist::ShardedParams& master, model::CausalLM& model,
+                    int64_t adam_step);
+double apply_device_update(model::DeviceTraining& dt, AdamWConfig& acfg, const Schedule& sched, double clip,
+                           int64_t s);
 
 }  // namespace olmosft::train

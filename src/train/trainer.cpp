@@ -165,7 +165,8 @@ class Run {
                           ga_,
                           leaves_,
                           static_cast<double>(cfg_.checkpoint.grace_seconds),
-                          flops_.get()};
+                          flops_.get(),
+                          dt_ != nullptr};
     log_->begin();
     comm_.reset_stats();
     for (int64_t s = start_ + 1; s <= plan_.d.steps; ++s)
@@ -183,8 +184,14 @@ class Run {
   bool step(const StepContext& ctx, int64_t s);  // false: the loop stops
   TrainResult finish();
   void save(int64_t step) {
+    sync_from_device(step);
     ckpt_->save(step, carried_);
     saved_step_ = step;
+  }
+  // Training state on the model's device (model.h DeviceTraining): the master gets the parameters and moments
+  // of the last applied step `step`.
+  void sync_from_device(int64_t step) {
+    if (dt_ != nullptr) download_state(*dt_, shards_->params(), model_, step);
   }
   void export_hf();
 
@@ -209,6 +216,8 @@ class Run {
   std::unique_ptr<FlopModel> flops_;
   double peak_ = 0;
   std::unique_ptr<dist::ModelShards> shards_;
+  // The model keeps parameters, gradient sums and moments on its device (one process; nullptr: the host).
+  model::DeviceTraining* dt_ = nullptr;
   nlohmann::json carried_ =
       nlohmann::json::object();  // facts carried across resumes (p_eos_before, step1_ce)
   int64_t start_ = 0, saved_step_ = 0;
@@ -322,6 +331,14 @@ void Run::setup() {
   log_ =
       std::make_unique<RunLog>(run_dir_, start_, d.steps, cfg_.log.every, cfg_.log.tensorboard, rank_ == 0);
   ckpt_ = std::make_unique<Checkpointer>(cfg_, shards_->params(), ckpt_root_, ds.dir(), manifest_sha, out_);
+  // A model that can hold the training state on its device (device: xla) does, with one process; several
+  // processes reduce the gradients on the host (dist.mode dp), so their models keep the host path.
+  if (world_ == 1 && model_.device_training() != nullptr) {
+    dt_ = model_.device_training();
+    upload_state(*dt_, shards_->params(), model_);
+    out_ << "DEVICE-STATE parameters, gradient sums and AdamW moments on the model's device from step "
+         << start_ + 1 << "\n";
+  }
 }
 
 bool Run::step(const StepContext& ctx, int64_t s) {
@@ -344,7 +361,7 @@ bool Run::step(const StepContext& ctx, int64_t s) {
              ", the data holds ", o.total);
   const StepLosses l = step_losses(o.parts, o.total, leaves_, lc_.weight);
   dist::ShardedParams& master = shards_->params();
-  const double gnorm = master.grad_norm();  // collective; the same on every rank
+  const double gnorm = dt_ ? dt_->grad_norm() : master.grad_norm();  // collective; the same on every rank
   if (!std::isfinite(l.loss) || !std::isfinite(gnorm)) {
     out_ << "NAN-GUARD step=" << s << " loss=" << l.loss << " grad_norm=" << gnorm
          << ": update not applied; checkpointing the last good step " << (s - 1) << "\n";
@@ -354,7 +371,8 @@ bool Run::step(const StepContext& ctx, int64_t s) {
     return false;
   }
   StepReport r;
-  r.lr = apply_update(master, acfg_, sched_, clip_, s, gnorm);
+  r.lr = dt_ ? apply_device_update(*dt_, acfg_, sched_, clip_, s)
+             : apply_update(master, acfg_, sched_, clip_, s, gnorm);
   rss_between_steps_ = rss_bytes();
   r.step_time = seconds_since(t0);
   r.stalled = times_.add(s, r.step_time, err_);
@@ -384,6 +402,7 @@ bool Run::step(const StepContext& ctx, int64_t s) {
 
 TrainResult Run::finish() {
   const int64_t steps = plan_.d.steps;
+  sync_from_device(res_.last_step);  // the master (and through it the model) gets the last applied step
   if (stop_code_ == kExitNonFinite || stop_code_ == kExitStepGuard) {
     if (stop_code_ == kExitStepGuard) {
       out_ << "STEP-GUARD: step " << steps << " never completed (last completed step " << res_.last_step

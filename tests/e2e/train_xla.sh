@@ -3,7 +3,8 @@
 # recipe (the tiny Olmo 3 fixture, 3 steps of 2 micro-batches): per-step CE and lm_z within 1e-5 relative
 # (two fp32 implementations, docs/numerics.md "Two fp32 backends"; measured about 1e-7, close to the
 # 6-decimal print); a run checkpointed on the CPU resumes on XLA (checkpoint.allow_recipe_change, since the
-# backend changes rounding) and its step 3 matches the all-CPU run's; the export is written; zero3 and a
+# backend changes rounding) and its step 3 matches the all-CPU run's, and a run whose state lived on the XLA
+# device (DEVICE-STATE) checkpoints what resumes on the CPU alike; the export is written; zero3 and a
 # missing plugin are refused with their reasons.
 set -u
 bin=$1
@@ -74,6 +75,15 @@ mix3=$(parts "$dir/mixed.out" | awk '$1 == 3 { print $2 }')
 echo "step 3 CE: all CPU $cpu3, resumed on XLA $mix3"
 check "the resumed run trained only step 3, on XLA, within 1e-5 of the all-CPU step 3" \
   "[ \"\$(parts '$dir/mixed.out' | wc -l)\" = 1 ] && [ -n '$mix3' ] && awk -v a='$mix3' -v b='$cpu3' 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / b < 1e-5) }'"
+
+# And back: 2 steps on XLA (the state on the device, downloaded into the checkpoint), step 3 on the CPU.
+"$bin" train "$dir/recipe.yaml" run_name=back device=xla steps=2 lr_schedule_steps=3 >"$dir/back1.out" 2>&1
+rc1=$?
+run back device=cpu lr_schedule_steps=3 checkpoint.allow_recipe_change=true; rc2=$?
+back3=$(parts "$dir/back.out" | awk '$1 == 3 { print $2 }')
+echo "step 3 CE: all CPU $cpu3, XLA for steps 1-2 then the CPU $back3"
+check "XLA kept the training state on the device (DEVICE-STATE line) and its checkpoint resumes on the CPU within 1e-5" \
+  "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -q '^DEVICE-STATE ' '$dir/back1.out' && ! grep -q '^DEVICE-STATE ' '$dir/back.out' && [ -n '$back3' ] && awk -v a='$back3' -v b='$cpu3' 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / b < 1e-5) }'"
 
 run zero3 device=xla dist.mode=zero3; rc=$?
 check "device xla with dist.mode zero3 is refused (exit 2, names the key)" \
