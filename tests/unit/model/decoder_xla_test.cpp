@@ -322,3 +322,30 @@ TEST(DecoderXla, DeviceTrainingStateMatchesTheHostOptimizer) {
   for (const Param& p : dev->params())  // the device path never touches the host's gradients
     for (int64_t k = 0; k < p.grad.numel(); ++k) ASSERT_EQ(p.grad.data<float>()[k], 0.0f) << p.name;
 }
+
+// compute.dtype bf16 on XLA: every GEMM's operands rounded to bf16, f32 accumulation. The numerics policy's
+// step-1 bound (docs/numerics.md): the relative CE difference from fp32 is above 0 (the rounding happens) and
+// below u (2 G + 1), u = 2^-8, G = the bf16 GEMMs on the longest path from the embedding to the loss: per
+// layer q (or k / v), o, gate (or up), down = 4, times 8 layers, + the LM head: G = 33.
+TEST(DecoderXla, Bf16OperandsStayWithinThePolicyBound) {
+  const auto& F = fx();
+  XlaOptions bf;
+  bf.bf16 = true;
+  auto a = load_xla(), b16 = load_xla(bf);
+  const Batch b = F.make();
+  const double scale = 1.0 / double(F.trained());
+  const LossParts pa = a->forward_backward(b, fixture_loss(), scale, 1.0);
+  const LossParts pb = b16->forward_backward(b, fixture_loss(), scale, 1.0);
+  const double r = rel(pb.sum[kLossCe], pa.sum[kLossCe]), bound = std::ldexp(1.0, -8) * (2 * 33 + 1);
+  double gdiff = 0;
+  for (size_t i = 0; i < a->params().size(); ++i) {
+    const Tensor& ga = a->params()[i].grad;
+    gdiff = std::max(gdiff, scaled_diff(b16->params()[i].grad.data<float>(), ga.data<float>(), ga.numel()));
+  }
+  std::printf("bf16 operands: CE relative difference %.3g (bound %.3g), gradients %.3g of their scale\n", r,
+              bound, gdiff);
+  EXPECT_GT(r, 0.0);
+  EXPECT_LT(r, bound);
+  EXPECT_GT(gdiff, 0.0);
+  EXPECT_LT(gdiff, 0.1);  // measured 0.031: a few bf16 ulps (2^-8) summed over products; a lost term is ~1
+}
