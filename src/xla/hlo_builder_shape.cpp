@@ -55,7 +55,12 @@ Value HloBuilder::dot_general(const Value& lhs, const Value& rhs, const DotDims&
       "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = " + mlir::i64_list(d.lhs_batch) +
       ", rhs_batching_dimensions = " + mlir::i64_list(d.rhs_batch) +
       ", lhs_contracting_dimensions = " + mlir::i64_list(d.lhs_contract) +
-      ", rhs_contracting_dimensions = " + mlir::i64_list(d.rhs_contract) + ">";
+      ", rhs_contracting_dimensions = " + mlir::i64_list(d.rhs_contract) + ">" +
+      // f32 / f64 operands: full precision on every device. XLA's DEFAULT lets a GPU multiply f32 in TF32
+      // (10-bit mantissa) and a TPU in one bf16 pass: an fp32 model silently trained at lower precision.
+      (l.type == ElementType::kF32 || l.type == ElementType::kF64
+           ? ", precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]"
+           : "");
   return emit1("stablehlo.dot_general", {lhs, rhs}, attr, out);
 }
 

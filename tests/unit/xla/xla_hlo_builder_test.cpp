@@ -185,6 +185,12 @@ TEST(XlaHloBuilder, BroadcastReduceAndDotGeneral) {
   Value Yt = hb.dot_general(W, X, {{0}, {0}, {1}, {2}});  // [B, N, M]
   Value Vb = hb.broadcast_in_dim(V, {B, M, N}, {1});      // v[m] everywhere
   hb.returns({Y, Yt, hb.add(Y, Vb), hb.reduce_sum(X, {0, 2}), hb.reduce_max(X, {2})});
+  // f32 products at full precision on every device (a GPU's DEFAULT allows TF32, a TPU's one bf16 pass)
+  const std::string text = hb.module();
+  const std::string full = "precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]";
+  size_t highest = 0;
+  for (size_t at = text.find(full); at != std::string::npos; at = text.find(full, at + full.size())) ++highest;
+  EXPECT_EQ(highest, 2u) << text;
   auto out = run(hb, {{x.data(), {F32, {B, M, K}}}, {w.data(), {F32, {B, K, N}}}, {v.data(), {F32, {M}}}});
   EXPECT_EQ(out[0].type(), (TensorType{F32, {B, M, N}}));
   EXPECT_EQ(out[1].type(), (TensorType{F32, {B, N, M}}));
@@ -229,6 +235,7 @@ TEST(XlaHloBuilder, DotGeneralBf16OperandsF32Result) {
                            {{}, {}, {1}, {1}}, F32);
   EXPECT_EQ(Y.type(), (TensorType{F32, {M, N}}));
   hb.returns({Y});
+  EXPECT_EQ(hb.module().find("precision"), std::string::npos);  // bf16 operands: the device's default
   const auto y = run(hb, {{x.data(), {F32, {M, K}}}, {w.data(), {F32, {N, K}}}})[0].to_host<float>();
   double worst = 0;
   for (int64_t m = 0; m < M; ++m)
