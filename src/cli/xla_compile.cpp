@@ -23,10 +23,13 @@ namespace {
 using olmosft::xla::MemoryStats;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // A config.json path or a preset name (olmo3-7b, ...); LAYERS > 0 keeps the first LAYERS layers (a 7B-shaped
-// short stack: the per-layer program and the vocabulary-sized tensors of the real model, compiled in minutes).
+// short stack: the per-layer program and the vocabulary-sized tensors of the real model, compiled in
+// minutes).
 olmosft::model::ModelConfig load_model(const std::string& config, int64_t layers) {
   const bool is_path = config.find('/') != std::string::npos || config.ends_with(".json");
   nlohmann::json j = is_path ? olmosft::io::parse_json(olmosft::io::read_file(config), config)
@@ -43,8 +46,9 @@ olmosft::model::ModelConfig load_model(const std::string& config, int64_t layers
 
 // libtpu is the plugin whose topologies tpu_topology_options describes.
 bool is_libtpu(const std::string& plugin) {
-  return plugin == "tpu" ||
-         std::filesystem::path(olmosft::xla::Plugin::resolve(plugin)).filename().string().starts_with("libtpu");
+  if (plugin == "tpu") return true;
+  const std::string file = std::filesystem::path(olmosft::xla::Plugin::resolve(plugin)).filename().string();
+  return file.starts_with("libtpu");
 }
 
 // libtpu on a machine without a TPU: skip the cloud metadata server (else it retries for over 10 minutes)
@@ -105,7 +109,8 @@ Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_
     const auto kinds = topo.device_kinds();
     c.device_kind = kinds.empty() ? "" : kinds[0];
     const auto attrs = topo.attributes();
-    if (auto it = attrs.find("device_memory_bytes_limit"); it != attrs.end()) c.device_memory = std::stoll(it->second);
+    if (auto it = attrs.find("device_memory_bytes_limit"); it != attrs.end())
+      c.device_memory = std::stoll(it->second);
     xo.f64_trig = c.platform != "tpu";  // TPUs have no f64
     const std::string text = emit();
     const auto t0 = Clock::now();
@@ -145,22 +150,25 @@ void print(const Args& a, const olmosft::model::ModelConfig& m, const Compiled& 
             << " peak_bytes=" << s.peak_bytes << " total_bytes=" << s.total_bytes()
             << " device_memory_bytes=" << c.device_memory << "\n";
   std::cout << "olmosft xla compile: " << m.model_type_name << " " << m.num_hidden_layers << " layers d "
-            << m.hidden_size << " vocab " << m.vocab_size << ", " << (a.forward_only ? "forward" : "training step")
-            << " B=" << a.batch << " T=" << a.seq << (a.bf16 ? " bf16" : " f32") << ", for " << c.platform << " "
+            << m.hidden_size << " vocab " << m.vocab_size << ", "
+            << (a.forward_only ? "forward" : "training step") << " B=" << a.batch << " T=" << a.seq
+            << (a.bf16 ? " bf16" : " f32") << ", for " << c.platform << " "
             << (a.topology.empty() ? "(a client on this machine)" : a.topology) << " (" << c.devices << " x "
             << (c.device_kind.empty() ? "device" : c.device_kind) << "): compiled in " << compile_s
             << " s; per device " << gib(s.total_bytes());
   if (c.device_memory > 0) std::cout << " of " << gib(c.device_memory);
-  std::cout << " (arguments " << gib(s.argument_bytes) << ", outputs " << gib(s.output_bytes) << ", temporaries "
-            << gib(s.temp_bytes) << ", code " << gib(s.generated_code_bytes) << ")\n";
+  std::cout << " (arguments " << gib(s.argument_bytes) << ", outputs " << gib(s.output_bytes)
+            << ", temporaries " << gib(s.temp_bytes) << ", code " << gib(s.generated_code_bytes) << ")\n";
 }
 
 int xla_compile_main(int argc, char** argv) {
-  CLI::App app{"Compile one training step of a model with a PJRT plugin (ahead of time for a TPU topology with "
-               "libtpu) and print its memory needs (docs/xla.md)",
-               "xla compile"};
+  CLI::App app{
+      "Compile one training step of a model with a PJRT plugin (ahead of time for a TPU topology with "
+      "libtpu) and print its memory needs (docs/xla.md)",
+      "xla compile"};
   Args a;
-  app.add_option("--config", a.config, "the model: a config.json or a preset name (olmo3-7b, olmo3-tiny, ...)")
+  app.add_option("--config", a.config,
+                 "the model: a config.json or a preset name (olmo3-7b, olmo3-tiny, ...)")
       ->required();
   app.add_option("--batch", a.batch, "rows per step (B)")->capture_default_str();
   app.add_option("--seq", a.seq, "tokens per row (T)")->required();
@@ -187,7 +195,8 @@ int xla_compile_main(int argc, char** argv) {
     const bool tpu = is_libtpu(a.plugin);
     if (tpu && app.count("--topology") == 0) a.topology = "v4:2x2x1";
     if (tpu) {
-      OLMO_CHECK(!a.topology.empty(), "--plugin ", a.plugin, " compiles for a topology: give --topology v4:XxYxZ");
+      OLMO_CHECK(!a.topology.empty(), "--plugin ", a.plugin,
+                 " compiles for a topology: give --topology v4:XxYxZ");
       olmosft::xla::tpu_topology_options(a.topology);  // a bad --topology is refused before libtpu loads
       libtpu_env();
     }
@@ -203,7 +212,8 @@ int xla_compile_main(int argc, char** argv) {
 
 }  // namespace
 
-OLMOSFT_VERB("xla compile",
-             "compile a model's training step with a PJRT plugin (ahead of time for a TPU topology) and print "
-             "its device memory",
-             xla_compile_main);
+OLMOSFT_VERB(
+    "xla compile",
+    "compile a model's training step with a PJRT plugin (ahead of time for a TPU topology) and print "
+    "its device memory",
+    xla_compile_main);

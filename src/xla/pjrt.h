@@ -216,9 +216,9 @@ class Topology {
 
   const Plugin& plugin() const;
   const std::string& name() const;
-  std::string platform_name() const;     // "tpu", "cpu"
-  std::string platform_version() const;  // e.g. libtpu's build
-  size_t device_count() const;           // devices of the whole topology (chips, for a megacore TPU)
+  std::string platform_name() const;              // "tpu", "cpu"
+  std::string platform_version() const;           // e.g. libtpu's build
+  size_t device_count() const;                    // devices of the whole topology (chips, for a megacore TPU)
   std::vector<std::string> device_kinds() const;  // one per device ("TPU v4")
   // The topology's attributes and those of its first device, as text (PJRT_TopologyDescription_Attributes,
   // PJRT_DeviceDescription_Attributes); empty where the plugin has none.

@@ -248,8 +248,7 @@ AotExecutable compile_for_topology(const Topology& topology, std::string_view ml
 
 std::vector<NamedValue> tpu_topology_options(std::string_view topology) {
   const auto bad = [&](std::string_view why) {
-    fail("xla: TPU topology `", topology, "`: ", why,
-         " (expected v4:XxYxZ, e.g. v4:2x2x1)");
+    fail("xla: TPU topology `", topology, "`: ", why, " (expected v4:XxYxZ, e.g. v4:2x2x1)");
   };
   const size_t colon = topology.find(':');
   if (colon == std::string_view::npos) bad("no `:`");
@@ -268,7 +267,8 @@ std::vector<NamedValue> tpu_topology_options(std::string_view topology) {
     if (x == std::string_view::npos) break;
     rest = rest.substr(x + 1);
   }
-  if (bounds.size() != 3) bad(std::to_string(bounds.size()) + " axes, a " + std::string(gen) + " slice has 3");
+  if (bounds.size() != 3)
+    bad(std::to_string(bounds.size()) + " axes, a " + std::string(gen) + " slice has 3");
   // A host holds 2x2x1 chips of a v4 / v5p slice. A slice is a torus (wraparound links on every axis) once
   // it spans a whole 4x4x4 cube or more, else a mesh; MaxText's table of slices passes the same.
   const bool torus = bounds[0] >= 4 && bounds[1] >= 4 && bounds[2] >= 4;

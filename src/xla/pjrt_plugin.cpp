@@ -28,8 +28,7 @@ std::string error_code_name(PJRT_Error_Code c) {
 std::string env_plugin(const char* var, std::string_view name, std::string_view what) {
   const char* p = std::getenv(var);
   OLMO_CHECK(p != nullptr && *p != '\0', "xla: PJRT plugin `", name, "`: set ", var, " to the path of ", what,
-             " (scripts/install-deps.sh installs the CPU plugin, and libtpu with --tpu), or pass the plugin's "
-             "path");
+             " (scripts/install-deps.sh does not install it), or pass the plugin's path");
   return p;
 }
 

@@ -6,7 +6,6 @@
 // outputs. With libtpu installed (scripts/install-deps.sh --tpu, or $OLMOSFT_PJRT_TPU) the real thing: a
 // v4:2x2x1 topology, a compile for it, its statistics, and an HBM overflow refused at compile time.
 #include <gtest/gtest.h>
-
 #include <stdlib.h>
 
 #include <cstdlib>
@@ -31,7 +30,8 @@ const char* kDotModule = R"(module @dot {
     "func.return"(%0, %1) : (tensor<64x16xf32>, tensor<64x32xf32>) -> ()
   }
 })";
-constexpr int64_t kArgBytes = (64 * 32 + 32 * 16) * 4, kOutBytes = (64 * 16 + 64 * 32) * 4, kAlias = 64 * 32 * 4;
+constexpr int64_t kArgBytes = (64 * 32 + 32 * 16) * 4, kOutBytes = (64 * 16 + 64 * 32) * 4,
+                  kAlias = 64 * 32 * 4;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -51,8 +51,9 @@ TEST(XlaAot, MissingFunctionsAreNamedAndTopologiesDestroyed) {
   {
     const Topology t = Topology::create(fake, "ok");
     EXPECT_EQ(t.name(), "ok");
-    EXPECT_TRUE(contains(error_of([&] { compile_for_topology(t, kDotModule); }),
-                         "(API 0." + std::to_string(Plugin::header_minor() + 1) + ") does not provide PJRT_Compile"));
+    EXPECT_TRUE(
+        contains(error_of([&] { compile_for_topology(t, kDotModule); }),
+                 "(API 0." + std::to_string(Plugin::header_minor() + 1) + ") does not provide PJRT_Compile"));
     EXPECT_TRUE(contains(error_of([&] { t.platform_name(); }),
                          "does not provide PJRT_TopologyDescription_PlatformName"));
     EXPECT_TRUE(contains(error_of([&] { t.device_count(); }),
@@ -74,7 +75,8 @@ TEST(XlaAot, NamedValuesCrossTheCApiTyped) {
                                         {"flag", true},
                                         {"off", false},
                                         {"s", std::string()}};
-  const std::string msg = error_of([&] { Topology::create(OLMOSFT_XLA_FAKE_PLUGIN_MINOR, "v4:2x2x1", opts); });
+  const std::string msg =
+      error_of([&] { Topology::create(OLMOSFT_XLA_FAKE_PLUGIN_MINOR, "v4:2x2x1", opts); });
   EXPECT_TRUE(contains(msg, "xla: PJRT_TopologyDescription_Create failed (PJRT plugin ")) << msg;
   EXPECT_TRUE(contains(msg,
                        "INVALID_ARGUMENT: live 0; topology v4:2x2x1: chip_config_name string[8] megacore; "
@@ -84,8 +86,9 @@ TEST(XlaAot, NamedValuesCrossTheCApiTyped) {
   // No options at all: a null list and a count of 0.
   const std::string none = error_of([] { Topology::create(OLMOSFT_XLA_FAKE_PLUGIN_MINOR, "x"); });
   EXPECT_TRUE(none.ends_with("INVALID_ARGUMENT: live 0; topology x:")) << none;
-  const std::string unnamed =
-      error_of([] { Topology::create(OLMOSFT_XLA_FAKE_PLUGIN_MINOR, "x", std::vector<NamedValue>{{"", true}}); });
+  const std::string unnamed = error_of([] {
+    Topology::create(OLMOSFT_XLA_FAKE_PLUGIN_MINOR, "x", std::vector<NamedValue>{{"", true}});
+  });
   EXPECT_EQ(unnamed, "xla: a PJRT option has an empty name");
 }
 
@@ -108,8 +111,9 @@ TEST(XlaAot, TpuTopologyOptions) {
   EXPECT_TRUE(format_named_values(tpu_topology_options("v4:2x4x4")).ends_with("wrap=[0,0,0]"));
   const auto err = [](const char* t) { return error_of([&] { tpu_topology_options(t); }); };
   EXPECT_EQ(err("v4"), "xla: TPU topology `v4`: no `:` (expected v4:XxYxZ, e.g. v4:2x2x1)");
-  EXPECT_EQ(err("v5e:2x2"),
-            "xla: TPU topology `v5e:2x2`: generation `v5e` is not supported (expected v4:XxYxZ, e.g. v4:2x2x1)");
+  EXPECT_EQ(
+      err("v5e:2x2"),
+      "xla: TPU topology `v5e:2x2`: generation `v5e` is not supported (expected v4:XxYxZ, e.g. v4:2x2x1)");
   EXPECT_TRUE(contains(err("v4:2x2"), "2 axes, a v4 slice has 3")) << err("v4:2x2");
   EXPECT_TRUE(contains(err("v4:2xax1"), "`a` is not a positive chip count")) << err("v4:2xax1");
   EXPECT_TRUE(contains(err("v4:0x2x1"), "`0` is not a positive chip count")) << err("v4:0x2x1");
@@ -142,7 +146,8 @@ TEST(XlaAot, LibtpuCompilesForAV4Slice) {
   // libtpu's logs into this test's own folder, not /tmp/tpu_logs (kept for the process: libtpu may write
   // until exit).
   std::string logs = (std::filesystem::temp_directory_path() / "olmosft_xla_aot_XXXXXX").string();
-  if (std::getenv("TPU_LOG_DIR") == nullptr && mkdtemp(logs.data()) != nullptr) setenv("TPU_LOG_DIR", logs.c_str(), 1);
+  if (std::getenv("TPU_LOG_DIR") == nullptr && mkdtemp(logs.data()) != nullptr)
+    setenv("TPU_LOG_DIR", logs.c_str(), 1);
   const Topology t = Topology::create("tpu", "v4:2x2x1", tpu_topology_options("v4:2x2x1"));
   EXPECT_EQ(t.platform_name(), "tpu");
   EXPECT_EQ(t.device_count(), 4u);  // megacore: one device per chip of the 2x2x1 slice

@@ -46,11 +46,13 @@ PJRT_Error* topology_create(PJRT_TopologyDescription_Create_Args* args) {
     args->topology = reinterpret_cast<PJRT_TopologyDescription*>(&the_topology);
     return nullptr;
   }
-  std::string m = "live " + std::to_string(live_topologies) + "; topology " + std::string(args->topology_name, args->topology_name_size) + ":";
+  std::string m = "live " + std::to_string(live_topologies) + "; topology " +
+                  std::string(args->topology_name, args->topology_name_size) + ":";
   for (size_t i = 0; i < args->num_options; ++i) {
     const PJRT_NamedValue& v = args->create_options[i];
     m += (i ? "; " : " ") + std::string(v.name, v.name_size);
-    if (v.struct_size != PJRT_NamedValue_STRUCT_SIZE) m += " (struct_size " + std::to_string(v.struct_size) + ")";
+    if (v.struct_size != PJRT_NamedValue_STRUCT_SIZE)
+      m += " (struct_size " + std::to_string(v.struct_size) + ")";
     switch (v.type) {
       case PJRT_NamedValue_kString:
         m += " string[" + std::to_string(v.value_size) + "] " + std::string(v.string_value, v.value_size);
@@ -60,7 +62,8 @@ PJRT_Error* topology_create(PJRT_TopologyDescription_Create_Args* args) {
         break;
       case PJRT_NamedValue_kInt64List:
         m += " int64_list[" + std::to_string(v.value_size) + "] ";
-        for (size_t j = 0; j < v.value_size; ++j) m += (j ? "," : "") + std::to_string(v.int64_array_value[j]);
+        for (size_t j = 0; j < v.value_size; ++j)
+          m += (j ? "," : "") + std::to_string(v.int64_array_value[j]);
         break;
       case PJRT_NamedValue_kFloat:
         m += " float " + std::to_string(v.float_value);
