@@ -31,7 +31,12 @@ foreach(kind major minor)
   target_compile_definitions(xla_fake_plugin_${kind} PRIVATE OLMOSFT_FAKE_PJRT_NEWER_${_k})
 endforeach()
 # The test executables are made after the area files are read (CMakeLists.txt), so these are deferred.
+# xla_aot_test uses the newer-minor stand-in's topology function (it echoes the named values it receives).
+# (A deferred call's arguments are expanded when it runs, so no loop variable here.)
 cmake_language(DEFER CALL target_compile_definitions xla_runtime_test PRIVATE
                OLMOSFT_XLA_FAKE_PLUGIN_MAJOR="$<TARGET_FILE:xla_fake_plugin_major>"
                OLMOSFT_XLA_FAKE_PLUGIN_MINOR="$<TARGET_FILE:xla_fake_plugin_minor>")
 cmake_language(DEFER CALL add_dependencies xla_runtime_test xla_fake_plugin_major xla_fake_plugin_minor)
+cmake_language(DEFER CALL target_compile_definitions xla_aot_test PRIVATE
+               OLMOSFT_XLA_FAKE_PLUGIN_MINOR="$<TARGET_FILE:xla_fake_plugin_minor>")
+cmake_language(DEFER CALL add_dependencies xla_aot_test xla_fake_plugin_minor)

@@ -63,7 +63,7 @@ check() {
     cuda) export OLMOSFT_PJRT_CUDA=$path ;;
     tpu) export OLMOSFT_PJRT_TPU=$path TPU_SKIP_MDS_QUERY=1 ;;
   esac
-  for t in xla_runtime_test xla_hlo_builder_test; do
+  for t in xla_runtime_test xla_hlo_builder_test xla_aot_test; do
     echo "== $t on $plugin"
     if OLMOSFT_XLA_TEST_PLUGIN=$name "$build/$t"; then echo "RESULT $t passed"; else echo "RESULT $t FAILED"; status=1; fi
   done

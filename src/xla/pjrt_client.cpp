@@ -6,14 +6,14 @@
 
 namespace olmosft::xla {
 
-namespace {
-
-void destroy_quietly(const Plugin& plugin, PJRT_Error* err) {  // for destructors, which cannot throw
+void destroy_quietly(const Plugin& plugin, PJRT_Error* err) {
   if (err == nullptr) return;
   auto d = OLMO_PJRT_ARGS(PJRT_Error_Destroy_Args);
   d.error = err;
   plugin.api()->PJRT_Error_Destroy(&d);
 }
+
+namespace {
 
 void destroy_buffer(const Plugin& plugin, PJRT_Buffer* b) {  // one not (yet) owned by a Buffer
   if (b == nullptr) return;
@@ -208,6 +208,25 @@ std::vector<Buffer> Executable::execute(std::span<Buffer* const> args, std::span
     if (del.is_deleted) args[d]->mark_consumed();
   }
   return result;
+}
+
+MemoryStats Executable::memory_stats() const {
+  OLMO_CHECK(exe_ != nullptr, "xla: memory_stats of an empty (moved-from) executable");
+  const Plugin& plugin = *client_->plugin;
+  auto get = OLMO_PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  get.loaded_executable = exe_;
+  OLMO_PJRT_CALL(plugin, PJRT_LoadedExecutable_GetExecutable, get);
+  // The PJRT_Executable is ours to destroy, whether or not the stats call succeeds.
+  struct Owned {
+    const Plugin& plugin;
+    PJRT_Executable* exe;
+    ~Owned() {
+      auto d = OLMO_PJRT_ARGS(PJRT_Executable_Destroy_Args);
+      d.executable = exe;
+      destroy_quietly(plugin, plugin.api()->PJRT_Executable_Destroy(&d));
+    }
+  } owned{plugin, get.executable};
+  return compiled_memory_stats(plugin, owned.exe);
 }
 
 // ---------------------------------------------------------------------------------------------- Client

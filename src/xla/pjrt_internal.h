@@ -4,7 +4,10 @@
 #include <pjrt_c_api.h>
 
 #include <cstddef>
+#include <map>
 #include <memory>
+#include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -68,6 +71,15 @@ struct ClientState {
   ClientState& operator=(const ClientState&) = delete;
   ~ClientState();
 };
+
+// PJRT_NamedValues pointing into VALUES (which must outlive them).
+std::vector<PJRT_NamedValue> to_pjrt(std::span<const NamedValue> values);
+// Named values a plugin returned (attributes), as text: int64 lists joined by '.', bools as true / false.
+std::map<std::string, std::string> named_values_text(const PJRT_NamedValue* values, size_t n);
+
+// PJRT_Executable_GetCompiledMemoryStats of EXE.
+MemoryStats compiled_memory_stats(const Plugin& plugin, PJRT_Executable* exe);
+void destroy_quietly(const Plugin& plugin, PJRT_Error* err);  // for destructors, which cannot throw
 
 PJRT_Buffer_Type to_pjrt(ElementType t);
 // Refuses a type olmosft does not handle, naming CONTEXT.

@@ -28,40 +28,16 @@ std::string error_code_name(PJRT_Error_Code c) {
 std::string env_plugin(const char* var, std::string_view name, std::string_view what) {
   const char* p = std::getenv(var);
   OLMO_CHECK(p != nullptr && *p != '\0', "xla: PJRT plugin `", name, "`: set ", var, " to the path of ", what,
-             " (scripts/install-deps.sh installs only the CPU plugin), or pass the plugin's path");
+             " (scripts/install-deps.sh does not install it), or pass the plugin's path");
   return p;
 }
 
 // What the plugin reports through PJRT_Plugin_Attributes, as text.
 std::map<std::string, std::string> read_attributes(const Plugin& plugin) {
-  std::map<std::string, std::string> out;
-  if (plugin.api()->struct_size <= offsetof(PJRT_Api, PJRT_Plugin_Attributes)) return out;
+  if (plugin.api()->struct_size <= offsetof(PJRT_Api, PJRT_Plugin_Attributes)) return {};
   auto args = OLMO_PJRT_ARGS(PJRT_Plugin_Attributes_Args);
   OLMO_PJRT_CALL(plugin, PJRT_Plugin_Attributes, args);
-  for (size_t i = 0; i < args.num_attributes; ++i) {
-    const PJRT_NamedValue& v = args.attributes[i];
-    std::string text;
-    switch (v.type) {
-      case PJRT_NamedValue_kString:
-        text.assign(v.string_value, v.value_size);
-        break;
-      case PJRT_NamedValue_kInt64:
-        text = std::to_string(v.int64_value);
-        break;
-      case PJRT_NamedValue_kInt64List:
-        for (size_t j = 0; j < v.value_size; ++j)
-          text += (j ? "." : "") + std::to_string(v.int64_array_value[j]);
-        break;
-      case PJRT_NamedValue_kFloat:
-        text = std::to_string(v.float_value);
-        break;
-      case PJRT_NamedValue_kBool:
-        text = v.bool_value ? "true" : "false";
-        break;
-    }
-    out[std::string(v.name, v.name_size)] = text;
-  }
-  return out;
+  return named_values_text(args.attributes, args.num_attributes);
 }
 
 // dlopen + GetPjrtApi + version check; the Plugin's constructor calls PJRT_Plugin_Initialize. A refused
@@ -90,6 +66,34 @@ std::shared_ptr<const Plugin> open_plugin(const std::string& path) {
 
 }  // namespace
 
+std::map<std::string, std::string> named_values_text(const PJRT_NamedValue* values, size_t n) {
+  std::map<std::string, std::string> out;
+  for (size_t i = 0; i < n; ++i) {
+    const PJRT_NamedValue& v = values[i];
+    std::string text;
+    switch (v.type) {
+      case PJRT_NamedValue_kString:
+        text.assign(v.string_value, v.value_size);
+        break;
+      case PJRT_NamedValue_kInt64:
+        text = std::to_string(v.int64_value);
+        break;
+      case PJRT_NamedValue_kInt64List:
+        for (size_t j = 0; j < v.value_size; ++j)
+          text += (j ? "." : "") + std::to_string(v.int64_array_value[j]);
+        break;
+      case PJRT_NamedValue_kFloat:
+        text = std::to_string(v.float_value);
+        break;
+      case PJRT_NamedValue_kBool:
+        text = v.bool_value ? "true" : "false";
+        break;
+    }
+    out[std::string(v.name, v.name_size)] = text;
+  }
+  return out;
+}
+
 Plugin::Plugin(std::string path, const PJRT_Api* api, int major, int minor)
     : path_(std::move(path)), api_(api), major_(major), minor_(minor) {
   auto init = OLMO_PJRT_ARGS(PJRT_Plugin_Initialize_Args);
@@ -105,7 +109,14 @@ std::string Plugin::resolve(std::string_view name) {
   if (name == "cuda")
     return env_plugin("OLMOSFT_PJRT_CUDA", name,
                       "XLA's CUDA plugin (xla_cuda_plugin.so, jax-cuda13-pjrt wheel)");
-  if (name == "tpu") return env_plugin("OLMOSFT_PJRT_TPU", name, "libtpu.so (libtpu wheel)");
+  if (name == "tpu") {
+    // $OLMOSFT_PJRT_TPU wins (a TPU VM's own libtpu); else the one `install-deps.sh --tpu` unpacks next to
+    // the CPU plugin (deps/xla/tpu), for ahead-of-time compiles on this machine.
+    const char* p = std::getenv("OLMOSFT_PJRT_TPU");
+    if (p != nullptr && *p != '\0') return p;
+    return (std::filesystem::path(OLMOSFT_XLA_CPU_PLUGIN).parent_path().parent_path() / "tpu" / "libtpu.so")
+        .string();
+  }
   OLMO_CHECK(name.find('/') != std::string_view::npos || name.ends_with(".so"), "xla: unknown PJRT plugin `",
              name, "`: expected cpu, cuda, tpu or the path of a plugin (.so)");
   return std::string(name);
@@ -116,7 +127,9 @@ std::shared_ptr<const Plugin> Plugin::load(std::string_view name_or_path) {
   std::error_code ec;
   OLMO_CHECK(std::filesystem::is_regular_file(path, ec), "xla: PJRT plugin ", path, " not found",
              path == name_or_path ? "" : " (`" + std::string(name_or_path) + "`)",
-             path == OLMOSFT_XLA_CPU_PLUGIN ? "; run scripts/install-deps.sh" : "");
+             path == OLMOSFT_XLA_CPU_PLUGIN ? "; run scripts/install-deps.sh"
+             : name_or_path == "tpu"        ? "; run scripts/install-deps.sh --tpu or set OLMOSFT_PJRT_TPU"
+                                            : "");
   const std::string key = std::filesystem::canonical(path, ec).string();
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<const Plugin>> loaded;  // never unloaded

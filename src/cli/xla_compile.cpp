@@ -1,0 +1,219 @@
+// `olmosft xla compile --config CONFIG --seq T [...]`: compiles one training step of a model (the StableHLO
+// of model::xla_step_module) with a PJRT plugin and prints what the compiled program needs in device memory.
+// With a topology (libtpu, `--topology v4:2x2x1`) the compile is ahead of time, on this CPU-only machine, by
+// the real TPU compiler: the program is known to be valid for TPU, and its per-chip memory known, before a
+// TPU is allocated (docs/xla.md "Ahead-of-time compile for a TPU topology"). Without one (XLA's CPU plugin
+// cannot describe a topology) the step is compiled by a client on this machine's devices.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include "cli/verb.h"
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/json.h"
+#include "model/config.h"
+#include "model/decoder_xla.h"
+#include "xla/pjrt.h"
+
+namespace {
+
+using olmosft::xla::MemoryStats;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// A config.json path or a preset name (olmo3-7b, ...); LAYERS > 0 keeps the first LAYERS layers (a 7B-shaped
+// short stack: the per-layer program and the vocabulary-sized tensors of the real model, compiled in
+// minutes).
+olmosft::model::ModelConfig load_model(const std::string& config, int64_t layers) {
+  const bool is_path = config.find('/') != std::string::npos || config.ends_with(".json");
+  nlohmann::json j = is_path ? olmosft::io::parse_json(olmosft::io::read_file(config), config)
+                             : olmosft::model::preset_config_json(config);
+  if (layers > 0) {
+    const int64_t have = j.value("num_hidden_layers", int64_t{0});
+    OLMO_CHECK(layers <= have, "--layers ", layers, ": ", config, " has ", have, " layers");
+    j["num_hidden_layers"] = layers;
+    if (j.contains("layer_types") && j["layer_types"].is_array())
+      j["layer_types"].erase(j["layer_types"].begin() + layers, j["layer_types"].end());
+  }
+  return olmosft::model::parse_config(j, is_path ? config : "preset " + config);
+}
+
+// libtpu is the plugin whose topologies tpu_topology_options describes.
+bool is_libtpu(const std::string& plugin) {
+  if (plugin == "tpu") return true;
+  const std::string file = std::filesystem::path(olmosft::xla::Plugin::resolve(plugin)).filename().string();
+  return file.starts_with("libtpu");
+}
+
+// libtpu on a machine without a TPU: skip the cloud metadata server (else it retries for over 10 minutes)
+// and the single-process lock file. Only where the caller has not set them.
+void libtpu_env() {
+  setenv("TPU_SKIP_MDS_QUERY", "1", 0);
+  setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1", 0);
+}
+
+// Bytes as GiB (MiB below 1 GiB, where the tiny models are).
+std::string gib(int64_t bytes) {
+  char s[32];
+  const double b = static_cast<double>(bytes);
+  if (bytes < (int64_t{1} << 30))
+    std::snprintf(s, sizeof s, "%.1f MiB", b / (1024.0 * 1024.0));
+  else
+    std::snprintf(s, sizeof s, "%.2f GiB", b / (1024.0 * 1024.0 * 1024.0));
+  return s;
+}
+
+struct Compiled {
+  std::string platform, device_kind;
+  size_t devices = 0;
+  int64_t device_memory = 0;  // per device, from the topology; 0: unknown
+  double compile_s = 0;
+  MemoryStats stats;
+};
+
+struct Args {
+  std::string config, plugin = "tpu", topology, save_config;
+  int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0;
+  bool bf16 = false, forward_only = false;
+};
+
+Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_t* module_bytes,
+                      double* emit_s) {
+  olmosft::model::XlaOptions xo;
+  xo.plugin = a.plugin;
+  xo.bf16 = a.bf16;
+  if (a.block > 0) xo.attention_block = a.block;
+  olmosft::model::LossConfig loss;
+  loss.vocab_tile = a.vocab_tile;
+  Compiled c;
+  const auto plugin = olmosft::xla::Plugin::load(a.plugin);
+  const auto emit = [&] {
+    const auto t0 = Clock::now();
+    std::string text = olmosft::model::xla_step_module(m, xo, a.batch, a.seq, loss, !a.forward_only);
+    *emit_s = seconds_since(t0);
+    *module_bytes = text.size();
+    return text;
+  };
+  if (!a.topology.empty()) {
+    std::vector<olmosft::xla::NamedValue> options;
+    if (is_libtpu(a.plugin)) options = olmosft::xla::tpu_topology_options(a.topology);
+    const auto topo = olmosft::xla::Topology::create(plugin, a.topology, options);
+    c.platform = topo.platform_name();
+    c.devices = topo.device_count();
+    const auto kinds = topo.device_kinds();
+    c.device_kind = kinds.empty() ? "" : kinds[0];
+    const auto attrs = topo.attributes();
+    if (auto it = attrs.find("device_memory_bytes_limit"); it != attrs.end())
+      c.device_memory = std::stoll(it->second);
+    xo.f64_trig = c.platform != "tpu";  // TPUs have no f64
+    const std::string text = emit();
+    const auto t0 = Clock::now();
+    const auto exe = olmosft::xla::compile_for_topology(topo, text);
+    c.compile_s = seconds_since(t0);
+    c.stats = exe.memory_stats();
+    return c;
+  }
+  // XLA's CPU plugin makes 4 devices by default; the step runs on one.
+  const auto client = olmosft::xla::Client::create(
+      plugin, a.plugin == "cpu" ? olmosft::xla::ClientOptions{1} : olmosft::xla::ClientOptions{});
+  c.platform = client.platform_name();
+  c.devices = client.device_count();
+  xo.f64_trig = c.platform != "tpu";
+  const std::string text = emit();
+  const auto t0 = Clock::now();
+  const auto exe = client.compile(text);
+  c.compile_s = seconds_since(t0);
+  c.stats = exe.memory_stats();
+  return c;
+}
+
+void print(const Args& a, const olmosft::model::ModelConfig& m, const Compiled& c, size_t module_bytes,
+           double emit_s) {
+  const MemoryStats& s = c.stats;
+  const std::string topology = a.topology.empty() ? "none" : a.topology;
+  char secs[64], compile_s[16];
+  std::snprintf(secs, sizeof secs, "emit_s=%.2f compile_s=%.2f", emit_s, c.compile_s);
+  std::snprintf(compile_s, sizeof compile_s, "%.1f", c.compile_s);
+  std::cout << "XLA-AOT plugin=" << a.plugin << " platform=" << c.platform << " topology=" << topology
+            << " devices=" << c.devices << " layers=" << m.num_hidden_layers << " hidden=" << m.hidden_size
+            << " vocab=" << m.vocab_size << " B=" << a.batch << " T=" << a.seq << " bf16=" << int(a.bf16)
+            << " backward=" << int(!a.forward_only) << " module_bytes=" << module_bytes << " " << secs
+            << " argument_bytes=" << s.argument_bytes << " output_bytes=" << s.output_bytes
+            << " alias_bytes=" << s.alias_bytes << " temp_bytes=" << s.temp_bytes
+            << " generated_code_bytes=" << s.generated_code_bytes << " host_temp_bytes=" << s.host_temp_bytes
+            << " peak_bytes=" << s.peak_bytes << " total_bytes=" << s.total_bytes()
+            << " device_memory_bytes=" << c.device_memory << "\n";
+  std::cout << "olmosft xla compile: " << m.model_type_name << " " << m.num_hidden_layers << " layers d "
+            << m.hidden_size << " vocab " << m.vocab_size << ", "
+            << (a.forward_only ? "forward" : "training step") << " B=" << a.batch << " T=" << a.seq
+            << (a.bf16 ? " bf16" : " f32") << ", for " << c.platform << " "
+            << (a.topology.empty() ? "(a client on this machine)" : a.topology) << " (" << c.devices << " x "
+            << (c.device_kind.empty() ? "device" : c.device_kind) << "): compiled in " << compile_s
+            << " s; per device " << gib(s.total_bytes());
+  if (c.device_memory > 0) std::cout << " of " << gib(c.device_memory);
+  std::cout << " (arguments " << gib(s.argument_bytes) << ", outputs " << gib(s.output_bytes)
+            << ", temporaries " << gib(s.temp_bytes) << ", code " << gib(s.generated_code_bytes) << ")\n";
+}
+
+int xla_compile_main(int argc, char** argv) {
+  CLI::App app{
+      "Compile one training step of a model with a PJRT plugin (ahead of time for a TPU topology with "
+      "libtpu) and print its memory needs (docs/xla.md)",
+      "xla compile"};
+  Args a;
+  app.add_option("--config", a.config,
+                 "the model: a config.json or a preset name (olmo3-7b, olmo3-tiny, ...)")
+      ->required();
+  app.add_option("--batch", a.batch, "rows per step (B)")->capture_default_str();
+  app.add_option("--seq", a.seq, "tokens per row (T)")->required();
+  app.add_option("--layers", a.layers, "keep only the first N layers of the model (0: all)");
+  app.add_option("--plugin", a.plugin,
+                 "PJRT plugin: tpu (libtpu: scripts/install-deps.sh --tpu or $OLMOSFT_PJRT_TPU), cpu, cuda "
+                 "or a path")
+      ->capture_default_str();
+  app.add_option("--topology", a.topology,
+                 "compile ahead of time for this topology (libtpu: v4:XxYxZ; default v4:2x2x1 for tpu, none "
+                 "for other plugins: a client compile on this machine)");
+  app.add_flag("--bf16", a.bf16, "bf16 operands in every GEMM, f32 accumulation (compute.dtype bf16)");
+  app.add_flag("--forward-only", a.forward_only, "compile the forward (loss) only, no backward");
+  app.add_option("--vocab-tile", a.vocab_tile, "vocabulary rows per cross-entropy tile (0: untiled)")
+      ->capture_default_str();
+  app.add_option("--attention-block", a.block, "queries / keys per attention block (default: the backend's)");
+  app.add_option("--save-model-config", a.save_config, "also write the compiled model's config.json here");
+  return olmosft::cli::run_app(app, argc, argv, [&] {
+    OLMO_CHECK(a.batch >= 1, "--batch must be >= 1, got ", a.batch);
+    OLMO_CHECK(a.seq >= 1, "--seq must be >= 1, got ", a.seq);
+    OLMO_CHECK(a.layers >= 0, "--layers must be >= 0, got ", a.layers);
+    OLMO_CHECK(a.vocab_tile >= 0, "--vocab-tile must be >= 0, got ", a.vocab_tile);
+    OLMO_CHECK(a.block >= 0, "--attention-block must be >= 0, got ", a.block);
+    const bool tpu = is_libtpu(a.plugin);
+    if (tpu && app.count("--topology") == 0) a.topology = "v4:2x2x1";
+    if (tpu) {
+      OLMO_CHECK(!a.topology.empty(), "--plugin ", a.plugin,
+                 " compiles for a topology: give --topology v4:XxYxZ");
+      olmosft::xla::tpu_topology_options(a.topology);  // a bad --topology is refused before libtpu loads
+      libtpu_env();
+    }
+    const olmosft::model::ModelConfig m = load_model(a.config, a.layers);
+    if (!a.save_config.empty()) olmosft::model::save_config(m, a.save_config);
+    size_t module_bytes = 0;
+    double emit_s = 0;
+    const Compiled c = compile_step(a, m, &module_bytes, &emit_s);
+    print(a, m, c, module_bytes, emit_s);
+    return 0;
+  });
+}
+
+}  // namespace
+
+OLMOSFT_VERB(
+    "xla compile",
+    "compile a model's training step with a PJRT plugin (ahead of time for a TPU topology) and print "
+    "its device memory",
+    xla_compile_main);

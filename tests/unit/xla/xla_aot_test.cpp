@@ -1,0 +1,183 @@
+// Ahead-of-time compile (xla/pjrt.h: Topology, compile_for_topology, MemoryStats). XLA's CPU plugin cannot
+// describe a topology nor compile without a client ("Topology not supported for CPU compilation", "No
+// compiler registered for platform cpu", measured with its 0.0.1 wheel), so here: its clean refusal; the
+// named values as they cross the C API (a stand-in plugin echoes them back); libtpu's topology options; the
+// compiled memory statistics of a client compile, checked against the byte sizes of the arguments and
+// outputs. With libtpu installed (scripts/install-deps.sh --tpu, or $OLMOSFT_PJRT_TPU) the real thing: a
+// v4:2x2x1 topology, a compile for it, its statistics, and an HBM overflow refused at compile time.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "xla/pjrt.h"
+#include "xla_test_util.h"
+
+using namespace olmosft;
+using namespace olmosft::xla;
+using testutil::error_of;
+
+namespace {
+
+// [64, 32] x [32, 16] -> [64, 16] f32 plus the first argument's [64, 32] doubled and returned in place of it
+// (aliased to output 1): 10,240 argument bytes, 12,288 output bytes of which 8,192 may reuse argument 0.
+const char* kDotModule = R"(module @dot {
+  func.func public @main(%arg0: tensor<64x32xf32> {tf.aliasing_output = 1 : i32}, %arg1: tensor<32x16xf32>) -> (tensor<64x16xf32>, tensor<64x32xf32>) {
+    %0 = "stablehlo.dot_general"(%arg0, %arg1) {dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>} : (tensor<64x32xf32>, tensor<32x16xf32>) -> tensor<64x16xf32>
+    %1 = "stablehlo.add"(%arg0, %arg0) : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
+    "func.return"(%0, %1) : (tensor<64x16xf32>, tensor<64x32xf32>) -> ()
+  }
+})";
+constexpr int64_t kArgBytes = (64 * 32 + 32 * 16) * 4, kOutBytes = (64 * 16 + 64 * 32) * 4,
+                  kAlias = 64 * 32 * 4;
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(XlaAot, CpuPluginRefusesATopologyNamingTheCall) {
+  OLMOSFT_CPU_PLUGIN_ONLY();
+  const std::string msg = error_of([] { Topology::create("cpu", "cpu"); });
+  EXPECT_TRUE(contains(msg, "xla: PJRT_TopologyDescription_Create failed (PJRT plugin ")) << msg;
+  EXPECT_TRUE(contains(msg, "xla_cpu_pjrt.so): UNIMPLEMENTED: Topology not supported for CPU")) << msg;
+}
+
+TEST(XlaAot, MissingFunctionsAreNamedAndTopologiesDestroyed) {
+  OLMOSFT_CPU_PLUGIN_ONLY();
+  // The stand-in creates a topology named "ok" but has no other topology function and no PJRT_Compile.
+  const std::string fake = OLMOSFT_XLA_FAKE_PLUGIN_MINOR;
+  {
+    const Topology t = Topology::create(fake, "ok");
+    EXPECT_EQ(t.name(), "ok");
+    EXPECT_TRUE(
+        contains(error_of([&] { compile_for_topology(t, kDotModule); }),
+                 "(API 0." + std::to_string(Plugin::header_minor() + 1) + ") does not provide PJRT_Compile"));
+    EXPECT_TRUE(contains(error_of([&] { t.platform_name(); }),
+                         "does not provide PJRT_TopologyDescription_PlatformName"));
+    EXPECT_TRUE(contains(error_of([&] { t.device_count(); }),
+                         "does not provide PJRT_TopologyDescription_GetDeviceDescriptions"));
+    const Topology copy = t;  // shares the one PJRT topology
+    EXPECT_TRUE(contains(error_of([] { Topology::create(OLMOSFT_XLA_FAKE_PLUGIN_MINOR, "x"); }), "live 1;"));
+  }
+  // Both copies gone: destroyed once.
+  EXPECT_TRUE(contains(error_of([] { Topology::create(OLMOSFT_XLA_FAKE_PLUGIN_MINOR, "x"); }), "live 0;"));
+}
+
+TEST(XlaAot, NamedValuesCrossTheCApiTyped) {
+  OLMOSFT_CPU_PLUGIN_ONLY();
+  const std::vector<NamedValue> opts = {{"chip_config_name", std::string("megacore")},
+                                        {"chips_per_host_bounds", std::vector<int64_t>{2, 2, 1}},
+                                        {"num_slices", int64_t{3}},
+                                        {"empty", std::vector<int64_t>{}},
+                                        {"ratio", 0.5f},
+                                        {"flag", true},
+                                        {"off", false},
+                                        {"s", std::string()}};
+  const std::string msg =
+      error_of([&] { Topology::create(OLMOSFT_XLA_FAKE_PLUGIN_MINOR, "v4:2x2x1", opts); });
+  EXPECT_TRUE(contains(msg, "xla: PJRT_TopologyDescription_Create failed (PJRT plugin ")) << msg;
+  EXPECT_TRUE(contains(msg,
+                       "INVALID_ARGUMENT: live 0; topology v4:2x2x1: chip_config_name string[8] megacore; "
+                       "chips_per_host_bounds int64_list[3] 2,2,1; num_slices int64 3; empty int64_list[0] ; "
+                       "ratio float 0.500000; flag bool true; off bool false; s string[0] "))
+      << msg;
+  // No options at all: a null list and a count of 0.
+  const std::string none = error_of([] { Topology::create(OLMOSFT_XLA_FAKE_PLUGIN_MINOR, "x"); });
+  EXPECT_TRUE(none.ends_with("INVALID_ARGUMENT: live 0; topology x:")) << none;
+  const std::string unnamed = error_of([] {
+    Topology::create(OLMOSFT_XLA_FAKE_PLUGIN_MINOR, "x", std::vector<NamedValue>{{"", true}});
+  });
+  EXPECT_EQ(unnamed, "xla: a PJRT option has an empty name");
+}
+
+TEST(XlaAot, NamedValuesFormat) {
+  const std::vector<NamedValue> v = {{"a", std::string("megacore")},
+                                     {"b", std::vector<int64_t>{2, 2, 1}},
+                                     {"c", int64_t{-1}},
+                                     {"d", true},
+                                     {"e", 0.25f}};
+  EXPECT_EQ(format_named_values(v), "a=\"megacore\", b=[2,2,1], c=-1, d=true, e=0.25");
+  EXPECT_EQ(format_named_values({}), "");
+}
+
+TEST(XlaAot, TpuTopologyOptions) {
+  EXPECT_EQ(format_named_values(tpu_topology_options("v4:2x2x1")),
+            "chip_config_name=\"megacore\", chips_per_host_bounds=[2,2,1], num_slices=1, wrap=[0,0,0]");
+  // A torus from a full 4x4x4 cube on; smaller slices (2x4x4) are meshes.
+  EXPECT_EQ(format_named_values(tpu_topology_options("v4:4x4x8")),
+            "chip_config_name=\"megacore\", chips_per_host_bounds=[2,2,1], num_slices=1, wrap=[1,1,1]");
+  EXPECT_TRUE(format_named_values(tpu_topology_options("v4:2x4x4")).ends_with("wrap=[0,0,0]"));
+  const auto err = [](const char* t) { return error_of([&] { tpu_topology_options(t); }); };
+  EXPECT_EQ(err("v4"), "xla: TPU topology `v4`: no `:` (expected v4:XxYxZ, e.g. v4:2x2x1)");
+  EXPECT_EQ(
+      err("v5e:2x2"),
+      "xla: TPU topology `v5e:2x2`: generation `v5e` is not supported (expected v4:XxYxZ, e.g. v4:2x2x1)");
+  EXPECT_TRUE(contains(err("v4:2x2"), "2 axes, a v4 slice has 3")) << err("v4:2x2");
+  EXPECT_TRUE(contains(err("v4:2xax1"), "`a` is not a positive chip count")) << err("v4:2xax1");
+  EXPECT_TRUE(contains(err("v4:0x2x1"), "`0` is not a positive chip count")) << err("v4:0x2x1");
+  EXPECT_TRUE(contains(err("v4:2x2x"), "`` is not a positive chip count")) << err("v4:2x2x");
+  EXPECT_TRUE(contains(err("v4:2x2x1 "), "`1 ` is not a positive chip count")) << err("v4:2x2x1 ");
+}
+
+TEST(XlaAot, CompiledMemoryStatsOfAClientCompile) {
+  OLMOSFT_CPU_PLUGIN_ONLY();  // the byte counts below are the CPU plugin's dense layouts
+  const Executable exe = testutil::test_client(2).compile(kDotModule);
+  const MemoryStats m = exe.memory_stats();
+  EXPECT_EQ(m.argument_bytes, kArgBytes);
+  // Several results are a tuple: the CPU plugin counts its table of 2 pointers too (measured: 12,304).
+  EXPECT_EQ(m.output_bytes, kOutBytes + 2 * 8);
+  EXPECT_EQ(m.alias_bytes, kAlias);  // output 1 may live in argument 0's buffer
+  EXPECT_GE(m.temp_bytes, 0);
+  EXPECT_EQ(m.host_argument_bytes + m.host_output_bytes + m.host_temp_bytes, 0);
+  EXPECT_EQ(m.total_bytes(), kArgBytes + m.output_bytes - kAlias + m.temp_bytes + m.generated_code_bytes);
+  // Peak device memory: at least the arguments plus the outputs that do not reuse them.
+  EXPECT_GE(m.peak_bytes, kArgBytes + kOutBytes - kAlias);
+}
+
+// libtpu, when installed: a real ahead-of-time compile for a TPU v4 slice on this CPU-only machine.
+TEST(XlaAot, LibtpuCompilesForAV4Slice) {
+  const std::string path = Plugin::resolve("tpu");
+  if (!std::filesystem::is_regular_file(path))
+    GTEST_SKIP() << "skipped: libtpu not installed at " << path << " (scripts/install-deps.sh --tpu)";
+  setenv("TPU_SKIP_MDS_QUERY", "1", 0);  // no TPU here: do not ask the cloud metadata server
+  setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1", 0);
+  // libtpu's logs into this test's own folder, not /tmp/tpu_logs (kept for the process: libtpu may write
+  // until exit).
+  std::string logs = (std::filesystem::temp_directory_path() / "olmosft_xla_aot_XXXXXX").string();
+  if (std::getenv("TPU_LOG_DIR") == nullptr && mkdtemp(logs.data()) != nullptr)
+    setenv("TPU_LOG_DIR", logs.c_str(), 1);
+  const Topology t = Topology::create("tpu", "v4:2x2x1", tpu_topology_options("v4:2x2x1"));
+  EXPECT_EQ(t.platform_name(), "tpu");
+  EXPECT_EQ(t.device_count(), 4u);  // megacore: one device per chip of the 2x2x1 slice
+  EXPECT_EQ(t.device_kinds().at(0), "TPU v4");
+  const auto attrs = t.attributes();
+  ASSERT_TRUE(attrs.count("device_memory_bytes_limit"));
+  const int64_t hbm = std::stoll(attrs.at("device_memory_bytes_limit"));
+  EXPECT_GT(hbm, int64_t{30} << 30);  // 30.75 GiB usable of a v4 chip's 32 GiB
+  EXPECT_LE(hbm, int64_t{32} << 30);
+  EXPECT_EQ(attrs.at("wrap"), "0.0.0");
+
+  const AotExecutable exe = compile_for_topology(t, kDotModule);
+  EXPECT_EQ(exe.num_outputs(), 2u);
+  const MemoryStats m = exe.memory_stats();
+  // TPU layouts pad the minor dimensions to tiles, so at least the dense sizes.
+  EXPECT_GE(m.argument_bytes, kArgBytes);
+  EXPECT_GE(m.output_bytes, kOutBytes);
+  EXPECT_GE(m.alias_bytes, kAlias);
+  EXPECT_GT(m.generated_code_bytes, 0);
+  EXPECT_LT(m.total_bytes(), int64_t{16} << 20);
+
+  // 40 GiB of output cannot fit a chip: refused when compiled, naming HBM.
+  const char* huge = R"(module @huge {
+  func.func public @main(%arg0: tensor<f32>) -> (tensor<4096x4096x640xf32>) {
+    %0 = "stablehlo.broadcast_in_dim"(%arg0) {broadcast_dimensions = array<i64>} : (tensor<f32>) -> tensor<4096x4096x640xf32>
+    "func.return"(%0) : (tensor<4096x4096x640xf32>) -> ()
+  }
+})";
+  const std::string msg = error_of([&] { compile_for_topology(t, huge); });
+  EXPECT_TRUE(contains(msg, "PJRT_Compile failed")) << msg;
+  EXPECT_TRUE(contains(msg, "RESOURCE_EXHAUSTED")) << msg;
+  EXPECT_TRUE(contains(msg, "HBM")) << msg;
+}
