@@ -63,10 +63,39 @@ BatchArgs batch_arguments(xla::HloBuilder& b, const ModelConfig& c, const StepKe
   return a;
 }
 
+XlaStepTensor step_tensor(std::string name, const TensorType& t) {
+  return {std::move(name), t.type == ElementType::kS32 ? "s32" : "f32", t.dims};
+}
+
+// The names and types of a step program's arguments and results, in order (batch_arguments' order).
+void describe_step(const ModelConfig& c, const StepKey& k, const std::vector<Value>& results,
+                   XlaStepProgram* sig) {
+  const std::vector<ParamSpec> reg = param_registry(c);
+  const int64_t N = k.B * k.T;
+  auto& a = sig->arguments;
+  for (const ParamSpec& p : reg) a.push_back({p.name, "f32", p.shape});
+  a.push_back({"tokens", "s32", {N}});
+  a.push_back({"segments", "s32", {k.B, k.T}});
+  a.push_back({"positions", "s32", {N}});
+  if (uses_ssmax(c)) a.push_back({"logpos", "f32", {N}});
+  a.push_back({"targets", "s32", {N}});
+  a.push_back({"mask", "s32", {N}});
+  if (k.backward) a.push_back({"grad_scale", "f32", {}});
+  if (k.accumulate)
+    for (const ParamSpec& p : reg) a.push_back({"grad_sum." + p.name, "f32", p.shape});
+  std::vector<std::string> names{"ce_sum", "z_sum", "count"};
+  if (k.logits) names.push_back("logits");
+  if (k.logprobs) names.push_back("logprobs");
+  if (k.backward)
+    for (const ParamSpec& p : reg) names.push_back("grad." + p.name);
+  for (size_t i = 0; i < results.size(); ++i)
+    sig->results.push_back(step_tensor(names[i], results[i].type()));
+}
+
 // The whole step as one program: results ce_sum, z_sum, count, [logits], [logprobs], then with the
 // backward one gradient per parameter (registry order).
 std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOptions& xo,
-                      const LossConfig& loss, const StepKey& k) {
+                      const LossConfig& loss, const StepKey& k, XlaStepProgram* sig = nullptr) {
   xla::HloBuilder b("olmosft_step");
   const std::vector<ParamSpec> reg = param_registry(c);
   std::vector<Value> w;
@@ -107,6 +136,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
     }
   }
   b.returns(results);
+  if (sig != nullptr) describe_step(c, k, results, sig);
   return b.module();
 }
 
@@ -223,6 +253,18 @@ std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t 
              ")");
   const DecoderUnits units(c, DecoderOptions{});
   return emit_step(c, units, xo, loss, step_key(B, T, loss, backward, logits, logprobs));
+}
+
+XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
+                                const LossConfig& loss) {
+  check_supported(c);
+  for (const LayerSpec& s : layer_specs(c)) unit::Block::check_emits(c, s);
+  OLMO_CHECK(B > 0 && T > 0, c.model_type_name, ": batch must have B > 0 and T > 0 (got B=", B, ", T=", T,
+             ")");
+  const DecoderUnits units(c, DecoderOptions{});
+  XlaStepProgram p;
+  p.text = emit_step(c, units, xo, loss, step_key(B, T, loss, true, false, false), &p);
+  return p;
 }
 
 xla::Executable XlaDecoder::compile(const std::string& text) {

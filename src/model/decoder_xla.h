@@ -51,6 +51,22 @@ struct XlaRunStats {
 
 struct StepKey;  // decoder_xla.cpp: what one compiled step program is for
 
+// A step program with the names and types of its arguments and results, in order: the parameters (HF
+// names, registry order), tokens, segments, positions, [logpos], targets, mask, grad_scale; results ce_sum,
+// z_sum, count, grad.<HF name>... For running the exact program elsewhere (scripts/accel-check.sh).
+struct XlaStepTensor {
+  std::string name;
+  std::string dtype;  // "f32" or "s32"
+  std::vector<int64_t> dims;
+};
+struct XlaStepProgram {
+  std::string text;
+  std::vector<XlaStepTensor> arguments, results;
+};
+// The forward + backward step (no logits, no gradient sums as arguments).
+XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
+                                const LossConfig& loss);
+
 class XlaDecoder : public CausalLM, public DeviceTraining {
  public:
   // Loads the plugin and creates its client; throws naming the config field when a layer is not emitted

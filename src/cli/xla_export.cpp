@@ -1,0 +1,278 @@
+// `olmosft xla export --config CONFIG|--model HF_DIR --seq T --out DIR [...]`: writes one training step of a
+// model as the exact StableHLO program the XLA backend compiles (model::xla_step_program), with a manifest
+// of its arguments and results, so that a machine without this build's libraries (a lent GPU, a TPU VM) can
+// compile and time the same program with the runtime alone (tests/xla-accel: xla_step_run; docs/xla.md
+// "Running an exported step"). With --model the parameters are the directory's weights (files), with
+// --batch-file the batch is the file's; with --expect the step is run here on XLA's CPU plugin and its
+// results are written as the expected ones.
+//
+// DIR/step.mlir, DIR/manifest.txt, DIR/data/*.bin (raw little-endian f32 / s32, row-major). Manifest lines:
+//   olmosft-xla-step 1
+//   model <model_type> layers <L> hidden <d> vocab <V>      B <B> T <T> bf16 <0|1>
+//   flops <model FLOPs of the step, train/flops.h>
+//   arg <name> <f32|s32> <dims, comma-separated, or -> file <path> | const <v> |
+//       randint <hi> <seed> | iota_mod <T> | uniform_std <std> <seed> (uniform with that standard deviation:
+//       random weights for timing, fast to make)
+//   result <name> <f32|s32> <dims or -> [expect <path> <tolerance>]
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "cli/verb.h"
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/decoder_xla.h"
+#include "model/hf_dir.h"
+#include "train/flops.h"
+#include "xla/pjrt.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using olmosft::model::XlaStepProgram;
+using olmosft::model::XlaStepTensor;
+
+struct Args {
+  std::string config, model, batch_file, out;
+  int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0;
+  double lm_z = 1e-4;
+  bool bf16 = false, expect = false, f32_trig = false;
+};
+
+std::string dims_text(const std::vector<int64_t>& d) {
+  if (d.empty()) return "-";
+  std::string s;
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
+  return s;
+}
+
+int64_t numel(const std::vector<int64_t>& d) {
+  int64_t n = 1;
+  for (int64_t x : d) n *= x;
+  return n;
+}
+
+// The batch: the file's arrays (input_ids, segment_ids, position_ids, targets, loss_mask as the fixtures
+// write them) or, without one, one document per row with every target trained.
+struct HostBatch {
+  std::vector<int32_t> tokens, seg, pos, targets, mask;
+};
+
+HostBatch read_batch(const Args& a, int64_t V) {
+  HostBatch h;
+  const int64_t N = a.batch * a.seq;
+  if (a.batch_file.empty()) return h;
+  auto r = olmosft::safetensors::Reader::open(a.batch_file);
+  auto ints = [&](const char* name) {
+    olmosft::Tensor t = r->copy(name);
+    OLMO_CHECK(t.numel() == N, a.batch_file, ": ", name, " has ", t.numel(),
+               " elements, expected B x T = ", N);
+    std::vector<int32_t> v(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i)
+      v[size_t(i)] = t.dtype() == olmosft::DType::U8 ? t.data<uint8_t>()[i] : t.data<int32_t>()[i];
+    return v;
+  };
+  h.tokens = ints("input_ids");
+  h.seg = ints("segment_ids");
+  h.pos = ints("position_ids");
+  h.targets = ints("targets");
+  h.mask = ints("loss_mask");
+  for (int64_t i = 0; i < N; ++i) {
+    OLMO_CHECK(h.tokens[size_t(i)] >= 0 && h.tokens[size_t(i)] < V, a.batch_file, ": token ",
+               h.tokens[size_t(i)], " at ", i, " is outside the vocabulary [0, ", V, ")");
+    const bool trained = h.mask[size_t(i)] != 0 && h.targets[size_t(i)] != -100 && h.seg[size_t(i)] >= 0;
+    h.mask[size_t(i)] = trained ? 1 : 0;
+    if (!trained) h.targets[size_t(i)] = 0;  // as XlaDecoder passes them: in range, masked
+  }
+  return h;
+}
+
+template <typename T>
+void write_raw(const fs::path& p, const T* data, int64_t n) {
+  olmosft::io::write_file_atomic(p.string(),
+                                 std::string(reinterpret_cast<const char*>(data), size_t(n) * sizeof(T)));
+}
+
+// The manifest's `arg` lines and data files; `host` receives every argument's bytes when the step is also run
+// here (--expect).
+std::string argument_lines(const Args& a, const olmosft::model::ModelConfig& m, const XlaStepProgram& p,
+                           const fs::path& dir, std::vector<std::vector<char>>* host) {
+  std::ostringstream os;
+  const HostBatch hb = read_batch(a, m.vocab_size);
+  std::unique_ptr<olmosft::model::HfModel> weights;
+  if (!a.model.empty())
+    weights = std::make_unique<olmosft::model::HfModel>(olmosft::model::load_hf_dir(a.model));
+  const int64_t N = a.batch * a.seq;
+  int seed = 0;
+  for (const XlaStepTensor& t : p.arguments) {
+    os << "arg " << t.name << " " << t.dtype << " " << dims_text(t.dims) << " ";
+    const std::string file = "data/arg." + t.name + ".bin";
+    auto store = [&](const auto* v, int64_t n) {
+      write_raw(dir / file, v, n);
+      os << "file " << file;
+      if (host) host->emplace_back(reinterpret_cast<const char*>(v), reinterpret_cast<const char*>(v + n));
+    };
+    const std::map<std::string, const std::vector<int32_t>*> batch{{"tokens", &hb.tokens},
+                                                                   {"segments", &hb.seg},
+                                                                   {"positions", &hb.pos},
+                                                                   {"targets", &hb.targets},
+                                                                   {"mask", &hb.mask}};
+    ++seed;
+    if (weights && weights->tensors.count(t.name) != 0) {
+      std::vector<float> w(size_t(numel(t.dims)));
+      weights->read_f32(t.name, 0, int64_t(w.size()), w.data());  // fp32 whatever the stored dtype
+      store(w.data(), int64_t(w.size()));
+    } else if (auto it = batch.find(t.name); it != batch.end() && !it->second->empty()) {
+      store(it->second->data(), N);
+    } else if (t.name == "grad_scale") {
+      int64_t trained = 0;
+      for (int32_t x : hb.mask) trained += x;
+      const float s = 1.0f / float(hb.mask.empty() ? N : std::max<int64_t>(trained, 1));
+      store(&s, 1);
+    } else if (t.name == "tokens" || t.name == "targets") {
+      os << "randint " << m.vocab_size << " " << seed;
+    } else if (t.name == "segments") {
+      os << "const 0";
+    } else if (t.name == "positions") {
+      os << "iota_mod " << a.seq;
+    } else if (t.name == "mask") {
+      os << "const 1";
+    } else if (t.name.ends_with("norm.weight") || t.name.ends_with("ssmax_scale")) {
+      os << "const 1";
+    } else {
+      OLMO_CHECK(!host, "xla export: --expect needs every argument from files (--model and --batch-file); ",
+                 t.name, " would be random");
+      os << "uniform_std " << m.initializer_range << " " << seed;
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+// Runs the program here on XLA's CPU plugin and writes its results as the expected ones.
+std::string expected_lines(const XlaStepProgram& p, const std::vector<std::vector<char>>& host,
+                           const fs::path& dir) {
+  auto client = olmosft::xla::Client::create("cpu", olmosft::xla::ClientOptions{1});
+  auto exe = client.compile(p.text);
+  std::vector<olmosft::xla::Buffer> args;
+  for (size_t i = 0; i < p.arguments.size(); ++i) {
+    const auto& t = p.arguments[i];
+    const olmosft::xla::TensorType type{
+        t.dtype == "s32" ? olmosft::xla::ElementType::kS32 : olmosft::xla::ElementType::kF32, t.dims};
+    args.push_back(client.to_device(host[i].data(), type));
+  }
+  std::vector<olmosft::xla::Buffer*> ptrs;
+  for (auto& b : args) ptrs.push_back(&b);
+  std::vector<olmosft::xla::Buffer> out = exe.execute(ptrs);
+  std::ostringstream os;
+  for (size_t i = 0; i < p.results.size(); ++i) {
+    const auto& t = p.results[i];
+    const std::string file = "data/expect." + t.name + ".bin";
+    std::string bytes(out[i].type().bytes(), '\0');
+    out[i].to_host(bytes.data(), bytes.size());
+    olmosft::io::write_file_atomic((dir / file).string(), bytes);
+    // counts exactly; sums and gradients within 1e-5 of the tensor's largest value: two devices running the
+    // same f32 program in their own summation orders (docs/numerics.md "Two fp32 backends")
+    os << "result " << t.name << " " << t.dtype << " " << dims_text(t.dims) << " expect " << file << " "
+       << (t.dtype == "s32" ? "0" : "1e-5") << "\n";
+  }
+  return os.str();
+}
+
+int xla_export_main(int argc, char** argv) {
+  CLI::App app{
+      "Write one training step as the StableHLO program the XLA backend runs, with a manifest of its "
+      "arguments, for running it where this build's libraries are absent (docs/xla.md)",
+      "xla export"};
+  Args a;
+  app.add_option("--config", a.config, "the model's config.json or a preset name (olmo3-7b, ...)");
+  app.add_option("--model", a.model, "an HF directory: its config and its weights (written as files)");
+  app.add_option("--layers", a.layers, "keep only the first N layers (0: all; random weights only)");
+  app.add_option("--batch", a.batch, "rows per step (B)")->capture_default_str();
+  app.add_option("--seq", a.seq, "tokens per row (T)")->required();
+  app.add_option("--batch-file", a.batch_file,
+                 "safetensors with input_ids, segment_ids, position_ids, targets, loss_mask ([B, T])");
+  app.add_option("--out", a.out, "output directory")->required();
+  app.add_flag("--bf16", a.bf16, "bf16 operands in every GEMM, f32 accumulation (compute.dtype bf16)");
+  app.add_flag("--f32-trig", a.f32_trig, "RoPE tables in f32 (devices without f64: TPU)");
+  app.add_option("--vocab-tile", a.vocab_tile, "vocabulary rows per cross-entropy tile (0: untiled)")
+      ->capture_default_str();
+  app.add_option("--lm-z", a.lm_z, "z-loss coefficient")->capture_default_str();
+  app.add_option("--attention-block", a.block, "queries / keys per attention block (default: the backend's)");
+  app.add_flag("--expect", a.expect,
+               "run the step here on XLA's CPU plugin and write its results as expected");
+  return olmosft::cli::run_app(app, argc, argv, [&] {
+    OLMO_CHECK(a.config.empty() != a.model.empty(), "give one of --config and --model");
+    OLMO_CHECK(a.batch >= 1 && a.seq >= 1, "--batch and --seq must be >= 1");
+    OLMO_CHECK(a.model.empty() || a.layers == 0, "--layers keeps random weights only (not with --model)");
+    OLMO_CHECK(a.block >= 0 && a.vocab_tile >= 0, "--attention-block and --vocab-tile must be >= 0");
+    olmosft::model::ModelConfig m;
+    if (!a.model.empty()) {
+      m = olmosft::model::load_config((fs::path(a.model) / "config.json").string());
+    } else {
+      const bool is_path = a.config.find('/') != std::string::npos || a.config.ends_with(".json");
+      nlohmann::json j = is_path ? olmosft::io::parse_json(olmosft::io::read_file(a.config), a.config)
+                                 : olmosft::model::preset_config_json(a.config);
+      if (a.layers > 0) {
+        OLMO_CHECK(a.layers <= j.value("num_hidden_layers", int64_t{0}), "--layers ", a.layers,
+                   " > the model's");
+        j["num_hidden_layers"] = a.layers;
+        if (j.contains("layer_types"))
+          j["layer_types"].erase(j["layer_types"].begin() + a.layers, j["layer_types"].end());
+      }
+      m = olmosft::model::parse_config(j, is_path ? a.config : "preset " + a.config);
+    }
+    olmosft::model::XlaOptions xo;
+    xo.bf16 = a.bf16;
+    xo.f64_trig = !a.f32_trig;
+    if (a.block > 0) xo.attention_block = a.block;
+    olmosft::model::LossConfig loss;
+    loss.vocab_tile = a.vocab_tile;
+    loss.weight[olmosft::model::kLossLmZ] = a.lm_z;
+    const XlaStepProgram p = olmosft::model::xla_step_program(m, xo, a.batch, a.seq, loss);
+    const fs::path dir(a.out);
+    fs::create_directories(dir / "data");
+    std::vector<std::vector<char>> host;
+    const std::string args = argument_lines(a, m, p, dir, a.expect ? &host : nullptr);
+    std::string results;
+    if (a.expect) {
+      results = expected_lines(p, host, dir);
+    } else {
+      for (const auto& t : p.results)
+        results += "result " + t.name + " " + t.dtype + " " + dims_text(t.dims) + "\n";
+    }
+    // FLOPs as the trainer counts them (every position trained: the program computes every token's logits)
+    std::vector<int32_t> tok(size_t(a.batch * a.seq), 0), seg(tok.size(), 0), tgt(tok.size(), 0);
+    std::vector<uint8_t> tr(tok.size(), 1);
+    olmosft::model::Batch fb{a.batch, a.seq, tok.data(), seg.data(), nullptr, tgt.data(), tr.data()};
+    const double flops = olmosft::train::FlopModel(m).count(fb).total();
+    std::ostringstream man;
+    man << "olmosft-xla-step 1\nmodel " << m.model_type_name << " layers " << m.num_hidden_layers
+        << " hidden " << m.hidden_size << " vocab " << m.vocab_size << " B " << a.batch << " T " << a.seq
+        << " bf16 " << int(a.bf16) << "\nflops " << flops << "\n"
+        << args << results;
+    olmosft::io::write_file_atomic((dir / "step.mlir").string(), p.text);
+    olmosft::io::write_file_atomic((dir / "manifest.txt").string(), man.str());
+    std::cout << "XLA-EXPORT dir=" << a.out << " model=" << m.model_type_name
+              << " layers=" << m.num_hidden_layers << " B=" << a.batch << " T=" << a.seq
+              << " bf16=" << int(a.bf16) << " arguments=" << p.arguments.size()
+              << " results=" << p.results.size() << " module_bytes=" << p.text.size()
+              << " expect=" << int(a.expect) << " flops=" << flops << "\n";
+    return 0;
+  });
+}
+
+}  // namespace
+
+OLMOSFT_VERB("xla export",
+             "write a model's training step as the StableHLO program the XLA backend runs, with a manifest, "
+             "for running it elsewhere (tests/xla-accel xla_step_run)",
+             xla_export_main);
