@@ -124,6 +124,13 @@ HostBatch host_batch(const ModelConfig& c, const DecoderOptions& o, const Batch&
   return h;
 }
 
+// Adds the seconds from its construction to its destruction to *acc (XlaRunStats' timing fields).
+struct AddSeconds {
+  double* acc;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~AddSeconds() { *acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+
 }  // namespace
 
 struct XlaDecoder::Impl {
@@ -181,6 +188,7 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
     stats_.module_bytes = text.size();
     ++stats_.compiles;
   }
+  std::optional<AddSeconds> phase{std::in_place, &stats_.upload_seconds};  // upload, execute, download
   const xla::Client& cl = impl_->client;
   std::vector<xla::Buffer> args;
   for (const Param& p : params_) {
@@ -200,7 +208,9 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
   if (backward) args.push_back(cl.to_device(std::span<const float>(&scale, 1), {}));
   std::vector<xla::Buffer*> ptrs;
   for (auto& a : args) ptrs.push_back(&a);
+  phase.emplace(&stats_.execute_seconds);
   std::vector<xla::Buffer> out = it->second.execute(ptrs);
+  phase.emplace(&stats_.download_seconds);
   ++stats_.executions;
   LossParts lp;
   lp.sum[kLossCe] = out[0].to_host<float>()[0];
