@@ -21,14 +21,24 @@
 // FlopModel over the step's micro-batches: projections and MLP/active experts, attention per document and
 // window, KDA's chunked delta rule, the LM head over trained targets; docs/train.md "MFU accounting").
 //
+// --backend xla|both (default cpu): the same step with the model on the XLA backend (model/decoder_xla.h,
+// XLA's CPU PJRT plugin; the dense cases only, the hybrids' KDA and MoE layers are not emitted and are
+// reported as skipped with XlaDecoder's reason): a second table gives, per case, the compile time, XLA's
+// step against the CPU backend's measured in the same run (tok/s, CPU s per step, MFU), where the XLA step's
+// time goes (parameter and batch upload, execute, download and gradient accumulation, clip + AdamW) and the
+// per-step loss gap. `xla` runs the XLA step alone (no CPU backend run, no PyTorch peers).
+//
 // Usage: bench_train [--threads N] [--steps S] [--cases a,b,...] [--no-torch] [--dir D]
-//                    [--gemm auto|openblas|onednn] [--compare-bf16]
-//        bench_train --child CASE --dir D --threads N --steps S [--gemm L] [--dtype fp32|bf16]   (internal)
+//                    [--gemm auto|openblas|onednn] [--compare-bf16] [--backend cpu|xla|both]
+//        bench_train --child CASE [--dir D] --threads N --steps S [--gemm L] [--dtype fp32|bf16]
+//                    [--backend cpu|xla]   (internal)
 // --gemm: our fp32 GEMM library (recipe key compute.gemm; default auto). --compare-bf16: our step also runs
 // with bf16 compute (compute.dtype=bf16) in the same run, and a second table gives its step rate against
 // fp32's and the per-step loss difference. Prints a markdown table and one greppable line per case:
 //   BENCH train case=... ours_tok_s=... mfu=... ours_peak_mib=... torch_tok_s=... torch_ratio=... ...
 //   pypi_torch_tok_s=... pypi_torch_ratio=... ...   (or torch=skipped / pypi_torch=skipped)
+//   BENCH train_xla case=... compile_s=... xla_tok_s=... cpu_tok_s=... ratio=... upload_s=... ...
+//   (or xla=skipped)
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,6 +59,7 @@
 #include "kernels/adamw.h"
 #include "kernels/gemm.h"
 #include "model/decoder.h"
+#include "model/decoder_xla.h"
 #include "model/model.h"
 #include "model/params.h"
 #include "train/flops.h"
@@ -260,7 +271,32 @@ double xent_tile_bytes(const ModelConfig& c, int64_t trained) {
   return 4.0 * rows * (static_cast<double>(std::min<int64_t>(8192, c.vocab_size)) + 2.0 * c.hidden_size);
 }
 
-int child(const std::string& name, const std::string& dir, int steps) {
+// --backend xla: the XlaDecoder's figures of a child run. BEFORE: its stats after the warm-up step (which
+// compiles the program); AFTER: after the timed steps, so the phases are per timed step.
+json xla_fields(const XlaDecoder& x, const XlaRunStats& before, int steps) {
+  const XlaRunStats& a = x.stats();
+  const double n = static_cast<double>(steps);
+  return {{"platform", x.platform()},
+          {"devices", x.device_count()},
+          {"compiles", a.compiles},
+          {"compile_seconds", a.compile_seconds},
+          {"module_bytes", a.module_bytes},
+          {"executions", a.executions},
+          {"upload_sec_per_step", (a.upload_seconds - before.upload_seconds) / n},
+          {"execute_sec_per_step", (a.execute_seconds - before.execute_seconds) / n},
+          {"download_sec_per_step", (a.download_seconds - before.download_seconds) / n}};
+}
+
+// The case's model on BACKEND (cpu: make_model; xla: make_xla_decoder on XLA's CPU plugin), the same
+// initial weights (seed 1, init_params) on both.
+std::unique_ptr<CausalLM> make_case_model(const ModelConfig& c, const std::string& backend, bool bf16) {
+  if (backend != "xla") return make_model(c, 1);
+  XlaOptions xo;  // the trainer's defaults for device: xla, xla.plugin cpu (cli/train.cpp)
+  xo.bf16 = bf16;
+  return make_xla_decoder(c, xo, 1);
+}
+
+int child(const std::string& name, const std::string& dir, int steps, const std::string& backend, bool bf16) {
   const long start_kb = vm_kb("VmRSS");
   Case cs;
   bool found = false;
@@ -271,7 +307,7 @@ int child(const std::string& name, const std::string& dir, int steps) {
     return 2;
   }
   const ModelConfig c = parse_config(cs.config, "bench_train case " + name);
-  auto m = make_model(c, 1);
+  auto m = make_case_model(c, backend, bf16);
   const Packed p = make_rows(cs, c);
   const LossConfig lc = loss_config(c);
   if (!dir.empty()) {  // what the PyTorch peer reads: config, our initial weights, the batch
@@ -317,6 +353,7 @@ int child(const std::string& name, const std::string& dir, int steps) {
 
   json losses = json::array();
   size_t saved = 0;
+  double opt_sec = 0;  // clip + AdamW on the host, summed over the timed steps
   auto step = [&](int64_t s) {
     for (auto& q : params) std::fill(q.grad.data<float>(), q.grad.data<float>() + q.grad.numel(), 0.0f);
     double ce = 0, z = 0, lb = 0, rz = 0;
@@ -329,8 +366,10 @@ int child(const std::string& name, const std::string& dir, int steps) {
       lb += lp.sum[model::kLossMoeLb];
       rz += lp.sum[model::kLossRouterZ];
     }
+    const double o0 = bench::now();
     const double gnorm = clip_grad_norm(ap, 1.0);  // the norm, then the clip (as the trainer: one norm pass)
     adamw_step(ap, acfg, s);
+    opt_sec += bench::now() - o0;
     const double nt = static_cast<double>(p.n_trained), g = static_cast<double>(cs.ga);
     losses.push_back({{"ce", ce / nt},
                       {"lm_z", lc.weight[model::kLossLmZ] * z / nt},
@@ -339,7 +378,12 @@ int child(const std::string& name, const std::string& dir, int steps) {
                       {"grad_norm", gnorm}});
     if (auto* h = dynamic_cast<Decoder*>(m.get())) saved = h->last_run().saved_bytes;
   };
-  step(1);  // warm-up (allocates the workspaces)
+  const double warm0 = bench::now();
+  step(1);  // warm-up (allocates the workspaces; on XLA compiles the step's program)
+  const double warmup_sec = bench::now() - warm0;
+  opt_sec = 0;
+  const auto* xm = dynamic_cast<const XlaDecoder*>(m.get());
+  const XlaRunStats xla_before = xm ? xm->stats() : XlaRunStats{};
   double wall = 0, cpu = 0, best = 1e30;
   for (int s = 2; s <= steps + 1; ++s) {
     const double w0 = bench::now(), c0 = bench::cpu_now();
@@ -354,6 +398,9 @@ int child(const std::string& name, const std::string& dir, int steps) {
   double step_flops = 0;
   for (int64_t mi = 0; mi < cs.ga; ++mi) step_flops += fm.count(micro_view(p, cs.rows, mi)).total();
   json out = {{"impl", "olmosft"},
+              {"backend", backend},
+              {"warmup_sec", warmup_sec},
+              {"opt_sec_per_step", opt_sec / steps},
               {"model_flops_per_step", step_flops},
               {"threads", num_threads()},
               {"tokens_per_step", tokens},
@@ -370,6 +417,7 @@ int child(const std::string& name, const std::string& dir, int steps) {
               {"n_params", n_params},
               {"saved_bytes", saved},
               {"losses", losses}};
+  if (xm) out["xla"] = xla_fields(*xm, xla_before, steps);
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }
@@ -417,146 +465,39 @@ std::string shell_quote(const std::string& s) {
 
 struct Result {
   const Case* cs;
-  json ours;
+  json ours;               // null with --backend xla
   std::vector<json> peer;  // per peer; null when skipped or failed
   json bf16;               // ours with compute.dtype=bf16 (--compare-bf16)
+  json xla;                // ours on the XLA backend (--backend xla|both); null when refused or failed
+  std::string xla_skip;    // why the XLA backend does not run the case (XlaDecoder's refusal)
 };
 
-// --compare-bf16: our bf16-compute step against our fp32 step, same case, same run.
-void print_bf16_table(const std::vector<Result>& results) {
-  std::vector<std::string> lines;
-  std::printf(
-      "\n## bench_train: bf16 compute (compute.dtype=bf16) against fp32, ours, same run\n\n| case | fp32 "
-      "s/step | "
-      "bf16 s/step | bf16 / fp32 step rate | CPU s fp32 / bf16 | step-1 CE fp32 / bf16 | worst per-step "
-      "CE gap (relative) |\n|---|---|---|---|---|---|---|\n");
-  for (const Result& r : results) {
-    if (!r.bf16.is_object()) {
-      std::printf("| %s | bf16 run failed or skipped | | | | | |\n", r.cs->name.c_str());
-      continue;
-    }
-    const json &a = r.ours, &b = r.bf16;
-    const double sa = a["best_sec_per_step"].get<double>(), sb = b["best_sec_per_step"].get<double>();
-    double worst = 0;
-    for (size_t i = 0; i < std::min(a["losses"].size(), b["losses"].size()); ++i) {
-      const double la = a["losses"][i]["ce"].get<double>(), lb = b["losses"][i]["ce"].get<double>();
-      worst = std::max(worst, std::fabs(la - lb) / std::fabs(la));
-    }
-    std::printf("| %s | %.3f | %.3f | %.2fx | %.2f / %.2f | %.6f / %.6f | %.2g |\n", r.cs->name.c_str(), sa,
-                sb, sa / sb, a["cpu_sec_per_step"].get<double>(), b["cpu_sec_per_step"].get<double>(),
-                a["losses"][0]["ce"].get<double>(), b["losses"][0]["ce"].get<double>(), worst);
-    char line[300];
-    std::snprintf(line, sizeof line,
-                  "BENCH train_bf16 case=%s fp32_s=%.4f bf16_s=%.4f speedup=%.3f cpu_speedup=%.3f "
-                  "loss_rel_diff_max=%.2g",
-                  r.cs->name.c_str(), sa, sb, sa / sb,
-                  a["cpu_sec_per_step"].get<double>() / b["cpu_sec_per_step"].get<double>(), worst);
-    lines.push_back(line);
-  }
-  std::printf("\n");
-  for (const auto& l : lines) std::printf("%s\n", l.c_str());
+// A PyTorch peer: bench/train_torch.py under one interpreter.
+struct Peer {
+  std::string name, python, key;  // key: prefix of the BENCH line's fields
+  bool present = false;
+};
+
+// The step's total loss (CE + z-loss + the MoE's terms) of entry I of a child's "losses".
+double loss_at(const json& l, size_t i) {
+  return l[i]["ce"].get<double>() + l[i]["lm_z"].get<double>() + l[i]["moe_lb"].get<double>() +
+         l[i]["router_z"].get<double>();
 }
-}  // namespace
 
-int main(int argc, char** argv) {
-  olmosft::default_passive_omp_wait(argv);  // as olmosft itself does
-  int threads = 2, steps = 2;
-  bool torch = true, compare_bf16 = false;
-  std::string only, dir, child_case, gemm = "auto", dtype = "fp32";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_train: missing value for %s\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--threads")
-      threads = std::max(1, std::atoi(next().c_str()));
-    else if (a == "--steps")
-      steps = std::max(1, std::atoi(next().c_str()));
-    else if (a == "--cases")
-      only = next();
-    else if (a == "--dir")
-      dir = next();
-    else if (a == "--child")
-      child_case = next();
-    else if (a == "--no-torch")
-      torch = false;
-    else if (a == "--gemm")
-      gemm = next();
-    else if (a == "--dtype")
-      dtype = next();
-    else if (a == "--compare-bf16")
-      compare_bf16 = true;
-    else {
-      std::fprintf(stderr,
-                   "usage: %s [--threads N] [--steps S] [--cases a,b] [--no-torch] [--dir D] [--gemm "
-                   "auto|openblas|onednn] [--compare-bf16]\n"
-                   "cases: tiny-dense, small-dense, small-dense-8k, tiny-hybrid, small-hybrid\n",
-                   argv[0]);
-      return 2;
-    }
+// Why XlaDecoder refuses the case's config ("" when it emits every layer): its constructor's check, run
+// through xla_step_module, which needs no plugin.
+std::string xla_refusal(const Case& cs) {
+  try {
+    (void)xla_step_module(parse_config(cs.config, cs.name), XlaOptions{}, 1, 8, LossConfig{}, false);
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
   }
-  set_threads(threads);
-  const CpuGemm setup{parse_gemm_lib(gemm, "--gemm"), parse_compute_dtype(dtype, "--dtype")};
-  set_cpu_gemm(setup);
-  if (!child_case.empty()) return child(child_case, dir, steps);
+}
 
-  const bool own_dir = dir.empty();
-  if (own_dir)
-    dir = (fs::temp_directory_path() / ("olmosft_bench_train_" + std::to_string(getpid()))).string();
-  // The PyTorch peers, each the same bench/train_torch.py: Debian's python3-torch 1.13 and a current PyTorch
-  // from PyPI (deps/venv-reference, scripts/install-deps.sh --reference). A missing interpreter is reported
-  // as skipped.
-  struct Peer {
-    std::string name, python, key;  // key: prefix of the BENCH line's fields
-    bool present = false;
-  };
-  std::vector<Peer> peers = {
-      {"Debian python3-torch", "/usr/bin/python3", "torch"},
-      {"PyPI, deps/venv-reference", std::string(OLMOSFT_SOURCE_DIR) + "/deps/venv-reference/bin/python",
-       "pypi_torch"}};
-  for (Peer& p : peers) {
-    p.present = torch && ::access(p.python.c_str(), X_OK) == 0;
-    if (torch && !p.present)
-      std::fprintf(stderr, "bench_train: PyTorch peer '%s' skipped: %s not found\n", p.name.c_str(),
-                   p.python.c_str());
-  }
-  std::vector<Result> results;
-  const std::string load_start = loadavg3();
-  double peak = 0;  // the best SGEMM rate seen in this run (measured before every case; load only lowers it)
-  int status = 0;
-  const std::vector<Case> cases = all_cases();
-  for (const Case& cs : cases) {
-    if (!only.empty() && ("," + only + ",").find("," + cs.name + ",") == std::string::npos) continue;
-    peak = std::max(peak, train::measure_peak_flops(5));  // the trainer's SGEMM probe, best of 5
-    const std::string cdir = dir + "/" + cs.name;
-    std::string raw;
-    const std::string ours_cmd = std::string(argv[0]) + " --child " + cs.name + " --dir " +
-                                 shell_quote(cdir) + " --threads " + std::to_string(threads) + " --steps " +
-                                 std::to_string(steps) + " --gemm " + gemm_lib_name(setup.fp32);
-    Result r{&cs, run_json(ours_cmd, &raw), std::vector<json>(peers.size()), json()};
-    if (compare_bf16 && r.ours.is_object()) r.bf16 = run_json(ours_cmd + " --dtype bf16", nullptr);
-    if (!r.ours.is_object()) {
-      std::fprintf(stderr, "bench_train: our run of %s failed: %s\n", cs.name.c_str(),
-                   raw.substr(0, 500).c_str());
-      status = 1;
-      continue;
-    }
-    for (size_t pi = 0; pi < peers.size(); ++pi) {
-      if (!peers[pi].present) continue;
-      r.peer[pi] = run_json(shell_quote(peers[pi].python) + " " + std::string(OLMOSFT_SOURCE_DIR) +
-                                "/bench/train_torch.py --dir " + shell_quote(cdir) + " --threads " +
-                                std::to_string(threads) + " --steps " + std::to_string(steps) + " 2>&1",
-                            &raw);
-      if (!r.peer[pi].is_object())
-        std::fprintf(stderr, "bench_train: PyTorch peer '%s' of %s failed: %s\n", peers[pi].name.c_str(),
-                     cs.name.c_str(), raw.substr(0, 500).c_str());
-    }
-    results.push_back(std::move(r));
-  }
+// The CPU backend against the PyTorch peers: the markdown table and one BENCH train line per case.
+void print_peer_table(const std::vector<Result>& results, const std::vector<Peer>& peers, bool torch,
+                      int steps, const std::string& load_start, double peak) {
   // Peer labels with the torch version each one reported.
   std::vector<std::string> label(peers.size());
   for (size_t pi = 0; pi < peers.size(); ++pi) {
@@ -598,11 +539,8 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> lines;
   const double mib = 1048576.0;
-  auto loss_at = [](const json& l, size_t i) {
-    return l[i]["ce"].get<double>() + l[i]["lm_z"].get<double>() + l[i]["moe_lb"].get<double>() +
-           l[i]["router_z"].get<double>();
-  };
   for (const Result& r : results) {
+    if (!r.ours.is_object()) continue;
     const Case& cs = *r.cs;
     const json& o = r.ours;
     const ModelConfig c = parse_config(cs.config, cs.name);
@@ -689,6 +627,246 @@ int main(int argc, char** argv) {
       "moments, the loop's transient memory and the process's libraries (*_base_mib = RSS before the loop). "
       "loss_rel_diff_max: worst relative gap of the per-step losses over all %d steps (warm-up included).\n",
       steps + 1);
+}
+
+// --backend xla|both: the step on XLA's CPU plugin against the CPU backend's step measured in the same run
+// (the same case, weights, batch, clip and AdamW on the host), compile time and the XLA step's phases.
+void print_xla_table(const std::vector<Result>& results, int steps, const std::string& load_start,
+                     double peak) {
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  std::printf(
+      "\n## bench_train on XLA's CPU plugin (XlaDecoder) vs the CPU backend (Decoder), same run, "
+      "threads %d\n\n",
+      num_threads());
+  std::printf(
+      "- both: the trainer's step calls (forward_backward per micro-batch, global_grad_norm, clip_grad_norm "
+      "1.0, adamw_step on the host fp32 masters), same config, initial weights and packed batch, each in a "
+      "fresh process; XLA: one StableHLO program per micro-batch shape, compiled in the warm-up step; "
+      "--threads sets our OpenMP pool (the CPU backend's kernels, clip + AdamW), XLA's CPU plugin sizes its "
+      "own thread pool\n");
+  std::printf(
+      "- 1 warm-up step + %d timed steps; s/step and tok/s from the best timed step, CPU s = process CPU "
+      "time per step (mean); phases per timed step (mean): upload = parameters and batch to the device, "
+      "execute = run and wait, download = results to the host + gradients added into Param::grad; "
+      "OMP_WAIT_POLICY=%s; load average at start %s, at end %s; MFU against the in-run SGEMM peak "
+      "%.1f GFLOP/s\n\n",
+      steps, wait_policy ? wait_policy : "(unset)", load_start.c_str(), loadavg3().c_str(), peak / 1e9);
+  std::printf(
+      "| case | tokens/step (trained) | XLA compile s (programs) | XLA s/step | CPU backend s/step | "
+      "XLA tok/s | CPU backend tok/s | XLA / CPU tok/s | CPU s/step XLA / CPU | MFU XLA / CPU | XLA step: "
+      "upload / "
+      "execute / download / clip+AdamW s | CPU step: clip+AdamW s | warm-up step s XLA / CPU | step-1 loss "
+      "XLA / CPU (worst gap) | peak RSS MiB XLA / CPU |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<std::string> lines;
+  for (const Result& r : results) {
+    const std::string& name = r.cs->name;
+    if (!r.xla.is_object()) {
+      const std::string why = r.xla_skip.empty() ? "the XLA run failed" : "refused: " + r.xla_skip;
+      std::printf("| %s | skipped (%s) |||||||||||||\n", name.c_str(), why.c_str());
+      lines.push_back("BENCH train_xla case=" + name + " xla=skipped");
+      continue;
+    }
+    const json &x = r.xla, &xs = x["xla"], &o = r.ours;
+    const bool cpu = o.is_object();
+    const double tokens = x["tokens_per_step"].get<double>(), flops = x["model_flops_per_step"].get<double>();
+    const double xs_s = x["best_sec_per_step"].get<double>(), x_tps = tokens / xs_s;
+    const double os_s = cpu ? o["best_sec_per_step"].get<double>() : NAN, o_tps = tokens / os_s;
+    const double x_cpu = x["cpu_sec_per_step"].get<double>(),
+                 o_cpu = cpu ? o["cpu_sec_per_step"].get<double>() : NAN;
+    double worst = cpu ? 0 : NAN;
+    for (size_t i = 0; cpu && i < std::min(x["losses"].size(), o["losses"].size()); ++i)
+      worst = std::max(worst, std::fabs(loss_at(x["losses"], i) - loss_at(o["losses"], i)) /
+                                  std::fabs(loss_at(o["losses"], i)));
+    const double up = xs["upload_sec_per_step"].get<double>(), ex = xs["execute_sec_per_step"].get<double>(),
+                 down = xs["download_sec_per_step"].get<double>(), xopt = x["opt_sec_per_step"].get<double>();
+    const double oopt = cpu ? o["opt_sec_per_step"].get<double>() : NAN;
+    const double compile = xs["compile_seconds"].get<double>();
+    std::printf(
+        "| %s | %.0f (%.0f) | %.2f (%d) | %.3f | %.3f | %.0f | %.0f | %.2fx | %.2f / %.2f | %.3f / %.3f | "
+        "%.3f / %.3f / %.3f / %.3f | %.3f | %.2f / %.2f | %.6f / %.6f (%.2g) | %.0f / %.0f |\n",
+        name.c_str(), tokens, x["trained_per_step"].get<double>(), compile, xs["compiles"].get<int>(), xs_s,
+        os_s, x_tps, o_tps, x_tps / o_tps, x_cpu, o_cpu, flops / xs_s / peak, flops / os_s / peak, up, ex,
+        down, xopt, oopt, x["warmup_sec"].get<double>(), cpu ? o["warmup_sec"].get<double>() : NAN,
+        loss_at(x["losses"], 0), cpu ? loss_at(o["losses"], 0) : NAN, worst,
+        x["peak_rss_kb"].get<double>() / 1024.0, cpu ? o["peak_rss_kb"].get<double>() / 1024.0 : NAN);
+    char line[800];
+    std::snprintf(line, sizeof line,
+                  "BENCH train_xla case=%s compile_s=%.3f compiles=%d xla_tok_s=%.1f cpu_tok_s=%.1f "
+                  "ratio=%.3f xla_cpu_s=%.3f cpu_cpu_s=%.3f cpu_s_ratio=%.3f xla_mfu=%.4f cpu_mfu=%.4f "
+                  "upload_s=%.4f execute_s=%.4f download_s=%.4f xla_opt_s=%.4f cpu_opt_s=%.4f "
+                  "loss_rel_diff_max=%.2g",
+                  name.c_str(), compile, xs["compiles"].get<int>(), x_tps, o_tps, x_tps / o_tps, x_cpu, o_cpu,
+                  x_cpu / o_cpu, flops / xs_s / peak, flops / os_s / peak, up, ex, down, xopt, oopt, worst);
+    lines.push_back(line);
+  }
+  std::printf("\n");
+  for (const auto& l : lines) std::printf("%s\n", l.c_str());
+  std::printf(
+      "\nratio = XLA tok/s / CPU backend tok/s (best timed step each); cpu_s_ratio = XLA CPU s / CPU backend "
+      "CPU s per step; loss_rel_diff_max: worst relative gap of the per-step losses over all %d steps.\n",
+      steps + 1);
+}
+
+// --compare-bf16: our bf16-compute step against our fp32 step, same case, same run.
+void print_bf16_table(const std::vector<Result>& results) {
+  std::vector<std::string> lines;
+  std::printf(
+      "\n## bench_train: bf16 compute (compute.dtype=bf16) against fp32, ours, same run\n\n| case | fp32 "
+      "s/step | "
+      "bf16 s/step | bf16 / fp32 step rate | CPU s fp32 / bf16 | step-1 CE fp32 / bf16 | worst per-step "
+      "CE gap (relative) |\n|---|---|---|---|---|---|---|\n");
+  for (const Result& r : results) {
+    if (!r.bf16.is_object()) {
+      std::printf("| %s | bf16 run failed or skipped | | | | | |\n", r.cs->name.c_str());
+      continue;
+    }
+    const json &a = r.ours, &b = r.bf16;
+    const double sa = a["best_sec_per_step"].get<double>(), sb = b["best_sec_per_step"].get<double>();
+    double worst = 0;
+    for (size_t i = 0; i < std::min(a["losses"].size(), b["losses"].size()); ++i) {
+      const double la = a["losses"][i]["ce"].get<double>(), lb = b["losses"][i]["ce"].get<double>();
+      worst = std::max(worst, std::fabs(la - lb) / std::fabs(la));
+    }
+    std::printf("| %s | %.3f | %.3f | %.2fx | %.2f / %.2f | %.6f / %.6f | %.2g |\n", r.cs->name.c_str(), sa,
+                sb, sa / sb, a["cpu_sec_per_step"].get<double>(), b["cpu_sec_per_step"].get<double>(),
+                a["losses"][0]["ce"].get<double>(), b["losses"][0]["ce"].get<double>(), worst);
+    char line[300];
+    std::snprintf(line, sizeof line,
+                  "BENCH train_bf16 case=%s fp32_s=%.4f bf16_s=%.4f speedup=%.3f cpu_speedup=%.3f "
+                  "loss_rel_diff_max=%.2g",
+                  r.cs->name.c_str(), sa, sb, sa / sb,
+                  a["cpu_sec_per_step"].get<double>() / b["cpu_sec_per_step"].get<double>(), worst);
+    lines.push_back(line);
+  }
+  std::printf("\n");
+  for (const auto& l : lines) std::printf("%s\n", l.c_str());
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  olmosft::default_passive_omp_wait(argv);  // as olmosft itself does
+  int threads = 2, steps = 2;
+  bool torch = true, compare_bf16 = false;
+  std::string only, dir, child_case, gemm = "auto", dtype = "fp32", backend = "cpu";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_train: missing value for %s\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--threads")
+      threads = std::max(1, std::atoi(next().c_str()));
+    else if (a == "--steps")
+      steps = std::max(1, std::atoi(next().c_str()));
+    else if (a == "--cases")
+      only = next();
+    else if (a == "--dir")
+      dir = next();
+    else if (a == "--child")
+      child_case = next();
+    else if (a == "--no-torch")
+      torch = false;
+    else if (a == "--gemm")
+      gemm = next();
+    else if (a == "--dtype")
+      dtype = next();
+    else if (a == "--compare-bf16")
+      compare_bf16 = true;
+    else if (a == "--backend")
+      backend = next();
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--threads N] [--steps S] [--cases a,b] [--no-torch] [--dir D] [--gemm "
+                   "auto|openblas|onednn] [--compare-bf16] [--backend cpu|xla|both]\n"
+                   "cases: tiny-dense, small-dense, small-dense-8k, tiny-hybrid, small-hybrid\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  set_threads(threads);
+  const CpuGemm setup{parse_gemm_lib(gemm, "--gemm"), parse_compute_dtype(dtype, "--dtype")};
+  set_cpu_gemm(setup);
+  if (backend != "cpu" && backend != "xla" && backend != "both") {
+    std::fprintf(stderr, "bench_train: --backend must be cpu, xla or both, got '%s'\n", backend.c_str());
+    return 2;
+  }
+  if (!child_case.empty()) return child(child_case, dir, steps, backend, dtype == "bf16");
+  // --backend xla: the XLA step alone (no CPU backend run, hence no PyTorch peers, which read its files).
+  const bool run_cpu = backend != "xla", run_xla = backend != "cpu";
+  if (!run_cpu) torch = compare_bf16 = false;
+
+  const bool own_dir = dir.empty();
+  if (own_dir)
+    dir = (fs::temp_directory_path() / ("olmosft_bench_train_" + std::to_string(getpid()))).string();
+  // The PyTorch peers, each the same bench/train_torch.py: Debian's python3-torch 1.13 and a current PyTorch
+  // from PyPI (deps/venv-reference, scripts/install-deps.sh --reference). A missing interpreter is reported
+  // as skipped.
+  std::vector<Peer> peers = {
+      {"Debian python3-torch", "/usr/bin/python3", "torch"},
+      {"PyPI, deps/venv-reference", std::string(OLMOSFT_SOURCE_DIR) + "/deps/venv-reference/bin/python",
+       "pypi_torch"}};
+  for (Peer& p : peers) {
+    p.present = torch && ::access(p.python.c_str(), X_OK) == 0;
+    if (torch && !p.present)
+      std::fprintf(stderr, "bench_train: PyTorch peer '%s' skipped: %s not found\n", p.name.c_str(),
+                   p.python.c_str());
+  }
+  std::vector<Result> results;
+  const std::string load_start = loadavg3();
+  double peak = 0;  // the best SGEMM rate seen in this run (measured before every case; load only lowers it)
+  int status = 0;
+  const std::vector<Case> cases = all_cases();
+  for (const Case& cs : cases) {
+    if (!only.empty() && ("," + only + ",").find("," + cs.name + ",") == std::string::npos) continue;
+    peak = std::max(peak, train::measure_peak_flops(5));  // the trainer's SGEMM probe, best of 5
+    const std::string cdir = dir + "/" + cs.name;
+    std::string raw;
+    const std::string ours_cmd = std::string(argv[0]) + " --child " + cs.name + " --dir " +
+                                 shell_quote(cdir) + " --threads " + std::to_string(threads) + " --steps " +
+                                 std::to_string(steps) + " --gemm " + gemm_lib_name(setup.fp32);
+    Result r{&cs, json(), std::vector<json>(peers.size()), json(), json(), ""};
+    if (run_cpu) {
+      r.ours = run_json(ours_cmd, &raw);
+      if (compare_bf16 && r.ours.is_object()) r.bf16 = run_json(ours_cmd + " --dtype bf16", nullptr);
+      if (!r.ours.is_object()) {
+        std::fprintf(stderr, "bench_train: our run of %s failed: %s\n", cs.name.c_str(),
+                     raw.substr(0, 500).c_str());
+        status = 1;
+        continue;
+      }
+    }
+    if (run_xla && !(r.xla_skip = xla_refusal(cs)).empty()) {
+      std::fprintf(stderr, "bench_train: case %s skipped on the XLA backend: %s\n", cs.name.c_str(),
+                   r.xla_skip.c_str());
+    } else if (run_xla) {  // the same child on XlaDecoder; writes no files (the peers read the CPU run's)
+      r.xla = run_json(std::string(argv[0]) + " --child " + cs.name + " --backend xla --threads " +
+                           std::to_string(threads) + " --steps " + std::to_string(steps) + " --gemm " +
+                           gemm_lib_name(setup.fp32) + " 2>&1",
+                       &raw);
+      if (!r.xla.is_object()) {
+        std::fprintf(stderr, "bench_train: the XLA run of %s failed: %s\n", cs.name.c_str(),
+                     raw.substr(0, 500).c_str());
+        status = 1;
+      }
+    }
+    for (size_t pi = 0; pi < peers.size(); ++pi) {
+      if (!peers[pi].present) continue;
+      r.peer[pi] = run_json(shell_quote(peers[pi].python) + " " + std::string(OLMOSFT_SOURCE_DIR) +
+                                "/bench/train_torch.py --dir " + shell_quote(cdir) + " --threads " +
+                                std::to_string(threads) + " --steps " + std::to_string(steps) + " 2>&1",
+                            &raw);
+      if (!r.peer[pi].is_object())
+        std::fprintf(stderr, "bench_train: PyTorch peer '%s' of %s failed: %s\n", peers[pi].name.c_str(),
+                     cs.name.c_str(), raw.substr(0, 500).c_str());
+    }
+    results.push_back(std::move(r));
+  }
+  if (run_cpu) print_peer_table(results, peers, torch, steps, load_start, peak);
+  if (run_xla) print_xla_table(results, steps, load_start, peak);
   if (compare_bf16) print_bf16_table(results);
   if (own_dir) fs::remove_all(dir);
   return status;

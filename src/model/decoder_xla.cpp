@@ -211,6 +211,13 @@ std::string emit_update(const std::vector<ParamSpec>& reg, const std::vector<boo
   return b.module();
 }
 
+// Adds the seconds from its construction to its destruction to *acc (XlaRunStats' timing fields).
+struct AddSeconds {
+  double* acc;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~AddSeconds() { *acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+
 }  // namespace
 
 struct XlaDecoder::Impl {
@@ -294,6 +301,7 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
   const bool on_device = !im.p.empty(), accumulate = backward && !im.g.empty();
   xla::Executable& exe = program(
       step_key(batch.B, batch.T, loss, backward, logits != nullptr, logprobs != nullptr, accumulate), loss);
+  std::optional<AddSeconds> phase{std::in_place, &stats_.upload_seconds};  // upload, execute, download
   const xla::Client& cl = im.client;
   std::vector<xla::Buffer> args;  // the host's parameters (no device state), then the batch
   if (!on_device)
@@ -322,7 +330,9 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
       donate.push_back(ptrs.size());
       ptrs.push_back(&g);
     }
+  phase.emplace(&stats_.execute_seconds);
   std::vector<xla::Buffer> out = exe.execute(ptrs, donate);
+  phase.emplace(&stats_.download_seconds);
   ++stats_.executions;
   LossParts lp;
   lp.sum[kLossCe] = out[0].to_host<float>()[0];

@@ -47,6 +47,10 @@ struct XlaRunStats {
   double compile_seconds = 0;
   int64_t executions = 0;
   size_t module_bytes = 0;  // StableHLO text of the last program compiled
+  // Where the executions' time went (seconds, summed over the calls; bench_train --backend xla): the batch
+  // arrays and the parameters copied to the device, the program run (execute and wait), the results copied
+  // back and the gradients added into Param::grad.
+  double upload_seconds = 0, execute_seconds = 0, download_seconds = 0;
 };
 
 struct StepKey;  // decoder_xla.cpp: what one compiled step program is for
