@@ -40,3 +40,9 @@ cmake_language(DEFER CALL add_dependencies xla_runtime_test xla_fake_plugin_majo
 cmake_language(DEFER CALL target_compile_definitions xla_aot_test PRIVATE
                OLMOSFT_XLA_FAKE_PLUGIN_MINOR="$<TARGET_FILE:xla_fake_plugin_minor>")
 cmake_language(DEFER CALL add_dependencies xla_aot_test xla_fake_plugin_minor)
+
+# The exported-step runner (tests/xla-accel/xla_step_run.cpp: runs `olmosft xla export`'s program with the
+# runtime alone). Built here too so that tests/e2e/xla_export.sh checks it on XLA's CPU plugin; the accelerator
+# build (tests/xla-accel) builds the same file without the CPU libraries.
+add_executable(xla_step_run ${CMAKE_SOURCE_DIR}/tests/xla-accel/xla_step_run.cpp)
+target_link_libraries(xla_step_run PRIVATE olmosft_lib)

@@ -68,12 +68,14 @@ Manifest read_manifest(const std::string& path) {
     ls >> kind;
     if (kind == "model") {
       m.header = line.substr(6);
-      std::string k, v;
+      std::vector<std::string> w;  // <model_type> then key value pairs
+      for (std::string x; ls >> x;) w.push_back(x);
       int64_t B = 0, T = 0;
-      while (ls >> k >> v) {
-        if (k == "B") B = std::stoll(v);
-        if (k == "T") T = std::stoll(v);
+      for (size_t i = 1; i + 1 < w.size(); i += 2) {
+        if (w[i] == "B") B = std::stoll(w[i + 1]);
+        if (w[i] == "T") T = std::stoll(w[i + 1]);
       }
+      OLMO_CHECK(B > 0 && T > 0, path, ":", n, ": the model line names no B and T");
       m.tokens = B * T;
     } else if (kind == "flops") {
       ls >> m.flops;
@@ -81,8 +83,8 @@ Manifest read_manifest(const std::string& path) {
       Entry e;
       std::string dims;
       ls >> e.name >> e.dtype >> dims;
-      OLMO_CHECK(e.dtype == "f32" || e.dtype == "s32", path, ":", n, ": dtype must be f32 or s32, got '", e.dtype,
-                 "'");
+      OLMO_CHECK(e.dtype == "f32" || e.dtype == "s32", path, ":", n, ": dtype must be f32 or s32, got '",
+                 e.dtype, "'");
       e.dims = parse_dims(dims);
       for (std::string w; ls >> w;) e.how.push_back(w);
       (kind == "arg" ? m.args : m.results).push_back(e);
@@ -165,7 +167,8 @@ int run(const std::string& plugin, const std::string& dir, int reps, double peak
   std::ifstream tf(dir + "/step.mlir");
   OLMO_CHECK(tf, "xla_step_run: cannot read ", dir, "/step.mlir");
   const std::string text((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
-  xla::Client client = xla::Client::create(plugin, plugin == "cpu" ? xla::ClientOptions{1} : xla::ClientOptions{});
+  xla::Client client =
+      xla::Client::create(plugin, plugin == "cpu" ? xla::ClientOptions{1} : xla::ClientOptions{});
   auto t0 = Clock::now();
   xla::Executable exe = client.compile(text);
   const double compile_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -187,10 +190,11 @@ int run(const std::string& plugin, const std::string& dir, int reps, double peak
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
   const double tflops = m.flops / best / 1e12;
-  std::printf("XLA-STEP plugin=%s platform=%s dir=%s %s compile_s=%.2f step_s=%.4f tokens_per_s=%.1f tflops=%.2f "
-              "mfu=%.3f\n",
-              plugin.c_str(), client.platform_name().c_str(), dir.c_str(), m.header.c_str(), compile_s, best,
-              double(m.tokens) / best, tflops, peak > 0 ? tflops / peak : 0.0);
+  std::printf(
+      "XLA-STEP plugin=%s platform=%s dir=%s %s compile_s=%.2f step_s=%.4f tokens_per_s=%.1f tflops=%.2f "
+      "mfu=%.3f\n",
+      plugin.c_str(), client.platform_name().c_str(), dir.c_str(), m.header.c_str(), compile_s, best,
+      double(m.tokens) / best, tflops, peak > 0 ? tflops / peak : 0.0);
   bool any = false, ok = true;
   double worst = 0, allowed = 0;
   for (size_t i = 0; i < m.results.size(); ++i) {
@@ -200,14 +204,15 @@ int run(const std::string& plugin, const std::string& dir, int reps, double peak
     const size_t bytes = size_t(numel(e.dims)) * 4;
     std::vector<char> got(bytes);
     out[i].to_host(got.data(), bytes);
-    const double err = scaled_error(e, got, read_bytes(dir + "/" + e.how[1], bytes)), tol = std::stod(e.how[2]);
+    const double err = scaled_error(e, got, read_bytes(dir + "/" + e.how[1], bytes)),
+                 tol = std::stod(e.how[2]);
     if (err > tol) std::printf("  %s: %.3g > %.3g\n", e.name.c_str(), err, tol);
     ok = ok && err <= tol;
     if (err >= worst) worst = err, allowed = tol;
   }
   if (any)
-    std::printf("RESULT xla_step %s %s (worst max|got - want| / max|want| = %.3g of an allowed %.3g)\n", dir.c_str(),
-                ok ? "passed" : "FAILED", worst, allowed);
+    std::printf("RESULT xla_step %s %s (worst max|got - want| / max|want| = %.3g of an allowed %.3g)\n",
+                dir.c_str(), ok ? "passed" : "FAILED", worst, allowed);
   return ok ? 0 : 1;
 }
 

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# `olmosft xla export` + tests/xla-accel's xla_step_run on XLA's CPU plugin (docs/xla.md "Running an exported
+# step"): the Olmo 3 fixture's step exported with its weights and batch and the results of running it here
+# (--expect) runs again from the files alone and matches (the same program and inputs on the same plugin:
+# exactly); a changed expected gradient is caught, naming it; a missing data file is refused naming it; a
+# random-weight export (a preset cut to 1 layer) runs and prints its timing; --expect with random weights
+# is refused.
+set -u
+bin=$1
+dir=$2
+run=$(dirname "$bin")/xla_step_run
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+G="$root/tests/golden"
+rm -rf "$dir" && mkdir -p "$dir"
+pass=0
+fails=0
+check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+
+"$bin" xla export --model "$G/model/olmo3_tiny" --batch-file "$G/model/olmo3_tiny/batch.safetensors" --batch 2 \
+  --seq 128 --vocab-tile 128 --lm-z 1e-5 --expect --out "$dir/fixture" >"$dir/export.out" 2>"$dir/export.err"
+rc=$?
+cat "$dir/export.out"
+check "export with --expect (exit 0; 91 parameters + 6 batch arguments, 94 results)" \
+  "[ $rc -eq 0 ] && grep -q 'arguments=97 results=94' '$dir/export.out' && [ \$(grep -c '^result .* expect ' '$dir/fixture/manifest.txt') -eq 94 ]"
+"$run" cpu "$dir/fixture" 1 >"$dir/run.out" 2>"$dir/run.err"; rc=$?
+grep -E '^(XLA-STEP|RESULT)' "$dir/run.out"
+check "the exported step runs from its files and matches its expected results" \
+  "[ $rc -eq 0 ] && grep -q '^RESULT xla_step .* passed' '$dir/run.out' && grep -q '^XLA-STEP plugin=cpu platform=cpu ' '$dir/run.out'"
+check "ce_sum is the fixture's (1103.35 over its 167 trained targets)" \
+  "python3 -c \"import struct,sys; v=struct.unpack('f', open('$dir/fixture/data/expect.ce_sum.bin','rb').read())[0]; sys.exit(abs(v-1103.3496)>0.01)\""
+
+cp -r "$dir/fixture" "$dir/bad"
+python3 - "$dir/bad/data/expect.grad.model.layers.3.mlp.down_proj.weight.bin" <<'PY'
+import struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+v = struct.unpack_from("f", b, 40)[0]
+struct.pack_into("f", b, 40, v + 1.0)
+open(p, "wb").write(bytes(b))
+PY
+"$run" cpu "$dir/bad" 1 >"$dir/bad.out" 2>&1; rc=$?
+check "a changed expected gradient fails, naming the tensor (exit 1)" \
+  "[ $rc -eq 1 ] && grep -q 'grad.model.layers.3.mlp.down_proj.weight' '$dir/bad.out' && grep -q '^RESULT xla_step .* FAILED' '$dir/bad.out'"
+rm "$dir/bad/data/arg.tokens.bin"
+"$run" cpu "$dir/bad" 1 >"$dir/missing.out" 2>&1; rc=$?
+check "a missing argument file is refused naming it (exit 2)" "[ $rc -eq 2 ] && grep -q 'arg.tokens.bin' '$dir/missing.out'"
+
+"$bin" xla export --config olmo3-tiny --layers 1 --seq 64 --batch 1 --out "$dir/random" >/dev/null 2>&1; rc1=$?
+"$run" cpu "$dir/random" 2 0.2 >"$dir/random.out" 2>&1; rc2=$?
+grep '^XLA-STEP' "$dir/random.out"
+check "a random-weight export runs and prints tokens/s and MFU (no expected results)" \
+  "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -Eq '^XLA-STEP .* layers 1 .* tokens_per_s=[0-9.]+ tflops=[0-9.]+ mfu=0\\.[0-9]+' '$dir/random.out' && ! grep -q '^RESULT' '$dir/random.out'"
+"$bin" xla export --config olmo3-tiny --seq 64 --expect --out "$dir/refused" >/dev/null 2>"$dir/refused.err"; rc=$?
+check "--expect with random weights is refused (exit 2)" "[ $rc -eq 2 ] && grep -q 'needs every argument from files' '$dir/refused.err'"
+echo "$pass passed, $fails failed"
+[ "$fails" -eq 0 ]
