@@ -1,23 +1,48 @@
 #!/usr/bin/env bash
 # The XLA accelerator check (docs/xla.md, issue #29): the one script to run on a lent accelerator machine.
-# That machine has CMake, a C++ compiler and JAX's CUDA PJRT plugin (or libtpu), none of the CPU build's
-# dependencies and no network. This builds the XLA runtime alone (tests/xla-accel: src/xla, the runtime and
-# StableHLO builder tests, bench/xla_matmul.cpp), runs both test binaries on the accelerator's plugin
-# (OLMOSFT_XLA_TEST_PLUGIN; checks that only XLA's CPU plugin can answer say "skipped") and then the bf16
-# matmul-chain benchmark (8 x 8192^3, as the probe in xla_backend.md: JAX reached 686-731 TFLOP/s on an H200).
-# Not yet here (issue #29): the model's training step on XLA, its parity tests and the 7B-shaped case; they
-# need the model's units to emit themselves (the one-decoder issue).
+# That machine has CMake, a C++ compiler and JAX's CUDA PJRT plugin (or libtpu), PyTorch, none of the CPU
+# build's dependencies and no network. This builds the XLA runtime alone (tests/xla-accel: src/xla, the
+# runtime / builder / AOT tests, bench/xla_matmul.cpp, xla_step_run), runs the tests on the accelerator's
+# plugin (OLMOSFT_XLA_TEST_PLUGIN; checks only XLA's CPU plugin can answer say "skipped"), the bf16
+# matmul-chain benchmark (8 x 8192^3; JAX reached 686-731 TFLOP/s on an H200), and then the model's own
+# training step as exported here by `olmosft xla export` (deps/xla-steps, made by --stage):
+#   fixture-f32   the Olmo 3 fixture's step with its weights and batch: the accelerator's results must match
+#                 XLA's CPU plugin's within 1e-5 of each tensor's scale (RESULT xla_step ... passed)
+#   7b4-8k        an Olmo-3-7B-shaped 4-layer stack (d 4096, 32 heads, FFN 11,008, vocab 100,278), one row of
+#                 8,192 tokens, bf16 GEMM operands: XLA-STEP tokens/s and MFU, and the PyTorch peer in the
+#                 same run (bench/olmo3_step_torch.py: transformers' Olmo3 with SDPA, eager, bf16) on the same
+#                 config and FLOP count (goal, issue #29: MFU >= 0.40 and >= 1.25x PyTorch's tokens/s)
+#   7b4-64k       the same at 65,536 tokens (PyTorch with gradient checkpointing); may not fit
 #
-#   here, once:  scripts/install-deps.sh          (deps/xla/include: the PJRT C API header)
-#                scripts/gpu-check.sh --stage     (deps/googletest: GoogleTest's source, which the image lacks)
-#   there:       device tool run `scripts/accel-check.sh`, carry ["deps/xla/include", "deps/googletest"],
-#                timeout_s 480
-#   or here:     scripts/accel-check.sh --plugin cpu   (the same build and tests on XLA's CPU plugin)
+#   here, once:  scripts/install-deps.sh && scripts/accel-check.sh --stage
+#                (deps/xla/include: the PJRT C API header; deps/googletest; deps/xla-steps: the exports)
+#   there:       device tool run `scripts/accel-check.sh`, carry ["deps/xla/include", "deps/googletest",
+#                "deps/xla-steps"], timeout_s 540
+#   or here:     scripts/accel-check.sh --plugin cpu   (the same build, tests and the fixture step on XLA's CPU
+#                plugin; the 7B-shaped steps are skipped there)
 # Env: BUILD (default build-accel), PLUGIN_PATH (the plugin .so; default: JAX's CUDA plugin found through
 # python3), PEAK_TFLOPS (default 989, an H100/H200's dense bf16). The log and a summary go to $OUT when set
 # (the device tool's output folder), else to the build folder. Exit 0 only when everything ran and passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+steps=deps/xla-steps
+
+stage() {  # here, with the CPU build: googletest's source and the exported steps
+  scripts/gpu-check.sh --stage || return 1
+  local bin=${OLMOSFT_BIN:-build/olmosft}
+  [[ -x $bin ]] || { echo "accel-check --stage: $bin not built (make build)"; return 1; }
+  rm -rf "$steps" && mkdir -p "$steps"
+  local G=tests/golden/model/olmo3_tiny
+  "$bin" xla export --model $G --batch-file $G/batch.safetensors --batch 2 --seq 128 --vocab-tile 128 \
+    --lm-z 1e-5 --expect --out "$steps/fixture-f32" &&
+    "$bin" xla export --config olmo3-7b --layers 4 --seq 8192 --bf16 --out "$steps/7b4-8k" &&
+    "$bin" xla export --config olmo3-7b --layers 4 --seq 65536 --bf16 --out "$steps/7b4-64k" || return 1
+  du -sh "$steps"
+}
+if [[ "${1:-}" == "--stage" ]]; then
+  stage
+  exit $?
+fi
 plugin=cuda
 [[ "${1:-}" == "--plugin" ]] && plugin=${2:?--plugin needs cpu, cuda, tpu or a path}
 build="${BUILD:-build-accel}"
@@ -71,11 +96,35 @@ check() {
   local n=8192 chain=8
   [[ $plugin == cpu ]] && n=512 chain=2
   "$build/bench_xla_matmul" "$name" "$n" "$chain" 10 "${PEAK_TFLOPS:-989}" || status=1
+  run_steps "$name" || status=1
+  return $status
+}
+
+# The exported training steps (deps/xla-steps, --stage) and the PyTorch peer on the big ones.
+run_steps() {
+  local name=$1 peak=${PEAK_TFLOPS:-989} d
+  [[ -d $steps ]] || { echo "accel-check: no $steps (run scripts/accel-check.sh --stage here and carry it)"; return 1; }
+  local status=0
+  for d in "$steps"/fixture-f32 "$steps"/7b4-8k "$steps"/7b4-64k; do
+    [[ -f $d/manifest.txt ]] || { echo "accel-check: $d missing"; status=1; continue; }
+    if [[ $plugin == cpu && $d != *fixture* ]]; then echo "== $d: skipped on the CPU plugin (7B-shaped)"; continue; fi
+    echo "== training step $d on $plugin"
+    "$build/xla_step_run" "$name" "$d" 3 "$peak" || { echo "RESULT xla_step $d FAILED (exit $?)"; status=1; }
+    [[ $d == *fixture* ]] && continue
+    local T B flops remat=()
+    T=$(awk '/^model/ { for (i = 1; i < NF; i++) if ($i == "T") print $(i + 1) }' "$d/manifest.txt")
+    B=$(awk '/^model/ { for (i = 1; i < NF; i++) if ($i == "B") print $(i + 1) }' "$d/manifest.txt")
+    flops=$(awk '/^flops/ { print $2 }' "$d/manifest.txt")
+    [[ $T -gt 8192 ]] && remat=(--remat)
+    echo "== PyTorch peer (transformers Olmo3, SDPA, eager, bf16) on $d"
+    timeout 300 python3 bench/olmo3_step_torch.py --config "$d/config.json" --batch "$B" --seq "$T" --dtype bf16 \
+      --flops "$flops" --peak-tflops "$peak" "${remat[@]}" || echo "TORCH-STEP skipped: exit $?"
+  done
   return $status
 }
 
 check 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
-grep -E '^(RESULT|XLA-MATMUL|==|accel-check)' "$log" >"$summary"
+grep -E '^(RESULT|XLA-MATMUL|XLA-STEP|TORCH-STEP|==|accel-check)' "$log" >"$summary"
 echo "accel-check: exit $rc; log $log, summary $summary"
 exit "$rc"

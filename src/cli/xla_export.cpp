@@ -6,7 +6,7 @@
 // --batch-file the batch is the file's; with --expect the step is run here on XLA's CPU plugin and its
 // results are written as the expected ones.
 //
-// DIR/step.mlir, DIR/manifest.txt, DIR/data/*.bin (raw little-endian f32 / s32, row-major). Manifest lines:
+// DIR/step.mlir, DIR/config.json (the model's), DIR/manifest.txt, DIR/data/*.bin (raw little-endian f32 / s32, row-major). Manifest lines:
 //   olmosft-xla-step 1
 //   model <model_type> layers <L> hidden <d> vocab <V>      B <B> T <T> bf16 <0|1>
 //   flops <model FLOPs of the step, train/flops.h>
@@ -260,6 +260,7 @@ int xla_export_main(int argc, char** argv) {
         << " bf16 " << int(a.bf16) << "\nflops " << flops << "\n"
         << args << results;
     olmosft::io::write_file_atomic((dir / "step.mlir").string(), p.text);
+    olmosft::model::save_config(m, (dir / "config.json").string());  // for a peer (bench/olmo3_step_torch.py)
     olmosft::io::write_file_atomic((dir / "manifest.txt").string(), man.str());
     std::cout << "XLA-EXPORT dir=" << a.out << " model=" << m.model_type_name
               << " layers=" << m.num_hidden_layers << " B=" << a.batch << " T=" << a.seq
