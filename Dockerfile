@@ -3,9 +3,10 @@
 #   image: us-docker.pkg.dev/ai2-olmo/olmo/olmosft:latest
 #   docker build -t us-docker.pkg.dev/ai2-olmo/olmo/olmosft:latest .
 # olmosft on NVIDIA's CUDA 13.0 runtime base. NVIDIA publishes no Debian flavour of nvidia/cuda, so both stages
-# use its Ubuntu 24.04 images (the build stage's libraries are the runtime stage's, same distribution). This
-# build of olmosft trains on CPUs only (device=cuda is refused at preflight, issue #15); the CUDA base is what a
-# CUDA build will need, and the binary runs on CPU nodes too.
+# use its Ubuntu 24.04 images (the build stage's libraries are the runtime stage's, same distribution). It trains
+# on CPUs (device: cpu) and through XLA (device: xla, docs/xla.md "The image") with the PJRT plugins it carries
+# under /opt/olmosft/pjrt: XLA's CPU plugin, XLA's CUDA plugin with the NVIDIA libraries it loads, and libtpu;
+# OLMOSFT_PJRT_CPU / _CUDA / _TPU point the plugin names cpu / cuda / tpu (recipe key xla.plugin) at them.
 ARG CUDA_TAG=13.0.1
 
 FROM nvidia/cuda:${CUDA_TAG}-devel-ubuntu24.04 AS build
@@ -20,6 +21,17 @@ RUN rm -rf build deps/venv deps/venv-reference deps/dolma2 \
       -DOLMOSFT_CUDA=OFF \
  && cmake --build build --target olmosft \
  && rm -rf /var/lib/apt/lists/*
+# XLA's PJRT plugins: the CPU plugin and libtpu as install-deps.sh unpacks them (sha256-pinned in
+# deps/pypi/files.txt); XLA's CUDA plugin and its NVIDIA libraries laid out as a pip install of JAX's CUDA 13
+# plugin (jax_plugins/xla_cuda13 beside nvidia/*: the plugin's RPATH finds the libraries there), every wheel
+# pinned by its sha256 in deps/pypi/cuda-plugin.txt.
+RUN scripts/install-deps.sh --tpu \
+ && mkdir -p /stage/opt/olmosft/pjrt/cpu /stage/opt/olmosft/pjrt/tpu \
+ && cp deps/xla/cpu/xla_cpu_pjrt.so /stage/opt/olmosft/pjrt/cpu/ \
+ && cp deps/xla/tpu/libtpu.so /stage/opt/olmosft/pjrt/tpu/ \
+ && deps/venv/bin/pip install --no-cache-dir --no-deps --require-hashes --target /stage/opt/olmosft/pjrt/cuda \
+      -r deps/pypi/cuda-plugin.txt \
+ && test -f /stage/opt/olmosft/pjrt/cuda/jax_plugins/xla_cuda13/xla_cuda_plugin.so
 # Stage what the runtime needs under /stage: the binary, its shared libraries as ldd resolves them (the C
 # library family excepted: the runtime base has the same ones), and the DuckDB CLI at the path compiled into
 # the binary (`olmosft data --sql`).
@@ -37,12 +49,16 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends openmpi-bin=4.1.* \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /stage/ /
-ENV LD_LIBRARY_PATH=/opt/olmosft/lib
+ENV LD_LIBRARY_PATH=/opt/olmosft/lib \
+    OLMOSFT_PJRT_CPU=/opt/olmosft/pjrt/cpu/xla_cpu_pjrt.so \
+    OLMOSFT_PJRT_CUDA=/opt/olmosft/pjrt/cuda/jax_plugins/xla_cuda13/xla_cuda_plugin.so \
+    OLMOSFT_PJRT_TPU=/opt/olmosft/pjrt/tpu/libtpu.so
 # A non-root user, uid 1000 (Ubuntu 24.04's own `ubuntu` user had it); the build fails here if a library is
 # missing.
 RUN if id -u ubuntu >/dev/null 2>&1; then userdel --remove ubuntu; fi \
  && useradd --create-home --uid 1000 --user-group olmosft \
- && /usr/local/bin/olmosft --help >/dev/null
+ && /usr/local/bin/olmosft --help >/dev/null \
+ && /usr/local/bin/olmosft xla compile --config olmo3-tiny --seq 64 --plugin cpu >/dev/null
 USER 1000:1000
 WORKDIR /home/olmosft
 ENTRYPOINT ["/usr/local/bin/olmosft"]

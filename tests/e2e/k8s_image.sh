@@ -40,6 +40,20 @@ check "the final stage is a CUDA runtime base" \
   "[ \"\$(grep '^FROM ' \"$df\" | tail -1)\" = 'FROM nvidia/cuda:\${CUDA_TAG}-runtime-ubuntu24.04' ]"
 check "the build stage is the same distribution (devel)" \
   "[ \"\$(grep '^FROM ' \"$df\" | head -1)\" = 'FROM nvidia/cuda:\${CUDA_TAG}-devel-ubuntu24.04 AS build' ]"
+# device: xla in the image (docs/xla.md "The image"): the three PJRT plugins staged under /opt/olmosft/pjrt and
+# named by OLMOSFT_PJRT_* (src/xla/pjrt_plugin.cpp reads them), every wheel of the CUDA plugin's set pinned by a
+# sha256 and installed with --require-hashes, and the build checks the CPU plugin compiles a step.
+for v in CPU:cpu/xla_cpu_pjrt.so CUDA:cuda/jax_plugins/xla_cuda13/xla_cuda_plugin.so TPU:tpu/libtpu.so; do
+  check "ENV OLMOSFT_PJRT_${v%%:*} points at the staged plugin /opt/olmosft/pjrt/${v#*:}" \
+    "grep -qE '^ *(ENV )?OLMOSFT_PJRT_${v%%:*}=/opt/olmosft/pjrt/${v#*:}( |$)' \"$df\" && grep -q 'OLMOSFT_PJRT_${v%%:*}' '$root/src/xla/pjrt_plugin.cpp'"
+done
+check "the CUDA plugin's wheels are installed with --require-hashes from deps/pypi/cuda-plugin.txt" \
+  "grep -q -- '--require-hashes --target /stage/opt/olmosft/pjrt/cuda' \"$df\" && grep -q -- '-r deps/pypi/cuda-plugin.txt' \"$df\""
+reqs="$root/deps/pypi/cuda-plugin.txt"
+check "every requirement in deps/pypi/cuda-plugin.txt is pinned (==) with a sha256 (14 wheels)" \
+  "[ \$(grep -cE '^[a-z0-9-]+==[0-9.]+ --hash=sha256:[0-9a-f]{64}' \"$reqs\") -eq 14 ] && [ \$(grep -cvE '^(#|$)' \"$reqs\") -eq 14 ]"
+check "the image build compiles a step on the staged CPU plugin" \
+  "grep -qF 'olmosft xla compile --config olmo3-tiny --seq 64 --plugin cpu' \"$df\""
 check ".dockerignore keeps build outputs and environments out" \
   "grep -qx 'build\*/' \"$root/.dockerignore\" && grep -qx 'deps/venv/' \"$root/.dockerignore\""
 

@@ -70,7 +70,21 @@ TEST(XlaRuntime, PluginNamesAndMissingPaths) {
   EXPECT_NE(error_of([] { Plugin::resolve("gpu"); }).find("expected cpu, cuda, tpu or the path"),
             std::string::npos);
   unsetenv("OLMOSFT_PJRT_CUDA");
-  EXPECT_NE(error_of([] { Plugin::load("cuda"); }).find("OLMOSFT_PJRT_CUDA"), std::string::npos);
+  EXPECT_TRUE(Plugin::resolve("cuda").ends_with("deps/xla/cuda/xla_cuda_plugin.so"))
+      << Plugin::resolve("cuda");
+  if (!std::filesystem::exists(Plugin::resolve("cuda"))) {  // install-deps.sh --cuda not run here
+    EXPECT_NE(error_of([] { Plugin::load("cuda"); }).find("install-deps.sh --cuda or set OLMOSFT_PJRT_CUDA"),
+              std::string::npos);
+  }
+  // The variables win (the image sets one per plugin); unset, cpu is the plugin under deps/xla again.
+  setenv("OLMOSFT_PJRT_CPU", "/opt/olmosft/pjrt/cpu/xla_cpu_pjrt.so", 1);
+  setenv("OLMOSFT_PJRT_CUDA", "/opt/x/xla_cuda_plugin.so", 1);
+  EXPECT_EQ(Plugin::resolve("cpu"), "/opt/olmosft/pjrt/cpu/xla_cpu_pjrt.so");
+  EXPECT_EQ(Plugin::resolve("cuda"), "/opt/x/xla_cuda_plugin.so");
+  EXPECT_NE(error_of([] { Plugin::load("cpu"); }).find("set OLMOSFT_PJRT_CPU"), std::string::npos);
+  unsetenv("OLMOSFT_PJRT_CPU");
+  unsetenv("OLMOSFT_PJRT_CUDA");
+  EXPECT_TRUE(Plugin::resolve("cpu").ends_with("deps/xla/cpu/xla_cpu_pjrt.so"));
   TempDir tmp;
   const std::string missing = (tmp.path / "no_such_plugin.so").string();
   const std::string msg = error_of([&] { Plugin::load(missing); });
