@@ -27,23 +27,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// A config.json path or a preset name (olmo3-7b, ...); LAYERS > 0 keeps the first LAYERS layers (a 7B-shaped
-// short stack: the per-layer program and the vocabulary-sized tensors of the real model, compiled in
-// minutes).
-olmosft::model::ModelConfig load_model(const std::string& config, int64_t layers) {
-  const bool is_path = config.find('/') != std::string::npos || config.ends_with(".json");
-  nlohmann::json j = is_path ? olmosft::io::parse_json(olmosft::io::read_file(config), config)
-                             : olmosft::model::preset_config_json(config);
-  if (layers > 0) {
-    const int64_t have = j.value("num_hidden_layers", int64_t{0});
-    OLMO_CHECK(layers <= have, "--layers ", layers, ": ", config, " has ", have, " layers");
-    j["num_hidden_layers"] = layers;
-    if (j.contains("layer_types") && j["layer_types"].is_array())
-      j["layer_types"].erase(j["layer_types"].begin() + layers, j["layer_types"].end());
-  }
-  return olmosft::model::parse_config(j, is_path ? config : "preset " + config);
-}
-
 // libtpu is the plugin whose topologies tpu_topology_options describes.
 bool is_libtpu(const std::string& plugin) {
   if (plugin == "tpu") return true;
@@ -200,7 +183,8 @@ int xla_compile_main(int argc, char** argv) {
       olmosft::xla::tpu_topology_options(a.topology);  // a bad --topology is refused before libtpu loads
       libtpu_env();
     }
-    const olmosft::model::ModelConfig m = load_model(a.config, a.layers);
+    const olmosft::model::ModelConfig m =
+        olmosft::model::config_from_path_or_preset(a.config, a.layers, "--layers");
     if (!a.save_config.empty()) olmosft::model::save_config(m, a.save_config);
     size_t module_bytes = 0;
     double emit_s = 0;

@@ -6,7 +6,8 @@
 // --batch-file the batch is the file's; with --expect the step is run here on XLA's CPU plugin and its
 // results are written as the expected ones.
 //
-// DIR/step.mlir, DIR/config.json (the model's), DIR/manifest.txt, DIR/data/*.bin (raw little-endian f32 / s32, row-major). Manifest lines:
+// DIR/step.mlir, DIR/config.json (the model's), DIR/manifest.txt, DIR/data/*.bin (raw little-endian f32 /
+// s32, row-major). Manifest lines:
 //   olmosft-xla-step 1
 //   model <model_type> layers <L> hidden <d> vocab <V>      B <B> T <T> bf16 <0|1>
 //   flops <model FLOPs of the step, train/flops.h>
@@ -218,17 +219,7 @@ int xla_export_main(int argc, char** argv) {
     if (!a.model.empty()) {
       m = olmosft::model::load_config((fs::path(a.model) / "config.json").string());
     } else {
-      const bool is_path = a.config.find('/') != std::string::npos || a.config.ends_with(".json");
-      nlohmann::json j = is_path ? olmosft::io::parse_json(olmosft::io::read_file(a.config), a.config)
-                                 : olmosft::model::preset_config_json(a.config);
-      if (a.layers > 0) {
-        OLMO_CHECK(a.layers <= j.value("num_hidden_layers", int64_t{0}), "--layers ", a.layers,
-                   " > the model's");
-        j["num_hidden_layers"] = a.layers;
-        if (j.contains("layer_types"))
-          j["layer_types"].erase(j["layer_types"].begin() + a.layers, j["layer_types"].end());
-      }
-      m = olmosft::model::parse_config(j, is_path ? a.config : "preset " + a.config);
+      m = olmosft::model::config_from_path_or_preset(a.config, a.layers, "--layers");
     }
     olmosft::model::XlaOptions xo;
     xo.bf16 = a.bf16;

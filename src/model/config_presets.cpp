@@ -2,6 +2,9 @@
 // D.2).
 #include <cmath>
 
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/json.h"
 #include "model/config.h"
 
 namespace olmosft::model {
@@ -148,6 +151,20 @@ json preset_config_json(const std::string& name) {
   std::string all;
   for (const auto& n : preset_names()) all += (all.empty() ? "" : ", ") + n;
   fail("unknown model preset '", name, "' (expected one of ", all, ")");
+}
+
+ModelConfig config_from_path_or_preset(const std::string& config, int64_t keep_layers,
+                                       const std::string& layers_flag) {
+  const bool is_path = config.find('/') != std::string::npos || config.ends_with(".json");
+  nlohmann::json j = is_path ? io::parse_json(io::read_file(config), config) : preset_config_json(config);
+  if (keep_layers > 0) {
+    const int64_t have = j.value("num_hidden_layers", int64_t{0});
+    OLMO_CHECK(keep_layers <= have, layers_flag, " ", keep_layers, ": ", config, " has ", have, " layers");
+    j["num_hidden_layers"] = keep_layers;
+    if (j.contains("layer_types") && j["layer_types"].is_array())
+      j["layer_types"].erase(j["layer_types"].begin() + keep_layers, j["layer_types"].end());
+  }
+  return parse_config(j, is_path ? config : "preset " + config);
 }
 
 }  // namespace olmosft::model

@@ -17,6 +17,7 @@
 #include "model/decoder.h"
 #include "model/hf_dir.h"
 #include "model/model.h"
+#include "olmo3_fixture.h"
 
 using namespace olmosft;
 using namespace olmosft::model;
@@ -24,7 +25,7 @@ namespace st = olmosft::safetensors;
 
 namespace {
 
-const std::string kDir = std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3_tiny";
+const std::string& kDir = test::kOlmo3TinyDir;
 
 // Against the float64 reference: the CPU backend's own tolerances (model_olmo3_test.cpp: ~10x the fixture's
 // float32-vs-float64 gaps). Against the CPU backend: 1e-5 of the tensor's scale, two fp32 implementations
@@ -32,40 +33,7 @@ const std::string kDir = std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3_tiny";
 // double-precision row sums), each within a few 1e-7 of float64 per op (docs/xla.md "Tolerances").
 constexpr double kLogitTol = 5e-5, kLossTol = 1e-5, kGradRelTol = 2e-5, kSameRunTol = 1e-5;
 
-struct Fixture {
-  std::shared_ptr<st::Reader> batch, out, grads;
-  Tensor ids, seg, pos, targets, mask;
-  nlohmann::json expected;
-  Fixture() {
-    batch = st::Reader::open(kDir + "/batch.safetensors");
-    out = st::Reader::open(kDir + "/outputs.safetensors");
-    grads = st::Reader::open(kDir + "/grads.safetensors");
-    ids = batch->copy("input_ids");
-    seg = batch->copy("segment_ids");
-    pos = batch->copy("position_ids");
-    targets = batch->copy("targets");
-    mask = batch->copy("loss_mask");
-    std::ifstream f(kDir + "/expected.json");
-    expected = nlohmann::json::parse(f);
-  }
-  Batch make(bool with_positions = true) const {
-    Batch b;
-    b.B = ids.size(0);
-    b.T = ids.size(1);
-    b.tokens = ids.data<int32_t>();
-    b.segments = seg.data<int32_t>();
-    b.positions = with_positions ? pos.data<int32_t>() : nullptr;
-    b.targets = targets.data<int32_t>();
-    b.trained = mask.data<uint8_t>();
-    return b;
-  }
-  int64_t trained() const { return expected["batch"]["n_trained_targets"].get<int64_t>(); }
-};
-
-const Fixture& fx() {
-  static Fixture f;
-  return f;
-}
+const test::Olmo3Fixture& fx() { return test::olmo3_fixture(); }
 
 LossConfig fixture_loss() {
   LossConfig lc;

@@ -15,6 +15,7 @@
 #include "model/decoder.h"
 #include "model/hf_dir.h"
 #include "model/model.h"
+#include "olmo3_fixture.h"
 
 namespace fs = std::filesystem;
 using namespace olmosft;
@@ -23,7 +24,7 @@ namespace st = olmosft::safetensors;
 
 namespace {
 
-const std::string kDir = std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3_tiny";
+const std::string& kDir = test::kOlmo3TinyDir;
 
 // Tolerances (docs/model.md): the fixture's own float32-vs-float64 gaps are 4.8e-6 (logits), 1.3e-5
 // (hidden states, values up to ~16), 3.4e-7 (loss) and 2.2e-6 (worst gradient, scale-relative). Our
@@ -34,42 +35,7 @@ constexpr double kHiddenTol = 1e-4;
 constexpr double kLossTol = 1e-5;
 constexpr double kGradRelTol = 2e-5;
 
-struct Fixture {
-  std::shared_ptr<st::Reader> batch, out, grads;
-  Tensor ids, seg, pos, targets, mask;
-  int64_t B = 0, T = 0;
-  nlohmann::json expected;
-  Fixture() {
-    batch = st::Reader::open(kDir + "/batch.safetensors");
-    out = st::Reader::open(kDir + "/outputs.safetensors");
-    grads = st::Reader::open(kDir + "/grads.safetensors");
-    ids = batch->copy("input_ids");
-    seg = batch->copy("segment_ids");
-    pos = batch->copy("position_ids");
-    targets = batch->copy("targets");
-    mask = batch->copy("loss_mask");
-    B = ids.size(0);
-    T = ids.size(1);
-    std::ifstream f(kDir + "/expected.json");
-    expected = nlohmann::json::parse(f);
-  }
-  Batch make() const {
-    Batch b;
-    b.B = B;
-    b.T = T;
-    b.tokens = ids.data<int32_t>();
-    b.segments = seg.data<int32_t>();
-    b.positions = pos.data<int32_t>();
-    b.targets = targets.data<int32_t>();
-    b.trained = mask.data<uint8_t>();
-    return b;
-  }
-};
-
-const Fixture& fx() {
-  static Fixture f;
-  return f;
-}
+const test::Olmo3Fixture& fx() { return test::olmo3_fixture(); }
 
 double max_abs(const float* a, const float* b, int64_t n) {
   double m = 0;
