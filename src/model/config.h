@@ -111,7 +111,9 @@ std::string config_summary(const ModelConfig& c);
 nlohmann::json preset_config_json(const std::string& name);
 std::vector<std::string> preset_names();
 // A config.json path (anything with a '/' or ending in .json) or a preset name; KEEP_LAYERS > 0 keeps only
-// the first KEEP_LAYERS layers (and layer_types), e.g. a 7B-shaped short stack for compiles and benchmarks.
-ModelConfig config_from_path_or_preset(const std::string& config, int64_t keep_layers = 0);
+// the first KEEP_LAYERS layers (and layer_types), e.g. a 7B-shaped short stack for compiles and benchmarks;
+// too many is refused naming LAYERS_FLAG (the caller's option, e.g. "--layers").
+ModelConfig config_from_path_or_preset(const std::string& config, int64_t keep_layers = 0,
+                                       const std::string& layers_flag = "keep_layers");
 
 }  // namespace olmosft::model
