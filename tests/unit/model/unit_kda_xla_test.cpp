@@ -1,0 +1,236 @@
+// The KDA mixer emitted as StableHLO (KdaUnit::emit_forward / emit_backward, unit_kda.h) against the same
+// unit on the CPU kernels: one linear_attention layer of the hybrid fixture
+// (tests/golden/model/olmo3moe_tiny) run alone on a batch of packed documents with padding, its output a, dx
+// and every parameter gradient (for a random da) compared with the CPU float path (the chunked delta rule the
+// model trains with) and the float64 CPU path. XLA runs the token-by-token recurrence, in f32.
+//
+// Errors are max |got - want| / max |want| over each tensor (relative to the tensor's scale), printed. Bounds
+// (docs/numerics.md): f32 reductions (the projections, the state's dot products over Dk and Dv, the
+// recurrence's sums over tokens, the parameter gradients' sums over tokens) in XLA's order and with the
+// recurrence instead of the chunked form: 1e-5 of the scale against either reference (the f32 rounding of a
+// sum of ~100 terms, a few 1e-7 each, amplified by the gate's exp and the norms' rsqrt). Measured (CPU
+// plugin): a 1.1e-7 / dx 1.2e-7 / parameter gradients <= 6e-7 against float (the worst: A_log) and the same
+// order against float64 (a 1.2e-7, dx 1.3e-7, gradients <= 6e-7): f32 rounding only.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../xla/xla_test_util.h"
+#include "hybrid_test_util.h"
+#include "model/unit_kda.h"
+#include "xla/hlo_builder.h"
+#include "xla/pjrt.h"
+
+using namespace olmosft;
+using namespace olmosft::model;
+using namespace olmosft::model::unit;
+
+namespace {
+
+constexpr int64_t kLayer = 1;  // a linear_attention layer (layer 0 is one too, with the dense FFN)
+constexpr int64_t kB = 2, kT = 20;
+
+// Row 0: a document of 8 tokens, one of 7, 5 padding. Row 1: a one-token document, one of 13, 2 padding,
+// one of 4 (padding between documents).
+std::vector<int32_t> segments() {
+  std::vector<int32_t> s;
+  for (int i = 0; i < 8; ++i) s.push_back(0);
+  for (int i = 0; i < 7; ++i) s.push_back(1);
+  for (int i = 0; i < 5; ++i) s.push_back(-1);
+  s.push_back(3);
+  for (int i = 0; i < 13; ++i) s.push_back(4);
+  for (int i = 0; i < 2; ++i) s.push_back(-1);
+  for (int i = 0; i < 4; ++i) s.push_back(5);
+  return s;
+}
+
+std::vector<float> randn(size_t n, float sd, unsigned seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+struct Fixture {
+  HfModel hf = load_hf_dir(hybrid_test::fixture_dir());
+  const ModelConfig& c = hf.config;
+  ParamIndex idx{c};
+  KdaUnit u = KdaUnit::resolve(idx, "model.layers." + std::to_string(kLayer) + ".self_attn.",
+                               layer_specs(c)[size_t(kLayer)]);
+  std::vector<int32_t> seg = segments();
+  int64_t N = kB * kT, d = c.hidden_size;
+  std::vector<int> params() const {
+    return {u.q,       u.k,     u.v,     u.o,     u.f1, u.f2, u.bproj, u.A_log,
+            u.dt_bias, u.qconv, u.kconv, u.vconv, u.g1, u.g2, u.g2b,   u.onorm};
+  }
+  std::vector<float> weight(int i) const {
+    return hybrid_test::to_vec<float>(hf.at(hf.registry[size_t(i)].name));
+  }
+};
+
+// The unit on the CPU in value type T: a, dx and the parameter gradients (registry order; empty when absent).
+template <typename T>
+struct CpuResult {
+  std::vector<T> a, dx;
+  std::vector<std::vector<T>> g;
+};
+template <typename T>
+CpuResult<T> run_cpu(const Fixture& f, const std::vector<float>& x, const std::vector<float>& da) {
+  const size_t P = f.hf.registry.size();
+  std::vector<std::vector<T>> w(P), g(P);
+  std::vector<const T*> wp(P, nullptr);
+  std::vector<T*> gp(P, nullptr);
+  for (int i : f.params()) {
+    const std::vector<float> v = f.weight(i);
+    w[size_t(i)].assign(v.begin(), v.end());
+    g[size_t(i)].assign(v.size(), T(0));
+    wp[size_t(i)] = w[size_t(i)].data();
+    gp[size_t(i)] = g[size_t(i)].data();
+  }
+  Batch batch;
+  batch.B = kB;
+  batch.T = kT;
+  batch.segments = f.seg.data();
+  Ctx<T> ctx{f.c, batch, wp, &gp};
+  ctx.N = f.N;
+  ctx.d = f.d;
+  ctx.seg = f.seg.data();
+  Plan p;
+  typename KdaUnit::Saved<T> s;
+  typename KdaUnit::Scratch<T> sc;
+  s.plan(p, f.c, f.N);
+  sc.plan(p, f.c, f.N);
+  std::vector<std::byte> block(p.bytes() + 64);
+  p.carve(reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(block.data()) + 63) & ~uintptr_t(63)));
+  const std::vector<T> xt(x.begin(), x.end()), dat(da.begin(), da.end());
+  CpuResult<T> r;
+  r.a.resize(x.size());
+  r.dx.assign(x.size(), T(0));
+  f.u.forward(ctx, xt.data(), r.a.data(), s, sc);
+  f.u.backward(ctx, xt.data(), s, dat.data(), r.dx.data(), sc);
+  r.g = std::move(g);
+  return r;
+}
+
+// The emitted unit on XLA's CPU plugin: a, then (with DA) dx and the gradients of f.params() in that order.
+std::vector<std::vector<float>> run_xla(const Fixture& f, const std::vector<float>& x,
+                                        const std::vector<float>* da) {
+  xla::HloBuilder b;
+  const std::vector<int> ps = f.params();
+  std::vector<xla::Value> w(f.hf.registry.size(), b.scalar(xla::ElementType::kF32, 0.0));
+  for (int i : ps) w[size_t(i)] = b.argument({xla::ElementType::kF32, f.hf.registry[size_t(i)].shape});
+  const xla::Value xv = b.argument({xla::ElementType::kF32, {f.N, f.d}});
+  const xla::Value segv = b.argument({xla::ElementType::kS32, {kB, kT}});
+  LossConfig loss;
+  Emit e(b, f.c, loss, w, kB, kT);
+  e.seg = segv;
+  if (da != nullptr) e.g.resize(w.size());
+  KdaUnit::Emitted s;
+  std::vector<xla::Value> out{f.u.emit_forward(e, xv, s)};
+  if (da != nullptr) {
+    const xla::Value dav = b.argument({xla::ElementType::kF32, {f.N, f.d}});
+    out.push_back(f.u.emit_backward(e, xv, s, dav));
+    for (int i : ps) out.push_back(*e.g[size_t(i)]);
+  }
+  b.returns(out);
+  xla::Client& c = xla::testutil::test_client(1);
+  xla::Executable exe = c.compile(b.module());
+  std::vector<std::vector<float>> ws;
+  std::vector<xla::Buffer> bufs;
+  for (int i : ps) {
+    ws.push_back(f.weight(i));
+    bufs.push_back(c.to_device(std::span<const float>(ws.back()), f.hf.registry[size_t(i)].shape));
+  }
+  bufs.push_back(c.to_device(std::span<const float>(x), {f.N, f.d}));
+  bufs.push_back(c.to_device(std::span<const int32_t>(f.seg), {kB, kT}));
+  if (da != nullptr) bufs.push_back(c.to_device(std::span<const float>(*da), {f.N, f.d}));
+  std::vector<xla::Buffer*> ptrs;
+  for (xla::Buffer& bb : bufs) ptrs.push_back(&bb);
+  std::vector<std::vector<float>> r;
+  for (const xla::Buffer& o : exe.execute(ptrs)) r.push_back(o.to_host<float>());
+  return r;
+}
+
+template <typename W>
+double rel_error(const std::vector<float>& got, const std::vector<W>& want) {
+  double scale = 1e-30, err = 0;
+  for (const W& v : want) scale = std::max(scale, std::fabs(double(v)));
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    err = std::max(err, std::fabs(double(got[i]) - double(want[i])) / scale);
+  return err;
+}
+
+template <typename W>
+void expect_close(const std::vector<float>& got, const std::vector<W>& want, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const double e = rel_error(got, want);
+  std::cout << what << ": max error " << e << " of the scale (allowed " << tol << ")\n";
+  EXPECT_LE(e, tol) << what;
+}
+
+}  // namespace
+
+TEST(KdaXla, ForwardMatchesTheCpuUnit) {
+  Fixture f;
+  const std::vector<float> x = randn(size_t(f.N * f.d), 1.f, 1);
+  const std::vector<float> zero(x.size(), 0.f);
+  const CpuResult<float> cf = run_cpu<float>(f, x, zero);
+  const CpuResult<double> cd = run_cpu<double>(f, x, zero);
+  const std::vector<std::vector<float>> xr = run_xla(f, x, nullptr);
+  expect_close(xr[0], cf.a, 1e-5, "a vs CPU float");
+  expect_close(xr[0], cd.a, 1e-5, "a vs CPU float64");
+  // padding tokens: zero output
+  for (int64_t t = 0; t < f.N; ++t) {
+    if (f.seg[size_t(t)] >= 0) continue;
+    for (int64_t j = 0; j < f.d; ++j) EXPECT_EQ(xr[0][size_t(t * f.d + j)], 0.f) << "padding token " << t;
+  }
+}
+
+TEST(KdaXla, BackwardMatchesTheCpuUnit) {
+  Fixture f;
+  const std::vector<float> x = randn(size_t(f.N * f.d), 1.f, 1), da = randn(x.size(), 1.f, 2);
+  const CpuResult<float> cf = run_cpu<float>(f, x, da);
+  const CpuResult<double> cd = run_cpu<double>(f, x, da);
+  const std::vector<std::vector<float>> xr = run_xla(f, x, &da);
+  expect_close(xr[0], cf.a, 1e-5, "a vs CPU float");
+  expect_close(xr[0], cd.a, 1e-5, "a vs CPU float64");
+  expect_close(xr[1], cf.dx, 1e-5, "dx vs CPU float");
+  expect_close(xr[1], cd.dx, 1e-5, "dx vs CPU float64");
+  const std::vector<int> ps = f.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::string& name = f.hf.registry[size_t(ps[i])].name;
+    expect_close(xr[2 + i], cf.g[size_t(ps[i])], 1e-5, name + " grad vs CPU float");
+    expect_close(xr[2 + i], cd.g[size_t(ps[i])], 1e-5, name + " grad vs CPU float64");
+  }
+}
+
+// A document boundary restarts the conv window and the delta rule's state: changing the first document's x
+// leaves the outputs (and dx) of every other token bit-identical, and changes the first document's.
+TEST(KdaXla, DocumentBoundaryResetsTheState) {
+  Fixture f;
+  const std::vector<float> x = randn(size_t(f.N * f.d), 1.f, 1), da = randn(x.size(), 1.f, 2);
+  std::vector<float> x2 = x;
+  const std::vector<float> noise = randn(size_t(8 * f.d), 1.f, 3);
+  for (size_t i = 0; i < noise.size(); ++i) x2[i] += noise[i];  // row 0, tokens 0-7: document 0
+  const std::vector<std::vector<float>> r1 = run_xla(f, x, &da), r2 = run_xla(f, x2, &da);
+  int64_t changed = 0;
+  for (int64_t t = 0; t < f.N; ++t)
+    for (int64_t j = 0; j < f.d; ++j) {
+      const size_t i = size_t(t * f.d + j);
+      if (t < 8) {
+        changed += r1[0][i] != r2[0][i];
+        continue;
+      }
+      EXPECT_EQ(r1[0][i], r2[0][i]) << "a, token " << t;
+      EXPECT_EQ(r1[1][i], r2[1][i]) << "dx, token " << t;
+    }
+  EXPECT_GT(changed, 7 * f.d) << "document 0's outputs did not change";
+}
