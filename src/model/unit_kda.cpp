@@ -425,60 +425,106 @@ Value delta_forward(HloBuilder& b, const DeltaInputs& in) {
   return b.reshape(b.transpose(out[1], {1, 0, 2, 3}), {in.B * in.T, in.H * in.Dv});
 }
 
-// The reverse-time recurrence (docs/reference/architecture.md C.2, kda_recurrent_backward), with G = dL/dS_t
-// carried from t = T-1 down to 0 and the states before each token recomputed by one forward loop first:
+// X [T, ...] extended to TP tokens with the value V (the time-major inputs of padding tokens: no-ops).
+Value pad_time(HloBuilder& b, const Value& x, int64_t tp, double v) {
+  const int64_t t = x.type().dims[0];
+  if (tp == t) return x;
+  return b.concatenate({x, b.constant({x.type().type, with_dim(x.type().dims, 0, tp - t)}, v)}, 0);
+}
+
+// One step of the reverse-time recurrence (docs/reference/architecture.md C.2, kda_recurrent_backward) at
+// token T, SPREV the state before it, C = {G, dq, dk, dv, dg, dbeta} with G = dL/dS_t:
 //   G += q~_t do_t^T;  dq = scale S_t do_t;  du = G^T k;  dv = beta du;  dbeta = r . du;
 //   dk = G u - beta S' du;  dS' = G - beta k du^T;  dg = rowsum(dS' . S');  G <- Diag(a_t) dS'
-// (dbeta and dg masked to zero on padding; dq, dk, dv are zero there already: do~ = do valid, beta~ = 0).
+std::vector<Value> reverse_step(HloBuilder& lb, const DeltaInputs& in, const Value& dOt, const Value& Sprev,
+                                const Value& t, const std::vector<Value>& c, double scale) {
+  const int64_t B = in.B, H = in.H, Dk = in.Dk, Dv = in.Dv;
+  const std::vector<int64_t> ds{B, H, Dk, Dv};
+  const xla::DotDims contract_k{{0, 1}, {0, 1}, {2}, {2}}, contract_v{{0, 1}, {0, 1}, {3}, {2}};
+  const DeltaStep st = delta_step(lb, in, Sprev, t);
+  const Value q = at_time(lb, in.q, t), k = at_time(lb, in.k, t), dot = at_time(lb, dOt, t);
+  const Value bt = at_time(lb, in.beta, t), btv = bc(lb, bt, {B, H, Dv}, {0, 1});
+  const Value G = lb.add(c[0], lb.mul(bc(lb, q, ds, {0, 1, 2}), bc(lb, dot, ds, {0, 1, 3})));
+  const Value dq = lb.mul(lb.dot_general(st.St, dot, contract_v), lb.constant({kF32, {B, H, Dk}}, scale));
+  const Value du = lb.dot_general(G, k, contract_k);
+  const Value dv = lb.mul(btv, du), db = lb.reduce_sum(lb.mul(st.r, du), {2});
+  const Value dk = lb.sub(lb.dot_general(G, st.u, contract_v),
+                          lb.mul(bc(lb, bt, {B, H, Dk}, {0, 1}), lb.dot_general(st.Sp, du, contract_v)));
+  const Value dSp = lb.sub(G, lb.mul(bc(lb, lb.mul(btv, du), ds, {0, 1, 3}), bc(lb, k, ds, {0, 1, 2})));
+  const Value dg = lb.reduce_sum(lb.mul(dSp, st.Sp), {3});
+  const Value Gn = lb.mul(bc(lb, at_time(lb, in.a, t), ds, {0, 1, 2}), dSp);
+  return {Gn,
+          put_time(lb, c[1], dq, t),
+          put_time(lb, c[2], dk, t),
+          put_time(lb, c[3], dv, t),
+          put_time(lb, c[4], dg, t),
+          put_time(lb, c[5], db, t)};
+}
+
+// The delta rule's backward: the reverse-time recurrence from t = T-1 down to 0, with the states recomputed
+// from checkpoints (as kda_recurrent_backward): one forward loop keeps the state before each block of CKPT
+// tokens; then per block, last first, an inner loop recomputes the block's CKPT states and a reverse inner
+// loop runs the steps. Memory: ceil(T / CKPT) + CKPT states of [B, H, Dk, Dv]. T is padded to whole blocks
+// with padding tokens (no-ops). dbeta and dg are masked to zero on padding; dq, dk, dv are zero there
+// already (do~ = do valid, beta~ = 0).
 struct DeltaGrads {
   Value dq, dk, dv, dg, dbeta;  // [N, H*Dk], [N, H*Dk], [N, H*Dv], [N, H*Dk], [N, H]
 };
-DeltaGrads delta_backward(HloBuilder& b, const DeltaInputs& in, const DocMasks& m, const Value& dO,
-                          double scale) {
-  const int64_t B = in.B, T = in.T, H = in.H, Dk = in.Dk, Dv = in.Dv;
-  const std::vector<int64_t> ds{B, H, Dk, Dv}, tk{T, B, H, Dk}, tv{T, B, H, Dv};
+DeltaGrads delta_backward(HloBuilder& b, const DeltaInputs& in0, const DocMasks& m, const Value& dO,
+                          double scale, int64_t ckpt) {
+  const int64_t B = in0.B, T = in0.T, H = in0.H, Dk = in0.Dk, Dv = in0.Dv;
+  const int64_t C = std::max<int64_t>(1, std::min(ckpt, T)), nb = (T + C - 1) / C, Tp = nb * C;
+  const std::vector<int64_t> ds{B, H, Dk, Dv}, tk{Tp, B, H, Dk}, tv{Tp, B, H, Dv};
   const Value valid = b.transpose(m.valid, {1, 0});
-  const Value dOt = b.mul(b.transpose(b.reshape(dO, {B, T, H, Dv}), {1, 0, 2, 3}), bc(b, valid, tv, {0, 1}));
-  // states[t]: the state before token t
-  const Value states =
-      b.for_loop(T, {full(b, ds, 0.0), full(b, {T, B, H, Dk, Dv}, 0.0)},
-                 [&](HloBuilder& lb, const Value& i, const std::vector<Value>& c) -> std::vector<Value> {
-                   return {delta_step(lb, in, c[0], i).St, put_time(lb, c[1], c[0], i)};
-                 })[1];
-  const xla::DotDims contract_k{{0, 1}, {0, 1}, {2}, {2}}, contract_v{{0, 1}, {0, 1}, {3}, {2}};
+  const Value dOt = pad_time(
+      b, b.mul(b.transpose(b.reshape(dO, {B, T, H, Dv}), {1, 0, 2, 3}), bc(b, valid, {T, B, H, Dv}, {0, 1})),
+      Tp, 0.0);
+  DeltaInputs in = in0;
+  in.T = Tp;
+  in.q = pad_time(b, in0.q, Tp, 0.0);
+  in.k = pad_time(b, in0.k, Tp, 0.0);
+  in.v = pad_time(b, in0.v, Tp, 0.0);
+  in.a = pad_time(b, in0.a, Tp, 1.0);
+  in.beta = pad_time(b, in0.beta, Tp, 0.0);
+  auto token = [C](HloBuilder& lb, const Value& ib, const Value& j) {
+    return lb.add(lb.mul(ib, lb.constant({kS32, {}}, double(C))), j);
+  };
+  // The states before block IB's tokens ([C, B, H, Dk, Dv]) from the state S0 before the block.
+  auto block_states = [&](HloBuilder& lb, const Value& ib, const Value& S0) {
+    return lb.for_loop(
+        C, {S0, full(lb, {C, B, H, Dk, Dv}, 0.0)},
+        [&](HloBuilder& l2, const Value& j, const std::vector<Value>& c) -> std::vector<Value> {
+          return {delta_step(l2, in, c[0], token(l2, ib, j)).St, put_time(l2, c[1], c[0], j)};
+        });
+  };
+  // ck[ib]: the state before block ib
+  const Value ck = b.for_loop(nb, {full(b, ds, 0.0), full(b, {nb, B, H, Dk, Dv}, 0.0)},
+                              [&](HloBuilder& lb, const Value& ib, const std::vector<Value>& c) {
+                                const std::vector<Value> r = block_states(lb, ib, c[0]);
+                                return std::vector<Value>{r[0], put_time(lb, c[1], c[0], ib)};
+                              })[1];
   const std::vector<Value> r = b.for_loop(
-      T,
+      nb,
       {full(b, ds, 0.0), full(b, tk, 0.0), full(b, tk, 0.0), full(b, tv, 0.0), full(b, tk, 0.0),
-       full(b, {T, B, H}, 0.0)},
-      [&](HloBuilder& lb, const Value& i, const std::vector<Value>& c) -> std::vector<Value> {
-        const Value t = lb.sub(lb.constant({kS32, {}}, double(T - 1)), i);
-        const DeltaStep st = delta_step(lb, in, at_time(lb, states, t), t);
-        const Value q = at_time(lb, in.q, t), k = at_time(lb, in.k, t), dot = at_time(lb, dOt, t);
-        const Value bt = at_time(lb, in.beta, t), btv = bc(lb, bt, {B, H, Dv}, {0, 1});
-        const Value G = lb.add(c[0], lb.mul(bc(lb, q, ds, {0, 1, 2}), bc(lb, dot, ds, {0, 1, 3})));
-        const Value dq =
-            lb.mul(lb.dot_general(st.St, dot, contract_v), lb.constant({kF32, {B, H, Dk}}, scale));
-        const Value du = lb.dot_general(G, k, contract_k);
-        const Value dv = lb.mul(btv, du), db = lb.reduce_sum(lb.mul(st.r, du), {2});
-        const Value dk =
-            lb.sub(lb.dot_general(G, st.u, contract_v),
-                   lb.mul(bc(lb, bt, {B, H, Dk}, {0, 1}), lb.dot_general(st.Sp, du, contract_v)));
-        const Value dSp = lb.sub(G, lb.mul(bc(lb, lb.mul(btv, du), ds, {0, 1, 3}), bc(lb, k, ds, {0, 1, 2})));
-        const Value dg = lb.reduce_sum(lb.mul(dSp, st.Sp), {3});
-        const Value Gn = lb.mul(bc(lb, at_time(lb, in.a, t), ds, {0, 1, 2}), dSp);
-        return {Gn,
-                put_time(lb, c[1], dq, t),
-                put_time(lb, c[2], dk, t),
-                put_time(lb, c[3], dv, t),
-                put_time(lb, c[4], dg, t),
-                put_time(lb, c[5], db, t)};
+       full(b, {Tp, B, H}, 0.0)},
+      [&](HloBuilder& lb, const Value& i, const std::vector<Value>& c) {
+        const Value ib = lb.sub(lb.constant({kS32, {}}, double(nb - 1)), i);
+        const Value states = block_states(lb, ib, at_time(lb, ck, ib))[1];
+        return lb.for_loop(C, c, [&](HloBuilder& l2, const Value& jj, const std::vector<Value>& c2) {
+          const Value j = l2.sub(l2.constant({kS32, {}}, double(C - 1)), jj);
+          return reverse_step(l2, in, dOt, at_time(l2, states, j), token(l2, ib, j), c2, scale);
+        });
       });
+  auto first = [&](const Value& x) {  // [Tp, ...] -> [T, ...]
+    return b.slice(x, std::vector<int64_t>(x.type().dims.size(), 0), with_dim(x.type().dims, 0, T));
+  };
   auto flat = [&](const Value& x, int64_t D) {  // [T, B, H, D] -> [N, H*D]
     return b.reshape(b.transpose(x, {1, 0, 2, 3}), {B * T, H * D});
   };
-  const Value vk = bc(b, valid, tk, {0, 1});
-  return {flat(r[1], Dk), flat(r[2], Dk), flat(r[3], Dv), flat(b.mul(r[4], vk), Dk),
-          b.reshape(b.transpose(b.mul(r[5], bc(b, valid, {T, B, H}, {0, 1})), {1, 0, 2}), {B * T, H})};
+  const Value vk = bc(b, valid, {T, B, H, Dk}, {0, 1}), vh = bc(b, valid, {T, B, H}, {0, 1});
+  return {flat(first(r[1]), Dk), flat(first(r[2]), Dk), flat(first(r[3]), Dv),
+          flat(b.mul(first(r[4]), vk), Dk),
+          b.reshape(b.transpose(b.mul(first(r[5]), vh), {1, 0, 2}), {B * T, H})};
 }
 
 }  // namespace
@@ -537,7 +583,7 @@ xla::Value KdaUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
   const double mb = c.linear_allow_neg_eigval ? 2.0 : 1.0, scale = 1.0 / std::sqrt(static_cast<double>(Dk));
   const Value sb = b.logistic(*s.blog), beta = b.mul(sb, full(b, {N, H}, mb));
   const DeltaInputs in = delta_inputs(b, m, *s.qn, *s.kn, *s.vc, *s.g, beta, e.B, e.T, H, Dk, Dv, scale);
-  const DeltaGrads dd = delta_backward(b, in, m, b.reshape(on.dout, {N, H * Dv}), scale);
+  const DeltaGrads dd = delta_backward(b, in, m, b.reshape(on.dout, {N, H * Dv}), scale, emit_checkpoint);
   // beta = mb sigmoid(blog):  dblog = dbeta mb s (1 - s)
   const Value dblog = b.mul(b.mul(dd.dbeta, full(b, {N, H}, mb)), b.mul(sb, b.sub(full(b, {N, H}, 1.0), sb)));
   const ops::LinearBackward lb = ops::linear_backward(b, dblog, x, e.W(bproj), e.operands);

@@ -45,8 +45,9 @@ struct KdaUnit {
   // XLA (unit_emit.h): the graph keeps the projections' outputs (conv inputs), the conv outputs (q and k
   // before their L2 norm), the normalised q and k, the gate's low-rank input and its raw decay f, the gate g,
   // the beta logits, the delta rule's output o, the output gate's low-rank input and pre-activation, and y.
-  // The backward recomputes the delta rule's states (one forward recurrence) and keeps all T of them while
-  // it runs the reverse-time recurrence (memory T * B * H * Dk * Dv floats: the first form; docs/kda.md).
+  // The backward recomputes the delta rule's states from checkpoints every emit_checkpoint tokens (as
+  // kda_recurrent_backward): ceil(T / emit_checkpoint) + emit_checkpoint states of [B, H, Dk, Dv] live.
+  int64_t emit_checkpoint = 64;
   struct Emitted {
     std::optional<xla::Value> qin, kin, vin, qc, kc, vc, qn, kn, flow, f, g, blog, o, glow, zg, y;
   };
