@@ -205,11 +205,14 @@ TEST(KdaXla, BackwardMatchesTheCpuUnit) {
   const CpuResult<double> cd = run_cpu<double>(f, x, da);
   std::cout << "(CPU float vs float64: a " << rel_error(cf.a, cd.a) << ", dx " << rel_error(cf.dx, cd.dx)
             << ")\n";
+  std::vector<std::vector<float>> first;
   for (const int64_t ckpt : {int64_t(64), int64_t(7)}) {
     SCOPED_TRACE("checkpoint " + std::to_string(ckpt));
     std::cout << "checkpoint every " << ckpt << " tokens\n";
     f.u.emit_checkpoint = ckpt;
     const std::vector<std::vector<float>> xr = run_xla(f, x, &da);
+    if (first.empty()) first = xr;
+    EXPECT_TRUE(xr == first) << "the checkpoint interval changed the results' bits";
     expect_close(xr[0], cf.a, 1e-5, "a vs CPU float");
     expect_close(xr[0], cd.a, 1e-5, "a vs CPU float64");
     expect_close(xr[1], cf.dx, 1e-5, "dx vs CPU float");
