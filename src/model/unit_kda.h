@@ -9,11 +9,17 @@
 // g_proj_2 (+ bias), o_norm, o_proj. Saves every intermediate above (conv inputs and outputs, normalised
 // q/k, the low-rank gate inputs, gate, beta logits and beta, o, the output-gate pre-activation, y);
 // recomputes nothing. Saved and Scratch are carved from the model's planned workspace (unit::Plan).
+//
+// On XLA (unit_emit.h, docs/xla.md) the same formulas as StableHLO; the delta rule there is the
+// token-by-token recurrence (a while loop over t with a [B, H, Dk, Dv] state), its backward the reverse-time
+// recurrence.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "model/layers.h"
 #include "model/unit.h"
+#include "model/unit_emit.h"
 
 namespace olmosft::model::unit {
 
@@ -35,6 +41,18 @@ struct KdaUnit {
     void plan(Plan& p, const ModelConfig& c, int64_t N);  // per_token(c) * N values + the stand-ins
     static int64_t per_token(const ModelConfig& c);
   };
+
+  // XLA (unit_emit.h): the graph keeps the projections' outputs (conv inputs), the conv outputs (q and k
+  // before their L2 norm), the normalised q and k, the gate's low-rank input and its raw decay f, the gate g,
+  // the beta logits, the delta rule's output o, the output gate's low-rank input and pre-activation, and y.
+  // The backward recomputes the delta rule's states from checkpoints every emit_checkpoint tokens (as
+  // kda_recurrent_backward): ceil(T / emit_checkpoint) + emit_checkpoint states of [B, H, Dk, Dv] live.
+  int64_t emit_checkpoint = 64;
+  struct Emitted {
+    std::optional<xla::Value> qin, kin, vin, qc, kc, vc, qn, kn, flow, f, g, blog, o, glow, zg, y;
+  };
+  xla::Value emit_forward(Emit& e, const xla::Value& x, Emitted& s) const;
+  xla::Value emit_backward(Emit& e, const xla::Value& x, const Emitted& s, const xla::Value& da) const;
 
   // prefix = "model.layers.<l>.self_attn."
   static KdaUnit resolve(const ParamIndex& idx, const std::string& prefix, const LayerSpec& spec);
