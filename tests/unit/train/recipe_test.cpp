@@ -191,9 +191,22 @@ TEST(Recipe, DeviceKeyAndCudaRefusal) {
   TrainConfig c = Recipe::parse("steps: 3\ndevice: cuda\n", "gpu.yaml").config();
   EXPECT_EQ(c.device, "cuda");
   std::string e = error_of([] { (void)Recipe::parse("steps: 3\ndevice: gpu\n", "bad.yaml").config(); });
-  EXPECT_NE(e.find("bad.yaml: device: expected cpu or cuda, got 'gpu'"), std::string::npos) << e;
+  EXPECT_NE(e.find("bad.yaml: device: expected cpu, xla or cuda, got 'gpu'"), std::string::npos) << e;
   e = error_of([] { (void)Recipe::parse("steps: 3\n", "t.yaml", {"device=CUDA"}).config(); });
-  EXPECT_NE(e.find("device: expected cpu or cuda, got 'CUDA'"), std::string::npos) << e;
+  EXPECT_NE(e.find("device: expected cpu, xla or cuda, got 'CUDA'"), std::string::npos) << e;
+  // device: xla (docs/xla.md) with its plugin keys
+  c = Recipe::parse("steps: 3\ndevice: xla\nxla:\n  plugin: tpu\n  cpu_devices: 2\n", "x.yaml").config();
+  EXPECT_EQ(c.device, "xla");
+  EXPECT_EQ(c.xla.plugin, "tpu");
+  EXPECT_EQ(c.xla.cpu_devices, 2);
+  EXPECT_EQ(Recipe::parse("steps: 3\n", "t.yaml").config().xla.plugin, "cpu");
+  e = error_of([] { (void)Recipe::parse("steps: 3\nxla.cpu_devices: 0\n", "x.yaml").config(); });
+  EXPECT_NE(e.find("xla.cpu_devices must be >= 1, got 0"), std::string::npos) << e;
+  TrainConfig z = Recipe::parse("steps: 3\ndevice: xla\ndist:\n  mode: zero3\n", "z.yaml").config();
+  z.data.path = "/nonexistent/data";
+  e = error_of([&] { require_run_inputs(z); });
+  EXPECT_NE(e.find("z.yaml: device=xla needs dist.mode dp"), std::string::npos) << e;
+  c = Recipe::parse("steps: 3\ndevice: cuda\n", "gpu.yaml").config();
   c.data.path = "/nonexistent/data";  // never opened: the device is refused first
   c.model.init = "/nonexistent/hf";
   const std::string want =
@@ -269,7 +282,8 @@ TEST(RecipeSchema, OneTableOfKeysWithReadersAndResumeRules) {
                                       "log.tensorboard",
                                       "eval.heldout",
                                       "export.hf",
-                                      "perf.peak_tflops"};
+                                      "perf.peak_tflops",
+                                      "xla.cpu_devices"};
   EXPECT_EQ(operational, want);
   EXPECT_TRUE(recipe_key_operational("cluster.queue"));
   EXPECT_TRUE(recipe_key_operational("mesh.fsdp"));
