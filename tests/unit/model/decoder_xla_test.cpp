@@ -1,7 +1,8 @@
 // The decoder on XLA (model/decoder_xla.h) on XLA's CPU plugin: the Olmo 3 fixture (tests/golden/model/
 // olmo3_tiny: PyTorch float64 truth; 8 layers of sliding and full attention with YaRN, GQA, packed documents
 // with padding) against the reference and against the CPU backend in the same run; one program per shape;
-// gradients accumulate; ten AdamW steps track the CPU backend; layers it does not emit are refused.
+// gradients accumulate; ten AdamW steps track the CPU backend; layers it does not emit are refused; the
+// hybrid's latent MoE (attention + MoE layers, random init) against the CPU backend.
 #include "model/decoder_xla.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "kernels/adamw.h"
+#include "model/config.h"
 #include "model/decoder.h"
 #include "model/hf_dir.h"
 #include "model/model.h"
@@ -316,4 +318,181 @@ TEST(DecoderXla, Bf16OperandsStayWithinThePolicyBound) {
   EXPECT_LT(r, bound);
   EXPECT_GT(gdiff, 0.0);
   EXPECT_LT(gdiff, 0.1);  // measured 0.031: a few bf16 ulps (2^-8) summed over products; a lost term is ~1
+}
+
+// ---- The latent MoE FFN on XLA (issue #29)
+// -----------------------------------------------------------------
+
+namespace {
+
+// The hybrid without KDA: olmo3moe_tiny's config with 3 layers, every one softmax attention (layer 0 dense
+// SwiGLU, layers 1-2 latent MoE: 16 experts, top-4, latent 32, a shared expert). Its attention layers use the
+// hybrid's features the XLA attention already emits (per-head q/k norms, scalable softmax, the elementwise
+// output gate, no RoPE), with peri-LN and the embedding norm: this tests those on XLA too.
+ModelConfig moe_hybrid() {
+  std::ifstream f(std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3moe_tiny/config.json");
+  nlohmann::json j = nlohmann::json::parse(f);
+  j["num_hidden_layers"] = 3;
+  j["layer_types"] = nlohmann::json::array({"full_attention", "full_attention", "full_attention"});
+  return parse_config(j, "decoder_xla_test moe hybrid");
+}
+
+// Two rows of 12: row 0 packs documents of 5 and 7 tokens, row 1 one of 8 tokens then 4 of padding.
+struct MoeBatch {
+  std::vector<int32_t> tokens, seg, targets;
+  std::vector<uint8_t> trained;
+  MoeBatch() {
+    const int64_t T = 12;
+    const std::vector<std::vector<int64_t>> docs{{5, 7}, {8}};
+    uint32_t rng = 12345;
+    for (const auto& row : docs) {
+      int64_t t = 0;
+      for (size_t d = 0; d < row.size(); ++d)
+        for (int64_t i = 0; i < row[d]; ++i, ++t) {
+          rng = rng * 1664525u + 1013904223u;
+          tokens.push_back(static_cast<int32_t>(2 + (rng >> 8) % 500));
+          seg.push_back(static_cast<int32_t>(d));
+          trained.push_back(i + 1 < row[d] ? 1 : 0);
+        }
+      for (; t < T; ++t) {
+        tokens.push_back(0);
+        seg.push_back(-1);
+        trained.push_back(0);
+      }
+    }
+    targets.assign(tokens.size(), -100);
+    for (size_t i = 0; i + 1 < tokens.size(); ++i)
+      if (trained[i]) targets[i] = tokens[i + 1];
+  }
+  Batch make() const {
+    Batch b;
+    b.B = 2;
+    b.T = 12;
+    b.tokens = tokens.data();
+    b.segments = seg.data();
+    b.targets = targets.data();
+    b.trained = trained.data();
+    return b;
+  }
+};
+
+// XLA vs the CPU backend on the MoE hybrid, random init (same seed: same weights), forward + backward:
+// LossParts sums and per-layer statistics within 1e-5 relative, every gradient within 1e-5 of its
+// tensor's scale (two fp32 implementations: XLA's f32 softmax / reductions and dense experts vs the
+// kernels' double-precision router rows and per-expert grouped GEMMs). Returns the worst gradient gap.
+double compare_moe(const LossConfig& lc, double aux_scale) {
+  const ModelConfig c = moe_hybrid();
+  auto cpu = make_decoder(c, 7);
+  auto x = make_xla_decoder(c, XlaOptions{}, 7);
+  for (size_t i = 0; i < x->params().size(); ++i)
+    EXPECT_EQ(scaled_diff(x->params()[i].value.data<float>(), cpu->params()[i].value.data<float>(),
+                          x->params()[i].value.numel()),
+              0.0)
+        << x->params()[i].name;
+  const MoeBatch mb;
+  const Batch b = mb.make();
+  const double scale = 1.0 / 17.0;  // the trained targets: 4 + 6 + 7
+  const LossParts pc = cpu->forward_backward(b, lc, scale, aux_scale);
+  const LossParts px = x->forward_backward(b, lc, scale, aux_scale);
+  EXPECT_EQ(px.tokens, pc.tokens);
+  EXPECT_EQ(pc.tokens, 17);
+  for (int t : {kLossCe, kLossLmZ, kLossMoeLb, kLossRouterZ}) {
+    std::printf("loss term %d: xla %.9g cpu %.9g (rel %.2g)\n", t, px.sum[t], pc.sum[t],
+                rel(px.sum[t], pc.sum[t]));
+    EXPECT_LT(rel(px.sum[t], pc.sum[t]), kSameRunTol) << "loss term " << t;
+  }
+  EXPECT_GT(pc.sum[kLossCe], 0.0);
+  EXPECT_EQ(px.moe_layers.size(), 2u);
+  EXPECT_EQ(px.moe_layers.size(), pc.moe_layers.size());
+  for (size_t l = 0; l < std::min(px.moe_layers.size(), pc.moe_layers.size()); ++l) {
+    const MoeLayerStats &a = px.moe_layers[l], &r = pc.moe_layers[l];
+    std::printf("moe layer %lld: lb %.9g (cpu %.9g), router_z %.9g (cpu %.9g), rbf %.9g (cpu %.9g)\n",
+                static_cast<long long>(a.layer), a.lb_loss, r.lb_loss, a.router_z, r.router_z,
+                a.required_buffer_factor, r.required_buffer_factor);
+    EXPECT_EQ(a.layer, r.layer);
+    EXPECT_LT(rel(a.lb_loss, r.lb_loss), kSameRunTol);
+    EXPECT_LT(rel(a.router_z, r.router_z), kSameRunTol);
+    EXPECT_LT(rel(a.required_buffer_factor, r.required_buffer_factor), 1e-6);  // integer loads, f32 divide
+    EXPECT_EQ(a.dropped_tokens, 0);
+    EXPECT_EQ(r.dropped_tokens, 0);
+  }
+  double worst = 0;
+  std::string name;
+  for (size_t i = 0; i < x->params().size(); ++i) {
+    const Param& p = x->params()[i];
+    const double d = scaled_diff(p.grad.data<float>(), cpu->params()[i].grad.data<float>(), p.grad.numel());
+    EXPECT_LT(d, kSameRunTol) << p.name;
+    if (d > worst) worst = d, name = p.name;
+  }
+  std::printf("moe hybrid gradients xla vs cpu: worst %.3g of the scale (%s), %zu tensors\n", worst,
+              name.c_str(), x->params().size());
+  // the auxiliary losses move the routers' gradients (when weighted): aux_scale 0 drops that term
+  if (lc.weight[kLossMoeLb] != 0 || lc.weight[kLossRouterZ] != 0) {
+    std::vector<Tensor> g;
+    for (auto& p : x->params()) g.push_back(p.grad.clone()), p.grad.zero();
+    x->forward_backward(b, lc, scale, 0.0);
+    for (size_t i = 0; i < g.size(); ++i) {
+      const Param& p = x->params()[i];
+      if (p.name.find("router") == std::string::npos) continue;
+      const double d = scaled_diff(p.grad.data<float>(), g[i].data<float>(), p.grad.numel());
+      std::printf("%s: the aux term is %.3g of the gradient's scale\n", p.name.c_str(), d);
+      EXPECT_GT(d, 100 * kSameRunTol) << p.name;
+    }
+  }
+  // forward only: the same statistics
+  const LossParts fx_ = x->forward(b, lc, nullptr, nullptr);
+  EXPECT_EQ(fx_.moe_layers.size(), 2u);
+  EXPECT_LT(rel(fx_.sum[kLossCe], pc.sum[kLossCe]), kSameRunTol);
+  if (!fx_.moe_layers.empty()) {
+    EXPECT_LT(rel(fx_.moe_layers[0].lb_loss, pc.moe_layers[0].lb_loss), kSameRunTol);
+  }
+  return worst;
+}
+
+}  // namespace
+
+// Unweighted auxiliary losses (their statistics still reported), aux_scale 1.
+TEST(DecoderXla, MoeHybridMatchesTheCpuBackend) {
+  LossConfig lc;
+  lc.weight[kLossLmZ] = 1e-4;
+  lc.vocab_tile = 128;
+  compare_moe(lc, 1.0);
+}
+
+// The load-balance and router z-losses weighted (large enough to move the router's gradient visibly), their
+// gradients scaled by aux_scale != 1.
+TEST(DecoderXla, MoeHybridAuxLossesMatchTheCpuBackend) {
+  LossConfig lc;
+  lc.weight[kLossLmZ] = 1e-4;
+  lc.weight[kLossMoeLb] = 0.5;
+  lc.weight[kLossRouterZ] = 0.1;
+  lc.vocab_tile = 128;
+  compare_moe(lc, 0.37);
+}
+
+TEST(DecoderXla, MoeCapacityIsRefusedAndTheStepIsDescribed) {
+  const ModelConfig c = moe_hybrid();
+  LossConfig lc;
+  lc.moe_buffer_factor = 1.25;
+  auto x = make_xla_decoder(c, XlaOptions{}, 7);
+  const MoeBatch mb;
+  try {
+    x->forward_backward(mb.make(), lc, 1.0, 1.0);
+    FAIL() << "a capacity limit was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("moe.buffer_factor (capacity) is not emitted by the XLA backend yet"),
+        std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(xla_step_module(c, XlaOptions{}, 2, 12, lc, true), Error);
+  // the exported step names the aux_scale argument and the per-layer statistics results
+  const XlaStepProgram p = xla_step_program(c, XlaOptions{}, 2, 12, LossConfig{});
+  ASSERT_FALSE(p.arguments.empty());
+  EXPECT_EQ(p.arguments.back().name, "aux_scale");
+  ASSERT_GT(p.results.size(), 5u);
+  EXPECT_EQ(p.results[3].name, "moe_stats.1");
+  EXPECT_EQ(p.results[4].name, "moe_stats.2");
+  EXPECT_EQ(p.results[3].dims, std::vector<int64_t>{3});
+  EXPECT_EQ(p.results[5].name.rfind("grad.", 0), 0u);
 }
