@@ -380,10 +380,14 @@ struct MoeBatch {
 // LossParts sums and per-layer statistics within 1e-5 relative, every gradient within 1e-5 of its
 // tensor's scale (two fp32 implementations: XLA's f32 softmax / reductions and dense experts vs the
 // kernels' double-precision router rows and per-expert grouped GEMMs). Returns the worst gradient gap.
-double compare_moe(const LossConfig& lc, double aux_scale) {
+double compare_moe(const LossConfig& lc, double aux_scale, bool zero_routers = false) {
   const ModelConfig c = moe_hybrid();
   auto cpu = make_decoder(c, 7);
   auto x = make_xla_decoder(c, XlaOptions{}, 7);
+  if (zero_routers)  // every p = 1/E: every top-k is a tie, resolved by the lower expert index
+    for (auto* m : {cpu.get(), x.get()})
+      for (auto& p : m->params())
+        if (p.name.find("router") != std::string::npos) p.value.zero();
   for (size_t i = 0; i < x->params().size(); ++i)
     EXPECT_EQ(scaled_diff(x->params()[i].value.data<float>(), cpu->params()[i].value.data<float>(),
                           x->params()[i].value.numel()),
@@ -468,6 +472,16 @@ TEST(DecoderXla, MoeHybridAuxLossesMatchTheCpuBackend) {
   lc.weight[kLossRouterZ] = 0.1;
   lc.vocab_tile = 128;
   compare_moe(lc, 0.37);
+}
+
+// Routers at zero: every token's probabilities tie (p = 1/E on both backends), so the top-k is decided by the
+// tie-break alone (the lower expert index, kernels/moe.h); a different choice would change the experts run.
+TEST(DecoderXla, MoeTopKTiesMatchTheCpuBackend) {
+  LossConfig lc;
+  lc.weight[kLossMoeLb] = 0.01;
+  lc.weight[kLossRouterZ] = 0.001;
+  lc.vocab_tile = 128;
+  compare_moe(lc, 1.0, true);
 }
 
 TEST(DecoderXla, MoeCapacityIsRefusedAndTheStepIsDescribed) {
