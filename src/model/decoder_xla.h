@@ -8,8 +8,9 @@
 // Emitted today: every layer of Olmo 3 (softmax attention with RoPE / YaRN, sliding windows, GQA, q/k norms,
 // SwiGLU, post-norm) and the hybrid's attention features (per-head q/k norms, scalable softmax, the output
 // gate, peri-LN, the embedding norm) and the latent MoE FFN (dense form: every expert on every token,
-// weighted by its routing weight; dropless only, a moe.buffer_factor capacity is refused). KDA layers are
-// refused at construction, naming the layer.
+// weighted by its routing weight; dropless only, a moe.buffer_factor capacity is refused) and KDA (the
+// token-by-token recurrence): every layer of the hybrid. A unit without an Emitted type would be refused
+// at construction, naming the layer (Block::check_emits).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -77,7 +78,7 @@ XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int6
 class XlaDecoder : public CausalLM, public DeviceTraining {
  public:
   // Loads the plugin and creates its client; throws naming the config field when a layer is not emitted
-  // (KDA) or the decoder does not support the config (layers.h).
+  // or the decoder does not support the config (layers.h).
   XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const DecoderOptions& opts = {});
   ~XlaDecoder() override;
   const ModelConfig& config() const override { return config_; }
