@@ -138,6 +138,9 @@ std::string argument_lines(const Args& a, const olmosft::model::ModelConfig& m, 
       for (int32_t x : hb.mask) trained += x;
       const float s = 1.0f / float(hb.mask.empty() ? N : std::max<int64_t>(trained, 1));
       store(&s, 1);
+    } else if (t.name == "aux_scale") {  // MoE models: the auxiliary losses' gradients unscaled
+      const float s = 1.0f;
+      store(&s, 1);
     } else if (t.name == "tokens" || t.name == "targets") {
       os << "randint " << m.vocab_size << " " << seed;
     } else if (t.name == "segments") {

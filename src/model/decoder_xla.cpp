@@ -27,14 +27,19 @@ struct StepKey {
   int64_t B = 0, T = 0;
   bool backward = false, logits = false, logprobs = false;
   bool accumulate = false;  // the gradient sums so far are arguments, donated into the results (device state)
-  double lm_z = 0;
+  double lm_z = 0, moe_lb = 0, router_z = 0;  // the loss weights (the MoE ones read by its backward)
   int64_t vocab_tile = 0;
   auto operator<=>(const StepKey&) const = default;
 };
 
 static StepKey step_key(int64_t B, int64_t T, const LossConfig& loss, bool backward, bool logits,
                         bool logprobs, bool accumulate = false) {
-  return StepKey{B, T, backward, logits, logprobs, accumulate, loss.weight[kLossLmZ], loss.vocab_tile};
+  StepKey k{B, T, backward, logits, logprobs, accumulate};
+  k.lm_z = loss.weight[kLossLmZ];
+  k.moe_lb = loss.weight[kLossMoeLb];
+  k.router_z = loss.weight[kLossRouterZ];
+  k.vocab_tile = loss.vocab_tile;
+  return k;
 }
 
 namespace {
@@ -45,9 +50,24 @@ using xla::Value;
 
 bool uses_ssmax(const ModelConfig& c) { return c.scalable_softmax; }
 
+// The MoE layers' indices, in layer order (one statistics result each; the aux_scale argument if any).
+std::vector<int64_t> moe_layers(const ModelConfig& c) {
+  std::vector<int64_t> l;
+  for (const LayerSpec& s : layer_specs(c))
+    if (s.ffn == FfnKind::Moe) l.push_back(s.index);
+  return l;
+}
+
+// The capacity limit is not emitted (MoeUnit::emit_forward refuses it too; a cached program would not).
+void check_dropless(const ModelConfig& c, const LossConfig& loss) {
+  OLMO_CHECK(loss.moe_buffer_factor <= 0 || moe_layers(c).empty(), c.model_type_name,
+             ": moe.buffer_factor (capacity) is not emitted by the XLA backend yet (got ",
+             loss.moe_buffer_factor, "; only dropless, -1, is); use device: cpu");
+}
+
 // The program's arguments after the parameters (registry order), in this order.
 struct BatchArgs {
-  std::optional<Value> tokens, seg, pos, logpos, targets, mask, scale;
+  std::optional<Value> tokens, seg, pos, logpos, targets, mask, scale, aux;
 };
 
 BatchArgs batch_arguments(xla::HloBuilder& b, const ModelConfig& c, const StepKey& k) {
@@ -60,6 +80,7 @@ BatchArgs batch_arguments(xla::HloBuilder& b, const ModelConfig& c, const StepKe
   a.targets = b.argument(TensorType{ElementType::kS32, {N}});
   a.mask = b.argument(TensorType{ElementType::kS32, {N}});
   if (k.backward) a.scale = b.argument(TensorType{ElementType::kF32, {}});
+  if (k.backward && !moe_layers(c).empty()) a.aux = b.argument(TensorType{ElementType::kF32, {}});
   return a;
 }
 
@@ -81,9 +102,11 @@ void describe_step(const ModelConfig& c, const StepKey& k, const std::vector<Val
   a.push_back({"targets", "s32", {N}});
   a.push_back({"mask", "s32", {N}});
   if (k.backward) a.push_back({"grad_scale", "f32", {}});
+  if (k.backward && !moe_layers(c).empty()) a.push_back({"aux_scale", "f32", {}});
   if (k.accumulate)
     for (const ParamSpec& p : reg) a.push_back({"grad_sum." + p.name, "f32", p.shape});
   std::vector<std::string> names{"ce_sum", "z_sum", "count"};
+  for (int64_t l : moe_layers(c)) names.push_back("moe_stats." + std::to_string(l));
   if (k.logits) names.push_back("logits");
   if (k.logprobs) names.push_back("logprobs");
   if (k.backward)
@@ -92,8 +115,9 @@ void describe_step(const ModelConfig& c, const StepKey& k, const std::vector<Val
     sig->results.push_back(step_tensor(names[i], results[i].type()));
 }
 
-// The whole step as one program: results ce_sum, z_sum, count, [logits], [logprobs], then with the
-// backward one gradient per parameter (registry order).
+// The whole step as one program: results ce_sum, z_sum, count, per MoE layer its statistics (f32 [3]: lb,
+// router_z, required_buffer_factor), [logits], [logprobs], then with the backward one gradient per
+// parameter (registry order).
 std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOptions& xo,
                       const LossConfig& loss, const StepKey& k, XlaStepProgram* sig = nullptr) {
   xla::HloBuilder b("olmosft_step");
@@ -106,6 +130,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
   e.tokens = a.tokens;
   e.seg = a.seg;
   e.logpos = a.logpos;
+  e.aux_scale = a.aux;
   e.operands = xo.bf16 ? xla::ops::Operands::kBF16 : xla::ops::Operands::kF32;
   e.attention_block = xo.attention_block;
   if (uses_rope(u.layers))
@@ -119,6 +144,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
   unit::LmHeadUnit::Emitted sh;
   const xla::ops::XentForward xf = u.head.emit_forward(e, h.back(), *a.targets, *a.mask, sh);
   std::vector<Value> results{xf.ce_sum, xf.z_sum, xf.count};
+  results.insert(results.end(), e.moe_stats.begin(), e.moe_stats.end());
   if (k.logits) results.push_back(u.head.emit_logits(e, sh));
   if (k.logprobs) results.push_back(u.head.emit_logprobs(e, sh));
   if (k.backward) {
@@ -256,6 +282,7 @@ std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t 
                             const LossConfig& loss, bool backward, bool logits, bool logprobs) {
   check_supported(c);
   for (const LayerSpec& s : layer_specs(c)) unit::Block::check_emits(c, s);
+  check_dropless(c, loss);
   OLMO_CHECK(B > 0 && T > 0, c.model_type_name, ": batch must have B > 0 and T > 0 (got B=", B, ", T=", T,
              ")");
   const DecoderUnits units(c, DecoderOptions{});
@@ -266,6 +293,7 @@ XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int6
                                 const LossConfig& loss) {
   check_supported(c);
   for (const LayerSpec& s : layer_specs(c)) unit::Block::check_emits(c, s);
+  check_dropless(c, loss);
   OLMO_CHECK(B > 0 && T > 0, c.model_type_name, ": batch must have B > 0 and T > 0 (got B=", B, ", T=", T,
              ")");
   const DecoderUnits units(c, DecoderOptions{});
@@ -290,9 +318,11 @@ xla::Executable& XlaDecoder::program(const StepKey& key, const LossConfig& loss)
       .first->second;
 }
 
-LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double grad_scale, bool backward,
-                          float* logits, float* logprobs) {
+LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double grad_scale, double aux_scale,
+                          bool backward, float* logits, float* logprobs) {
   const std::string& who = config_.model_type_name;
+  check_dropless(config_, loss);
+  const std::vector<int64_t> moe = moe_layers(config_);
   OLMO_CHECK(batch.B > 0 && batch.T > 0, who, ": batch must have B > 0 and T > 0 (got B=", batch.B,
              ", T=", batch.T, ")");
   OLMO_CHECK(batch.tokens != nullptr, who, ": batch has no tokens");
@@ -320,6 +350,8 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
   args.push_back(cl.to_device(std::span<const int32_t>(hb.mask), {N}));
   const float scale = static_cast<float>(grad_scale);
   if (backward) args.push_back(cl.to_device(std::span<const float>(&scale, 1), {}));
+  const float aux = static_cast<float>(aux_scale);
+  if (backward && !moe.empty()) args.push_back(cl.to_device(std::span<const float>(&aux, 1), {}));
   std::vector<xla::Buffer*> ptrs;
   if (on_device)
     for (auto& b : im.p) ptrs.push_back(&b);
@@ -339,6 +371,18 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
   lp.sum[kLossLmZ] = out[1].to_host<float>()[0];
   lp.tokens = out[2].to_host<int32_t>()[0];
   size_t r = 3;
+  for (int64_t l : moe) {  // as Block::ffn_forward on the CPU
+    const std::vector<float> st = out[r++].to_host<float>();
+    MoeLayerStats ms;
+    ms.layer = l;
+    ms.lb_loss = st[0];
+    ms.router_z = st[1];
+    ms.required_buffer_factor = st[2];
+    ms.dropped_tokens = 0;  // dropless
+    lp.sum[kLossMoeLb] += loss.weight[kLossMoeLb] * ms.lb_loss;
+    lp.sum[kLossRouterZ] += loss.weight[kLossRouterZ] * ms.router_z;
+    lp.moe_layers.push_back(ms);
+  }
   if (logits != nullptr) out[r++].to_host(logits, size_t(N * config_.vocab_size) * sizeof(float));
   if (logprobs != nullptr) out[r++].to_host(logprobs, size_t(N) * sizeof(float));
   if (!backward) return lp;
@@ -430,15 +474,17 @@ void XlaDecoder::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t 
 }
 
 LossParts XlaDecoder::forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,
-                                       double /*aux_scale: no MoE layer is emitted*/) {
+                                       double aux_scale) {
   OLMO_CHECK(batch.targets != nullptr, config_.model_type_name, ": forward_backward needs targets");
   OLMO_CHECK(std::isfinite(grad_scale), config_.model_type_name, ": grad_scale must be finite, got ",
              grad_scale);
-  return run(batch, loss, grad_scale, true, nullptr, nullptr);
+  OLMO_CHECK(std::isfinite(aux_scale), config_.model_type_name, ": aux_scale must be finite, got ",
+             aux_scale);
+  return run(batch, loss, grad_scale, aux_scale, true, nullptr, nullptr);
 }
 
 LossParts XlaDecoder::forward(const Batch& batch, const LossConfig& loss, float* logits, float* logprobs) {
-  return run(batch, loss, 1.0, false, logits, logprobs);
+  return run(batch, loss, 1.0, 1.0, false, logits, logprobs);
 }
 
 std::unique_ptr<CausalLM> make_xla_decoder(const ModelConfig& c, const XlaOptions& xo, uint64_t seed,

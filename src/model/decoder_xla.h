@@ -7,7 +7,10 @@
 //
 // Emitted today: every layer of Olmo 3 (softmax attention with RoPE / YaRN, sliding windows, GQA, q/k norms,
 // SwiGLU, post-norm) and the hybrid's attention features (per-head q/k norms, scalable softmax, the output
-// gate, peri-LN, the embedding norm). KDA and MoE layers are refused at construction, naming the layer.
+// gate, peri-LN, the embedding norm) and the latent MoE FFN (dense form: every expert on every token,
+// weighted by its routing weight; dropless only, a moe.buffer_factor capacity is refused) and KDA (the
+// token-by-token recurrence): every layer of the hybrid. A unit without an Emitted type would be refused
+// at construction, naming the layer (Block::check_emits).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -56,8 +59,9 @@ struct XlaRunStats {
 struct StepKey;  // decoder_xla.cpp: what one compiled step program is for
 
 // A step program with the names and types of its arguments and results, in order: the parameters (HF
-// names, registry order), tokens, segments, positions, [logpos], targets, mask, grad_scale; results ce_sum,
-// z_sum, count, grad.<HF name>... For running the exact program elsewhere (scripts/accel-check.sh).
+// names, registry order), tokens, segments, positions, [logpos], targets, mask, grad_scale, [aux_scale: MoE
+// models]; results ce_sum, z_sum, count, [moe_stats.<layer> per MoE layer], grad.<HF name>... For running the
+// exact program elsewhere (scripts/accel-check.sh).
 struct XlaStepTensor {
   std::string name;
   std::string dtype;  // "f32" or "s32"
@@ -74,7 +78,7 @@ XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int6
 class XlaDecoder : public CausalLM, public DeviceTraining {
  public:
   // Loads the plugin and creates its client; throws naming the config field when a layer is not emitted
-  // (KDA, MoE) or the decoder does not support the config (layers.h).
+  // or the decoder does not support the config (layers.h).
   XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const DecoderOptions& opts = {});
   ~XlaDecoder() override;
   const ModelConfig& config() const override { return config_; }
@@ -106,8 +110,8 @@ class XlaDecoder : public CausalLM, public DeviceTraining {
   struct Impl;
   xla::Executable& program(const StepKey& key, const LossConfig& loss);  // compiled once per key
   xla::Executable compile(const std::string& text);                      // counted in stats_
-  LossParts run(const Batch& batch, const LossConfig& loss, double grad_scale, bool backward, float* logits,
-                float* logprobs);
+  LossParts run(const Batch& batch, const LossConfig& loss, double grad_scale, double aux_scale,
+                bool backward, float* logits, float* logprobs);
   ModelConfig config_;
   DecoderOptions opts_;
   XlaOptions xo_;

@@ -240,8 +240,6 @@ void Block::check_emits(const ModelConfig& c, const LayerSpec& spec) {
   OLMO_CHECK(
       mixer_emits, c.model_type_name, ": layer ", spec.index,
       "'s mixer (linear attention, KDA) is not emitted by the XLA backend yet (issue #29); use device: cpu");
-  OLMO_CHECK(spec.ffn == FfnKind::SwiGlu, c.model_type_name, ": layer ", spec.index,
-             "'s FFN (MoE) is not emitted by the XLA backend yet (issue #29); use device: cpu");
 }
 
 xla::Value Block::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const {
@@ -269,8 +267,7 @@ xla::Value Block::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const {
   s.h_mid = b.add(x, norm(*s.a, post_attn, s.rs_post_attn));
   xla::Value xf = *s.h_mid;
   if (spec.pre_norm) s.x2 = xf = norm(*s.h_mid, pre_ffn, s.rs_pre_ffn);
-  if (spec.ffn != FfnKind::SwiGlu) check_emits(e.c, spec);
-  s.f = mlp.emit_forward(e, xf, s.mlp);
+  s.f = spec.ffn == FfnKind::SwiGlu ? mlp.emit_forward(e, xf, s.mlp) : moe.emit_forward(e, xf, s.moe);
   return b.add(*s.h_mid, norm(*s.f, post_ffn, s.rs_post_ffn));
 }
 
@@ -286,7 +283,9 @@ xla::Value Block::emit_backward(Emit& e, const xla::Value& x, const Emitted& s, 
   };
   // y = h_mid + RMSNorm_post_ffn(f)
   const xla::Value df = norm_back(dy, *s.f, post_ffn, s.rs_post_ffn);
-  const xla::Value dxf = mlp.emit_backward(e, spec.pre_norm ? *s.x2 : *s.h_mid, s.mlp, df);
+  const xla::Value& xf = spec.pre_norm ? *s.x2 : *s.h_mid;
+  const xla::Value dxf =
+      spec.ffn == FfnKind::SwiGlu ? mlp.emit_backward(e, xf, s.mlp, df) : moe.emit_backward(e, xf, s.moe, df);
   const xla::Value dh = b.add(dy, spec.pre_norm ? norm_back(dxf, *s.h_mid, pre_ffn, s.rs_pre_ffn) : dxf);
   // h_mid = x + RMSNorm_post_attn(a)
   const xla::Value da = norm_back(dh, *s.a, post_attn, s.rs_post_attn);

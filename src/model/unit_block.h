@@ -102,9 +102,10 @@ struct Block {
   struct Emitted {
     std::optional<xla::Value> x1, rs_pre_attn, a, rs_post_attn, h_mid, x2, rs_pre_ffn, f, rs_post_ffn;
     MixerEmitted mixer;
-    SwiGluUnit::Emitted mlp;
+    SwiGluUnit::Emitted mlp;  // dense layers
+    MoeUnit::Emitted moe;     // MoE layers
   };
-  // Throws naming the layer and what the XLA backend does not emit yet (a mixer kind without Emitted, MoE).
+  // Throws naming the layer and what the XLA backend does not emit yet (a mixer kind without Emitted).
   static void check_emits(const ModelConfig& c, const LayerSpec& spec);
   xla::Value emit_forward(Emit& e, const xla::Value& x, Emitted& s) const;
   // dy -> dx (returned).

@@ -34,8 +34,12 @@ struct Emit {
   std::optional<xla::Value> seg;                // s32 [B, T] document id, -1 = padding
   std::optional<xla::Value> logpos;             // f32 [N] log(position + 1) (scalable softmax only)
   std::optional<xla::ops::RopeTables> rope[3];  // per RopeKind: [N, head_dim / 2]
+  std::optional<xla::Value> aux_scale;          // f32 scalar: the MoE auxiliary losses' gradient factor
   xla::ops::Operands operands = xla::ops::Operands::kF32;
   int64_t attention_block = 64;  // keys / queries per block of the blockwise attention
+  // Per MoE layer in layer order, appended by MoeUnit::emit_forward: f32 [3] = load-balance loss, router
+  // z-loss (both unweighted), required_buffer_factor (moe::MoeStats; dropless, so no dropped count).
+  std::vector<xla::Value> moe_stats;
 
   const xla::Value& W(int idx) const { return w[static_cast<size_t>(idx)]; }
   bool backward() const { return !g.empty(); }

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "kernels/gemm.h"
 #include "kernels/swiglu.h"
 #include "model/params.h"
@@ -167,6 +168,185 @@ void MoeUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T
   moe_grads(*this, ctx, s.g);
   moe::moe_backward(moe_dims(ctx), s.w, s.g, x, s.cache, df, ctx.aux_scale * ctx.loss->weight[kLossMoeLb],
                     ctx.aux_scale * ctx.loss->weight[kLossRouterZ], dx);
+}
+
+// ---- XLA: the latent MoE in dense form (unit_ffn.h) ------------------------------------------------------
+
+namespace {
+
+using xla::Compare;
+using xla::ElementType;
+using xla::TensorType;
+using xla::Value;
+
+// The routed weights' factor: weight_mult * k (moe_dims).
+double moe_weight_scale(const ModelConfig& c) {
+  double m = 1.0;
+  if (c.original_num_experts_per_tok && *c.original_num_experts_per_tok != c.num_experts_per_tok)
+    m = std::sqrt(static_cast<double>(*c.original_num_experts_per_tok) /
+                  static_cast<double>(c.num_experts_per_tok));
+  return m * static_cast<double>(c.num_experts_per_tok);
+}
+
+// [N] -> [N, E] (each row its token's value), or [E] -> [N, E] (each row the same).
+Value rows(Emit& e, const Value& v, int64_t E) { return e.b.broadcast_in_dim(v, {e.N, E}, {0}); }
+Value cols(Emit& e, const Value& v) { return e.b.broadcast_in_dim(v, {e.N, v.type().dims[0]}, {1}); }
+Value f32(xla::HloBuilder& b, double v) { return b.scalar(ElementType::kF32, v); }
+
+// The top-k mask [N, E] of P (1 = selected) by K rounds of argmax; ties go to the lower expert index (the
+// kernel's partial_sort order). No sort op: each round takes the row max, the first index that holds it
+// (max over E - index of the hits), and masks it out (p >= 0, so -1 is below every candidate).
+Value topk_mask(Emit& e, const Value& p, int64_t E, int64_t k) {
+  auto& b = e.b;
+  const TensorType ti{ElementType::kS32, {e.N, E}};
+  const Value rev = b.sub(b.constant(ti, static_cast<double>(E)), b.iota(ti, 1));  // E - e
+  const Value zero_i = b.constant(ti, 0), one = b.constant(p.type(), 1), below = b.constant(p.type(), -1);
+  Value work = p, sel = b.constant(p.type(), 0);
+  for (int64_t j = 0; j < k; ++j) {
+    const Value hit = b.compare(work, rows(e, b.reduce_max(work, {1}), E), Compare::kEq);
+    const Value first = b.reduce_max(b.select(hit, rev, zero_i), {1});  // E - the first hit's index
+    const Value pick = b.compare(rev, rows(e, first, E), Compare::kEq);
+    sel = b.select(pick, one, sel);
+    work = b.select(pick, below, work);
+  }
+  return sel;
+}
+
+// Router softmax, top-k, routing weights and the layer's statistics (moe_forward's router half).
+void emit_router(Emit& e, const MoeUnit& u, const Value& x, MoeUnit::Emitted& s) {
+  auto& b = e.b;
+  const ModelConfig& c = e.c;
+  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+  const Value seg = b.reshape(*e.seg, {e.N});
+  const Value valid = b.convert(b.compare(seg, b.constant(seg.type(), 0), Compare::kGe), ElementType::kF32);
+  // the router in f32 always (the kernel's Precision::Exact), on the full-width x
+  const Value logits = xla::ops::linear_forward(b, x, e.W(u.router));
+  const Value m = b.reduce_max(logits, {1});
+  const Value lse = b.add(m, b.log(b.reduce_sum(b.exp(b.sub(logits, rows(e, m, E))), {1})));
+  const Value p = b.mul(b.exp(b.sub(logits, rows(e, lse, E))), rows(e, valid, E));
+  const Value sel = b.mul(topk_mask(e, p, E, k), rows(e, valid, E));
+  const Value ps = b.mul(p, sel);
+  // the sum of the selected p; 1 on padding rows (no selection there) so that nothing divides by 0
+  const Value ssum = b.add(b.reduce_sum(ps, {1}), b.sub(b.constant(valid.type(), 1), valid));
+  s.valid = valid, s.p = p, s.lse = lse, s.sel = sel, s.ssum = ssum;
+  s.wts = b.mul(b.constant(ps.type(), moe_weight_scale(c)), b.div(ps, rows(e, ssum, E)));
+  // LB = (E/k) sum_e c_e sum_t p_te / N_r^2,  Z = sum_t lse_t^2 / N_r,  rbf = max_e c_e / (N_r k / E)
+  const Value loads = b.reduce_sum(sel, {0});
+  const Value nr = b.max(b.reduce_sum(valid, {0}), f32(b, 1));
+  s.loads = loads, s.nr = nr;
+  const Value lb =
+      b.div(b.mul(f32(b, double(E) / double(k)), b.reduce_sum(b.mul(loads, b.reduce_sum(p, {0})), {0})),
+            b.mul(nr, nr));
+  const Value rz = b.div(b.reduce_sum(b.mul(valid, b.mul(lse, lse)), {0}), nr);
+  const Value rbf = b.div(b.reduce_max(loads, {0}), b.mul(nr, f32(b, double(k) / double(E))));
+  e.moe_stats.push_back(b.concatenate({b.reshape(lb, {1}), b.reshape(rz, {1}), b.reshape(rbf, {1})}, 0));
+}
+
+// The experts' weights stacked: gate / up [E*F, Lt] (rows e*F..), down [Lt, E*F] (columns e*F..).
+struct Stacked {
+  Value g, u, d;
+};
+Stacked stack_experts(Emit& e, const MoeUnit& m) {
+  std::vector<Value> g, u, d;
+  for (size_t i = 0; i < m.eg.size(); ++i) {
+    g.push_back(e.W(m.eg[i]));
+    u.push_back(e.W(m.eu[i]));
+    d.push_back(e.W(m.ed[i]));
+  }
+  return {e.b.concatenate(g, 0), e.b.concatenate(u, 0), e.b.concatenate(d, 1)};
+}
+
+// The routing weights [N, E] spread over each expert's F hidden columns: [N, E*F].
+Value spread(Emit& e, const Value& w, int64_t E, int64_t F) {
+  return e.b.reshape(e.b.broadcast_in_dim(w, {e.N, E, F}, {0, 1}), {e.N, E * F});
+}
+
+SwiGluUnit shared_unit(const MoeUnit& u, const ModelConfig& c) {
+  SwiGluUnit s;
+  s.gate = u.sh_g, s.up = u.sh_u, s.down = u.sh_d;
+  s.hidden = c.shared_expert_intermediate_size;
+  return s;
+}
+
+}  // namespace
+
+xla::Value MoeUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const {
+  namespace ops = xla::ops;
+  auto& b = e.b;
+  const ModelConfig& c = e.c;
+  OLMO_CHECK(e.loss.moe_buffer_factor <= 0, c.model_type_name,
+             ": moe.buffer_factor (capacity) is not emitted by the XLA backend yet (got ",
+             e.loss.moe_buffer_factor, "; only dropless, -1, is); use device: cpu");
+  const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size;
+  emit_router(e, *this, x, s);
+  const Value z = ldown >= 0 ? ops::linear_forward(b, x, e.W(ldown), e.operands) : x;
+  s.z = z;
+  // dense experts: every expert on every token, weighted by the routing weight (0 when not selected)
+  const Stacked w = stack_experts(e, *this);
+  s.a = ops::linear_forward(b, z, w.g, e.operands);
+  s.b = ops::linear_forward(b, z, w.u, e.operands);
+  const Value hw = b.mul(ops::swiglu_forward(b, *s.a, *s.b), spread(e, *s.wts, E, F));
+  s.r = ops::linear_forward(b, hw, w.d, e.operands);
+  Value out = lup >= 0 ? ops::linear_forward(b, *s.r, e.W(lup), e.operands) : *s.r;
+  if (sh_g >= 0) out = b.add(out, shared_unit(*this, c).emit_forward(e, x, s.shared));
+  return out;
+}
+
+xla::Value MoeUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s,
+                                  const xla::Value& df) const {
+  namespace ops = xla::ops;
+  auto& b = e.b;
+  const ModelConfig& c = e.c;
+  const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size, k = c.num_experts_per_tok;
+  const int64_t Lt = s.z->type().dims[1];
+  OLMO_CHECK(e.aux_scale.has_value(), c.model_type_name, ": the MoE backward needs Emit::aux_scale");
+  Value dx = sh_g >= 0 ? shared_unit(*this, c).emit_backward(e, x, s.shared, df) : b.constant(x.type(), 0);
+  Value dr = df;
+  if (lup >= 0) {
+    const ops::LinearBackward l = ops::linear_backward(b, df, *s.r, e.W(lup), e.operands);
+    e.grad(lup, l.dw);
+    dr = l.dx;
+  }
+  // r = (H * W) D^T with H = swiglu(A, B), recomputed
+  const Stacked w = stack_experts(e, *this);
+  const Value h = ops::swiglu_forward(b, *s.a, *s.b), wf = spread(e, *s.wts, E, F);
+  const ops::LinearBackward ld = ops::linear_backward(b, dr, b.mul(h, wf), w.d, e.operands);
+  const Value dw = b.reduce_sum(b.reshape(b.mul(ld.dx, h), {e.N, E, F}), {2});  // d routing weight [N, E]
+  const ops::SwigluBackward sb = ops::swiglu_backward(b, b.mul(ld.dx, wf), *s.a, *s.b);
+  const ops::LinearBackward lg = ops::linear_backward(b, sb.da, *s.z, w.g, e.operands);
+  const ops::LinearBackward lu = ops::linear_backward(b, sb.db, *s.z, w.u, e.operands);
+  for (int64_t i = 0; i < E; ++i) {
+    e.grad(eg[size_t(i)], b.slice(lg.dw, {i * F, 0}, {(i + 1) * F, Lt}));
+    e.grad(eu[size_t(i)], b.slice(lu.dw, {i * F, 0}, {(i + 1) * F, Lt}));
+    e.grad(ed[size_t(i)], b.slice(ld.dw, {0, i * F}, {Lt, (i + 1) * F}));
+  }
+  const Value dz = b.add(lg.dx, lu.dx);
+  if (ldown >= 0) {
+    const ops::LinearBackward l = ops::linear_backward(b, dz, x, e.W(ldown), e.operands);
+    e.grad(ldown, l.dw);
+    dx = b.add(dx, l.dx);
+  } else {
+    dx = b.add(dx, dz);
+  }
+  // Router (moe_backward): through the selected p's L1 normalisation, the load-balance and the z-loss.
+  const Value lb_coef = b.mul(*e.aux_scale, f32(b, e.loss.weight[kLossMoeLb]));
+  const Value z_coef = b.mul(*e.aux_scale, f32(b, e.loss.weight[kLossRouterZ]));
+  const Value nr2 = b.mul(*s.nr, *s.nr);
+  const Value lbg =
+      b.mul(b.broadcast_in_dim(b.div(b.mul(lb_coef, f32(b, double(E) / double(k))), nr2), {E}, {}),
+            *s.loads);  // [E]
+  const Value dwm = b.mul(dw, *s.sel), ss = rows(e, *s.ssum, E);
+  const Value dws = rows(e, b.reduce_sum(b.mul(dwm, *s.p), {1}), E);
+  const Value route = b.mul(b.mul(b.constant(s.sel->type(), moe_weight_scale(c)), *s.sel),
+                            b.sub(b.div(dwm, ss), b.div(dws, b.mul(ss, ss))));
+  const Value dp = b.add(b.mul(cols(e, lbg), rows(e, *s.valid, E)), route);
+  const Value dot = b.reduce_sum(b.mul(dp, *s.p), {1});
+  const Value zc = b.div(b.mul(b.broadcast_in_dim(b.mul(z_coef, f32(b, 2)), {e.N}, {}), *s.lse),
+                         b.broadcast_in_dim(*s.nr, {e.N}, {}));
+  const Value dlog = b.mul(*s.p, b.add(b.sub(dp, rows(e, dot, E)), rows(e, zc, E)));
+  const ops::LinearBackward lr = ops::linear_backward(b, dlog, x, e.W(router));
+  e.grad(router, lr.dw);
+  return b.add(dx, lr.dx);
 }
 
 #define OLMOSFT_FFN_UNITS(T)                                                                            \

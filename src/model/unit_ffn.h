@@ -95,6 +95,26 @@ struct MoeUnit {
   // df -> dx (ACCUMULATED); the auxiliary losses' gradients use ctx.loss coefficients * ctx.aux_scale.
   template <typename T>
   void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx) const;
+
+  // XLA (unit_emit.h), the same math as moe::moe_forward / moe_backward in DENSE form: every routed expert
+  // runs on every token (its three GEMMs batched over the experts as one [N, E*F] GEMM each) and its output
+  // is weighted by the token's routing weight, 0 for an expert the token did not select; top-k is k rounds
+  // of argmax (ties: the lower expert index, as the kernel). Correct and simple, E/k times the expert FLOPs
+  // of a sparse dispatch; expert-parallel / sparse (grouped) dispatch is future work. Dropless only: a
+  // capacity (LossConfig::moe_buffer_factor > 0) is refused. Appends the layer's statistics to
+  // Emit::moe_stats; the backward reads Emit::aux_scale.
+  struct Emitted {
+    std::optional<xla::Value> valid;      // f32 [N] 1 = routed token (segment >= 0)
+    std::optional<xla::Value> p, lse;     // router softmax [N, E] (0 rows for padding), logsumexp [N]
+    std::optional<xla::Value> sel, ssum;  // top-k mask [N, E] (0 / 1), sum of the selected p [N]
+    std::optional<xla::Value> wts;        // routing weights [N, E]
+    std::optional<xla::Value> loads, nr;  // c_e [E], max(routed tokens, 1) (f32 scalar)
+    std::optional<xla::Value> z, a, b;    // latent input [N, Lt]; expert gate / up pre-activations [N, E*F]
+    std::optional<xla::Value> r;          // routed output before the latent up projection [N, Lt]
+    SwiGluUnit::Emitted shared;
+  };
+  xla::Value emit_forward(Emit& e, const xla::Value& x, Emitted& s) const;
+  xla::Value emit_backward(Emit& e, const xla::Value& x, const Emitted& s, const xla::Value& df) const;
 };
 
 }  // namespace olmosft::model::unit
