@@ -252,7 +252,7 @@ TEST(KdaXla, DocumentBoundaryResetsTheState) {
 
 // Through the whole decoder: Block dispatches a mixer with an `Emitted` type to its emit_* (EmitsXla,
 // unit_block.h), so a hybrid of KDA layers with dense FFNs runs on XLA with nothing else changed. The fixture
-// cut to its layer 0 (KDA + the dense SwiGLU; the other layers' MoE is not emitted yet) on the fixture batch
+// cut to its layer 0 (KDA + the dense SwiGLU; the whole fixture is in decoder_xla_test) on the fixture batch
 // (128 tokens): the CE sum and every gradient against the CPU backend, bound 1e-5 (docs/numerics.md "Two
 // fp32 backends"). Measured: CE 2.0e-8 relative, gradients at most 5.6e-6 of the scale (q_proj; embed_tokens
 // 3.3e-6, the rest <= 3.4e-6). The CPU's chunked and recurrent forms are <= 2.4e-6 apart (printed) and XLA
