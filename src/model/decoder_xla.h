@@ -1,9 +1,10 @@
 // The decoder on XLA (recipe `device: xla`, docs/xla.md "The decoder on XLA"): the same layer list and the
 // same units as Decoder (model/decoder_units.h), each EMITTING its forward and backward as StableHLO
 // (model/unit_emit.h) into one program per batch shape, compiled once by a PJRT plugin (xla/pjrt.h: XLA's
-// CPU plugin in `make test`, its CUDA plugin, libtpu) and run on every call. Parameters stay fp32 masters
-// on the host in registry order, as for the CPU backend, so checkpoints, export and the optimizer are the
-// same; each call copies them to the device and adds the program's gradients into Param::grad.
+// CPU plugin in `make test`, its CUDA plugin, libtpu) and run on every call. Parameters are fp32 masters in
+// registry order, as for the CPU backend, so checkpoints and the export are the same files. The trainer keeps
+// parameters, gradient sums and AdamW moments on the device between steps (DeviceTraining, below); used on its
+// own, each call copies the parameters in and adds the program's gradients into Param::grad.
 //
 // Emitted today: every layer of Olmo 3 (softmax attention with RoPE / YaRN, sliding windows, GQA, q/k norms,
 // SwiGLU, post-norm) and the hybrid's attention features (per-head q/k norms, scalable softmax, the output
