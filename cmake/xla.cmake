@@ -46,3 +46,7 @@ cmake_language(DEFER CALL add_dependencies xla_aot_test xla_fake_plugin_minor)
 # build (tests/xla-accel) builds the same file without the CPU libraries.
 add_executable(xla_step_run ${CMAKE_SOURCE_DIR}/tests/xla-accel/xla_step_run.cpp)
 target_link_libraries(xla_step_run PRIVATE olmosft_lib)
+# The libtpu ahead-of-time compile test (opt-in libtpu, so not registered with ctest): run by
+# scripts/tpu-compile-check.sh after `install-deps.sh --tpu`.
+add_executable(xla_libtpu_test ${CMAKE_SOURCE_DIR}/tests/xla-accel/xla_libtpu_test.cpp)
+target_link_libraries(xla_libtpu_test PRIVATE olmosft_lib GTest::gtest GTest::gtest_main)
