@@ -278,24 +278,29 @@ XlaDecoder::~XlaDecoder() = default;
 std::string XlaDecoder::platform() const { return impl_->client.platform_name(); }
 size_t XlaDecoder::device_count() const { return impl_->client.device_count(); }
 
-std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
-                            const LossConfig& loss, bool backward, bool logits, bool logprobs) {
+namespace {
+
+// What xla_step_module / xla_step_program check before emitting (what XlaDecoder checks when built).
+void check_step(const ModelConfig& c, const LossConfig& loss, int64_t B, int64_t T) {
   check_supported(c);
   for (const LayerSpec& s : layer_specs(c)) unit::Block::check_emits(c, s);
   check_dropless(c, loss);
   OLMO_CHECK(B > 0 && T > 0, c.model_type_name, ": batch must have B > 0 and T > 0 (got B=", B, ", T=", T,
              ")");
+}
+
+}  // namespace
+
+std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
+                            const LossConfig& loss, bool backward, bool logits, bool logprobs) {
+  check_step(c, loss, B, T);
   const DecoderUnits units(c, DecoderOptions{});
   return emit_step(c, units, xo, loss, step_key(B, T, loss, backward, logits, logprobs));
 }
 
 XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
                                 const LossConfig& loss) {
-  check_supported(c);
-  for (const LayerSpec& s : layer_specs(c)) unit::Block::check_emits(c, s);
-  check_dropless(c, loss);
-  OLMO_CHECK(B > 0 && T > 0, c.model_type_name, ": batch must have B > 0 and T > 0 (got B=", B, ", T=", T,
-             ")");
+  check_step(c, loss, B, T);
   const DecoderUnits units(c, DecoderOptions{});
   XlaStepProgram p;
   p.text = emit_step(c, units, xo, loss, step_key(B, T, loss, true, false, false), &p);

@@ -16,20 +16,12 @@
 using namespace olmosft;
 using namespace olmosft::xla;
 using testutil::error_of;
+using testutil::kAlias;
+using testutil::kArgBytes;
+using testutil::kDotModule;
+using testutil::kOutBytes;
 
 namespace {
-
-// [64, 32] x [32, 16] -> [64, 16] f32 plus the first argument's [64, 32] doubled and returned in place of it
-// (aliased to output 1): 10,240 argument bytes, 12,288 output bytes of which 8,192 may reuse argument 0.
-const char* kDotModule = R"(module @dot {
-  func.func public @main(%arg0: tensor<64x32xf32> {tf.aliasing_output = 1 : i32}, %arg1: tensor<32x16xf32>) -> (tensor<64x16xf32>, tensor<64x32xf32>) {
-    %0 = "stablehlo.dot_general"(%arg0, %arg1) {dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>} : (tensor<64x32xf32>, tensor<32x16xf32>) -> tensor<64x16xf32>
-    %1 = "stablehlo.add"(%arg0, %arg0) : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
-    "func.return"(%0, %1) : (tensor<64x16xf32>, tensor<64x32xf32>) -> ()
-  }
-})";
-constexpr int64_t kArgBytes = (64 * 32 + 32 * 16) * 4, kOutBytes = (64 * 16 + 64 * 32) * 4,
-                  kAlias = 64 * 32 * 4;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
