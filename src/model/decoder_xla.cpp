@@ -436,6 +436,18 @@ void XlaDecoder::download(const std::vector<float*>& values, const std::vector<f
   }
 }
 
+void XlaDecoder::all_reduce_grads(const std::function<void(float* data, int64_t n)>& sum) {
+  Impl& im = *impl_;
+  OLMO_CHECK(!im.g.empty(), config_.model_type_name, ": all_reduce_grads with no gradient sum on the device");
+  std::vector<float> host;
+  for (xla::Buffer& g : im.g) {
+    host.resize(static_cast<size_t>(g.type().elements()));
+    g.to_host(host.data(), host.size() * sizeof(float));
+    sum(host.data(), static_cast<int64_t>(host.size()));
+    g = im.client.to_device(std::span<const float>(host), g.type().dims);
+  }
+}
+
 double XlaDecoder::grad_norm() {
   Impl& im = *impl_;
   OLMO_CHECK(!im.g.empty(), config_.model_type_name, ": grad_norm with no gradient sum on the device");

@@ -3,8 +3,8 @@
 // (model/unit_emit.h) into one program per batch shape, compiled once by a PJRT plugin (xla/pjrt.h: XLA's
 // CPU plugin in `make test`, its CUDA plugin, libtpu) and run on every call. Parameters are fp32 masters in
 // registry order, as for the CPU backend, so checkpoints and the export are the same files. The trainer keeps
-// parameters, gradient sums and AdamW moments on the device between steps (DeviceTraining, below); used on its
-// own, each call copies the parameters in and adds the program's gradients into Param::grad.
+// parameters, gradient sums and AdamW moments on the device between steps (DeviceTraining, below); used on
+// its own, each call copies the parameters in and adds the program's gradients into Param::grad.
 //
 // Emitted today: every layer of Olmo 3 (softmax attention with RoPE / YaRN, sliding windows, GQA, q/k norms,
 // SwiGLU, post-norm) and the hybrid's attention features (per-head q/k norms, scalable softmax, the output
@@ -14,6 +14,7 @@
 // at construction, naming the layer (Block::check_emits).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +99,8 @@ class XlaDecoder : public CausalLM, public DeviceTraining {
               const std::vector<const float*>& exp_avg_sq) override;
   void download(const std::vector<float*>& values, const std::vector<float*>& exp_avg,
                 const std::vector<float*>& exp_avg_sq) override;
+  // Downloads each gradient sum, sums it across processes and uploads the result (once per step).
+  void all_reduce_grads(const std::function<void(float* data, int64_t n)>& sum) override;
   double grad_norm() override;
   // The update program: clip (ops::clip_grad_norm, the norm in f32) + AdamW (ops::adamw_update) with the
   // parameters and moments donated; compiled once per (betas, eps, max_norm), the LR and step an argument.

@@ -78,9 +78,9 @@ struct ParamResidency {
 // the device"): the parameters, the current step's gradient sum and the AdamW moments. While a model holds
 // it (after upload), its forward_backward adds each leaf's gradients into the device's sum and leaves
 // Param::grad alone, and its forward reads the device's parameters. The host copy (the trainer's master)
-// changes only by download. The trainer (one process): upload after loading or resuming; per step the
-// leaves' forward_backward, grad_norm, clip_and_step (which consumes the sum); download before every
-// checkpoint and at the end of the run.
+// changes only by download. The trainer: upload after loading or resuming; per step the leaves'
+// forward_backward, with several processes (dist.mode dp) all_reduce_grads, then grad_norm and clip_and_step
+// (which consumes the sum); download before every checkpoint and at the end of the run.
 class DeviceTraining {
  public:
   virtual ~DeviceTraining() = default;
@@ -89,6 +89,9 @@ class DeviceTraining {
                       const std::vector<const float*>& exp_avg_sq) = 0;
   virtual void download(const std::vector<float*>& values, const std::vector<float*>& exp_avg,
                         const std::vector<float*>& exp_avg_sq) = 0;
+  // With several processes (data parallel): the step's gradient sum summed across them by SUM (in place over
+  // n floats; the trainer passes its communicator's all-reduce), so that every process updates alike.
+  virtual void all_reduce_grads(const std::function<void(float* data, int64_t n)>& sum) = 0;
   // The global norm of the step's gradient sum (no sum yet: an error).
   virtual double grad_norm() = 0;
   // Clip to max_norm (> 0) and one AdamW update with cfg's LR at 1-based step `step`; consumes the sum.

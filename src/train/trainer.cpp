@@ -331,9 +331,10 @@ void Run::setup() {
   log_ =
       std::make_unique<RunLog>(run_dir_, start_, d.steps, cfg_.log.every, cfg_.log.tensorboard, rank_ == 0);
   ckpt_ = std::make_unique<Checkpointer>(cfg_, shards_->params(), ckpt_root_, ds.dir(), manifest_sha, out_);
-  // A model that can hold the training state on its device (device: xla) does, with one process; several
-  // processes reduce the gradients on the host (dist.mode dp), so their models keep the host path.
-  if (world_ == 1 && model_.device_training() != nullptr) {
+  // A model that can hold the training state on its device (device: xla) does; with several processes
+  // (dist.mode dp: every process holds the whole model) it sums the step's gradients across them once per
+  // step.
+  if (mode_ == dist::ShardMode::Replicated && model_.device_training() != nullptr) {
     dt_ = model_.device_training();
     upload_state(*dt_, shards_->params(), model_);
     out_ << "DEVICE-STATE parameters, gradient sums and AdamW moments on the model's device from step "
@@ -361,6 +362,8 @@ bool Run::step(const StepContext& ctx, int64_t s) {
              ", the data holds ", o.total);
   const StepLosses l = step_losses(o.parts, o.total, leaves_, lc_.weight);
   dist::ShardedParams& master = shards_->params();
+  if (dt_ != nullptr && world_ > 1)  // collective: the leaves' sums of every rank, added
+    dt_->all_reduce_grads([&](float* data, int64_t n) { comm_.all_reduce_sum(data, n); });
   const double gnorm = dt_ ? dt_->grad_norm() : master.grad_norm();  // collective; the same on every rank
   if (!std::isfinite(l.loss) || !std::isfinite(gnorm)) {
     out_ << "NAN-GUARD step=" << s << " loss=" << l.loss << " grad_norm=" << gnorm

@@ -4,7 +4,8 @@
 # bit (8 leaves of 1 row per step; docs/dist.md); the hybrid fixture likewise in ZeRO-3 on 2 processes.
 # SIGTERM to ONE rank of 4 stops every rank after the same step with one checkpoint (exit 143); resuming it
 # on 2 processes in the other mode continues exactly as the uninterrupted run. A SIGKILLed rank ends the job
-# non-zero within seconds. Skips (visibly) when mpirun is not installed.
+# non-zero within seconds. device: xla on 2 processes (data parallel, the state on each device) within 1e-5
+# of 1 process. Skips (visibly) when mpirun is not installed.
 set -u
 bin=$1
 dir=$2
@@ -75,6 +76,19 @@ check "zero3 with whole-model gathering (dist.gather=step) and model.remat=attn 
   "[ $rc -eq 0 ] && same zs2 ref && grep -q '^DIST mode=zero3 processes=2 comm=mpi gather=whole-model' '$dir/zs2.out' && grep -q 'gather=per-layer' '$dir/zero32.out'"
 check "one LOSS-PARTS line per step (rank 0 only) and the mode in the preflight" \
   "[ \$(grep -c '^LOSS-PARTS' '$dir/zero34.out') -eq 3 ] && grep -q 'processes=4 dist_mode=zero3 leaves_per_step=8' '$dir/zero34.out'"
+
+# device: xla with 2 processes (dist.mode dp): each keeps the training state on its XLA device and the step's
+# gradient sums are all-reduced once per step (docs/xla.md). Not bit-identical to 1 process (each rank adds
+# its leaves on the device, then the ranks are added; one process adds all 8 leaves in the program), so the
+# per-step CE is compared within 1e-5 relative (docs/numerics.md "Two fp32 backends"); measured: equal to the
+# 6 printed decimals.
+"$bin" train "$dir/recipe.yaml" run_name=xla1 device=xla >"$dir/xla1.out" 2>"$dir/xla1.err"; rc1=$?
+mpi 2 train "$dir/recipe.yaml" run_name=xla2 device=xla >"$dir/xla2.out" 2>"$dir/xla2.err"; rc2=$?
+ce_of() { sed -n 's/^LOSS-PARTS step=\([0-9]*\) ce=\([0-9.]*\).*/\1 \2/p' "$dir/$1.out"; }
+check "device xla on 2 processes: the state on each device (DEVICE-STATE), 3 steps within 1e-5 of 1 process" \
+  "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ \$(grep -c '^DEVICE-STATE ' '$dir/xla2.out') -eq 1 ] &&
+   paste <(ce_of xla1) <(ce_of xla2) <(ce_of ref) | awk '{ n++; d = \$2 - \$4; if (d < 0) d = -d; e = \$6 - \$2; if (e < 0) e = -e
+     if (d / \$2 > 1e-5 || e / \$2 > 1e-5) bad++ } END { exit !(n == 3 && bad == 0) }'"
 
 # The hybrid (KDA + MoE): MoE loss parts included.
 hy=(model.init="$G/model/olmo3moe_tiny" loss.moe_lb=0.01 loss.router_z=0.001 steps=2)
