@@ -61,39 +61,48 @@ int64_t numel(const std::vector<int64_t>& d) {
   return n;
 }
 
-// The batch: the file's arrays (input_ids, segment_ids, position_ids, targets, loss_mask as the fixtures
-// write them) or, without one, one document per row with every target trained.
-struct HostBatch {
-  std::vector<int32_t> tokens, seg, pos, targets, mask;
+// The batch arguments: from the file's arrays (input_ids, segment_ids, position_ids, targets, loss_mask as
+// the fixtures write them), derived and checked as XlaDecoder does (model::xla_step_batch); without a file,
+// one document per row of generated tokens (the manifest's ids and positions), of which only the
+// log-positions are computed here (a scalable-softmax model's logpos argument).
+struct BatchArrays {
+  olmosft::model::XlaStepBatch b;
+  bool from_file = false;
 };
 
-HostBatch read_batch(const Args& a, int64_t V) {
-  HostBatch h;
+BatchArrays read_batch(const Args& a, const olmosft::model::ModelConfig& m) {
   const int64_t N = a.batch * a.seq;
-  if (a.batch_file.empty()) return h;
-  auto r = olmosft::safetensors::Reader::open(a.batch_file);
-  auto ints = [&](const char* name) {
-    olmosft::Tensor t = r->copy(name);
-    OLMO_CHECK(t.numel() == N, a.batch_file, ": ", name, " has ", t.numel(),
-               " elements, expected B x T = ", N);
-    std::vector<int32_t> v(static_cast<size_t>(N));
-    for (int64_t i = 0; i < N; ++i)
-      v[size_t(i)] = t.dtype() == olmosft::DType::U8 ? t.data<uint8_t>()[i] : t.data<int32_t>()[i];
-    return v;
-  };
-  h.tokens = ints("input_ids");
-  h.seg = ints("segment_ids");
-  h.pos = ints("position_ids");
-  h.targets = ints("targets");
-  h.mask = ints("loss_mask");
-  for (int64_t i = 0; i < N; ++i) {
-    OLMO_CHECK(h.tokens[size_t(i)] >= 0 && h.tokens[size_t(i)] < V, a.batch_file, ": token ",
-               h.tokens[size_t(i)], " at ", i, " is outside the vocabulary [0, ", V, ")");
-    const bool trained = h.mask[size_t(i)] != 0 && h.targets[size_t(i)] != -100 && h.seg[size_t(i)] >= 0;
-    h.mask[size_t(i)] = trained ? 1 : 0;
-    if (!trained) h.targets[size_t(i)] = 0;  // as XlaDecoder passes them: in range, masked
+  std::vector<int32_t> tokens(size_t(N), 0), seg(size_t(N), 0), pos, targets(size_t(N), 0);
+  std::vector<uint8_t> trained(size_t(N), 1);
+  BatchArrays out;
+  if (!a.batch_file.empty()) {
+    auto r = olmosft::safetensors::Reader::open(a.batch_file);
+    auto ints = [&](const char* name) {
+      olmosft::Tensor t = r->copy(name);
+      OLMO_CHECK(t.numel() == N, a.batch_file, ": ", name, " has ", t.numel(),
+                 " elements, expected B x T = ", N);
+      std::vector<int32_t> v(static_cast<size_t>(N));
+      for (int64_t i = 0; i < N; ++i)
+        v[size_t(i)] = t.dtype() == olmosft::DType::U8 ? t.data<uint8_t>()[i] : t.data<int32_t>()[i];
+      return v;
+    };
+    tokens = ints("input_ids");
+    seg = ints("segment_ids");
+    pos = ints("position_ids");
+    targets = ints("targets");
+    const std::vector<int32_t> mask = ints("loss_mask");
+    trained.assign(mask.begin(), mask.end());
+    out.from_file = true;
   }
-  return h;
+  const olmosft::model::Batch b{
+      a.batch,        a.seq,         tokens.data(), seg.data(), pos.empty() ? nullptr : pos.data(),
+      targets.data(), trained.data()};
+  try {
+    out.b = olmosft::model::xla_step_batch(m, olmosft::model::DecoderOptions{}, b);
+  } catch (const olmosft::Error& e) {  // a bad batch file: name it
+    throw olmosft::Error(a.batch_file + ": " + e.what());
+  }
+  return out;
 }
 
 template <typename T>
@@ -107,7 +116,8 @@ void write_raw(const fs::path& p, const T* data, int64_t n) {
 std::string argument_lines(const Args& a, const olmosft::model::ModelConfig& m, const XlaStepProgram& p,
                            const fs::path& dir, std::vector<std::vector<char>>* host) {
   std::ostringstream os;
-  const HostBatch hb = read_batch(a, m.vocab_size);
+  const BatchArrays ba = read_batch(a, m);
+  const olmosft::model::XlaStepBatch& hb = ba.b;
   std::unique_ptr<olmosft::model::HfModel> weights;
   if (!a.model.empty())
     weights = std::make_unique<olmosft::model::HfModel>(olmosft::model::load_hf_dir(a.model));
@@ -131,12 +141,14 @@ std::string argument_lines(const Args& a, const olmosft::model::ModelConfig& m, 
       std::vector<float> w(size_t(numel(t.dims)));
       weights->read_f32(t.name, 0, int64_t(w.size()), w.data());  // fp32 whatever the stored dtype
       store(w.data(), int64_t(w.size()));
-    } else if (auto it = batch.find(t.name); it != batch.end() && !it->second->empty()) {
+    } else if (auto it = batch.find(t.name); it != batch.end() && ba.from_file) {
       store(it->second->data(), N);
+    } else if (t.name == "logpos") {  // from the file's batch, or the generated one's positions
+      store(hb.logpos.data(), N);
     } else if (t.name == "grad_scale") {
       int64_t trained = 0;
       for (int32_t x : hb.mask) trained += x;
-      const float s = 1.0f / float(hb.mask.empty() ? N : std::max<int64_t>(trained, 1));
+      const float s = 1.0f / float(ba.from_file ? std::max<int64_t>(trained, 1) : N);
       store(&s, 1);
     } else if (t.name == "aux_scale") {  // MoE models: the auxiliary losses' gradients unscaled
       const float s = 1.0f;

@@ -166,32 +166,6 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
   return b.module();
 }
 
-// The host arrays of one call, in BatchArgs order.
-struct HostBatch {
-  std::vector<int32_t> tokens, seg, pos, targets, mask;
-  std::vector<float> logpos;
-  std::vector<uint8_t> valid;
-};
-
-HostBatch host_batch(const ModelConfig& c, const DecoderOptions& o, const Batch& b) {
-  const size_t N = static_cast<size_t>(b.B * b.T);
-  HostBatch h;
-  h.tokens.assign(b.tokens, b.tokens + N);
-  h.seg.resize(N);
-  h.pos.resize(N);
-  h.valid.resize(N);
-  h.logpos.resize(N);
-  batch_token_arrays(c, o, b, h.seg.data(), h.valid.data(), h.pos.data(), h.logpos.data());
-  std::vector<uint8_t> mask(N);
-  h.targets.resize(N);
-  unit::LmHeadUnit::trained_targets(c, b, h.valid.data(), h.targets.data(), mask.data());
-  h.mask.assign(mask.begin(), mask.end());
-  // the graph gathers the target's row (logprobs): an untrained position's id must be in range
-  for (size_t i = 0; i < N; ++i)
-    if (h.mask[i] == 0) h.targets[i] = 0;
-  return h;
-}
-
 // The global norm of the gradient sums: one f32 scalar (the CPU sums its squares in double).
 std::string emit_grad_norm(const std::vector<ParamSpec>& reg) {
   xla::HloBuilder b("olmosft_grad_norm");
@@ -245,6 +219,23 @@ struct AddSeconds {
 };
 
 }  // namespace
+
+XlaStepBatch xla_step_batch(const ModelConfig& c, const DecoderOptions& o, const Batch& b) {
+  const size_t N = static_cast<size_t>(b.B * b.T);
+  XlaStepBatch h;
+  h.tokens.assign(b.tokens, b.tokens + N);
+  h.seg.resize(N);
+  h.pos.resize(N);
+  h.logpos.resize(N);
+  std::vector<uint8_t> valid(N), mask(N);
+  batch_token_arrays(c, o, b, h.seg.data(), valid.data(), h.pos.data(), h.logpos.data());
+  h.targets.resize(N);
+  unit::LmHeadUnit::trained_targets(c, b, valid.data(), h.targets.data(), mask.data());
+  h.mask.assign(mask.begin(), mask.end());
+  for (size_t i = 0; i < N; ++i)
+    if (h.mask[i] == 0) h.targets[i] = 0;
+  return h;
+}
 
 struct XlaDecoder::Impl {
   DecoderUnits units;
@@ -331,7 +322,7 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
   OLMO_CHECK(batch.B > 0 && batch.T > 0, who, ": batch must have B > 0 and T > 0 (got B=", batch.B,
              ", T=", batch.T, ")");
   OLMO_CHECK(batch.tokens != nullptr, who, ": batch has no tokens");
-  const HostBatch hb = host_batch(config_, opts_, batch);
+  const XlaStepBatch hb = xla_step_batch(config_, opts_, batch);
   Impl& im = *impl_;
   const bool on_device = !im.p.empty(), accumulate = backward && !im.g.empty();
   xla::Executable& exe = program(

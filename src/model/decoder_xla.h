@@ -77,6 +77,16 @@ struct XlaStepProgram {
 XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
                                 const LossConfig& loss);
 
+// The batch arguments of a step program (tokens, segments, positions, logpos, targets, mask), derived from a
+// batch as on the CPU backend: batch_token_arrays' segments, positions and log-positions and
+// LmHeadUnit::trained_targets' mask, with the targets 0 where untrained (the program gathers the target's
+// row: an id in range, masked). Throws as they do on a bad batch (token ids, segment layout, targets).
+struct XlaStepBatch {
+  std::vector<int32_t> tokens, seg, pos, targets, mask;
+  std::vector<float> logpos;
+};
+XlaStepBatch xla_step_batch(const ModelConfig& c, const DecoderOptions& o, const Batch& b);
+
 class XlaDecoder : public CausalLM, public DeviceTraining {
  public:
   // Loads the plugin and creates its client; throws naming the config field when a layer is not emitted

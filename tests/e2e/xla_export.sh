@@ -50,6 +50,20 @@ check "a missing argument file is refused naming it (exit 2)" "[ $rc -eq 2 ] && 
 grep '^XLA-STEP' "$dir/random.out"
 check "a random-weight export runs and prints tokens/s and MFU (no expected results)" \
   "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -Eq '^XLA-STEP .* layers 1 .* tokens_per_s=[0-9.]+ tflops=[0-9.]+ mfu=0\\.[0-9]+' '$dir/random.out' && ! grep -q '^RESULT' '$dir/random.out'"
+python3 - "$G/model/olmo3_tiny/batch.safetensors" "$dir/bad_batch.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+start = 8 + n + h["input_ids"]["data_offsets"][0]
+out = bytearray(b)
+struct.pack_into("<i", out, start + 4 * 5, 999999)  # row 0, position 5: outside the 512-entry vocabulary
+open(sys.argv[2], "wb").write(bytes(out))
+PY
+"$bin" xla export --model "$G/model/olmo3_tiny" --batch-file "$dir/bad_batch.safetensors" --batch 2 --seq 128 \
+  --out "$dir/badbatch" >/dev/null 2>"$dir/badbatch.err"; rc=$?
+check "a batch file with a token outside the vocabulary is refused naming the file, row and position (exit 2)" \
+  "[ $rc -eq 2 ] && grep -q 'bad_batch.safetensors: olmo3: token id 999999 at row 0, position 5' '$dir/badbatch.err'"
 "$bin" xla export --config olmo3-tiny --seq 64 --expect --out "$dir/refused" >/dev/null 2>"$dir/refused.err"; rc=$?
 check "--expect with random weights is refused (exit 2)" "[ $rc -eq 2 ] && grep -q 'needs every argument from files' '$dir/refused.err'"
 echo "$pass passed, $fails failed"
