@@ -59,6 +59,12 @@ std::vector<int64_t> moe_layers(const ModelConfig& c) {
 }
 
 // The capacity limit is not emitted (MoeUnit::emit_forward refuses it too; a cached program would not).
+// The config runs on the decoder and every layer is emitted (names the field / layer otherwise).
+void check_emitted(const ModelConfig& c) {
+  check_supported(c);
+  for (const LayerSpec& s : layer_specs(c)) unit::Block::check_emits(c, s);
+}
+
 void check_dropless(const ModelConfig& c, const LossConfig& loss) {
   OLMO_CHECK(loss.moe_buffer_factor <= 0 || moe_layers(c).empty(), c.model_type_name,
              ": moe.buffer_factor (capacity) is not emitted by the XLA backend yet (got ",
@@ -70,49 +76,32 @@ struct BatchArgs {
   std::optional<Value> tokens, seg, pos, logpos, targets, mask, scale, aux;
 };
 
-BatchArgs batch_arguments(xla::HloBuilder& b, const ModelConfig& c, const StepKey& k) {
-  const int64_t N = k.B * k.T;
-  BatchArgs a;
-  a.tokens = b.argument(TensorType{ElementType::kS32, {N}});
-  a.seg = b.argument(TensorType{ElementType::kS32, {k.B, k.T}});
-  a.pos = b.argument(TensorType{ElementType::kS32, {N}});
-  if (uses_ssmax(c)) a.logpos = b.argument(TensorType{ElementType::kF32, {N}});
-  a.targets = b.argument(TensorType{ElementType::kS32, {N}});
-  a.mask = b.argument(TensorType{ElementType::kS32, {N}});
-  if (k.backward) a.scale = b.argument(TensorType{ElementType::kF32, {}});
-  if (k.backward && !moe_layers(c).empty()) a.aux = b.argument(TensorType{ElementType::kF32, {}});
-  return a;
-}
-
 XlaStepTensor step_tensor(std::string name, const TensorType& t) {
   return {std::move(name), t.type == ElementType::kS32 ? "s32" : "f32", t.dims};
 }
 
-// The names and types of a step program's arguments and results, in order (batch_arguments' order).
-void describe_step(const ModelConfig& c, const StepKey& k, const std::vector<Value>& results,
-                   XlaStepProgram* sig) {
-  const std::vector<ParamSpec> reg = param_registry(c);
+// The step's arguments as they are made, named for XlaStepProgram (sig null: not recorded).
+struct StepArgs {
+  xla::HloBuilder& b;
+  XlaStepProgram* sig;
+  Value add(const std::string& name, const TensorType& t, std::optional<int> alias = std::nullopt) {
+    if (sig != nullptr) sig->arguments.push_back(step_tensor(name, t));
+    return b.argument(t, alias);
+  }
+};
+
+BatchArgs batch_arguments(StepArgs& args, const ModelConfig& c, const StepKey& k) {
   const int64_t N = k.B * k.T;
-  auto& a = sig->arguments;
-  for (const ParamSpec& p : reg) a.push_back({p.name, "f32", p.shape});
-  a.push_back({"tokens", "s32", {N}});
-  a.push_back({"segments", "s32", {k.B, k.T}});
-  a.push_back({"positions", "s32", {N}});
-  if (uses_ssmax(c)) a.push_back({"logpos", "f32", {N}});
-  a.push_back({"targets", "s32", {N}});
-  a.push_back({"mask", "s32", {N}});
-  if (k.backward) a.push_back({"grad_scale", "f32", {}});
-  if (k.backward && !moe_layers(c).empty()) a.push_back({"aux_scale", "f32", {}});
-  if (k.accumulate)
-    for (const ParamSpec& p : reg) a.push_back({"grad_sum." + p.name, "f32", p.shape});
-  std::vector<std::string> names{"ce_sum", "z_sum", "count"};
-  for (int64_t l : moe_layers(c)) names.push_back("moe_stats." + std::to_string(l));
-  if (k.logits) names.push_back("logits");
-  if (k.logprobs) names.push_back("logprobs");
-  if (k.backward)
-    for (const ParamSpec& p : reg) names.push_back("grad." + p.name);
-  for (size_t i = 0; i < results.size(); ++i)
-    sig->results.push_back(step_tensor(names[i], results[i].type()));
+  BatchArgs a;
+  a.tokens = args.add("tokens", TensorType{ElementType::kS32, {N}});
+  a.seg = args.add("segments", TensorType{ElementType::kS32, {k.B, k.T}});
+  a.pos = args.add("positions", TensorType{ElementType::kS32, {N}});
+  if (uses_ssmax(c)) a.logpos = args.add("logpos", TensorType{ElementType::kF32, {N}});
+  a.targets = args.add("targets", TensorType{ElementType::kS32, {N}});
+  a.mask = args.add("mask", TensorType{ElementType::kS32, {N}});
+  if (k.backward) a.scale = args.add("grad_scale", TensorType{ElementType::kF32, {}});
+  if (k.backward && !moe_layers(c).empty()) a.aux = args.add("aux_scale", TensorType{ElementType::kF32, {}});
+  return a;
 }
 
 // The whole step as one program: results ce_sum, z_sum, count, per MoE layer its statistics (f32 [3]: lb,
@@ -121,10 +110,11 @@ void describe_step(const ModelConfig& c, const StepKey& k, const std::vector<Val
 std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOptions& xo,
                       const LossConfig& loss, const StepKey& k, XlaStepProgram* sig = nullptr) {
   xla::HloBuilder b("olmosft_step");
+  StepArgs args{b, sig};
   const std::vector<ParamSpec> reg = param_registry(c);
   std::vector<Value> w;
-  for (const ParamSpec& p : reg) w.push_back(b.argument(TensorType{ElementType::kF32, p.shape}));
-  const BatchArgs a = batch_arguments(b, c, k);
+  for (const ParamSpec& p : reg) w.push_back(args.add(p.name, TensorType{ElementType::kF32, p.shape}));
+  const BatchArgs a = batch_arguments(args, c, k);
   unit::Emit e(b, c, loss, w, k.B, k.T);
   if (k.backward) e.g.resize(reg.size());
   e.tokens = a.tokens;
@@ -143,26 +133,34 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
   for (size_t l = 0; l < u.blocks.size(); ++l) h.push_back(u.blocks[l].emit_forward(e, h[l], saved[l]));
   unit::LmHeadUnit::Emitted sh;
   const xla::ops::XentForward xf = u.head.emit_forward(e, h.back(), *a.targets, *a.mask, sh);
-  std::vector<Value> results{xf.ce_sum, xf.z_sum, xf.count};
-  results.insert(results.end(), e.moe_stats.begin(), e.moe_stats.end());
-  if (k.logits) results.push_back(u.head.emit_logits(e, sh));
-  if (k.logprobs) results.push_back(u.head.emit_logprobs(e, sh));
+  std::vector<std::pair<std::string, Value>> results{
+      {"ce_sum", xf.ce_sum}, {"z_sum", xf.z_sum}, {"count", xf.count}};
+  const std::vector<int64_t> moe = moe_layers(c);  // e.moe_stats: one per MoE layer, in layer order
+  for (size_t i = 0; i < moe.size(); ++i)
+    results.push_back({"moe_stats." + std::to_string(moe[i]), e.moe_stats[i]});
+  if (k.logits) results.push_back({"logits", u.head.emit_logits(e, sh)});
+  if (k.logprobs) results.push_back({"logprobs", u.head.emit_logprobs(e, sh)});
   if (k.backward) {
     // the sums so far, each donated into its result (argument i -> result first_grad + i)
     std::vector<Value> sums;
     const int first_grad = static_cast<int>(results.size());
     if (k.accumulate)
-      for (size_t i = 0; i < reg.size(); ++i) sums.push_back(b.argument(w[i].type(), first_grad + int(i)));
+      for (size_t i = 0; i < reg.size(); ++i)
+        sums.push_back(args.add("grad_sum." + reg[i].name, w[i].type(), first_grad + int(i)));
     Value dh = u.head.emit_backward(e, h.back(), sh, *a.scale);
     for (size_t l = u.blocks.size(); l-- > 0;) dh = u.blocks[l].emit_backward(e, h[l], saved[l], dh);
     u.embed.emit_backward(e, se, dh);
     for (size_t i = 0; i < reg.size(); ++i) {
       const Value g = e.g[i] ? *e.g[i] : b.constant(w[i].type(), 0.0);
-      results.push_back(k.accumulate ? b.add(sums[i], g) : g);
+      results.push_back({"grad." + reg[i].name, k.accumulate ? b.add(sums[i], g) : g});
     }
   }
-  b.returns(results);
-  if (sig != nullptr) describe_step(c, k, results, sig);
+  std::vector<Value> values;
+  for (const auto& [name, v] : results) {
+    values.push_back(v);
+    if (sig != nullptr) sig->results.push_back(step_tensor(name, v.type()));
+  }
+  b.returns(values);
   return b.module();
 }
 
@@ -256,8 +254,7 @@ struct XlaDecoder::Impl {
 
 XlaDecoder::XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const DecoderOptions& opts)
     : config_(c), opts_(opts), xo_(xo) {
-  check_supported(c);
-  for (const LayerSpec& s : layer_specs(c)) unit::Block::check_emits(c, s);
+  check_emitted(c);
   OLMO_CHECK(xo.attention_block > 0, "xla: attention_block must be > 0, got ", xo.attention_block);
   OLMO_CHECK(xo.cpu_devices > 0, "xla.cpu_devices must be > 0, got ", xo.cpu_devices);
   params_ = allocate_params(c);
@@ -273,8 +270,7 @@ namespace {
 
 // What xla_step_module / xla_step_program check before emitting (what XlaDecoder checks when built).
 void check_step(const ModelConfig& c, const LossConfig& loss, int64_t B, int64_t T) {
-  check_supported(c);
-  for (const LayerSpec& s : layer_specs(c)) unit::Block::check_emits(c, s);
+  check_emitted(c);
   check_dropless(c, loss);
   OLMO_CHECK(B > 0 && T > 0, c.model_type_name, ": batch must have B > 0 and T > 0 (got B=", B, ", T=", T,
              ")");
