@@ -102,13 +102,16 @@ void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T*
                         int64_t chunk = 64);
 
 // ---------------------------------------------------------------------------------------------------------
-// 5. Gated output RMSNorm (fla FusedRMSNormGated, activation "sigmoid"): for each of the N rows (token,
-//    head) of length D:  y = o * rsqrt(mean(o^2) + eps) * w * sigmoid(z). w: [D] shared by all heads.
-//    eps = linear_norm_eps (1e-5). Backward: do, dz written; dw accumulated.
+// 5. Gated output RMSNorm (fla FusedRMSNormGated): for each of the N rows (token, head) of length D:
+//      y = o * rsqrt(mean(o^2) + eps) * w * act(z),   act = sigmoid (KDA) or silu(z) = z sigmoid(z) (GDN).
+//    w: [D] shared by all heads. eps = 1e-5. act'(z): sigmoid s(1-s); silu s(1 + z(1-s)).
+//    Backward: do, dz written; dw accumulated.
+enum class GateAct { Sigmoid, Silu };
 template <typename T>
-void kda_output_norm_forward(const T* o, const T* z, const T* w, int64_t N, int64_t D, T eps, T* y);
+void kda_output_norm_forward(const T* o, const T* z, const T* w, int64_t N, int64_t D, T eps, T* y,
+                             GateAct act = GateAct::Sigmoid);
 template <typename T>
 void kda_output_norm_backward(const T* o, const T* z, const T* w, const T* dy, int64_t N, int64_t D, T eps,
-                              T* dout, T* dz, T* dw);
+                              T* dout, T* dz, T* dw, GateAct act = GateAct::Sigmoid);
 
 }  // namespace olmosft::kda

@@ -86,7 +86,9 @@ void kda_beta_backward(const T* b, const T* dbeta, int64_t n, bool allow_neg_eig
 }
 
 template <typename T>
-void kda_output_norm_forward(const T* o, const T* z, const T* w, int64_t N, int64_t D, T eps, T* y) {
+void kda_output_norm_forward(const T* o, const T* z, const T* w, int64_t N, int64_t D, T eps, T* y,
+                             GateAct act) {
+  const bool silu = act == GateAct::Silu;
   parallel_for(
       N,
       [&](int64_t lo, int64_t hi) {
@@ -95,17 +97,21 @@ void kda_output_norm_forward(const T* o, const T* z, const T* w, int64_t N, int6
           T ss = 0;
           for (int64_t i = 0; i < D; ++i) ss += orow[i] * orow[i];
           const T r = T(1) / std::sqrt(ss / T(D) + eps);
-          for (int64_t i = 0; i < D; ++i) y[n * D + i] = orow[i] * r * w[i] * sigmoid(z[n * D + i]);
+          for (int64_t i = 0; i < D; ++i) {
+            const T zi = z[n * D + i];
+            y[n * D + i] = orow[i] * r * w[i] * (silu ? zi * sigmoid(zi) : sigmoid(zi));
+          }
         }
       },
       64);
 }
 
-// nh = o r, a = nh w, y = a s(z):  dz = dy a s(1-s);  da = dy s;  dw += da nh;
+// nh = o r, a = nh w, y = a act(z):  dz = dy a act'(z);  da = dy act(z);  dw += da nh;
 // dnh = da w;  do = r (dnh - nh mean(dnh nh)).
 template <typename T>
 void kda_output_norm_backward(const T* o, const T* z, const T* w, const T* dy, int64_t N, int64_t D, T eps,
-                              T* dout, T* dz, T* dw) {
+                              T* dout, T* dz, T* dw, GateAct act) {
+  const bool silu = act == GateAct::Silu;
   // dw partial sums over a fixed blocking of the rows (independent of the thread count and of which thread
   // finishes first), added to dw in block order: bit-identical results from run to run. (Adding per-thread
   // partials under a mutex in arrival order made dw, which accumulates across micro-batches, differ in the
@@ -124,11 +130,11 @@ void kda_output_norm_backward(const T* o, const T* z, const T* w, const T* dy, i
         T dot = 0;
         for (int64_t i = 0; i < D; ++i) {
           const int64_t k = n * D + i;
-          const T s = sigmoid(z[k]);
+          const T zk = z[k], s = sigmoid(zk);
           const T nh = orow[i] * r;
           const T a = nh * w[i];
-          dz[k] = dy[k] * a * s * (T(1) - s);
-          const T da = dy[k] * s;
+          dz[k] = silu ? dy[k] * a * (s * (T(1) + zk * (T(1) - s))) : dy[k] * a * s * (T(1) - s);
+          const T da = dy[k] * (silu ? zk * s : s);
           dwl[i] += da * nh;
           dnh[i] = da * w[i];
           dot += dnh[i] * nh;
@@ -148,9 +154,9 @@ void kda_output_norm_backward(const T* o, const T* z, const T* w, const T* dy, i
                                      T*, T*);                                                                \
   template void kda_beta_forward<T>(const T*, int64_t, bool, T*);                                            \
   template void kda_beta_backward<T>(const T*, const T*, int64_t, bool, T*);                                 \
-  template void kda_output_norm_forward<T>(const T*, const T*, const T*, int64_t, int64_t, T, T*);           \
+  template void kda_output_norm_forward<T>(const T*, const T*, const T*, int64_t, int64_t, T, T*, GateAct);  \
   template void kda_output_norm_backward<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, T, T*, \
-                                            T*, T*);
+                                            T*, T*, GateAct);
 OLMOSFT_KDA_GATE(float)
 OLMOSFT_KDA_GATE(double)
 #undef OLMOSFT_KDA_GATE

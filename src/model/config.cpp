@@ -69,8 +69,10 @@ struct Obj {
     if (!j.at(k).is_null()) return true;
     // transformers' configs map None to the default themselves for these (e.g. Olmo3Config:
     // num_key_value_heads None -> num_attention_heads).
-    static const std::set<std::string> kNoneIsDefault = {"num_key_value_heads", "head_dim",
-                                                         "attention_hidden_size"};
+    static const std::set<std::string> kNoneIsDefault = {"num_key_value_heads",    "head_dim",
+                                                         "attention_hidden_size",  "linear_num_key_heads",
+                                                         "linear_num_value_heads", "linear_key_head_dim",
+                                                         "linear_value_head_dim"};
     if (!null_is_default && !kNoneIsDefault.count(k))
       fail(ctx, ": key '", k,
            "' is null; olmosft does not read null as the default (transformers would use None, a different "
@@ -239,8 +241,14 @@ void parse_rope_settings(ModelConfig& c, const Obj& o) {
 std::vector<LayerType> parse_layer_types(const Obj& o, const ModelConfig& c) {
   std::vector<LayerType> out;
   const std::string k = "layer_types";
+  const bool hybrid = c.model_type == ModelType::OlmoHybrid;
   if (!o.has(k)) {
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      if (hybrid) {  // HF: full_attention where i % 4 == 3 (the last layer when none is), else linear
+        const bool full = i % 4 == 3 || (c.num_hidden_layers < 4 && i == c.num_hidden_layers - 1);
+        out.push_back(full ? LayerType::FullAttention : LayerType::LinearAttention);
+        continue;
+      }
       // HF defaults: olmo3 (i+1) % 4 != 0 -> sliding; olmo3moe (i+1) % 2 != 0 -> sliding.
       int64_t period = c.is_moe() ? 2 : 4;
       out.push_back((i + 1) % period != 0 ? LayerType::SlidingAttention : LayerType::FullAttention);
@@ -251,18 +259,20 @@ std::vector<LayerType> parse_layer_types(const Obj& o, const ModelConfig& c) {
   OLMO_CHECK(v.is_array(), o.ctx, ": key 'layer_types' must be an array of strings");
   OLMO_CHECK(static_cast<int64_t>(v.size()) == c.num_hidden_layers, o.ctx, ": 'layer_types' has ", v.size(),
              " entries but num_hidden_layers is ", c.num_hidden_layers);
+  const char* expected = hybrid       ? "linear_attention, full_attention (olmo_hybrid has no sliding window)"
+                         : c.is_moe() ? "sliding_attention, full_attention, linear_attention"
+                                      : "sliding_attention, full_attention";
   for (size_t i = 0; i < v.size(); ++i) {
     std::string s = v[i].is_string() ? v[i].get<std::string>() : v[i].dump();
-    if (s == "sliding_attention")
+    if (s == "sliding_attention" && !hybrid)
       out.push_back(LayerType::SlidingAttention);
     else if (s == "full_attention")
       out.push_back(LayerType::FullAttention);
-    else if (s == "linear_attention" && c.is_moe())
+    else if (s == "linear_attention" && (c.is_moe() || hybrid))
       out.push_back(LayerType::LinearAttention);
     else
       fail(o.ctx, ": layer_types[", i, "] = ", io::json_excerpt(v[i]), " is not supported for ",
-           c.model_type_name, " (expected sliding_attention, full_attention",
-           c.is_moe() ? ", linear_attention" : "", ")");
+           c.model_type_name, " (expected ", expected, ")");
   }
   return out;
 }
@@ -289,9 +299,10 @@ void read_shared(const Obj& o, ModelConfig& c) {
   c.hidden_act = o.string("hidden_act", "silu");
   OLMO_CHECK(c.hidden_act == "silu", context, ": key 'hidden_act' is '", c.hidden_act,
              "', only 'silu' is supported");
-  c.rms_norm_eps = o.number("rms_norm_eps", 1e-5);
+  const bool hybrid = c.model_type == ModelType::OlmoHybrid;  // OlmoHybridConfig's own defaults
+  c.rms_norm_eps = o.number("rms_norm_eps", hybrid ? 1e-6 : 1e-5);
   OLMO_CHECK(c.rms_norm_eps > 0, context, ": key 'rms_norm_eps' must be positive");
-  c.max_position_embeddings = o.positive("max_position_embeddings", 2048);
+  c.max_position_embeddings = o.positive("max_position_embeddings", hybrid ? 65536 : 2048);
   c.tie_word_embeddings = o.boolean("tie_word_embeddings", false);
   c.attention_bias = o.boolean("attention_bias", false);
   OLMO_CHECK(!c.attention_bias, context,
@@ -325,6 +336,12 @@ void read_token_ids(const Obj& o, ModelConfig& c) {
   }
   if (o.has("bos_token_id")) c.bos_token_id = token_id("bos_token_id", j.at("bos_token_id"));
   if (o.has("pad_token_id")) c.pad_token_id = token_id("pad_token_id", j.at("pad_token_id"));
+  if (c.model_type == ModelType::OlmoHybrid) {
+    // OlmoHybridConfig's defaults when the key is absent (an explicit null means none); a vocabulary too
+    // small for them (test models) leaves them unset.
+    if (!j.contains("eos_token_id") && c.vocab_size > 100257) c.eos_token_ids = {100257};
+    if (!j.contains("pad_token_id") && c.vocab_size > 100277) c.pad_token_id = 100277;
+  }
 }
 
 // torch_dtype / dtype (they must agree when both are given).
@@ -386,6 +403,44 @@ void read_kda(const Obj& o, ModelConfig& c) {
     c.linear_key_head_dim = o.req_positive("linear_key_head_dim");
     c.linear_value_head_dim = o.req_positive("linear_value_head_dim");
   }
+}
+
+// olmo_hybrid: RoPE is off exactly when rope_theta is null (transformers: rope_parameters["rope_theta"] is
+// None; OLMo-core writes a top-level "rope_theta": null). Absent, it is 10000 (RoPE on).
+bool olmo_hybrid_nope(const Obj& o) {
+  const json& j = o.j;
+  if (j.contains("rope_parameters") && j.at("rope_parameters").is_object()) {
+    const json& rp = j.at("rope_parameters");
+    if (rp.contains("rope_theta")) return rp.at("rope_theta").is_null();
+  }
+  return j.contains("rope_theta") && j.at("rope_theta").is_null();
+}
+
+// olmo_hybrid: the dense SwiGLU, the attention heads and the Gated DeltaNet layers, with OlmoHybridConfig's
+// defaults (linear heads = num_attention_heads, dk = int(0.75 hidden / heads), dv = 2 dk, conv 4,
+// allow_neg_eigval true). Its init-only keys (linear_a_log_*, linear_dt_*) are not read.
+void read_olmo_hybrid(const Obj& o, ModelConfig& c) {
+  const std::string& ctx = o.ctx;
+  c.intermediate_size = o.req_positive("intermediate_size");
+  c.head_dim = o.positive("head_dim", c.hidden_size / c.num_attention_heads);
+  check_heads(c, o, c.hidden_size, "hidden_size");
+  c.linear_num_key_heads = o.positive("linear_num_key_heads", c.num_attention_heads);
+  c.linear_num_value_heads = o.positive("linear_num_value_heads", c.num_attention_heads);
+  OLMO_CHECK(c.linear_num_value_heads == c.linear_num_key_heads, ctx, ": linear_num_value_heads (",
+             c.linear_num_value_heads, ") differs from linear_num_key_heads (", c.linear_num_key_heads,
+             "): grouped value heads (GVA) are not supported (the released Olmo Hybrid has equal counts)");
+  const auto dk = static_cast<int64_t>(
+      std::floor(0.75 * static_cast<double>(c.hidden_size) / static_cast<double>(c.linear_num_key_heads)));
+  c.linear_key_head_dim = o.positive("linear_key_head_dim", dk);
+  c.linear_value_head_dim = o.positive("linear_value_head_dim", 2 * c.linear_key_head_dim);
+  c.linear_conv_kernel_dim = o.positive("linear_conv_kernel_dim", 4);
+  c.linear_allow_neg_eigval = o.boolean("linear_allow_neg_eigval", true);
+  c.linear_norm_eps = 1e-5;  // the gated output norm's (FLA FusedRMSNormGated's), not rms_norm_eps
+  bool linear = false, full = false;
+  for (LayerType t : c.layer_types) (t == LayerType::LinearAttention ? linear : full) = true;
+  OLMO_CHECK(linear && full, ctx,
+             ": layer_types must hold at least one linear_attention and one full_attention layer (as "
+             "OlmoHybridConfig requires)");
 }
 
 // olmo3moe: routed and shared experts, latent projection, dense layers, gating.
@@ -499,8 +554,14 @@ ModelConfig parse_config(const json& j, const std::string& context) {
   } else {
     c.sliding_window = o.integer("sliding_window", 4096);
   }
-  parse_rope_settings(c, o);
-
+  if (c.model_type == ModelType::OlmoHybrid && olmo_hybrid_nope(o))
+    c.use_rope = false;
+  else
+    parse_rope_settings(c, o);
+  if (c.model_type == ModelType::OlmoHybrid) {
+    read_olmo_hybrid(o, c);
+    return c;
+  }
   if (!c.is_moe()) {
     c.intermediate_size = o.req_positive("intermediate_size");
     c.head_dim = o.positive("head_dim", c.hidden_size / c.num_attention_heads);
@@ -546,7 +607,17 @@ std::string config_summary(const ModelConfig& c) {
     if (counts[t]) os << counts[t] << " " << layer_type_name(static_cast<LayerType>(t)) << "  ";
   }
   os << "\n";
-  if (!c.is_moe()) {
+  if (c.model_type == ModelType::OlmoHybrid) {
+    os << "intermediate_size   " << c.intermediate_size << "\n"
+       << "GDN                 heads " << c.linear_num_key_heads << ", dk " << c.linear_key_head_dim
+       << ", dv " << c.linear_value_head_dim << ", conv " << c.linear_conv_kernel_dim << ", allow_neg_eigval "
+       << (c.linear_allow_neg_eigval ? "true" : "false") << "\n"
+       << "rope (full)         ";
+    if (c.use_rope)
+      os << c.rope_full.rope_type << ", theta " << c.rope_full.rope_theta << "\n";
+    else
+      os << "none (NoPE: rope_theta null)\n";
+  } else if (!c.is_moe()) {
     os << "intermediate_size   " << c.intermediate_size << "\n"
        << "sliding_window      " << c.sliding_window << "\n"
        << "rope (full)         " << c.rope_full.rope_type << ", theta " << c.rope_full.rope_theta;

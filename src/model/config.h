@@ -1,7 +1,8 @@
-// Model configuration: an HF config.json ("olmo3" = Olmo 3, "olmo3moe" = Olmo 3.5 hybrid KDA + latent MoE)
-// parsed into a validated ModelConfig (docs/reference/architecture.md A.1, B.1). Defaults are the HF
-// configuration classes' defaults, except that the size-defining keys are required (see docs/io.md). The
-// original JSON object is kept so that writing the config back changes only what must change.
+// Model configuration: an HF config.json ("olmo3" = Olmo 3, "olmo3moe" = Olmo 3.5 hybrid KDA + latent MoE,
+// "olmo_hybrid" = Olmo Hybrid 7B, Gated DeltaNet + attention, docs/olmo_hybrid.md) parsed into a validated
+// ModelConfig (docs/reference/architecture.md A.1, B.1). Defaults are the HF configuration classes' defaults,
+// except that the size-defining keys are required (see docs/io.md). The original JSON object is kept so that
+// writing the config back changes only what must change.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -13,7 +14,7 @@
 
 namespace olmosft::model {
 
-enum class ModelType { Olmo3, Olmo3Moe };
+enum class ModelType { Olmo3, Olmo3Moe, OlmoHybrid };
 enum class LayerType { SlidingAttention, FullAttention, LinearAttention };
 const char* layer_type_name(LayerType t);  // HF spelling: sliding_attention, full_attention, linear_attention
 
@@ -31,7 +32,7 @@ struct RopeParams {
 
 struct ModelConfig {
   ModelType model_type = ModelType::Olmo3;
-  std::string model_type_name;  // "olmo3" / "olmo3moe"
+  std::string model_type_name;  // "olmo3" / "olmo3moe" / "olmo_hybrid"
   // Shared.
   int64_t vocab_size = 0, hidden_size = 0, num_hidden_layers = 0;
   int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
@@ -49,8 +50,10 @@ struct ModelConfig {
   // "torch_dtype" (or the newer "dtype") when given: the dtype the weights were saved in.
   std::optional<DType> torch_dtype;
   RopeParams rope_full, rope_sliding;  // per layer type (full_attention / sliding_attention)
-  // Olmo 3 (dense SwiGLU).
+  // Olmo 3 and Olmo Hybrid (dense SwiGLU).
   int64_t intermediate_size = 0;
+  // Olmo Hybrid uses the linear_* keys below for its Gated DeltaNet layers and use_rope (false: rope_theta
+  // null, NoPE).
   // Olmo 3.5 (olmo3moe).
   int64_t attention_hidden_size = 0;
   bool use_rope = true, use_head_qk_norm = false, qk_norm_per_head_gains = false, scalable_softmax = false;
@@ -107,7 +110,8 @@ std::string config_summary(const ModelConfig& c);
 
 // Test and demo configurations (docs/reference/architecture.md A.1, B.1, D.1, D.2) as config.json objects:
 // "olmo3-7b", "olmo3-tiny", "olmo3-small", "olmo3moe-small" (Olmo 3.5 small, vocab 100278),
-// "olmo3moe-tiny", "olmo3moe-d2small".
+// "olmo3moe-tiny", "olmo3moe-d2small", "olmo-hybrid-7b" (the released Olmo Hybrid 7B, NoPE),
+// "olmo-hybrid-tiny" (RoPE on).
 nlohmann::json preset_config_json(const std::string& name);
 std::vector<std::string> preset_names();
 // A config.json path (anything with a '/' or ending in .json) or a preset name; KEEP_LAYERS > 0 keeps only

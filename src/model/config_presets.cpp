@@ -119,6 +119,42 @@ json olmo3moe(const MoeDims& d) {
               {"torch_dtype", "bfloat16"}};
 }
 
+// Olmo Hybrid (HF olmo_hybrid; docs/olmo_hybrid.md): OlmoHybridConfig's keys as save_pretrained writes
+// them; layer_types linear x3 then full, repeated. nope: rope_parameters {rope_theta: null}, as released.
+json olmo_hybrid(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
+                 int64_t lheads, int64_t dk, int64_t dv, int64_t max_pos, bool nope) {
+  json types = json::array();
+  for (int64_t i = 0; i < layers; ++i) types.push_back(i % 4 == 3 ? "full_attention" : "linear_attention");
+  return json{
+      {"architectures", {"OlmoHybridForCausalLM"}},
+      {"model_type", "olmo_hybrid"},
+      {"vocab_size", vocab},
+      {"hidden_size", hidden},
+      {"intermediate_size", inter},
+      {"num_hidden_layers", layers},
+      {"num_attention_heads", heads},
+      {"num_key_value_heads", kv},
+      {"hidden_act", "silu"},
+      {"rms_norm_eps", 1e-6},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"max_position_embeddings", max_pos},
+      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", nope ? json(nullptr) : json(10000.0)}}},
+      {"layer_types", types},
+      {"linear_num_key_heads", lheads},
+      {"linear_num_value_heads", lheads},
+      {"linear_key_head_dim", dk},
+      {"linear_value_head_dim", dv},
+      {"linear_conv_kernel_dim", 4},
+      {"linear_allow_neg_eigval", true},
+      {"tie_word_embeddings", false},
+      {"eos_token_id", 100257},
+      {"pad_token_id", 100277},
+      {"bos_token_id", nullptr},
+      {"initializer_range", 0.02},
+      {"torch_dtype", "bfloat16"}};
+}
+
 // Test vocabularies are far smaller than dolma2's: eos / pad become the last two ids (the real ones,
 // 100257 / 100277, would lie outside the vocabulary).
 json small_vocab_ids(json j) {
@@ -131,7 +167,8 @@ json small_vocab_ids(json j) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"olmo3-7b", "olmo3-tiny", "olmo3-small", "olmo3moe-small", "olmo3moe-tiny", "olmo3moe-d2small"};
+  return {"olmo3-7b",      "olmo3-tiny",       "olmo3-small",    "olmo3moe-small",
+          "olmo3moe-tiny", "olmo3moe-d2small", "olmo-hybrid-7b", "olmo-hybrid-tiny"};
 }
 
 json preset_config_json(const std::string& name) {
@@ -148,6 +185,9 @@ json preset_config_json(const std::string& name) {
   if (name == "olmo3moe-d2small")
     return small_vocab_ids(
         olmo3moe({4096, 256, 8, 2, 4, 2, 64, 4, 64, 128, 64, 8, 256, 128, 256, 2048, 2048}));
+  if (name == "olmo-hybrid-7b") return olmo_hybrid(100352, 3840, 11008, 32, 30, 30, 30, 96, 192, 65536, true);
+  if (name == "olmo-hybrid-tiny")
+    return small_vocab_ids(olmo_hybrid(512, 64, 128, 8, 4, 2, 2, 16, 32, 512, false));
   std::string all;
   for (const auto& n : preset_names()) all += (all.empty() ? "" : ", ") + n;
   fail("unknown model preset '", name, "' (expected one of ", all, ")");

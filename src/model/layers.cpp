@@ -40,11 +40,25 @@ void check_olmo3moe(const ModelConfig& c) {
              "' is not supported (expected silu)");
 }
 
+void check_olmo_hybrid(const ModelConfig& c) {
+  const std::string ctx = "olmo_hybrid config";
+  OLMO_CHECK(c.hidden_act == "silu", ctx, ": hidden_act '", c.hidden_act,
+             "' is not supported (expected silu)");
+  OLMO_CHECK(!c.attention_bias, ctx, ": attention_bias=true is not supported");
+  OLMO_CHECK(c.linear_num_key_heads == c.linear_num_value_heads, ctx, ": linear_num_key_heads (",
+             c.linear_num_key_heads, ") must equal linear_num_value_heads (", c.linear_num_value_heads, ")");
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    OLMO_CHECK(c.layer_types.at(static_cast<size_t>(l)) != LayerType::SlidingAttention, ctx, ": layer ", l,
+               " is sliding_attention (olmo_hybrid has linear_attention and full_attention only)");
+}
+
 }  // namespace
 
 void check_supported(const ModelConfig& c) {
   if (c.model_type == ModelType::Olmo3)
     check_olmo3(c);
+  else if (c.model_type == ModelType::OlmoHybrid)
+    check_olmo_hybrid(c);
   else
     check_olmo3moe(c);
   bool attention = false;  // GQA needs the query heads in whole groups (only where a layer attends)
@@ -56,19 +70,24 @@ void check_supported(const ModelConfig& c) {
 
 std::vector<LayerSpec> layer_specs(const ModelConfig& c) {
   check_supported(c);
-  const bool olmo3 = c.model_type == ModelType::Olmo3;
+  const bool olmo3 = c.model_type == ModelType::Olmo3, hybrid = c.model_type == ModelType::OlmoHybrid;
   std::vector<LayerSpec> v;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerType t = c.layer_types.at(static_cast<size_t>(l));
+    const bool linear = t == LayerType::LinearAttention;
     LayerSpec s;
     s.index = l;
-    s.mixer = t == LayerType::LinearAttention ? MixerKind::Kda : MixerKind::Attention;
+    s.mixer = !linear ? MixerKind::Attention : hybrid ? MixerKind::Gdn : MixerKind::Kda;
     s.window = t == LayerType::SlidingAttention ? c.sliding_window : 0;
-    // Olmo 3 rotates q and k (YaRN on full_attention layers); the hybrid's attention is NoPE
+    // Olmo 3 rotates q and k (YaRN on full_attention layers); Olmo 3.5's attention is NoPE; Olmo Hybrid's
+    // full_attention layers rotate unless rope_theta is null
     if (olmo3) s.rope = t == LayerType::SlidingAttention ? RopeKind::Sliding : RopeKind::Full;
-    s.pre_norm = c.use_peri_ln;
+    if (hybrid && !linear && c.use_rope) s.rope = RopeKind::Full;
+    // Olmo Hybrid: pre-norm GDN layers, post-norm (Olmo 3) attention layers
+    s.pre_norm = hybrid ? linear : c.use_peri_ln;
+    s.post_norm = !(hybrid && linear);
     s.ffn = c.is_dense_layer(l) ? FfnKind::SwiGlu : FfnKind::Moe;
-    s.ffn_hidden = olmo3 ? c.intermediate_size : c.dense_mlp_intermediate_size;
+    s.ffn_hidden = c.is_moe() ? c.dense_mlp_intermediate_size : c.intermediate_size;
     v.push_back(s);
   }
   return v;

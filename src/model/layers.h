@@ -5,8 +5,8 @@
 // the config's sizes, never the family. Backend-neutral: the CPU runner executes this list; an emitter
 // (src/xla) builds the same list.
 //
-// Adding a mixer kind: its unit file, its config keys (config.cpp), its tensors (params.cpp), its case in
-// layer_specs (here) and its entry in unit_block.h's mixer list.
+// Adding a mixer kind: its unit file (which also declares its tensors), its config keys (config.cpp), its
+// case in layer_specs (here) and its entry in unit_block.h's mixer list (MixerKind below follows that list).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -15,7 +15,9 @@
 
 namespace olmosft::model {
 
-enum class MixerKind { Attention, Kda };
+// In unit_block.h's Mixers order (a static_assert there checks the count).
+enum class MixerKind { Attention, Kda, Gdn };
+inline constexpr int kMixerKinds = 3;
 enum class FfnKind { SwiGlu, Moe };
 enum class RopeKind { None, Full, Sliding };  // which of the config's RoPE tables an attention layer reads
 
@@ -25,11 +27,17 @@ struct LayerSpec {
   FfnKind ffn = FfnKind::SwiGlu;
   int64_t window = 0;  // attention: sliding window (0 = full causal)
   RopeKind rope = RopeKind::None;
-  bool pre_norm = false;   // peri-LN: a norm before each sub-layer too (post-norms always)
+  // Norm placement around each sub-layer (mixer, FFN): post-norm (Olmo 3: y = x + N(f(x))), peri-LN
+  // (Olmo 3.5: y = x + N(f(N'(x)))) or pre-norm (Olmo Hybrid's GDN layers: y = x + f(N'(x))).
+  bool pre_norm = false;
+  bool post_norm = true;
   int64_t ffn_hidden = 0;  // SwiGLU hidden size (the MoE's sizes are the config's)
   // Layers of one kind have Saved buffers of one shape (recomputation shares one per kind).
-  int kind() const { return (mixer == MixerKind::Kda ? 2 : 0) + (ffn == FfnKind::Moe ? 1 : 0); }
-  static constexpr int kKinds = 4;
+  int kind() const {
+    return (static_cast<int>(mixer) * 2 + (ffn == FfnKind::Moe ? 1 : 0)) * 4 + (pre_norm ? 2 : 0) +
+           (post_norm ? 1 : 0);
+  }
+  static constexpr int kKinds = kMixerKinds * 2 * 4;
 };
 
 // The layer list of a config (validated: throws olmosft::Error naming the config field that this decoder

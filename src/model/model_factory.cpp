@@ -74,6 +74,9 @@ const std::vector<ModelFamily>& model_families() {
       {ModelType::Olmo3Moe, "olmo3moe",
        [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Decoder>(c); },
        &Decoder::activation_bytes},
+      {ModelType::OlmoHybrid, "olmo_hybrid",
+       [](const ModelConfig& c) -> std::unique_ptr<CausalLM> { return std::make_unique<Decoder>(c); },
+       &Decoder::activation_bytes},
   };
   return families;
 }

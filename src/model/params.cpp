@@ -15,6 +15,29 @@ int64_t hf::layer_of(const std::string& name) {
 }
 std::string hf::expert(int64_t e) { return "experts." + std::to_string(e) + "."; }
 std::string hf::shared_expert(const char* proj) { return std::string("shared_expert.") + proj; }
+const char* hf::mixer_prefix(MixerKind m) { return m == MixerKind::Gdn ? kLinearAttn : kSelfAttn; }
+
+hf::BlockNorms hf::block_norms(const LayerSpec& s) {
+  if (s.pre_norm && !s.post_norm) return {kInputNorm, nullptr, kPostAttnNorm, nullptr};
+  if (s.pre_norm) return {kPreAttnNorm, kPostAttnNorm, kPreFfnNorm, kPostFfnNorm};
+  return {nullptr, kPostAttnNorm, nullptr, kPostFfnNorm};
+}
+
+std::optional<hf::ImportAlias> hf::import_alias(const ModelConfig& c, const std::string& stored) {
+  if (c.model_type != ModelType::OlmoHybrid) return std::nullopt;
+  const int64_t l = layer_of(stored);
+  if (l < 0) return std::nullopt;
+  const std::string p = layer(l), rest = stored.substr(p.size());
+  const std::string la = kLinearAttn;
+  if (rest == "attention_layer_norm.weight") return ImportAlias{p + kInputNorm};
+  if (rest == "feedforward_layer_norm.weight") return ImportAlias{p + kPostAttnNorm};
+  if (rest == la + "out_proj.weight") return ImportAlias{p + la + kOProj};
+  if (rest == la + "norm.weight") return ImportAlias{p + la + kONorm};
+  const char* convs[3] = {kQConv, kKConv, kVConv};
+  for (int i = 0; i < 3; ++i)
+    if (rest == la + convs[i]) return ImportAlias{p + la + kConv1d, i, 3};
+  return std::nullopt;
+}
 
 namespace {
 
@@ -45,6 +68,30 @@ void olmo3_layer(Builder& b, const ModelConfig& c, int64_t i) {
   b.add(p + hf::kMlp + hf::kDownProj, {d, f}, i);
   b.add(p + hf::kPostAttnNorm, {d}, i);
   b.add(p + hf::kPostFfnNorm, {d}, i);
+}
+
+// olmo_hybrid's linear_attention layer (HF state-dict order): the SwiGLU, the pre-norms, then the GDN mixer.
+void gdn_layer(Builder& b, const ModelConfig& c, int64_t i) {
+  const std::string p = hf::layer(i), a = p + hf::kLinearAttn, m = p + hf::kMlp;
+  const int64_t d = c.hidden_size, f = c.intermediate_size, H = c.linear_num_key_heads;
+  const int64_t kd = H * c.linear_key_head_dim, vd = H * c.linear_value_head_dim,
+                K = c.linear_conv_kernel_dim;
+  b.add(m + hf::kGateProj, {f, d}, i);
+  b.add(m + hf::kUpProj, {f, d}, i);
+  b.add(m + hf::kDownProj, {d, f}, i);
+  b.add(p + hf::kInputNorm, {d}, i);
+  b.add(p + hf::kPostAttnNorm, {d}, i);
+  b.add(a + hf::kALog, {H}, i, false, true);
+  b.add(a + hf::kDtBias, {H}, i, false, true);
+  b.add(a + hf::kQProj, {kd, d}, i);
+  b.add(a + hf::kKProj, {kd, d}, i);
+  b.add(a + hf::kVProj, {vd, d}, i);
+  b.add(a + hf::kAProj, {H, d}, i);
+  b.add(a + hf::kBProj, {H, d}, i);
+  b.add(a + hf::kGProj, {vd, d}, i);
+  b.add(a + hf::kOProj, {d, vd}, i);
+  b.add(a + hf::kConv1d, {2 * kd + vd, 1, K}, i);
+  b.add(a + hf::kONorm, {c.linear_value_head_dim}, i);
 }
 
 void moe_layer(Builder& b, const ModelConfig& c, int64_t i) {
@@ -130,8 +177,11 @@ std::vector<ParamSpec> param_registry(const ModelConfig& c) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     if (c.is_moe())
       moe_layer(b, c, i);
+    else if (c.model_type == ModelType::OlmoHybrid &&
+             c.layer_types[static_cast<size_t>(i)] == LayerType::LinearAttention)
+      gdn_layer(b, c, i);
     else
-      olmo3_layer(b, c, i);
+      olmo3_layer(b, c, i);  // Olmo 3's layers and olmo_hybrid's full_attention layers
   }
   b.add(hf::kFinalNorm, {d});
   if (!c.tie_word_embeddings) b.add(hf::kLmHead, {V, d});

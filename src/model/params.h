@@ -3,11 +3,13 @@
 // layers in order, final norm, lm_head), which is also the export/sharding order.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
 #include "model/config.h"
+#include "model/layers.h"
 
 namespace olmosft::model {
 
@@ -15,11 +17,13 @@ namespace olmosft::model {
 // models build every name from these (docs/reference/architecture.md A.5, B.9).
 namespace hf {
 inline constexpr const char* kLayersPrefix = "model.layers.";
-std::string layer(int64_t l);                           // "model.layers.<l>."
-int64_t layer_of(const std::string& name);              // l of "model.layers.<l>.…", else -1
-inline constexpr const char* kSelfAttn = "self_attn.";  // under layer(l): the mixer
-inline constexpr const char* kMlp = "mlp.";             // under layer(l): the FFN
-std::string expert(int64_t e);                          // under kMlp: "experts.<e>."
+std::string layer(int64_t l);                               // "model.layers.<l>."
+int64_t layer_of(const std::string& name);                  // l of "model.layers.<l>.…", else -1
+inline constexpr const char* kSelfAttn = "self_attn.";      // under layer(l): attention and KDA mixers
+inline constexpr const char* kLinearAttn = "linear_attn.";  // under layer(l): the GDN mixer (olmo_hybrid)
+const char* mixer_prefix(MixerKind m);                      // kSelfAttn or kLinearAttn
+inline constexpr const char* kMlp = "mlp.";                 // under layer(l): the FFN
+std::string expert(int64_t e);                              // under kMlp: "experts.<e>."
 inline constexpr const char* kEmbedTokens = "model.embed_tokens.weight";
 inline constexpr const char* kEmbedNorm = "model.embed_norm.weight";
 inline constexpr const char* kFinalNorm = "model.norm.weight";
@@ -28,6 +32,14 @@ inline constexpr const char* kPreAttnNorm = "pre_attention_layernorm.weight";
 inline constexpr const char* kPostAttnNorm = "post_attention_layernorm.weight";
 inline constexpr const char* kPreFfnNorm = "pre_feedforward_layernorm.weight";
 inline constexpr const char* kPostFfnNorm = "post_feedforward_layernorm.weight";
+inline constexpr const char* kInputNorm = "input_layernorm.weight";  // olmo_hybrid GDN layers: pre-mixer
+// A block's norms by placement (LayerSpec::pre_norm / post_norm), nullptr where absent: post-norm
+// {-, post_attention, -, post_feedforward}; peri-LN all four; pre-norm (olmo_hybrid's GDN layers)
+// {input_layernorm, -, post_attention_layernorm (before the FFN), -}.
+struct BlockNorms {
+  const char *pre_attn, *post_attn, *pre_ffn, *post_ffn;
+};
+BlockNorms block_norms(const LayerSpec& s);
 inline constexpr const char* kQProj = "q_proj.weight";
 inline constexpr const char* kKProj = "k_proj.weight";
 inline constexpr const char* kVProj = "v_proj.weight";
@@ -48,6 +60,18 @@ inline constexpr const char* kGProj1 = "g_proj_1.weight";
 inline constexpr const char* kGProj2 = "g_proj_2.weight";
 inline constexpr const char* kGProj2Bias = "g_proj_2.bias";
 inline constexpr const char* kONorm = "o_norm.weight";
+inline constexpr const char* kAProj = "a_proj.weight";   // GDN: decay input, one per head
+inline constexpr const char* kBProj = "b_proj.weight";   // GDN: beta logits
+inline constexpr const char* kConv1d = "conv1d.weight";  // GDN: fused depthwise conv over [q | k | v]
+// How a stored tensor name of an olmo_hybrid checkpoint maps to a registry name on import (transformers
+// 5.23's save_pretrained writes attention_layer_norm / feedforward_layer_norm and splits conv1d into
+// q/k/v_conv1d; OLMo-core 3.0's exporter writes linear_attn.out_proj / norm): the registry name, and for a
+// tensor stored in pieces along dim 0, this piece's index and the piece count. nullopt: not an alias.
+struct ImportAlias {
+  std::string name;
+  int piece = 0, pieces = 1;
+};
+std::optional<ImportAlias> import_alias(const ModelConfig& c, const std::string& stored);
 inline constexpr const char* kGateProj = "gate_proj.weight";
 inline constexpr const char* kUpProj = "up_proj.weight";
 inline constexpr const char* kDownProj = "down_proj.weight";

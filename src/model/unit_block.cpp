@@ -54,15 +54,15 @@ Block Block::resolve(const ParamIndex& idx, const ModelConfig& c, const LayerSpe
   Block b;
   const std::string p = hf::layer(spec.index);
   b.spec = spec;
-  if (spec.pre_norm) {
-    b.pre_attn = idx.get(p + hf::kPreAttnNorm);
-    b.pre_ffn = idx.get(p + hf::kPreFfnNorm);
-  }
-  b.post_attn = idx.get(p + hf::kPostAttnNorm);
-  b.post_ffn = idx.get(p + hf::kPostFfnNorm);
+  const hf::BlockNorms names = hf::block_norms(spec);
+  auto norm = [&](const char* name) { return name == nullptr ? -1 : idx.get(p + name); };
+  b.pre_attn = norm(names.pre_attn);
+  b.post_attn = norm(names.post_attn);
+  b.pre_ffn = norm(names.pre_ffn);
+  b.post_ffn = norm(names.post_ffn);
   with_mixer_kind(static_cast<size_t>(spec.mixer), [&](auto I) {
     using U = std::variant_alternative_t<I, Mixers>;
-    b.mixer.template emplace<I>(U::resolve(idx, p + hf::kSelfAttn, spec));
+    b.mixer.template emplace<I>(U::resolve(idx, p + hf::mixer_prefix(spec.mixer), spec));
   });
   if (spec.ffn == FfnKind::SwiGlu)
     b.mlp = SwiGluUnit::resolve(idx, p + hf::kMlp, spec.ffn_hidden);
@@ -73,7 +73,8 @@ Block Block::resolve(const ParamIndex& idx, const ModelConfig& c, const LayerSpe
 
 int64_t Block::saved_floats_per_token(const ModelConfig& c, const LayerSpec& spec) {
   const int64_t d = c.hidden_size;
-  int64_t n = 3 * d + 2 + (spec.pre_norm ? 2 * d + 2 : 0);  // a h_mid f + 2 rstd; x1 x2 + 2 rstd
+  // h_mid; a f + 2 rstd (post-norm); x1 x2 + 2 rstd (pre-norm)
+  int64_t n = d + (spec.post_norm ? 2 * d + 2 : 0) + (spec.pre_norm ? 2 * d + 2 : 0);
   with_mixer_kind(static_cast<size_t>(spec.mixer),
                   [&](auto I) { n += std::variant_alternative_t<I, Mixers>::saved_floats_per_token(c); });
   n += spec.ffn == FfnKind::SwiGlu ? SwiGluUnit::saved_floats_per_token(spec.ffn_hidden)
@@ -105,8 +106,11 @@ void Block::Saved<T>::plan(Plan& p, const ModelConfig& c, const LayerSpec& spec,
     for (T** b : {&x1, &x2}) p.add_activation(b, N * d);
     for (T** b : {&rs_pre_attn, &rs_pre_ffn}) p.add(b, N);
   }
-  for (T** b : {&a, &h_mid, &f}) p.add_activation(b, N * d);
-  for (T** b : {&rs_post_attn, &rs_post_ffn}) p.add(b, N);
+  p.add_activation(&h_mid, N * d);
+  if (spec.post_norm) {
+    for (T** b : {&a, &f}) p.add_activation(b, N * d);
+    for (T** b : {&rs_post_attn, &rs_post_ffn}) p.add(b, N);
+  }
   if (with_mixer) plan_mixer<T>(p, c, spec.mixer, N, mixer);
   if (spec.ffn == FfnKind::SwiGlu) mlp.plan(p, spec.ffn_hidden, N);
 }
@@ -183,16 +187,17 @@ void Block::forward(const Ctx<T>& ctx, const T* x, T* y, Saved<T>& s, const Scra
     rmsnorm_forward(x, ctx.W(pre_attn), s.x1, s.rs_pre_attn, N, d, eps);
     xm = s.x1;
   }
-  mixer_forward(ctx, xm, s.a, s, w);
-  rmsnorm_forward(s.a, ctx.W(post_attn), w.t, s.rs_post_attn, N, d, eps);
+  // the sub-layer's output, normed into w.t on post-norm layers (else written there)
+  mixer_forward(ctx, xm, spec.post_norm ? s.a : w.t, s, w);
+  if (spec.post_norm) rmsnorm_forward(s.a, ctx.W(post_attn), w.t, s.rs_post_attn, N, d, eps);
   residual_add(x, w.t, s.h_mid, N * d);
   const T* xf = s.h_mid;  // the FFN's input
   if (spec.pre_norm) {
     rmsnorm_forward(s.h_mid, ctx.W(pre_ffn), s.x2, s.rs_pre_ffn, N, d, eps);
     xf = s.x2;
   }
-  ffn_forward(ctx, xf, s.f, s, w, lp);
-  rmsnorm_forward(s.f, ctx.W(post_ffn), w.t, s.rs_post_ffn, N, d, eps);
+  ffn_forward(ctx, xf, spec.post_norm ? s.f : w.t, s, w, lp);
+  if (spec.post_norm) rmsnorm_forward(s.f, ctx.W(post_ffn), w.t, s.rs_post_ffn, N, d, eps);
   residual_add(s.h_mid, w.t, y, N * d);
 }
 
@@ -200,13 +205,18 @@ template <typename T>
 void Block::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, T* dh, const Scratch<T>& w) const {
   const int64_t N = ctx.N, d = ctx.d;
   const double eps = ctx.c.rms_norm_eps;
-  // y = h_mid + RMSNorm_post_ffn(f): dA = df; a peri-LN layer's FFN gradient goes through its pre-norm (dX).
-  rmsnorm_backward(dh, s.f, ctx.W(post_ffn), s.rs_post_ffn, w.dA, ctx.G(post_ffn), N, d, eps);
+  // y = h_mid + RMSNorm_post_ffn(f) (or + f): df = dA (or dh); a pre-norm layer's FFN gradient goes through
+  // its pre-norm (dX).
+  const T* df = dh;
+  if (spec.post_norm) {
+    rmsnorm_backward(dh, s.f, ctx.W(post_ffn), s.rs_post_ffn, w.dA, ctx.G(post_ffn), N, d, eps);
+    df = w.dA;
+  }
   auto ffn_backward = [&](const T* xf, T* dx) {
     if (spec.ffn == FfnKind::SwiGlu)
-      mlp.backward(ctx, xf, s.mlp, w.dA, dx, w.mlp);
+      mlp.backward(ctx, xf, s.mlp, df, dx, w.mlp);
     else
-      moe.backward(ctx, xf, s.moe, w.dA, dx);
+      moe.backward(ctx, xf, s.moe, df, dx);
   };
   if (spec.pre_norm) {
     std::fill(w.dX, w.dX + N * d, T(0));
@@ -216,18 +226,22 @@ void Block::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, T* dh, co
   } else {
     ffn_backward(s.h_mid, dh);
   }
-  // h_mid = x + RMSNorm_post_attn(a)
-  rmsnorm_backward(dh, s.a, ctx.W(post_attn), s.rs_post_attn, w.dA, ctx.G(post_attn), N, d, eps);
+  // h_mid = x + RMSNorm_post_attn(a) (or + a)
+  const T* da = dh;
+  if (spec.post_norm) {
+    rmsnorm_backward(dh, s.a, ctx.W(post_attn), s.rs_post_attn, w.dA, ctx.G(post_attn), N, d, eps);
+    da = w.dA;
+  }
   const T* xm = spec.pre_norm ? s.x1 : x;
   // remat attn: the mixer's Saved is shared by the layers: re-run this layer's into it
   if (ctx.recompute_mixer) mixer_forward(ctx, xm, w.t, s, w);
   if (spec.pre_norm) {
     std::fill(w.dX, w.dX + N * d, T(0));
-    mixer_backward(ctx, xm, s, w.dA, w.dX, w);
+    mixer_backward(ctx, xm, s, da, w.dX, w);
     rmsnorm_backward(w.dX, x, ctx.W(pre_attn), s.rs_pre_attn, w.t, ctx.G(pre_attn), N, d, eps);
     add_into(dh, w.t, N * d);
   } else {
-    mixer_backward(ctx, xm, s, w.dA, dh, w);
+    mixer_backward(ctx, xm, s, da, dh, w);
   }
 }
 
@@ -237,9 +251,12 @@ void Block::check_emits(const ModelConfig& c, const LayerSpec& spec) {
   bool mixer_emits = false;
   with_mixer_kind(static_cast<size_t>(spec.mixer),
                   [&](auto I) { mixer_emits = EmitsXla<std::variant_alternative_t<I, Mixers>>; });
-  OLMO_CHECK(
-      mixer_emits, c.model_type_name, ": layer ", spec.index,
-      "'s mixer (linear attention, KDA) is not emitted by the XLA backend yet (issue #29); use device: cpu");
+  static const char* const kNames[kMixerKinds] = {"attention", "KDA", "Gated DeltaNet"};
+  OLMO_CHECK(mixer_emits, c.model_type_name, ": layer ", spec.index, "'s mixer (",
+             kNames[static_cast<size_t>(spec.mixer)],
+             ") is not emitted by the XLA backend yet; use device: cpu");
+  OLMO_CHECK(spec.post_norm, c.model_type_name, ": layer ", spec.index,
+             " is a pre-norm block, which the XLA backend does not emit yet; use device: cpu");
 }
 
 xla::Value Block::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const {

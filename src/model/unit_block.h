@@ -1,18 +1,18 @@
-// The decoder block (docs/reference/architecture.md A.3, B.2): one mixer (softmax attention or KDA) and one
-// FFN (dense SwiGLU or latent MoE), each followed by a post-norm before its residual add and, on peri-LN
-// layers (LayerSpec::pre_norm), preceded by a pre-norm:
+// The decoder block (docs/reference/architecture.md A.3, B.2, docs/olmo_hybrid.md): one mixer (softmax
+// attention, KDA or Gated DeltaNet) and one FFN (dense SwiGLU or latent MoE), each wrapped in norms by the
+// layer's placement (LayerSpec::pre_norm, post_norm):
 //
-//   post-norm (Olmo 3):  h_mid = x + RMSNorm_post_attn(mixer(x));      y = h_mid +
-//   RMSNorm_post_ffn(ffn(h_mid)) peri-LN (hybrid):    h_mid = x + RMSNorm_post_attn(mixer(x1)),  x1 =
-//   RMSNorm_pre_attn(x)
-//                        y = h_mid + RMSNorm_post_ffn(ffn(x2)),     x2 = RMSNorm_pre_ffn(h_mid)
+//   post-norm (Olmo 3):           h_mid = x + N_post_attn(mixer(x));       y = h_mid + N_post_ffn(ffn(h_mid))
+//   peri-LN (Olmo 3.5):           h_mid = x + N_post_attn(mixer(x1));      y = h_mid + N_post_ffn(ffn(x2))
+//   pre-norm (Olmo Hybrid, GDN):  h_mid = x + mixer(x1);                   y = h_mid + ffn(x2)
+//   with x1 = N_pre_attn(x), x2 = N_pre_ffn(h_mid).
 //
-// Parameters: model.layers.<l>.{pre_attention,post_attention,pre_feedforward,post_feedforward}_layernorm
-// (pre only on peri-LN layers) plus the units'. The block input x is the runner's residual stream, not
-// saved here. Saves the mixer and FFN outputs, h_mid, the norms' rstd and on peri-LN layers the two normed
-// inputs (saved_floats_per_token), plus its units' Saved. One Scratch serves every layer. Recomputation
-// (model.remat, memory_policy.h): with Ctx::recompute_mixer the backward first re-runs the mixer's forward
-// into its Saved (remat attn); remat full re-runs forward() from the kept input (the runner does that).
+// Parameters: the norms hf::block_norms names for the placement, plus the units'. The block input x is the
+// runner's residual stream, not saved here. Saves h_mid, on post-norm layers the mixer and FFN outputs and
+// their norms' rstd, on pre-norm layers the two normed inputs and their rstd (saved_floats_per_token), plus
+// its units' Saved. One Scratch serves every layer. Recomputation (model.remat, memory_policy.h): with
+// Ctx::recompute_mixer the backward first re-runs the mixer's forward into its Saved (remat attn); remat full
+// re-runs forward() from the kept input (the runner does that).
 //
 // The mixers a block can hold are listed once, in Mixers below; the block dispatches over them.
 #pragma once
@@ -27,12 +27,14 @@
 #include "model/unit_attention.h"
 #include "model/unit_emit.h"
 #include "model/unit_ffn.h"
+#include "model/unit_gdn.h"
 #include "model/unit_kda.h"
 
 namespace olmosft::model::unit {
 
 // Every mixer unit, in MixerKind order: a new mixer kind is one entry here (and its unit file).
-using Mixers = std::variant<AttentionUnit, KdaUnit>;
+using Mixers = std::variant<AttentionUnit, KdaUnit, GdnUnit>;
+static_assert(std::variant_size_v<Mixers> == kMixerKinds, "MixerKind (layers.h) follows Mixers");
 
 // Per mixer kind, its Saved / Scratch for value type T (std::get<U::Saved<T>> picks a unit's).
 template <typename T, typename V>
@@ -78,8 +80,8 @@ struct Block {
 
   template <typename T>
   struct Saved {
-    T *x1 = nullptr, *rs_pre_attn = nullptr, *a, *rs_post_attn, *h_mid;  // x1, rs_pre_*: peri-LN only
-    T *x2 = nullptr, *rs_pre_ffn = nullptr, *f, *rs_post_ffn;
+    T *x1 = nullptr, *rs_pre_attn = nullptr, *a = nullptr, *rs_post_attn = nullptr, *h_mid;  // by placement
+    T *x2 = nullptr, *rs_pre_ffn = nullptr, *f = nullptr, *rs_post_ffn = nullptr;
     MixerSaved<T> mixer;       // by kind; the layer's kind is planned
     SwiGluUnit::Saved<T> mlp;  // dense layers
     MoeUnit::Saved<T> moe;     // MoE layers (vectors sized by moe.cpp)
@@ -91,7 +93,7 @@ struct Block {
   // Shared by the layers: the block's temporaries [N, d] and the units' scratch for the kinds present.
   template <typename T>
   struct Scratch {
-    T *t, *dA, *dX = nullptr;  // dX: peri-LN only
+    T *t, *dA, *dX = nullptr;  // dX: pre-norm (peri-LN) layers only
     MixerScratch<T> mixer;     // the kinds present are planned
     SwiGluUnit::Scratch<T> mlp;
     void plan(Plan& p, const ModelConfig& c, const std::vector<LayerSpec>& layers, int64_t N);

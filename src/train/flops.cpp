@@ -145,7 +145,8 @@ FlopModel::FlopModel(const model::ModelConfig& c, const FlopOptions& o) : o_(o) 
   per_pair_ = static_cast<double>(c.num_attention_heads) * (12 * D + (o.recompute ? 2 * D : 0.0));
   for (const model::LayerSpec& s : layers) {
     const bool attn = s.mixer == model::MixerKind::Attention;
-    kda_layers_ += s.mixer == model::MixerKind::Kda;
+    // GDN runs KDA's delta-rule kernels (its decay broadcast over the key dimension)
+    kda_layers_ += s.mixer == model::MixerKind::Kda || s.mixer == model::MixerKind::Gdn;
     full_layers_ += attn && s.window == 0;
     sliding_layers_ += attn && s.window != 0;
   }

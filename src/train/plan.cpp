@@ -112,7 +112,7 @@ double bf16_operand_bytes(const model::ModelConfig& m, int64_t N, const XentConf
   for (const model::LayerSpec& s : layers) {
     if (s.ffn == model::FfnKind::SwiGlu) widest = std::max(widest, s.ffn_hidden);
     if (s.ffn == model::FfnKind::Moe) widest = std::max(widest, m.shared_expert_intermediate_size);
-    if (s.mixer == model::MixerKind::Kda)
+    if (s.mixer == model::MixerKind::Kda || s.mixer == model::MixerKind::Gdn)
       widest =
           std::max(widest, m.linear_num_key_heads * std::max(m.linear_key_head_dim, m.linear_value_head_dim));
   }

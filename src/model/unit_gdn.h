@@ -1,0 +1,58 @@
+// Gated DeltaNet mixer unit (Olmo Hybrid's linear_attention layers; docs/olmo_hybrid.md, HF
+// OlmoHybridGatedDeltaNet):
+//
+//   q, k, v = x Wq^T, x Wk^T, x Wv^T -> one depthwise causal conv + SiLU over [q | k | v] within the document
+//   -> q, k: L2 norm per head;  g[t,h] = -exp(A_log[h]) softplus(x Wa^T + dt_bias[h]) (one decay per head)
+//   beta = (2*)sigmoid(x Wb^T);  o = delta rule within the document (chunked, or token by token)
+//   y = RMSNorm(o) * w_o * silu(x Wg^T) per (token, head), eps 1e-5;  a = y Wo^T
+//
+// GDN is KDA with its per-channel decay tied to one scalar per head: the delta rule runs in KDA's kernels
+// (kernels/kda.h) with g broadcast over the key dimension, and its key-dimension gradients summed back.
+// Parameters (linear_attn.*): q/k/v/a/b/g/o_proj, A_log [H], dt_bias [H], conv1d [2KD + VD, 1, K] (rows q,
+// k, v), o_norm [Dv]. Saves the projections, the conv outputs, the normalised q/k, the decay input and the
+// decay, the beta logits and beta, o, the gate pre-activation and y; recomputes nothing. Value heads equal
+// key heads (GVA is refused by the config).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "model/layers.h"
+#include "model/unit.h"
+
+namespace olmosft::model::unit {
+
+struct GdnUnit {
+  int q = -1, k = -1, v = -1, a = -1, b = -1, g = -1, o = -1, A_log = -1, dt_bias = -1, conv = -1, onorm = -1;
+
+  template <typename T>
+  struct Saved {
+    T *qin, *kin, *vin, *qc, *kc, *vc, *qn, *kn, *araw, *gh, *blog, *beta, *out, *z, *y;
+    void plan(Plan& p, const ModelConfig& c, int64_t N);  // saved_floats_per_token(c) * N values
+  };
+  // The per-head decay broadcast over the key dimension (the delta-rule kernels' g), the backward's
+  // gradients of the intermediates (shared by the GDN layers), and stand-ins for absent parameter gradients.
+  template <typename T>
+  struct Scratch {
+    T *gk, *dy, *dO, *dz, *dv, *dq, *dk, *dgk, *dg, *da, *dbeta, *dblog, *dc, *din;
+    T *donorm, *dA, *ddt, *dconv;
+    void plan(Plan& p, const ModelConfig& c, int64_t N);  // per_token(c) * N values + the stand-ins
+    static int64_t per_token(const ModelConfig& c);
+  };
+
+  // prefix = "model.layers.<l>.linear_attn."
+  static GdnUnit resolve(const ParamIndex& idx, const std::string& prefix, const LayerSpec& spec);
+  static int64_t saved_floats_per_token(const ModelConfig& c);
+  // FLOPs (train/flops.cpp): weight elements of the per-token GEMMs (q/k/v, a, b, g, o); the delta rule is
+  // counted per document chunk as KDA's (train::kda_document_flops).
+  static double gemm_weights_per_token(const ModelConfig& c);
+
+  // x [N, d] -> a [N, d] (overwritten); the forward uses the scratch's gk.
+  template <typename T>
+  void forward(const Ctx<T>& ctx, const T* x, T* out, const Saved<T>& s, const Scratch<T>& w) const;
+  // da [N, d] -> dx [N, d] ACCUMULATED; parameter gradients accumulated.
+  template <typename T>
+  void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* dout, T* dx,
+                const Scratch<T>& w) const;
+};
+
+}  // namespace olmosft::model::unit
