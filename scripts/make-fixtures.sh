@@ -61,6 +61,9 @@ deps/venv/bin/python tests/reference/data_fixtures.py
 # upstream oracle: transformers' Olmo3ForCausalLM -> hf_olmo3_tiny (save_pretrained + logits/CE) and
 # hf_olmo3_export (sha256 + transformers' log-probs of our fp32/bf16 exports of olmo3_tiny)
 "$REFPY" tests/reference/hf_olmo3.py --olmosft "$OLMOSFT"
+# upstream oracle: transformers' OlmoHybridForCausalLM (torch GDN fallbacks) -> hf_olmo_hybrid/{rope_negeig,
+# nope_poseig,gva} (save_pretrained as written + per-document log-probs, CE and float64 gradients)
+"$REFPY" tests/reference/hf_olmo_hybrid.py
 # upstream oracle: OLMo-core 3.0.0's own TransformerConfig + save_model_and_optim_state (1 process, and 2 with
 # torchrun + FSDP2) -> tests/golden/distcp (checkpoints, their tensors, OLMo-core's log-probs). The .metadata
 # pickles hold a fresh save id, so a rerun changes those bytes (and only those).
