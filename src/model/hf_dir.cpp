@@ -1,5 +1,7 @@
 #include "model/hf_dir.h"
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -42,6 +44,15 @@ std::vector<safetensors::NamedTensor> HfModel::fp32_masters() const {
 }
 
 void HfModel::read_f32(const std::string& name, int64_t begin, int64_t n, float* out) const {
+  if (auto it = pieces_.find(name); it != pieces_.end()) {
+    int64_t at = 0;  // element offset of the piece in the registry tensor
+    for (const auto& [stored, count] : it->second) {
+      const int64_t lo = std::max(begin, at), hi = std::min(begin + n, at + count);
+      if (lo < hi) read_f32(stored, lo - at, hi - lo, out + (lo - begin));
+      at += count;
+    }
+    return;
+  }
   for (const auto& r : readers_)
     if (const safetensors::TensorInfo* t = r->find(name)) return r->read_f32(*t, begin, n, out);
   fail(dir, ": model has no tensor '", name, "'");
@@ -99,6 +110,73 @@ void check_against_registry(const ModelConfig& config, const std::map<std::strin
   list("with an unsupported dtype", wrong_dtype);
   throw Error(os.str());
 }
+
+namespace {
+
+struct Stored {
+  std::map<std::string, Shape> shapes;
+  std::map<std::string, DType> dtypes;
+};
+
+// Maps the stored names that hf::import_alias knows to registry names (pieces concatenated along dim 0, in
+// piece order); the result holds the registry-named shapes/dtypes and, per aliased registry name, its pieces.
+Stored resolve_aliases(const ModelConfig& c, const Stored& in, const std::string& dir,
+                       std::map<std::string, std::vector<std::pair<std::string, int64_t>>>& pieces) {
+  Stored out;
+  std::map<std::string, std::vector<std::string>> parts;  // registry name -> stored name per piece
+  for (const auto& [name, shape] : in.shapes) {
+    const auto alias = hf::import_alias(c, name);
+    if (!alias) {
+      out.shapes[name] = shape;
+      out.dtypes[name] = in.dtypes.at(name);
+      continue;
+    }
+    auto& v = parts[alias->name];
+    v.resize(static_cast<size_t>(alias->pieces));
+    v[static_cast<size_t>(alias->piece)] = name;
+  }
+  for (const auto& [name, v] : parts) {
+    OLMO_CHECK(!out.shapes.count(name), dir, ": tensor '", name, "' is stored both under its name and as '",
+               v[0].empty() ? v.back() : v[0], "'");
+    Shape shape;
+    for (size_t i = 0; i < v.size(); ++i) {
+      OLMO_CHECK(!v[i].empty(), dir, ": '", name, "' is stored in ", v.size(), " pieces but piece ", i,
+                 " is missing (have '", v[i == 0 ? 1 : 0], "')");
+      const Shape& s = in.shapes.at(v[i]);
+      if (i == 0) {
+        shape = s;
+        out.dtypes[name] = in.dtypes.at(v[i]);
+      } else {
+        OLMO_CHECK(
+            s.size() == shape.size() && !s.empty() && std::equal(s.begin() + 1, s.end(), shape.begin() + 1),
+            dir, ": '", v[i], "' is ", shape_str(s), ", which does not concatenate with '", v[0], "' ",
+            shape_str(in.shapes.at(v[0])), " along dim 0");
+        OLMO_CHECK(in.dtypes.at(v[i]) == out.dtypes[name], dir, ": '", v[i], "' and '", v[0],
+                   "' have different dtypes");
+        shape[0] += s[0];
+      }
+      pieces[name].emplace_back(v[i], shape_numel(s));
+    }
+    out.shapes[name] = shape;
+  }
+  return out;
+}
+
+// The registry tensor NAME from its stored pieces: a view of the one piece, or a concatenated copy.
+Tensor assemble(const std::vector<std::pair<std::string, int64_t>>& pieces, const Shape& shape,
+                const std::map<std::string, Tensor>& stored) {
+  if (pieces.size() == 1) return stored.at(pieces[0].first).view(shape);
+  Tensor t = Tensor::empty(shape, stored.at(pieces[0].first).dtype());
+  auto* at = static_cast<std::byte*>(t.raw_data());
+  for (const auto& [name, count] : pieces) {
+    const Tensor p = stored.at(name).contiguous();
+    std::memcpy(at, p.raw_data(), p.nbytes());
+    at += p.nbytes();
+  }
+  return t;
+}
+
+}  // namespace
 
 HfModel load_hf_dir(const std::string& dir) {
   std::error_code ec;
@@ -162,9 +240,15 @@ HfModel load_hf_dir(const std::string& dir) {
                  " but the shards hold ", sum, " bytes of tensors");
     }
   }
-  check_against_registry(m.config, shapes, dtypes, dir);
+  const Stored named = resolve_aliases(m.config, {shapes, dtypes}, dir, m.pieces_);
+  check_against_registry(m.config, named.shapes, named.dtypes, dir);
   for (const auto& r : m.readers_) {
     for (const auto& t : r->tensors()) m.tensors.emplace(t.name, r->view(t.name));
+  }
+  for (const auto& [name, pieces] : m.pieces_) {
+    Tensor t = assemble(pieces, named.shapes.at(name), m.tensors);
+    for (const auto& pc : pieces) m.tensors.erase(pc.first);
+    m.tensors.emplace(name, std::move(t));
   }
   return m;
 }

@@ -40,10 +40,16 @@ struct HfModel {
  private:
   friend HfModel load_hf_dir(const std::string& dir);
   std::vector<std::shared_ptr<safetensors::Reader>> readers_;  // keep the mappings alive
+  // Registry tensors stored under other names (hf::import_alias): the stored names in order, with their
+  // element counts (several: concatenated along dim 0).
+  std::map<std::string, std::vector<std::pair<std::string, int64_t>>> pieces_;
 };
 
 // Loads and validates; errors name the directory/file and list every missing, unexpected, mis-shaped or
-// wrongly typed tensor (up to 20 of each, with totals). Accepted stored dtypes: F32, BF16, F16.
+// wrongly typed tensor (up to 20 of each, with totals). Accepted stored dtypes: F32, BF16, F16. Tensors a
+// family's real writers store under other names (hf::import_alias: olmo_hybrid's renamed norms and split
+// conv) are mapped to the registry's names first; a tensor given both ways, or a piece missing, is refused
+// by name.
 HfModel load_hf_dir(const std::string& dir);
 
 // Checks a set of tensors against the registry of `config` (same rules and messages as loading).
