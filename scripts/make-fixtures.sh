@@ -68,6 +68,10 @@ deps/venv/bin/python tests/reference/data_fixtures.py
 # torchrun + FSDP2) -> tests/golden/distcp (checkpoints, their tensors, OLMo-core's log-probs). The .metadata
 # pickles hold a fresh save id, so a rerun changes those bytes (and only those).
 "$REFPY" tests/reference/olmo_core_distcp.py
+# upstream oracle: OLMo-core 3.0.0's own OLMoDDPModelConfig (the Olmo 3.5 hybrid) saved by save_model_and_optim_state
+# (1 process) and by OLMoDDPTrainModule.save_state_dict_direct (2 processes) -> tests/golden/distcp/hybrid_*, with
+# OLMo-core's own HF export and model_olmo3moe.py's log-probs on it (OLMo-core's KDA forward needs a GPU).
+"$REFPY" tests/reference/olmo_core_hybrid_distcp.py
 if ((check)); then
   "$PY" tests/reference/model_safetensors.py --check
   "$PY" tests/reference/model_olmo3.py --check
