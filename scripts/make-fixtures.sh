@@ -64,6 +64,8 @@ deps/venv/bin/python tests/reference/data_fixtures.py
 # upstream oracle: transformers' OlmoHybridForCausalLM (torch GDN fallbacks) -> hf_olmo_hybrid/{rope_negeig,
 # nope_poseig,gva} (save_pretrained as written + per-document log-probs, CE and float64 gradients)
 "$REFPY" tests/reference/hf_olmo_hybrid.py
+# hf_olmo_hybrid_export (sha256 + transformers' log-probs of our fp32/bf16 exports of hf_olmo_hybrid/rope_negeig)
+"$REFPY" tests/reference/hf_olmo_hybrid_export.py --olmosft "$OLMOSFT"
 # upstream oracle: OLMo-core 3.0.0's own TransformerConfig + save_model_and_optim_state (1 process, and 2 with
 # torchrun + FSDP2) -> tests/golden/distcp (checkpoints, their tensors, OLMo-core's log-probs). The .metadata
 # pickles hold a fresh save id, so a rerun changes those bytes (and only those).

@@ -14,14 +14,16 @@
 #      mean CE 3.7e-8 / 2.3e-8 (2 threads; also recorded in expected.json > exports > gaps).
 #   4. The comparison can fail: the bf16 export's forward is > 1e-3 away from the fp32 export's transformers
 #      log-probs (bf16 rounding of the weights), far outside the tolerance.
+# The same chain for Olmo Hybrid (olmo_hybrid): tests/reference/hf_olmo_hybrid_export.py exported
+# tests/golden/model/hf_olmo_hybrid/rope_negeig (a transformers save_pretrained directory, so our loader's name
+# mapping is in the chain too), loaded it with OlmoHybridForCausalLM.from_pretrained (nothing missing or
+# unexpected) and recorded tests/golden/model/hf_olmo_hybrid_export/expected.json. Measured olmosft vs
+# transformers: 5.25e-6 / 6.2e-6 per position, mean CE 8.7e-8 / 5.5e-8.
 set -u
 bin=$1
 tmp=$2
 rm -rf "$tmp" && mkdir -p "$tmp"
 here=$(cd "$(dirname "$0")/../.." && pwd)
-model=$here/tests/golden/model/olmo3_tiny
-in=$here/tests/golden/model/olmo3_tiny_forward
-exp=$here/tests/golden/model/hf_olmo3_export/expected.json
 pass=0
 fails=0
 check() { if eval "$2"; then echo "ok: $1"; pass=$((pass + 1)); else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
@@ -33,38 +35,48 @@ maxdiff() {
     | if (.value == null or \$y[.key] == null) then 1e9 else ((.value - \$y[.key]) | fabs) end ] | max"
 }
 
-for d in fp32 bf16; do
-  "$bin" export hf --from "$model" --out "$tmp/$d" --dtype "$d" >"$tmp/$d.export.out" 2>&1
-  rc=$?
-  check "$d: export exits 0" "[ $rc -eq 0 ]"
-  want=$(jq -r ".exports.$d.files | to_entries[] | \"\(.value)  \(.key)\"" "$exp")
-  got=$(cd "$tmp/$d" && for f in $(ls | LC_ALL=C sort); do sha256sum "$f"; done)
-  check "$d: export is byte-identical to the one transformers loaded ($(wc -l <<<"$want") files, sha256)" \
-    "[ -n \"\$want\" ] && [ \"\$want\" = \"\$got\" ]"
-  if [ "$want" != "$got" ]; then
-    diff <(echo "$want") <(echo "$got")
-    echo "  (if the export format changed on purpose, rerun tests/reference/hf_olmo3.py through"
-    echo "   scripts/make-fixtures.sh so that transformers loads and checks the new bytes)"
-  fi
-  "$bin" forward --model "$tmp/$d" --tokens "$in/tokens.json" --segments "$in/segments.json" --out "$tmp/$d.json" \
-    >/dev/null 2>&1
-  rc=$?
-  check "$d: forward on the export exits 0" "[ $rc -eq 0 ]"
-  n=$(jq .trained_targets "$tmp/$d.json")
-  check "$d: $n targets = transformers' $(jq .exports.$d.trained_targets "$exp")" \
-    "[ '$n' = \"\$(jq .exports.$d.trained_targets '$exp')\" ]"
-  m=$(maxdiff "$tmp/$d.json" "$exp" .logprobs ".exports.$d.logprobs")
-  echo "$d: log-probs max |olmosft - transformers| = $m"
-  check "$d: log-probs within 5e-5 of transformers', nulls at the same positions" "near '$m' 0 5e-5"
-  ce=$(jq .mean_ce "$tmp/$d.json")
-  ref=$(jq .exports.$d.mean_ce "$exp")
-  echo "$d: mean CE $ce, transformers $ref"
-  check "$d: mean CE within 1e-6 of transformers'" "near '$ce' '$ref' 1e-6"
-done
-m=$(maxdiff "$tmp/bf16.json" "$exp" .logprobs .exports.fp32.logprobs)
-echo "bf16 export forward vs fp32 export transformers log-probs: max |diff| = $m"
-check "the comparison discriminates: bf16 weights are > 1e-3 away from the fp32 oracle" \
-  "awk -v m='$m' 'BEGIN { exit !(m > 1e-3 && m < 1e8) }'"
+# fixture TAG: MODEL (exported), IN (forward inputs), EXP (expected.json), SCRIPT (its generator)
+check_fixture() {
+  local tag=$1 model=$2 in=$3 exp=$4 script=$5 d rc want got n m ce ref
+  for d in fp32 bf16; do
+    "$bin" export hf --from "$model" --out "$tmp/$tag.$d" --dtype "$d" >"$tmp/$tag.$d.export.out" 2>&1
+    rc=$?
+    check "$tag $d: export exits 0" "[ $rc -eq 0 ]"
+    want=$(jq -r ".exports.$d.files | to_entries[] | \"\(.value)  \(.key)\"" "$exp")
+    got=$(cd "$tmp/$tag.$d" && for f in $(ls | LC_ALL=C sort); do sha256sum "$f"; done)
+    check "$tag $d: export is byte-identical to the one transformers loaded ($(wc -l <<<"$want") files, sha256)" \
+      "[ -n \"\$want\" ] && [ \"\$want\" = \"\$got\" ]"
+    if [ "$want" != "$got" ]; then
+      diff <(echo "$want") <(echo "$got")
+      echo "  (if the export format changed on purpose, rerun $script through"
+      echo "   scripts/make-fixtures.sh so that transformers loads and checks the new bytes)"
+    fi
+    "$bin" forward --model "$tmp/$tag.$d" --tokens "$in/tokens.json" --segments "$in/segments.json" --out "$tmp/$tag.$d.json" \
+      >/dev/null 2>&1
+    rc=$?
+    check "$tag $d: forward on the export exits 0" "[ $rc -eq 0 ]"
+    n=$(jq .trained_targets "$tmp/$tag.$d.json")
+    check "$tag $d: $n targets = transformers' $(jq .exports.$d.trained_targets "$exp")" \
+      "[ '$n' = \"\$(jq .exports.$d.trained_targets '$exp')\" ]"
+    m=$(maxdiff "$tmp/$tag.$d.json" "$exp" .logprobs ".exports.$d.logprobs")
+    echo "$tag $d: log-probs max |olmosft - transformers| = $m"
+    check "$tag $d: log-probs within 5e-5 of transformers', nulls at the same positions" "near '$m' 0 5e-5"
+    ce=$(jq .mean_ce "$tmp/$tag.$d.json")
+    ref=$(jq .exports.$d.mean_ce "$exp")
+    echo "$tag $d: mean CE $ce, transformers $ref"
+    check "$tag $d: mean CE within 1e-6 of transformers'" "near '$ce' '$ref' 1e-6"
+  done
+  m=$(maxdiff "$tmp/$tag.bf16.json" "$exp" .logprobs .exports.fp32.logprobs)
+  echo "$tag: bf16 export forward vs fp32 export transformers log-probs: max |diff| = $m"
+  check "$tag: the comparison discriminates: bf16 weights are > 1e-3 away from the fp32 oracle" \
+    "awk -v m='$m' 'BEGIN { exit !(m > 1e-3 && m < 1e8) }'"
+}
+
+g=$here/tests/golden/model
+check_fixture olmo3 "$g/olmo3_tiny" "$g/olmo3_tiny_forward" "$g/hf_olmo3_export/expected.json" \
+  tests/reference/hf_olmo3.py
+check_fixture olmo_hybrid "$g/hf_olmo_hybrid/rope_negeig" "$g/hf_olmo_hybrid_export" \
+  "$g/hf_olmo_hybrid_export/expected.json" tests/reference/hf_olmo_hybrid_export.py
 
 echo "$pass passed, $fails failed"
 [ $fails -eq 0 ]
