@@ -18,7 +18,9 @@
 # tests/golden/model/hf_olmo_hybrid/rope_negeig (a transformers save_pretrained directory, so our loader's name
 # mapping is in the chain too), loaded it with OlmoHybridForCausalLM.from_pretrained (nothing missing or
 # unexpected) and recorded tests/golden/model/hf_olmo_hybrid_export/expected.json. Measured olmosft vs
-# transformers: 5.25e-6 / 6.2e-6 per position, mean CE 8.7e-8 / 5.5e-8.
+# transformers (float32 runs): 9.5e-6 / 5.4e-5 per position, mean CE 9.3e-8 / 4.6e-7; the bf16 export's
+# weights make both float32 runs noisier (transformers' own float32 vs float64: 3.1e-5, ours 2.3e-5), so this
+# fixture's bound is the issue's 1e-4 per token.
 set -u
 bin=$1
 tmp=$2
@@ -35,9 +37,10 @@ maxdiff() {
     | if (.value == null or \$y[.key] == null) then 1e9 else ((.value - \$y[.key]) | fabs) end ] | max"
 }
 
-# fixture TAG: MODEL (exported), IN (forward inputs), EXP (expected.json), SCRIPT (its generator)
+# fixture TAG: MODEL (exported), IN (forward inputs), EXP (expected.json), SCRIPT (its generator), TOL (per
+# position log-prob bound)
 check_fixture() {
-  local tag=$1 model=$2 in=$3 exp=$4 script=$5 d rc want got n m ce ref
+  local tag=$1 model=$2 in=$3 exp=$4 script=$5 tol=$6 d rc want got n m ce ref
   for d in fp32 bf16; do
     "$bin" export hf --from "$model" --out "$tmp/$tag.$d" --dtype "$d" >"$tmp/$tag.$d.export.out" 2>&1
     rc=$?
@@ -60,7 +63,7 @@ check_fixture() {
       "[ '$n' = \"\$(jq .exports.$d.trained_targets '$exp')\" ]"
     m=$(maxdiff "$tmp/$tag.$d.json" "$exp" .logprobs ".exports.$d.logprobs")
     echo "$tag $d: log-probs max |olmosft - transformers| = $m"
-    check "$tag $d: log-probs within 5e-5 of transformers', nulls at the same positions" "near '$m' 0 5e-5"
+    check "$tag $d: log-probs within $tol of transformers', nulls at the same positions" "near '$m' 0 $tol"
     ce=$(jq .mean_ce "$tmp/$tag.$d.json")
     ref=$(jq .exports.$d.mean_ce "$exp")
     echo "$tag $d: mean CE $ce, transformers $ref"
@@ -74,9 +77,9 @@ check_fixture() {
 
 g=$here/tests/golden/model
 check_fixture olmo3 "$g/olmo3_tiny" "$g/olmo3_tiny_forward" "$g/hf_olmo3_export/expected.json" \
-  tests/reference/hf_olmo3.py
+  tests/reference/hf_olmo3.py 5e-5
 check_fixture olmo_hybrid "$g/hf_olmo_hybrid/rope_negeig" "$g/hf_olmo_hybrid_export" \
-  "$g/hf_olmo_hybrid_export/expected.json" tests/reference/hf_olmo_hybrid_export.py
+  "$g/hf_olmo_hybrid_export/expected.json" tests/reference/hf_olmo_hybrid_export.py 1e-4
 
 echo "$pass passed, $fails failed"
 [ $fails -eq 0 ]

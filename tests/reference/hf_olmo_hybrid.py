@@ -125,7 +125,7 @@ def keep_float64():
 # ------------------------------------------------------------------------------------------- model and batch
 def tiny_config(rope_theta, neg, hv):
     cfg = OlmoHybridConfig(
-        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+        vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
         num_key_value_heads=1, layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2,
         linear_num_value_heads=hv, linear_key_head_dim=8, linear_value_head_dim=16, linear_conv_kernel_dim=4,
         linear_allow_neg_eigval=neg, max_position_embeddings=256, rms_norm_eps=1e-6, hidden_act="silu",

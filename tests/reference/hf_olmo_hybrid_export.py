@@ -58,6 +58,8 @@ def crosscheck_one(olmosft, d, tmp, tokens, segments):
     files = {f: o3.sha256(os.path.join(out, f)) for f in sorted(os.listdir(out))}
     model = load_export(out)
     lp32 = o3.hf_logprobs(model, tokens, segments, torch.float32)
+    with hyb.keep_float64():  # transformers in float64 (hf_olmo_hybrid.py's NOTE_F64): the truth for both
+        lp64 = o3.hf_logprobs(hyb.as_float64(load_export(out)), tokens, segments, torch.float64)
     fwd = os.path.join(tmp, d + ".forward.json")
     subprocess.run([olmosft, "forward", "--model", out, "--tokens", os.path.join(EXPORT_OUT, "tokens.json"),
                     "--segments", os.path.join(EXPORT_OUT, "segments.json"), "--out", fwd], check=True,
@@ -65,11 +67,17 @@ def crosscheck_one(olmosft, d, tmp, tokens, segments):
     ours = json.load(open(fwd))["logprobs"]
     ce32, n = o3.mean_rows(lp32)
     ce_ours, n_ours = o3.mean_rows(ours)
-    gaps = {"olmosft_vs_hf_f32_max_abs": o3.sig3(o3.max_abs_rows(ours, lp32)),
+    gaps = {"hf_f32_vs_hf_f64_max_abs": o3.sig3(o3.max_abs_rows(lp32, lp64)),
+            "olmosft_vs_hf_f64_max_abs": o3.sig3(o3.max_abs_rows(ours, lp64)),
+            "olmosft_vs_hf_f32_max_abs": o3.sig3(o3.max_abs_rows(ours, lp32)),
             "olmosft_vs_hf_mean_ce_abs": o3.sig3(abs(ce_ours - ce32))}
     print(f"export {d}: {n} targets, transformers mean CE {ce32:.9g}, olmosft {ce_ours:.9g}; {json.dumps(gaps)}")
     o3.check(n == n_ours, f"{d}: {n_ours} targets from olmosft forward, {n} from transformers")
-    o3.check(gaps["olmosft_vs_hf_f32_max_abs"] < 5e-5, f"{d}: olmosft forward and transformers disagree")
+    # two float32 implementations, each a few 1e-5 from the float64 truth on the bf16-rounded weights: the
+    # issue's 1e-4 per token between them; ours against the truth as transformers' own float32 is (2x)
+    o3.check(gaps["olmosft_vs_hf_f32_max_abs"] < 1e-4, f"{d}: olmosft forward and transformers disagree")
+    o3.check(gaps["olmosft_vs_hf_f64_max_abs"] < 2 * max(gaps["hf_f32_vs_hf_f64_max_abs"], 5e-6),
+             f"{d}: olmosft forward is further from transformers' float64 run than its float32 run is")
     return {"files": files, "trained_targets": n, "mean_ce": ce32, "logprobs": lp32, "gaps": gaps}
 
 

@@ -10,8 +10,8 @@
 // are held to 2e-5 (the bound is 1e-4) and the mean CE to 1e-6. In float64 both compute the same
 // formulas: the mean CE within 1e-8 (measured 1e-15 without RoPE, 1.1e-9 with it: our RoPE angles are
 // computed in float32, as transformers' float32 path does, the oracle's float64 run computed them in
-// float64), gradients within 2e-6 of each tensor's largest value (the oracle's gradients are float64 stored
-// as float32: 6e-8 relative rounding; measured <= 3.4e-7).
+// float64), gradients within 5e-6 of each tensor's largest value (the oracle's gradients are float64 stored
+// as float32: 6e-8 relative rounding; measured 5.6e-8 without RoPE, 9.4e-7 with it, for the float32 angles).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -127,7 +127,7 @@ void float64_matches(const std::string& c) {
   }
   std::printf("%s float64: CE %.15f vs %.15f; gradients vs transformers' autograd worst %.3g (%s)\n",
               c.c_str(), parts.sum[kLossCe] / o.n, o.ce, worst, worst_name.c_str());
-  EXPECT_LT(worst, 2e-6);
+  EXPECT_LT(worst, 5e-6);
 }
 
 }  // namespace
