@@ -155,8 +155,9 @@ std::vector<Param> allocate_params(const ModelConfig& config);
 // The one initialisation (make_model; make_decoder), the same for both families; each tensor draws from
 // its own Philox stream, so its values depend on neither the thread count nor the other tensors:
 //   "*norm.weight" = 1;  "*.bias", "*dt_bias" = 0;  "*ssmax_scale" = 1;
-//   A_log = log U[1, 16] (stream = registry index);  other tensors of >= 2 dims ~ N(0, initializer_range)
-//   (stream = FNV-1a of the name). Gradients are zeroed.
+//   A_log = log U[1, 16] (stream = registry index; Olmo Hybrid GDN: log U[0, 16], and dt_bias the inverse
+//   softplus of a log-uniform dt in [1e-3, 0.1], as HF);  other tensors of >= 2 dims ~ N(0,
+//   initializer_range) (stream = FNV-1a of the name). Gradients are zeroed.
 void init_params(std::vector<Param>& params, const ModelConfig& config, uint64_t seed);
 // An HF directory, or an OLMo-core step directory (model/olmo_core.h).
 std::unique_ptr<CausalLM> load_model(const std::string& hf_dir);

@@ -1,4 +1,5 @@
 // make_model / load_model / export_tensors: the one place that maps a ModelConfig to an implementation.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -40,11 +41,32 @@ uint64_t name_stream(const std::string& name) {
 // Set while make_model_unallocated constructs: allocate_params then leaves the storage out.
 thread_local bool t_no_storage = false;
 
+// Olmo Hybrid's GDN decay (HF OlmoHybridGatedDeltaNet.__init__, OLMo-core alike): A_log = ln A, A ~ U[0, 16]
+// (floored at 1e-6 so that the log is finite); dt_bias = the inverse softplus of dt = exp(U[ln 1e-3, ln 0.1])
+// clamped at >= 1e-4.
+void init_gdn_decay(Param& p, size_t i, uint64_t seed) {
+  const Rng rng{seed, static_cast<uint64_t>(i)};
+  float* v = p.value.data<float>();
+  for (int64_t j = 0; j < p.value.numel(); ++j) {
+    const double u = rng.uniform(static_cast<uint64_t>(j));
+    if (ends_with(p.name, hf::kALog)) {
+      v[j] = static_cast<float>(std::log(std::max(16.0 * u, 1e-6)));
+    } else {
+      const double dt = std::max(std::exp(u * (std::log(0.1) - std::log(1e-3)) + std::log(1e-3)), 1e-4);
+      v[j] = static_cast<float>(dt + std::log(-std::expm1(-dt)));
+    }
+  }
+}
+
 // One parameter of init_params (index = its registry position).
 void init_param(Param& p, size_t i, float stdev, uint64_t seed) {
   // HF Olmo3PreTrainedModel._init_weights: Linear/Embedding ~ N(0, initializer_range), RMSNorm gains 1,
-  // biases 0; the hybrid's KDA decay A_log = log U[1, 16], dt_bias 0, SSMax scale 1 (docs/hybrid.md).
-  if (ends_with(p.name, "norm.weight") || ends_with(p.name, hf::kSsmaxScale)) {
+  // biases 0; the hybrid's KDA decay A_log = log U[1, 16], dt_bias 0, SSMax scale 1 (docs/hybrid.md);
+  // Olmo Hybrid's GDN decay as HF initialises it (init_gdn_decay).
+  const bool gdn = p.name.find(std::string(".") + hf::kLinearAttn) != std::string::npos;
+  if (gdn && (ends_with(p.name, hf::kALog) || ends_with(p.name, hf::kDtBias))) {
+    init_gdn_decay(p, i, seed);
+  } else if (ends_with(p.name, "norm.weight") || ends_with(p.name, hf::kSsmaxScale)) {
     p.value.fill(1.0f);
   } else if (ends_with(p.name, ".bias") || ends_with(p.name, hf::kDtBias)) {
     p.value.zero();

@@ -20,6 +20,12 @@ out=$("$bin" plan "$root/recipes/olmo3-7b-sft.yaml" --model olmo3-7b --device h1
   per_device_batch=1 dist.mode=zero3 2>&1); rc=$?
 check "a refused plan exits 1" "[ $rc -eq 1 ]"
 check "it names the smallest change that fits" "grep -q '^DOES NOT FIT: .*smallest change that fits: ' <<<\"\$out\""
+# recipes/olmo-hybrid-7b-sft.yaml (Olmo Hybrid 7B at 65,536-token rows) fits as its header says, on both kinds
+for dev in "h100-80gb" "tpu-v4 devices=128 per_device_batch=0.125"; do
+  out=$("$bin" plan "$root/recipes/olmo-hybrid-7b-sft.yaml" --model olmo-hybrid-7b --device $dev 2>&1); rc=$?
+  check "the olmo_hybrid 7B recipe fits on $dev (GDN layers planned)" \
+    "[ $rc -eq 0 ] && grep -q '^PLAN fits=yes' <<<\"\$out\" && grep -q '7430870688 parameters' <<<\"\$out\""
+done
 out=$("$bin" plan "$root/recipes/tiny-demo.yaml" --model olmo3-tiny --device h100 2>&1); rc=$?
 check "an unknown device exits 2 naming the choices" "[ $rc -eq 2 ] && grep -q \"unknown device 'h100'.*h200-141gb\" <<<\"\$out\""
 out=$("$bin" plan "$root/recipes/tiny-demo.yaml" --model olmo3-tiny devices=4 global_batch=2 per_device_batch=0.5 2>&1); rc=$?

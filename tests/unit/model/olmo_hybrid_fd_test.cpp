@@ -149,3 +149,29 @@ TEST(OlmoHybridFd, PackedEqualsPerDocumentFloat64) {
   std::printf("float64 packed vs per-document logits: max|d| %.3g (stored as float)\n", worst);
   EXPECT_LT(worst, 2e-6);
 }
+
+// The GDN decay is initialised as HF does: A = exp(A_log) in [0, 16], softplus(dt_bias) = dt in [1e-3, 0.1].
+TEST(OlmoHybridInit, DecayFollowsTransformersInit) {
+  const ModelConfig c = tiny_config(4);
+  std::vector<Param> params = allocate_params(c);
+  init_params(params, c, 7);
+  int checked = 0;
+  for (const Param& p : params) {
+    const float* v = p.value.data<float>();
+    if (p.name.ends_with("linear_attn.A_log")) {
+      for (int64_t j = 0; j < p.value.numel(); ++j) {
+        EXPECT_GT(std::exp(v[j]), 0.0);
+        EXPECT_LE(std::exp(v[j]), 16.0 + 1e-4);
+      }
+      ++checked;
+    } else if (p.name.ends_with("linear_attn.dt_bias")) {
+      for (int64_t j = 0; j < p.value.numel(); ++j) {
+        const double dt = std::log1p(std::exp(double(v[j])));  // softplus
+        EXPECT_GE(dt, 1e-3 * (1 - 1e-5));
+        EXPECT_LE(dt, 0.1 * (1 + 1e-5));
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 6);  // 3 GDN layers x (A_log, dt_bias)
+}

@@ -352,6 +352,20 @@ TEST(TrainFlops, GemmCounterMatchesHybridForwardBackward) {
   expect_gemm_count(*m, p, opts.kda_chunk, "olmo3moe-tiny");
 }
 
+// Olmo Hybrid: the GDN layers' projections (q/k/v, a, b, g, o) and their delta rule (KDA's chunk GEMMs, one
+// decay per head) as counted in the kernels.
+TEST(TrainFlops, GemmCounterMatchesOlmoHybridForwardBackward) {
+  set_threads(2);
+  const model::ModelConfig c = preset("olmo-hybrid-tiny");
+  model::DecoderOptions opts;
+  opts.kda_chunk = 16;
+  auto m = model::make_decoder(c, 1, opts);
+  std::mt19937 rng(13);
+  const PackedBatch p = random_batch(rng, 2, 64, 40, c.vocab_size);
+  expect_gemm_count(*m, p, opts.kda_chunk, "olmo-hybrid-tiny");
+  EXPECT_GT(training_flops(c, p.view(), {16, true, false}).kda_gemm, 0.0);
+}
+
 TEST(TrainFlops, GemmCounterCountsAndStaysExclusive) {
   std::vector<double> a(6 * 5, 0.5), b(5 * 7, 0.25), out(6 * 7);
   uint64_t n = 0;
