@@ -68,6 +68,10 @@ struct AttentionUnit {
   // FLOPs (train/flops.cpp): weight elements of the GEMMs run once per token (q/k/v/o, the gate). The
   // score and value work per visible (query, key) pair is H * D multiply-adds each way (kernels/attention.h).
   static double gemm_weights_per_token(const ModelConfig& c);
+  // Per-head delta-rule recurrences this mixer runs per layer (train/flops.cpp counts each per document
+  // chunk as train::kda_document_flops), and its widest per-token projection (train/plan.cpp: bf16 operands).
+  static int64_t delta_rule_heads(const ModelConfig&) { return 0; }
+  static int64_t widest_projection(const ModelConfig& c) { return c.num_attention_heads * c.head_dim; }
 
  private:
   // The normed (rotated, SSMax-scaled) q and k into w.qn / w.kn (and w.qs); returns the q the attention

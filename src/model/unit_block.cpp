@@ -90,6 +90,20 @@ double Block::gemm_weights_per_token(const ModelConfig& c, const LayerSpec& spec
                                           : MoeUnit::gemm_weights_per_token(c));
 }
 
+int64_t Block::delta_rule_heads(const ModelConfig& c, const LayerSpec& spec) {
+  int64_t h = 0;
+  with_mixer_kind(static_cast<size_t>(spec.mixer),
+                  [&](auto I) { h = std::variant_alternative_t<I, Mixers>::delta_rule_heads(c); });
+  return h;
+}
+
+int64_t Block::widest_projection(const ModelConfig& c, const LayerSpec& spec) {
+  int64_t w = 0;
+  with_mixer_kind(static_cast<size_t>(spec.mixer),
+                  [&](auto I) { w = std::variant_alternative_t<I, Mixers>::widest_projection(c); });
+  return std::max(w, spec.ffn == FfnKind::SwiGlu ? spec.ffn_hidden : c.shared_expert_intermediate_size);
+}
+
 double Block::gemm_weights_per_routed(const ModelConfig& c, const LayerSpec& spec) {
   return spec.ffn == FfnKind::Moe ? MoeUnit::gemm_weights_per_routed(c) : 0.0;
 }
@@ -255,8 +269,6 @@ void Block::check_emits(const ModelConfig& c, const LayerSpec& spec) {
   OLMO_CHECK(mixer_emits, c.model_type_name, ": layer ", spec.index, "'s mixer (",
              kNames[static_cast<size_t>(spec.mixer)],
              ") is not emitted by the XLA backend yet; use device: cpu");
-  OLMO_CHECK(spec.post_norm, c.model_type_name, ": layer ", spec.index,
-             " is a pre-norm block, which the XLA backend does not emit yet; use device: cpu");
 }
 
 xla::Value Block::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const {
@@ -281,11 +293,11 @@ xla::Value Block::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const {
         }
       },
       mixer);
-  s.h_mid = b.add(x, norm(*s.a, post_attn, s.rs_post_attn));
+  s.h_mid = b.add(x, spec.post_norm ? norm(*s.a, post_attn, s.rs_post_attn) : *s.a);
   xla::Value xf = *s.h_mid;
   if (spec.pre_norm) s.x2 = xf = norm(*s.h_mid, pre_ffn, s.rs_pre_ffn);
   s.f = spec.ffn == FfnKind::SwiGlu ? mlp.emit_forward(e, xf, s.mlp) : moe.emit_forward(e, xf, s.moe);
-  return b.add(*s.h_mid, norm(*s.f, post_ffn, s.rs_post_ffn));
+  return b.add(*s.h_mid, spec.post_norm ? norm(*s.f, post_ffn, s.rs_post_ffn) : *s.f);
 }
 
 xla::Value Block::emit_backward(Emit& e, const xla::Value& x, const Emitted& s, const xla::Value& dy) const {
@@ -298,14 +310,14 @@ xla::Value Block::emit_backward(Emit& e, const xla::Value& x, const Emitted& s, 
     e.grad(gain, *r.dw);
     return r.dx;
   };
-  // y = h_mid + RMSNorm_post_ffn(f)
-  const xla::Value df = norm_back(dy, *s.f, post_ffn, s.rs_post_ffn);
+  // y = h_mid + RMSNorm_post_ffn(f) (or + f)
+  const xla::Value df = spec.post_norm ? norm_back(dy, *s.f, post_ffn, s.rs_post_ffn) : dy;
   const xla::Value& xf = spec.pre_norm ? *s.x2 : *s.h_mid;
   const xla::Value dxf =
       spec.ffn == FfnKind::SwiGlu ? mlp.emit_backward(e, xf, s.mlp, df) : moe.emit_backward(e, xf, s.moe, df);
   const xla::Value dh = b.add(dy, spec.pre_norm ? norm_back(dxf, *s.h_mid, pre_ffn, s.rs_pre_ffn) : dxf);
-  // h_mid = x + RMSNorm_post_attn(a)
-  const xla::Value da = norm_back(dh, *s.a, post_attn, s.rs_post_attn);
+  // h_mid = x + RMSNorm_post_attn(a) (or + a)
+  const xla::Value da = spec.post_norm ? norm_back(dh, *s.a, post_attn, s.rs_post_attn) : dh;
   const xla::Value xm = spec.pre_norm ? *s.x1 : x;
   const xla::Value dxm = std::visit(
       [&](const auto& u) -> xla::Value {

@@ -118,6 +118,9 @@ struct Block {
   // FLOPs: the layer's per-token GEMM weight elements (its mixer's and FFN's), and per routed assignment.
   static double gemm_weights_per_token(const ModelConfig& c, const LayerSpec& spec);
   static double gemm_weights_per_routed(const ModelConfig& c, const LayerSpec& spec);
+  // Its mixer's delta-rule heads (0 for attention) and the widest per-token projection of its units.
+  static int64_t delta_rule_heads(const ModelConfig& c, const LayerSpec& spec);
+  static int64_t widest_projection(const ModelConfig& c, const LayerSpec& spec);
   // Plans the mixer Saved of `kind` (remat attn's shared one).
   template <typename T>
   static void plan_mixer(Plan& p, const ModelConfig& c, MixerKind kind, int64_t N, MixerSaved<T>& s);

@@ -6,6 +6,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/kda.h"
+#include "model/delta_rule_emit.h"
 #include "model/params.h"
 
 namespace olmosft::model::unit {
@@ -55,9 +56,9 @@ GdnUnit GdnUnit::resolve(const ParamIndex& idx, const std::string& p, const Laye
   u.q = idx.get(p + hf::kQProj);
   u.k = idx.get(p + hf::kKProj);
   u.v = idx.get(p + hf::kVProj);
-  u.a = idx.get(p + hf::kAProj);
-  u.b = idx.get(p + hf::kBProj);
-  u.g = idx.get(p + hf::kGProj);
+  u.aproj = idx.get(p + hf::kAProj);
+  u.bproj = idx.get(p + hf::kBProj);
+  u.gproj = idx.get(p + hf::kGProj);
   u.o = idx.get(p + hf::kOProj);
   u.A_log = idx.get(p + hf::kALog);
   u.dt_bias = idx.get(p + hf::kDtBias);
@@ -122,10 +123,10 @@ void GdnUnit::forward(const Ctx<T>& ctx, const T* x, T* out_, const Saved<T>& s,
   kda::short_conv_silu_forward(s.vin, wc + 2 * gd.KD * C, ctx.seg, B, L, gd.VD, C, s.vc);
   kda::l2norm_forward(s.qc, N * gd.H, gd.Dk, static_cast<T>(kda::kL2NormEps), s.qn);
   kda::l2norm_forward(s.kc, N * gd.H, gd.Dk, static_cast<T>(kda::kL2NormEps), s.kn);
-  linear_forward(x, ctx.W(a), s.araw, N, d, gd.H);
+  linear_forward(x, ctx.W(aproj), s.araw, N, d, gd.H);
   kda::kda_gate_forward(s.araw, ctx.W(A_log), ctx.W(dt_bias), N, gd.H, int64_t{1}, s.gh);
   broadcast_decay(s.gh, N * gd.H, gd.Dk, w.gk);
-  linear_forward(x, ctx.W(b), s.blog, N, d, gd.H);
+  linear_forward(x, ctx.W(bproj), s.blog, N, d, gd.H);
   kda::kda_beta_forward(s.blog, N * gd.H, ctx.c.linear_allow_neg_eigval, s.beta);
   const auto kd = kdims(ctx);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(gd.Dk)));
@@ -133,7 +134,7 @@ void GdnUnit::forward(const Ctx<T>& ctx, const T* x, T* out_, const Saved<T>& s,
     kda::kda_recurrent_forward(s.qn, s.kn, s.vc, w.gk, s.beta, ctx.seg, kd, scale, s.out);
   else
     kda::kda_chunk_forward(s.qn, s.kn, s.vc, w.gk, s.beta, ctx.seg, kd, scale, s.out, ctx.kda_chunk);
-  linear_forward(x, ctx.W(g), s.z, N, d, gd.VD);
+  linear_forward(x, ctx.W(gproj), s.z, N, d, gd.VD);
   kda::kda_output_norm_forward(s.out, s.z, ctx.W(onorm), N * gd.H, gd.Dv,
                                static_cast<T>(ctx.c.linear_norm_eps), s.y, kda::GateAct::Silu);
   linear_forward(s.y, ctx.W(o), out_, N, gd.VD, d);
@@ -154,7 +155,7 @@ void GdnUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T
   kda::kda_output_norm_backward(s.out, s.z, ctx.W(onorm), w.dy, N * gd.H, gd.Dv,
                                 static_cast<T>(ctx.c.linear_norm_eps), w.dO, w.dz,
                                 grad_or(ctx.G(onorm), w.donorm, gd.Dv), kda::GateAct::Silu);
-  linear_backward(w.dz, x, ctx.W(g), dx, ctx.G(g), N, d, gd.VD, true);
+  linear_backward(w.dz, x, ctx.W(gproj), dx, ctx.G(gproj), N, d, gd.VD, true);
   broadcast_decay(s.gh, N * gd.H, gd.Dk, w.gk);  // the scratch is shared by the layers: rebuild it
   const auto kd = kdims(ctx);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(gd.Dk)));
@@ -165,7 +166,7 @@ void GdnUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T
     kda::kda_chunk_backward(s.qn, s.kn, s.vc, w.gk, s.beta, ctx.seg, kd, scale, w.dO, w.dq, w.dk, w.dv, w.dgk,
                             w.dbeta, ctx.kda_chunk);
   kda::kda_beta_backward(s.blog, w.dbeta, N * gd.H, ctx.c.linear_allow_neg_eigval, w.dblog);
-  linear_backward(w.dblog, x, ctx.W(b), dx, ctx.G(b), N, d, gd.H, true);
+  linear_backward(w.dblog, x, ctx.W(bproj), dx, ctx.G(bproj), N, d, gd.H, true);
   sum_decay_grad(w.dgk, N * gd.H, gd.Dk, w.dg);
   T* dA = ctx.G(A_log);
   T* ddt = ctx.G(dt_bias);
@@ -174,7 +175,7 @@ void GdnUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T
     ddt = grad_or(ddt, w.ddt, gd.H);
   }
   kda::kda_gate_backward(s.araw, ctx.W(A_log), ctx.W(dt_bias), w.dg, N, gd.H, int64_t{1}, w.da, dA, ddt);
-  linear_backward(w.da, x, ctx.W(a), dx, ctx.G(a), N, d, gd.H, true);
+  linear_backward(w.da, x, ctx.W(aproj), dx, ctx.G(aproj), N, d, gd.H, true);
   // q, k, v: l2norm (q, k), conv + SiLU over the fused weight's rows, projection.
   T* dconv = grad_or(ctx.G(conv), w.dconv, (2 * gd.KD + gd.VD) * C);
   const T* wc = ctx.W(conv);
@@ -188,6 +189,110 @@ void GdnUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T
   kda::short_conv_silu_backward(s.vin, wc + 2 * gd.KD * C, ctx.seg, B, L, gd.VD, C, w.dv, w.din,
                                 dconv + 2 * gd.KD * C);
   linear_backward(w.din, x, ctx.W(v), dx, ctx.G(v), N, d, gd.VD, true);
+}
+
+// ---- XLA: the same unit as StableHLO (unit_emit.h) -----------------------------------------------------
+
+namespace {
+
+using namespace delta_emit;
+
+// The fused conv weight [2KD + VD, 1, K] as its q, k and v rows.
+struct ConvRows {
+  Value q, k, v;
+};
+ConvRows conv_rows(HloBuilder& b, const Value& w, const GdnDims& g) {
+  auto rows = [&](int64_t lo, int64_t hi) { return b.slice(w, {lo, 0, 0}, {hi, 1, g.C}); };
+  return {rows(0, g.KD), rows(g.KD, 2 * g.KD), rows(2 * g.KD, 2 * g.KD + g.VD)};
+}
+
+// The per-head decay [N, H] as the delta rule's per-channel one [N, H*Dk].
+Value broadcast_decay(HloBuilder& b, const Value& gh, const GdnDims& g, int64_t N) {
+  return b.reshape(bc(b, gh, {N, g.H, g.Dk}, {0, 1}), {N, g.KD});
+}
+
+}  // namespace
+
+xla::Value GdnUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const {
+  namespace ops = xla::ops;
+  auto& b = e.b;
+  const GdnDims g = gdims(e.c);
+  const int64_t N = e.N;
+  const DocMasks m = doc_masks(b, *e.seg, g.C);
+  const ConvRows w = conv_rows(b, e.W(conv), g);
+  s.qin = ops::linear_forward(b, x, e.W(q), e.operands);
+  s.kin = ops::linear_forward(b, x, e.W(k), e.operands);
+  s.vin = ops::linear_forward(b, x, e.W(v), e.operands);
+  s.qc = conv_forward(b, *s.qin, w.q, m, e.B, e.T);
+  s.kc = conv_forward(b, *s.kin, w.k, m, e.B, e.T);
+  s.vc = conv_forward(b, *s.vin, w.v, m, e.B, e.T);
+  s.qn = l2norm_forward(b, *s.qc, g.H, g.Dk);
+  s.kn = l2norm_forward(b, *s.kc, g.H, g.Dk);
+  s.araw = ops::linear_forward(b, x, e.W(aproj), e.operands);
+  s.gh = b.reshape(gate_forward(b, *s.araw, e.W(A_log), e.W(dt_bias), g.H, 1), {N, g.H});
+  s.blog = ops::linear_forward(b, x, e.W(bproj), e.operands);
+  const Value beta = b.mul(b.logistic(*s.blog), full(b, {N, g.H}, e.c.linear_allow_neg_eigval ? 2.0 : 1.0));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(g.Dk));
+  s.o = delta_forward(b, delta_inputs(b, m, *s.qn, *s.kn, *s.vc, broadcast_decay(b, *s.gh, g, N), beta, e.B,
+                                      e.T, g.H, g.Dk, g.Dv, scale));
+  s.z = ops::linear_forward(b, x, e.W(gproj), e.operands);
+  s.y = b.reshape(out_norm_forward(b, b.reshape(*s.o, {N, g.H, g.Dv}), b.reshape(*s.z, {N, g.H, g.Dv}),
+                                   e.W(onorm), e.c.linear_norm_eps, true),
+                  {N, g.VD});
+  return ops::linear_forward(b, *s.y, e.W(o), e.operands);
+}
+
+xla::Value GdnUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s,
+                                  const xla::Value& da) const {
+  namespace ops = xla::ops;
+  auto& b = e.b;
+  const GdnDims g = gdims(e.c);
+  const int64_t N = e.N;
+  const DocMasks m = doc_masks(b, *e.seg, g.C);
+  const ConvRows w = conv_rows(b, e.W(conv), g);
+  Value dx = b.constant(x.type(), 0.0);
+  auto linear_back = [&](const Value& dy, const Value& in, int idx) {  // a projection's dW and dx term
+    const ops::LinearBackward l = ops::linear_backward(b, dy, in, e.W(idx), e.operands);
+    e.grad(idx, l.dw);
+    return l.dx;
+  };
+  // out = y Wo^T;  y = o_norm(o) silu(z);  z = x Wg^T
+  const Value dy = linear_back(da, *s.y, o);
+  const OutNormBackward on =
+      out_norm_backward(b, b.reshape(*s.o, {N, g.H, g.Dv}), b.reshape(*s.z, {N, g.H, g.Dv}), e.W(onorm),
+                        b.reshape(dy, {N, g.H, g.Dv}), e.c.linear_norm_eps, true);
+  e.grad(onorm, on.dw);
+  dx = b.add(dx, linear_back(b.reshape(on.dz, {N, g.VD}), x, gproj));
+  // the delta rule (beta recomputed from its logits, the decay broadcast again)
+  const double mb = e.c.linear_allow_neg_eigval ? 2.0 : 1.0,
+               scale = 1.0 / std::sqrt(static_cast<double>(g.Dk));
+  const Value sb = b.logistic(*s.blog), beta = b.mul(sb, full(b, {N, g.H}, mb));
+  const DeltaInputs in = delta_inputs(b, m, *s.qn, *s.kn, *s.vc, broadcast_decay(b, *s.gh, g, N), beta, e.B,
+                                      e.T, g.H, g.Dk, g.Dv, scale);
+  const DeltaGrads dd = delta_backward(b, in, m, b.reshape(on.dout, {N, g.VD}), scale, emit_checkpoint);
+  const Value dblog =
+      b.mul(b.mul(dd.dbeta, full(b, {N, g.H}, mb)), b.mul(sb, b.sub(full(b, {N, g.H}, 1.0), sb)));
+  dx = b.add(dx, linear_back(dblog, x, bproj));
+  // g = A softplus(araw + dt_bias), A = -exp(A_log), one per head: dg sums the key dimension
+  const Value dg = b.reduce_sum(b.reshape(dd.dg, {N, g.H, g.Dk}), {2});
+  const Value A = bc(b, b.neg(b.exp(e.W(A_log))), {N, g.H}, {1});
+  const Value xx = b.add(*s.araw, bc(b, e.W(dt_bias), {N, g.H}, {1}));
+  const Value spg = b.select(b.compare(xx, full(b, {N, g.H}, 20.0), xla::Compare::kGt),
+                             full(b, {N, g.H}, 1.0), b.logistic(xx));
+  const Value daraw = b.mul(b.mul(dg, A), spg);
+  e.grad(A_log, b.reduce_sum(b.mul(dg, *s.gh), {0}));
+  e.grad(dt_bias, b.reduce_sum(daraw, {0}));
+  dx = b.add(dx, linear_back(daraw, x, aproj));
+  // q, k, v: L2 norm (q, k), conv + SiLU over the fused weight's rows, projection
+  const ConvBackward cq =
+      conv_backward(b, *s.qin, w.q, m, l2norm_backward(b, *s.qc, dd.dq, g.H, g.Dk), e.B, e.T);
+  const ConvBackward ck =
+      conv_backward(b, *s.kin, w.k, m, l2norm_backward(b, *s.kc, dd.dk, g.H, g.Dk), e.B, e.T);
+  const ConvBackward cv = conv_backward(b, *s.vin, w.v, m, dd.dv, e.B, e.T);
+  e.grad(conv, b.concatenate({cq.dw, ck.dw, cv.dw}, 0));
+  dx = b.add(dx, linear_back(cq.dx, x, q));
+  dx = b.add(dx, linear_back(ck.dx, x, k));
+  return b.add(dx, linear_back(cv.dx, x, v));
 }
 
 #define OLMOSFT_GDN(T)                                                                                      \

@@ -13,16 +13,20 @@
 // decay, the beta logits and beta, o, the gate pre-activation and y; recomputes nothing. Value heads equal
 // key heads (GVA is refused by the config).
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "model/layers.h"
 #include "model/unit.h"
+#include "model/unit_emit.h"
 
 namespace olmosft::model::unit {
 
 struct GdnUnit {
-  int q = -1, k = -1, v = -1, a = -1, b = -1, g = -1, o = -1, A_log = -1, dt_bias = -1, conv = -1, onorm = -1;
+  int q = -1, k = -1, v = -1, aproj = -1, bproj = -1, gproj = -1, o = -1, A_log = -1, dt_bias = -1, conv = -1,
+      onorm = -1;
 
   template <typename T>
   struct Saved {
@@ -39,12 +43,28 @@ struct GdnUnit {
     static int64_t per_token(const ModelConfig& c);
   };
 
+  // XLA (unit_emit.h): the graph keeps the projections, the conv outputs, the normalised q/k, the decay input
+  // and the per-head decay, the beta logits, o, the gate pre-activation and y; the delta rule's backward
+  // recomputes its states from checkpoints every emit_checkpoint tokens.
+  int64_t emit_checkpoint = 64;
+  struct Emitted {
+    std::optional<xla::Value> qin, kin, vin, qc, kc, vc, qn, kn, araw, gh, blog, o, z, y;
+  };
+  xla::Value emit_forward(Emit& e, const xla::Value& x, Emitted& s) const;
+  xla::Value emit_backward(Emit& e, const xla::Value& x, const Emitted& s, const xla::Value& da) const;
+
   // prefix = "model.layers.<l>.linear_attn."
   static GdnUnit resolve(const ParamIndex& idx, const std::string& prefix, const LayerSpec& spec);
   static int64_t saved_floats_per_token(const ModelConfig& c);
   // FLOPs (train/flops.cpp): weight elements of the per-token GEMMs (q/k/v, a, b, g, o); the delta rule is
   // counted per document chunk as KDA's (train::kda_document_flops).
   static double gemm_weights_per_token(const ModelConfig& c);
+  // Per-head delta-rule recurrences this mixer runs per layer (train/flops.cpp counts each per document
+  // chunk as train::kda_document_flops), and its widest per-token projection (train/plan.cpp: bf16 operands).
+  static int64_t delta_rule_heads(const ModelConfig& c) { return c.linear_num_key_heads; }
+  static int64_t widest_projection(const ModelConfig& c) {
+    return c.linear_num_key_heads * std::max(c.linear_key_head_dim, c.linear_value_head_dim);
+  }
 
   // x [N, d] -> a [N, d] (overwritten); the forward uses the scratch's gk.
   template <typename T>

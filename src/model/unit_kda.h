@@ -14,6 +14,7 @@
 // token-by-token recurrence (a while loop over t with a [B, H, Dk, Dv] state), its backward the reverse-time
 // recurrence.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 
@@ -60,6 +61,12 @@ struct KdaUnit {
   // FLOPs (train/flops.cpp): weight elements of the per-token GEMMs (q/k/v, f_proj_1/2, beta, g_proj_1/2,
   // o); the delta rule itself is counted per document chunk by train::kda_document_flops.
   static double gemm_weights_per_token(const ModelConfig& c);
+  // Per-head delta-rule recurrences this mixer runs per layer (train/flops.cpp counts each per document
+  // chunk as train::kda_document_flops), and its widest per-token projection (train/plan.cpp: bf16 operands).
+  static int64_t delta_rule_heads(const ModelConfig& c) { return c.linear_num_key_heads; }
+  static int64_t widest_projection(const ModelConfig& c) {
+    return c.linear_num_key_heads * std::max(c.linear_key_head_dim, c.linear_value_head_dim);
+  }
 
   // x [N, d] -> a [N, d] (overwritten); the forward needs no scratch (the mixers' common signature).
   template <typename T>

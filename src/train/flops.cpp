@@ -145,12 +145,11 @@ FlopModel::FlopModel(const model::ModelConfig& c, const FlopOptions& o) : o_(o) 
   per_pair_ = static_cast<double>(c.num_attention_heads) * (12 * D + (o.recompute ? 2 * D : 0.0));
   for (const model::LayerSpec& s : layers) {
     const bool attn = s.mixer == model::MixerKind::Attention;
-    // GDN runs KDA's delta-rule kernels (its decay broadcast over the key dimension)
-    kda_layers_ += s.mixer == model::MixerKind::Kda || s.mixer == model::MixerKind::Gdn;
+    // each KDA / GDN head runs the same delta-rule kernels (GDN's decay broadcast over the key dimension)
+    delta_heads_ += static_cast<double>(model::unit::Block::delta_rule_heads(c, s));
     full_layers_ += attn && s.window == 0;
     sliding_layers_ += attn && s.window != 0;
   }
-  kda_heads_ = static_cast<double>(c.linear_num_key_heads);
   window_ = c.sliding_window;
   dk_ = c.linear_key_head_dim;
   dv_ = c.linear_value_head_dim;
@@ -174,10 +173,10 @@ FlopCount FlopModel::count(const model::Batch& b) const {
   for (int64_t n : lay.docs) {
     f.attention +=
         per_pair_ * (full_layers_ * attention_pairs(n, 0) + sliding_layers_ * attention_pairs(n, window_));
-    if (kda_layers_ == 0) continue;
+    if (delta_heads_ == 0) continue;
     const KdaFlops kf = kda_document_flops(n, dk_, dv_, o_.kda_chunk, o_.recompute);
-    f.kda += kda_layers_ * kda_heads_ * (kf.gemm + kf.other);
-    f.kda_gemm += kda_layers_ * kda_heads_ * kf.gemm;
+    f.kda += delta_heads_ * (kf.gemm + kf.other);
+    f.kda_gemm += delta_heads_ * kf.gemm;
   }
   f.conventional = 6 * n_params_ * tokens;
   return f;

@@ -62,7 +62,8 @@ class FlopModel {
  private:
   FlopOptions o_;
   double per_token_ = 0, per_routed_ = 0, top_k_ = 0, vd_ = 0, per_pair_ = 0, n_params_ = 0;
-  double kda_layers_ = 0, full_layers_ = 0, sliding_layers_ = 0, kda_heads_ = 0;
+  double delta_heads_ = 0;  // per-head delta-rule recurrences over the layers (KDA, GDN)
+  double full_layers_ = 0, sliding_layers_ = 0;
   int64_t window_ = 0, dk_ = 0, dv_ = 0;
 };
 

@@ -16,6 +16,7 @@
 #include "model/layers.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "model/unit_block.h"
 #include "train/batch.h"
 #include "train/flops.h"
 
@@ -109,13 +110,8 @@ double bf16_operand_bytes(const model::ModelConfig& m, int64_t N, const XentConf
   const std::vector<model::LayerSpec> layers = model::layer_specs(m);
   const bool moe = model::has_ffn(layers, model::FfnKind::Moe);
   int64_t widest = std::max({m.hidden_size, m.num_attention_heads * m.head_dim, m.attention_hidden_size});
-  for (const model::LayerSpec& s : layers) {
-    if (s.ffn == model::FfnKind::SwiGlu) widest = std::max(widest, s.ffn_hidden);
-    if (s.ffn == model::FfnKind::Moe) widest = std::max(widest, m.shared_expert_intermediate_size);
-    if (s.mixer == model::MixerKind::Kda || s.mixer == model::MixerKind::Gdn)
-      widest =
-          std::max(widest, m.linear_num_key_heads * std::max(m.linear_key_head_dim, m.linear_value_head_dim));
-  }
+  for (const model::LayerSpec& s : layers)
+    widest = std::max(widest, model::unit::Block::widest_projection(m, s));
   const int64_t chunk = xc.vocab_chunk == 0 ? xc.valid_vocab : std::min(xc.vocab_chunk, xc.valid_vocab);
   const int64_t block = xc.row_block == 0 ? N : std::min(xc.row_block, N), d = m.hidden_size;
   const double a = double(std::max(N * widest, block * std::max(d, chunk)));

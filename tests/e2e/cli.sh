@@ -23,5 +23,14 @@ out=$(env -u OMP_WAIT_POLICY "$bin" selfcheck --threads 1)
 check "OMP_WAIT_POLICY defaults to passive" "grep -q 'omp_wait_policy=passive' <<<\"\$out\""
 out=$(OMP_WAIT_POLICY=active "$bin" selfcheck --threads 1)
 check "a user's OMP_WAIT_POLICY is kept" "grep -q 'omp_wait_policy=active' <<<\"\$out\""
-echo "$((9 - fails)) passed, $fails failed"
+# check model: the runbook's traps a config shows (model/traps.h), and special ids against a tokenizer
+out=$("$bin" check model olmo-hybrid-7b); rc=$?
+check "check model passes the released Olmo Hybrid 7B shape (NoPE, dolma2 ids)" \
+  "[ $rc -eq 0 ] && grep -q '^ok   rope: 8 attention layers without RoPE (NoPE)' <<<\"\$out\""
+out=$("$bin" check model "$(dirname "$0")/../golden/model/hf_olmo_hybrid/rope_negeig" --tokenizer builtin:bytes); rc=$?
+check "check model fails a tokenizer whose eos the config does not have (exit 1, named)" \
+  "[ $rc -eq 1 ] && grep -q '^FAIL eos matches the tokenizer: tokenizer eos 258' <<<\"\$out\""
+out=$("$bin" check model no-such-preset 2>&1); rc=$?
+check "check model on an unknown preset exits 2 naming it" "[ $rc -eq 2 ] && grep -q 'no-such-preset' <<<\"\$out\""
+echo "$((12 - fails)) passed, $fails failed"
 [ $fails -eq 0 ]

@@ -1,0 +1,73 @@
+// The delta rule and its neighbours as StableHLO, shared by the KDA and Gated DeltaNet units' emit_forward /
+// emit_backward (unit_emit.h, docs/xla.md): document masks, the causal depthwise conv + SiLU within
+// documents, the per-head L2 norm, the decay gate, the gated output RMSNorm (sigmoid or SiLU gate), and the
+// token-by-token delta rule with its reverse-time backward (states recomputed from checkpoints). Each mirrors
+// its CPU kernel in kernels/kda.h (same formula, same document handling).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "xla/hlo_builder.h"
+
+namespace olmosft::model::unit::delta_emit {
+
+using xla::HloBuilder;
+using xla::Value;
+
+// f32 constant of DIMS; X broadcast to DIMS with its dimensions at BDIMS.
+Value full(HloBuilder& b, const std::vector<int64_t>& dims, double v);
+Value bc(HloBuilder& b, const Value& x, const std::vector<int64_t>& dims, const std::vector<int64_t>& bdims);
+
+// The documents of a [B, T] batch as f32 0/1 masks [B, T] (valid, a document's first token, and per conv
+// shift s whether token t - s is in t's document).
+struct DocMasks {
+  Value valid, start;
+  std::vector<Value> conv;
+};
+DocMasks doc_masks(HloBuilder& b, const Value& seg, int64_t K);
+
+// Causal depthwise conv + SiLU within documents, IN [N, C], W [C, 1, K] (kernels/kda.h short_conv_silu).
+Value conv_forward(HloBuilder& b, const Value& in, const Value& w, const DocMasks& m, int64_t B, int64_t T);
+struct ConvBackward {
+  Value dx, dw;
+};
+ConvBackward conv_backward(HloBuilder& b, const Value& in, const Value& w, const DocMasks& m, const Value& dy,
+                           int64_t B, int64_t T);
+
+// L2 norm of each head, X [N, H*D] (eps 1e-6 inside the root).
+Value l2norm_forward(HloBuilder& b, const Value& x, int64_t H, int64_t D);
+Value l2norm_backward(HloBuilder& b, const Value& x, const Value& dy, int64_t H, int64_t D);
+
+// torch softplus (threshold 20); the gate g = -exp(A_log[h]) softplus(f + dt_bias), F [N, H*D] -> [N, H, D].
+Value softplus(HloBuilder& b, const Value& x);
+Value gate_forward(HloBuilder& b, const Value& f, const Value& A_log, const Value& dt_bias, int64_t H,
+                   int64_t D);
+
+// The gated output RMSNorm, O, Z [N, H, D], W [D]: y = o rsqrt(mean(o^2) + eps) w act(z), act = sigmoid
+// (KDA) or silu (GDN).
+Value out_norm_forward(HloBuilder& b, const Value& o, const Value& z, const Value& w, double eps, bool silu);
+struct OutNormBackward {
+  Value dout, dz, dw;
+};
+OutNormBackward out_norm_backward(HloBuilder& b, const Value& o, const Value& z, const Value& w,
+                                  const Value& dy, double eps, bool silu);
+
+// The delta rule's inputs, time-major ([T, B, H, ...]): q scaled and zero on padding, the decay exp(g) (0
+// at a document's first token, 1 on padding), beta zero on padding. G [N, H*Dk].
+struct DeltaInputs {
+  Value q, k, v, a, beta;
+  int64_t B, T, H, Dk, Dv;
+};
+DeltaInputs delta_inputs(HloBuilder& b, const DocMasks& m, const Value& qn, const Value& kn, const Value& vc,
+                         const Value& g, const Value& beta, int64_t B, int64_t T, int64_t H, int64_t Dk,
+                         int64_t Dv, double scale);
+// o [N, H*Dv], token by token (a while loop over t carrying the state [B, H, Dk, Dv]).
+Value delta_forward(HloBuilder& b, const DeltaInputs& in);
+// The reverse-time recurrence with the states recomputed from checkpoints every CKPT tokens.
+struct DeltaGrads {
+  Value dq, dk, dv, dg, dbeta;  // [N, H*Dk], [N, H*Dk], [N, H*Dv], [N, H*Dk], [N, H]
+};
+DeltaGrads delta_backward(HloBuilder& b, const DeltaInputs& in0, const DocMasks& m, const Value& dO,
+                          double scale, int64_t ckpt);
+
+}  // namespace olmosft::model::unit::delta_emit
