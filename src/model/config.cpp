@@ -426,9 +426,9 @@ void read_olmo_hybrid(const Obj& o, ModelConfig& c) {
   check_heads(c, o, c.hidden_size, "hidden_size");
   c.linear_num_key_heads = o.positive("linear_num_key_heads", c.num_attention_heads);
   c.linear_num_value_heads = o.positive("linear_num_value_heads", c.num_attention_heads);
-  OLMO_CHECK(c.linear_num_value_heads == c.linear_num_key_heads, ctx, ": linear_num_value_heads (",
-             c.linear_num_value_heads, ") differs from linear_num_key_heads (", c.linear_num_key_heads,
-             "): grouped value heads (GVA) are not supported (the released Olmo Hybrid has equal counts)");
+  OLMO_CHECK(c.linear_num_value_heads % c.linear_num_key_heads == 0, ctx, ": linear_num_value_heads (",
+             c.linear_num_value_heads, ") is not a multiple of linear_num_key_heads (",
+             c.linear_num_key_heads, "): each key head must serve a whole group of value heads (GVA)");
   const auto dk = static_cast<int64_t>(
       std::floor(0.75 * static_cast<double>(c.hidden_size) / static_cast<double>(c.linear_num_key_heads)));
   c.linear_key_head_dim = o.positive("linear_key_head_dim", dk);

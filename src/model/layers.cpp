@@ -45,8 +45,9 @@ void check_olmo_hybrid(const ModelConfig& c) {
   OLMO_CHECK(c.hidden_act == "silu", ctx, ": hidden_act '", c.hidden_act,
              "' is not supported (expected silu)");
   OLMO_CHECK(!c.attention_bias, ctx, ": attention_bias=true is not supported");
-  OLMO_CHECK(c.linear_num_key_heads == c.linear_num_value_heads, ctx, ": linear_num_key_heads (",
-             c.linear_num_key_heads, ") must equal linear_num_value_heads (", c.linear_num_value_heads, ")");
+  OLMO_CHECK(c.linear_num_key_heads > 0 && c.linear_num_value_heads % c.linear_num_key_heads == 0, ctx,
+             ": linear_num_value_heads (", c.linear_num_value_heads,
+             ") must be a multiple of linear_num_key_heads (", c.linear_num_key_heads, ")");
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     OLMO_CHECK(c.layer_types.at(static_cast<size_t>(l)) != LayerType::SlidingAttention, ctx, ": layer ", l,
                " is sliding_attention (olmo_hybrid has linear_attention and full_attention only)");

@@ -73,8 +73,8 @@ void olmo3_layer(Builder& b, const ModelConfig& c, int64_t i) {
 // olmo_hybrid's linear_attention layer (HF state-dict order): the SwiGLU, the pre-norms, then the GDN mixer.
 void gdn_layer(Builder& b, const ModelConfig& c, int64_t i) {
   const std::string p = hf::layer(i), a = p + hf::kLinearAttn, m = p + hf::kMlp;
-  const int64_t d = c.hidden_size, f = c.intermediate_size, H = c.linear_num_key_heads;
-  const int64_t kd = H * c.linear_key_head_dim, vd = H * c.linear_value_head_dim,
+  const int64_t d = c.hidden_size, f = c.intermediate_size, H = c.linear_num_value_heads;  // per value head
+  const int64_t kd = c.linear_num_key_heads * c.linear_key_head_dim, vd = H * c.linear_value_head_dim,
                 K = c.linear_conv_kernel_dim;
   b.add(m + hf::kGateProj, {f, d}, i);
   b.add(m + hf::kUpProj, {f, d}, i);

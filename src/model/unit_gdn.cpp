@@ -13,13 +13,16 @@ namespace olmosft::model::unit {
 
 namespace {
 
+// Hk key heads, H value heads (G = H / Hk value heads per key head: GVA when G > 1); KD = Hk Dk (q, k),
+// KDv = H Dk (q, k repeated per value head: the delta rule's), VD = H Dv.
 struct GdnDims {
-  int64_t H, Dk, Dv, KD, VD, C;
+  int64_t Hk, H, G, Dk, Dv, KD, KDv, VD, C;
 };
 
 GdnDims gdims(const ModelConfig& c) {
-  const int64_t H = c.linear_num_key_heads, Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
-  return {H, Dk, Dv, H * Dk, H * Dv, c.linear_conv_kernel_dim};
+  const int64_t Hk = c.linear_num_key_heads, H = c.linear_num_value_heads, Dk = c.linear_key_head_dim,
+                Dv = c.linear_value_head_dim;
+  return {Hk, H, H / Hk, Dk, Dv, Hk * Dk, H * Dk, H * Dv, c.linear_conv_kernel_dim};
 }
 
 template <typename T>
@@ -27,7 +30,7 @@ kda::KdaDims kdims(const Ctx<T>& ctx) {
   kda::KdaDims kd;
   kd.B = ctx.b.B;
   kd.L = ctx.b.T;
-  kd.H = ctx.c.linear_num_key_heads;
+  kd.H = ctx.c.linear_num_value_heads;
   kd.K = ctx.c.linear_key_head_dim;
   kd.V = ctx.c.linear_value_head_dim;
   return kd;
@@ -47,6 +50,26 @@ void sum_decay_grad(const T* dgk, int64_t NH, int64_t Dk, T* dg) {
     for (int64_t c = 0; c < Dk; ++c) s += dgk[i * Dk + c];
     dg[i] = s;
   }
+}
+
+// GVA: x [N, Hk, D] repeated per value head, y [N, Hk * G, D] (value head j reads key head j / G).
+template <typename T>
+void expand_heads(const T* x, int64_t NHk, int64_t G, int64_t D, T* y) {
+  for (int64_t i = 0; i < NHk; ++i)
+    for (int64_t g = 0; g < G; ++g) std::copy(x + i * D, x + (i + 1) * D, y + (i * G + g) * D);
+}
+
+// Its backward in place: dy [N, Hk * G, D] summed over each key head's G value heads into [N, Hk, D] at the
+// front of the same buffer. In order: the write of row i lies at or before its first read (i * G * D), and
+// every later read lies after it, so nothing is overwritten before it is read.
+template <typename T>
+void sum_heads_in_place(T* dy, int64_t NHk, int64_t G, int64_t D) {
+  for (int64_t i = 0; i < NHk; ++i)
+    for (int64_t c = 0; c < D; ++c) {
+      T s = 0;
+      for (int64_t g = 0; g < G; ++g) s += dy[(i * G + g) * D + c];
+      dy[i * D + c] = s;
+    }
 }
 
 }  // namespace
@@ -69,7 +92,7 @@ GdnUnit GdnUnit::resolve(const ParamIndex& idx, const std::string& p, const Laye
 
 int64_t GdnUnit::saved_floats_per_token(const ModelConfig& c) {
   const GdnDims g = gdims(c);
-  // qin kin qc kc qn kn: KD each; vin vc out z y: VD each; araw gh blog beta: H each.
+  // qin kin qc kc qn kn: KD each; vin vc out z y: VD each; araw gh blog beta: H (value heads) each.
   return 6 * g.KD + 5 * g.VD + 4 * g.H;
 }
 
@@ -93,14 +116,17 @@ void GdnUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
 template <typename T>
 int64_t GdnUnit::Scratch<T>::per_token(const ModelConfig& c) {
   const GdnDims g = gdims(c);
-  // gk dq dk dgk: KD; dy dO dz dv: VD; dg da dbeta dblog: H; dc din: max(KD, VD).
-  return 4 * g.KD + 4 * g.VD + 4 * g.H + 2 * std::max(g.KD, g.VD);
+  // gk dq dk dgk: KDv; qe ke (GVA): KDv; dy dO dz dv: VD; dg da dbeta dblog: H; dc din: max(KD, VD).
+  return (g.G > 1 ? 6 : 4) * g.KDv + 4 * g.VD + 4 * g.H + 2 * std::max(g.KD, g.VD);
 }
 
 template <typename T>
 void GdnUnit::Scratch<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
   const GdnDims g = gdims(c);
-  for (T** b : {&gk, &dq, &dk, &dgk}) p.add(b, N * g.KD);
+  for (T** b : {&gk, &dq, &dk, &dgk}) p.add(b, N * g.KDv);
+  qe = ke = nullptr;
+  if (g.G > 1)
+    for (T** b : {&qe, &ke}) p.add(b, N * g.KDv);
   for (T** b : {&dy, &dO, &dz, &dv}) p.add(b, N * g.VD);
   for (T** b : {&dg, &da, &dbeta, &dblog}) p.add(b, N * g.H);
   for (T** b : {&dc, &din}) p.add(b, N * std::max(g.KD, g.VD));
@@ -121,8 +147,14 @@ void GdnUnit::forward(const Ctx<T>& ctx, const T* x, T* out_, const Saved<T>& s,
   kda::short_conv_silu_forward(s.qin, wc, ctx.seg, B, L, gd.KD, C, s.qc);
   kda::short_conv_silu_forward(s.kin, wc + gd.KD * C, ctx.seg, B, L, gd.KD, C, s.kc);
   kda::short_conv_silu_forward(s.vin, wc + 2 * gd.KD * C, ctx.seg, B, L, gd.VD, C, s.vc);
-  kda::l2norm_forward(s.qc, N * gd.H, gd.Dk, static_cast<T>(kda::kL2NormEps), s.qn);
-  kda::l2norm_forward(s.kc, N * gd.H, gd.Dk, static_cast<T>(kda::kL2NormEps), s.kn);
+  kda::l2norm_forward(s.qc, N * gd.Hk, gd.Dk, static_cast<T>(kda::kL2NormEps), s.qn);
+  kda::l2norm_forward(s.kc, N * gd.Hk, gd.Dk, static_cast<T>(kda::kL2NormEps), s.kn);
+  const T *qh = s.qn, *kh = s.kn;  // per value head
+  if (gd.G > 1) {
+    expand_heads(s.qn, N * gd.Hk, gd.G, gd.Dk, w.qe);
+    expand_heads(s.kn, N * gd.Hk, gd.G, gd.Dk, w.ke);
+    qh = w.qe, kh = w.ke;
+  }
   linear_forward(x, ctx.W(aproj), s.araw, N, d, gd.H);
   kda::kda_gate_forward(s.araw, ctx.W(A_log), ctx.W(dt_bias), N, gd.H, int64_t{1}, s.gh);
   broadcast_decay(s.gh, N * gd.H, gd.Dk, w.gk);
@@ -131,9 +163,9 @@ void GdnUnit::forward(const Ctx<T>& ctx, const T* x, T* out_, const Saved<T>& s,
   const auto kd = kdims(ctx);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(gd.Dk)));
   if (ctx.kda_recurrent)
-    kda::kda_recurrent_forward(s.qn, s.kn, s.vc, w.gk, s.beta, ctx.seg, kd, scale, s.out);
+    kda::kda_recurrent_forward(qh, kh, s.vc, w.gk, s.beta, ctx.seg, kd, scale, s.out);
   else
-    kda::kda_chunk_forward(s.qn, s.kn, s.vc, w.gk, s.beta, ctx.seg, kd, scale, s.out, ctx.kda_chunk);
+    kda::kda_chunk_forward(qh, kh, s.vc, w.gk, s.beta, ctx.seg, kd, scale, s.out, ctx.kda_chunk);
   linear_forward(x, ctx.W(gproj), s.z, N, d, gd.VD);
   kda::kda_output_norm_forward(s.out, s.z, ctx.W(onorm), N * gd.H, gd.Dv,
                                static_cast<T>(ctx.c.linear_norm_eps), s.y, kda::GateAct::Silu);
@@ -156,15 +188,26 @@ void GdnUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T
                                 static_cast<T>(ctx.c.linear_norm_eps), w.dO, w.dz,
                                 grad_or(ctx.G(onorm), w.donorm, gd.Dv), kda::GateAct::Silu);
   linear_backward(w.dz, x, ctx.W(gproj), dx, ctx.G(gproj), N, d, gd.VD, true);
-  broadcast_decay(s.gh, N * gd.H, gd.Dk, w.gk);  // the scratch is shared by the layers: rebuild it
+  // the scratch is shared by the layers: rebuild the decay and the repeated q, k
+  broadcast_decay(s.gh, N * gd.H, gd.Dk, w.gk);
+  const T *qh = s.qn, *kh = s.kn;
+  if (gd.G > 1) {
+    expand_heads(s.qn, N * gd.Hk, gd.G, gd.Dk, w.qe);
+    expand_heads(s.kn, N * gd.Hk, gd.G, gd.Dk, w.ke);
+    qh = w.qe, kh = w.ke;
+  }
   const auto kd = kdims(ctx);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(gd.Dk)));
   if (ctx.kda_recurrent)
-    kda::kda_recurrent_backward(s.qn, s.kn, s.vc, w.gk, s.beta, ctx.seg, kd, scale, w.dO, w.dq, w.dk, w.dv,
-                                w.dgk, w.dbeta);
+    kda::kda_recurrent_backward(qh, kh, s.vc, w.gk, s.beta, ctx.seg, kd, scale, w.dO, w.dq, w.dk, w.dv, w.dgk,
+                                w.dbeta);
   else
-    kda::kda_chunk_backward(s.qn, s.kn, s.vc, w.gk, s.beta, ctx.seg, kd, scale, w.dO, w.dq, w.dk, w.dv, w.dgk,
+    kda::kda_chunk_backward(qh, kh, s.vc, w.gk, s.beta, ctx.seg, kd, scale, w.dO, w.dq, w.dk, w.dv, w.dgk,
                             w.dbeta, ctx.kda_chunk);
+  if (gd.G > 1) {  // the repeat's backward: each key head's G value heads summed
+    sum_heads_in_place(w.dq, N * gd.Hk, gd.G, gd.Dk);
+    sum_heads_in_place(w.dk, N * gd.Hk, gd.G, gd.Dk);
+  }
   kda::kda_beta_backward(s.blog, w.dbeta, N * gd.H, ctx.c.linear_allow_neg_eigval, w.dblog);
   linear_backward(w.dblog, x, ctx.W(bproj), dx, ctx.G(bproj), N, d, gd.H, true);
   sum_decay_grad(w.dgk, N * gd.H, gd.Dk, w.dg);
@@ -179,10 +222,10 @@ void GdnUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T
   // q, k, v: l2norm (q, k), conv + SiLU over the fused weight's rows, projection.
   T* dconv = grad_or(ctx.G(conv), w.dconv, (2 * gd.KD + gd.VD) * C);
   const T* wc = ctx.W(conv);
-  kda::l2norm_backward(s.qc, w.dq, N * gd.H, gd.Dk, static_cast<T>(kda::kL2NormEps), w.dc);
+  kda::l2norm_backward(s.qc, w.dq, N * gd.Hk, gd.Dk, static_cast<T>(kda::kL2NormEps), w.dc);
   kda::short_conv_silu_backward(s.qin, wc, ctx.seg, B, L, gd.KD, C, w.dc, w.din, dconv);
   linear_backward(w.din, x, ctx.W(q), dx, ctx.G(q), N, d, gd.KD, true);
-  kda::l2norm_backward(s.kc, w.dk, N * gd.H, gd.Dk, static_cast<T>(kda::kL2NormEps), w.dc);
+  kda::l2norm_backward(s.kc, w.dk, N * gd.Hk, gd.Dk, static_cast<T>(kda::kL2NormEps), w.dc);
   kda::short_conv_silu_backward(s.kin, wc + gd.KD * C, ctx.seg, B, L, gd.KD, C, w.dc, w.din,
                                 dconv + gd.KD * C);
   linear_backward(w.din, x, ctx.W(k), dx, ctx.G(k), N, d, gd.KD, true);
@@ -208,7 +251,16 @@ ConvRows conv_rows(HloBuilder& b, const Value& w, const GdnDims& g) {
 
 // The per-head decay [N, H] as the delta rule's per-channel one [N, H*Dk].
 Value broadcast_decay(HloBuilder& b, const Value& gh, const GdnDims& g, int64_t N) {
-  return b.reshape(bc(b, gh, {N, g.H, g.Dk}, {0, 1}), {N, g.KD});
+  return b.reshape(bc(b, gh, {N, g.H, g.Dk}, {0, 1}), {N, g.KDv});
+}
+// GVA: q or k [N, Hk*Dk] repeated per value head ([N, H*Dk]), and its backward (the G copies summed).
+Value expand_heads(HloBuilder& b, const Value& x, const GdnDims& g, int64_t N) {
+  if (g.G == 1) return x;
+  return b.reshape(bc(b, b.reshape(x, {N, g.Hk, g.Dk}), {N, g.Hk, g.G, g.Dk}, {0, 1, 3}), {N, g.KDv});
+}
+Value sum_heads(HloBuilder& b, const Value& dx, const GdnDims& g, int64_t N) {
+  if (g.G == 1) return dx;
+  return b.reshape(b.reduce_sum(b.reshape(dx, {N, g.Hk, g.G, g.Dk}), {2}), {N, g.KD});
 }
 
 }  // namespace
@@ -226,15 +278,16 @@ xla::Value GdnUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
   s.qc = conv_forward(b, *s.qin, w.q, m, e.B, e.T);
   s.kc = conv_forward(b, *s.kin, w.k, m, e.B, e.T);
   s.vc = conv_forward(b, *s.vin, w.v, m, e.B, e.T);
-  s.qn = l2norm_forward(b, *s.qc, g.H, g.Dk);
-  s.kn = l2norm_forward(b, *s.kc, g.H, g.Dk);
+  s.qn = l2norm_forward(b, *s.qc, g.Hk, g.Dk);
+  s.kn = l2norm_forward(b, *s.kc, g.Hk, g.Dk);
   s.araw = ops::linear_forward(b, x, e.W(aproj), e.operands);
   s.gh = b.reshape(gate_forward(b, *s.araw, e.W(A_log), e.W(dt_bias), g.H, 1), {N, g.H});
   s.blog = ops::linear_forward(b, x, e.W(bproj), e.operands);
   const Value beta = b.mul(b.logistic(*s.blog), full(b, {N, g.H}, e.c.linear_allow_neg_eigval ? 2.0 : 1.0));
   const double scale = 1.0 / std::sqrt(static_cast<double>(g.Dk));
-  s.o = delta_forward(b, delta_inputs(b, m, *s.qn, *s.kn, *s.vc, broadcast_decay(b, *s.gh, g, N), beta, e.B,
-                                      e.T, g.H, g.Dk, g.Dv, scale));
+  s.o =
+      delta_forward(b, delta_inputs(b, m, expand_heads(b, *s.qn, g, N), expand_heads(b, *s.kn, g, N), *s.vc,
+                                    broadcast_decay(b, *s.gh, g, N), beta, e.B, e.T, g.H, g.Dk, g.Dv, scale));
   s.z = ops::linear_forward(b, x, e.W(gproj), e.operands);
   s.y = b.reshape(out_norm_forward(b, b.reshape(*s.o, {N, g.H, g.Dv}), b.reshape(*s.z, {N, g.H, g.Dv}),
                                    e.W(onorm), e.c.linear_norm_eps, true),
@@ -267,8 +320,9 @@ xla::Value GdnUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
   const double mb = e.c.linear_allow_neg_eigval ? 2.0 : 1.0,
                scale = 1.0 / std::sqrt(static_cast<double>(g.Dk));
   const Value sb = b.logistic(*s.blog), beta = b.mul(sb, full(b, {N, g.H}, mb));
-  const DeltaInputs in = delta_inputs(b, m, *s.qn, *s.kn, *s.vc, broadcast_decay(b, *s.gh, g, N), beta, e.B,
-                                      e.T, g.H, g.Dk, g.Dv, scale);
+  const DeltaInputs in =
+      delta_inputs(b, m, expand_heads(b, *s.qn, g, N), expand_heads(b, *s.kn, g, N), *s.vc,
+                   broadcast_decay(b, *s.gh, g, N), beta, e.B, e.T, g.H, g.Dk, g.Dv, scale);
   const DeltaGrads dd = delta_backward(b, in, m, b.reshape(on.dout, {N, g.VD}), scale, emit_checkpoint);
   const Value dblog =
       b.mul(b.mul(dd.dbeta, full(b, {N, g.H}, mb)), b.mul(sb, b.sub(full(b, {N, g.H}, 1.0), sb)));
@@ -284,10 +338,10 @@ xla::Value GdnUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
   e.grad(dt_bias, b.reduce_sum(daraw, {0}));
   dx = b.add(dx, linear_back(daraw, x, aproj));
   // q, k, v: L2 norm (q, k), conv + SiLU over the fused weight's rows, projection
-  const ConvBackward cq =
-      conv_backward(b, *s.qin, w.q, m, l2norm_backward(b, *s.qc, dd.dq, g.H, g.Dk), e.B, e.T);
-  const ConvBackward ck =
-      conv_backward(b, *s.kin, w.k, m, l2norm_backward(b, *s.kc, dd.dk, g.H, g.Dk), e.B, e.T);
+  const ConvBackward cq = conv_backward(
+      b, *s.qin, w.q, m, l2norm_backward(b, *s.qc, sum_heads(b, dd.dq, g, N), g.Hk, g.Dk), e.B, e.T);
+  const ConvBackward ck = conv_backward(
+      b, *s.kin, w.k, m, l2norm_backward(b, *s.kc, sum_heads(b, dd.dk, g, N), g.Hk, g.Dk), e.B, e.T);
   const ConvBackward cv = conv_backward(b, *s.vin, w.v, m, dd.dv, e.B, e.T);
   e.grad(conv, b.concatenate({cq.dw, ck.dw, cv.dw}, 0));
   dx = b.add(dx, linear_back(cq.dx, x, q));

@@ -38,6 +38,7 @@ struct GdnUnit {
   template <typename T>
   struct Scratch {
     T *gk, *dy, *dO, *dz, *dv, *dq, *dk, *dgk, *dg, *da, *dbeta, *dblog, *dc, *din;
+    T *qe = nullptr, *ke = nullptr;  // GVA: q, k repeated per value head
     T *donorm, *dA, *ddt, *dconv;
     void plan(Plan& p, const ModelConfig& c, int64_t N);  // per_token(c) * N values + the stand-ins
     static int64_t per_token(const ModelConfig& c);
@@ -61,9 +62,10 @@ struct GdnUnit {
   static double gemm_weights_per_token(const ModelConfig& c);
   // Per-head delta-rule recurrences this mixer runs per layer (train/flops.cpp counts each per document
   // chunk as train::kda_document_flops), and its widest per-token projection (train/plan.cpp: bf16 operands).
-  static int64_t delta_rule_heads(const ModelConfig& c) { return c.linear_num_key_heads; }
+  static int64_t delta_rule_heads(const ModelConfig& c) { return c.linear_num_value_heads; }
   static int64_t widest_projection(const ModelConfig& c) {
-    return c.linear_num_key_heads * std::max(c.linear_key_head_dim, c.linear_value_head_dim);
+    return std::max(c.linear_num_key_heads * c.linear_key_head_dim,
+                    c.linear_num_value_heads * c.linear_value_head_dim);
   }
 
   // x [N, d] -> a [N, d] (overwritten); the forward uses the scratch's gk.

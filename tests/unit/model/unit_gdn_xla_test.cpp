@@ -25,7 +25,9 @@ using namespace olmosft::model;
 
 namespace {
 
-const std::string kDir = std::string(OLMOSFT_GOLDEN_DIR) + "/model/hf_olmo_hybrid/rope_negeig";
+std::string case_dir(const std::string& c) {
+  return std::string(OLMOSFT_GOLDEN_DIR) + "/model/hf_olmo_hybrid/" + c;
+}
 
 template <typename T>
 std::vector<T> vec(const Tensor& t) {
@@ -42,22 +44,20 @@ double rel_error(const Tensor& got, const Tensor& want) {
 }
 
 struct OracleBatch {
-  std::shared_ptr<safetensors::Reader> r = safetensors::Reader::open(kDir + "/oracle.safetensors");
+  std::shared_ptr<safetensors::Reader> r;
+  explicit OracleBatch(const std::string& dir) : r(safetensors::Reader::open(dir + "/oracle.safetensors")) {
+    for (int32_t y : tgt) trained.push_back(y != -100);
+  }
   std::vector<int32_t> ids = vec<int32_t>(r->copy("input_ids")), seg = vec<int32_t>(r->copy("segment_ids")),
                        pos = vec<int32_t>(r->copy("position_ids")), tgt = vec<int32_t>(r->copy("targets"));
   std::vector<uint8_t> trained;
   std::vector<double> lp64 = vec<double>(r->copy("logprobs"));
-  OracleBatch() {
-    for (int32_t y : tgt) trained.push_back(y != -100);
-  }
   Batch batch() const { return train::batch_view(2, 80, ids, seg, pos, tgt, trained); }
 };
 
-}  // namespace
-
-TEST(GdnXla, OlmoHybridMatchesTheCpuBackendAndTransformers) {
-  const HfModel hf = load_hf_dir(kDir);
-  const OracleBatch o;
+void matches_cpu_and_transformers(const std::string& c) {
+  const HfModel hf = load_hf_dir(case_dir(c));
+  const OracleBatch o(case_dir(c));
   const Batch b = o.batch();
   XlaDecoder x(hf.config, XlaOptions{});
   Decoder cpu(hf.config, DecoderOptions{});
@@ -91,3 +91,9 @@ TEST(GdnXla, OlmoHybridMatchesTheCpuBackendAndTransformers) {
   std::cout << "log-probs vs transformers' float64 run: max |d| " << gap << "\n";
   EXPECT_LT(gap, 2e-5);
 }
+
+}  // namespace
+
+TEST(GdnXla, OlmoHybridMatchesTheCpuBackendAndTransformers) { matches_cpu_and_transformers("rope_negeig"); }
+// Grouped value heads (2 value heads per key head): q and k repeated in the graph, their gradients summed.
+TEST(GdnXla, GroupedValueHeadsMatchTheCpuBackendAndTransformers) { matches_cpu_and_transformers("gva"); }
