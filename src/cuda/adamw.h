@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "kernels/adamw_config.h"
 
 namespace olmosft::cuda {
 
@@ -31,12 +32,10 @@ struct AdamWTensor {
   bool decay = true;
 };
 
-struct AdamWConfig {
-  double lr = 1e-3;
-  double beta1 = 0.9, beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.01;
-};
+// The shared hyperparameters (kernels/adamw_config.h, the CPU optimizer's; one set of defaults), under their
+// old name here too. step() checks them itself (std::invalid_argument; AdamWConfig::validate is in
+// olmosft_lib).
+using ::olmosft::AdamWConfig;
 
 class MultiTensorAdamW {
  public:

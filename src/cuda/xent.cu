@@ -129,7 +129,8 @@ FusedXent::FusedXent(Gemm& gemm, int64_t max_tokens, int64_t d, int64_t V_rows, 
           "FusedXent: valid_vocab=" + std::to_string(cfg.valid_vocab) +
               " must be in [1, V_rows=" + std::to_string(V_rows) + "]");
   require(cfg.vocab_chunk > 0 && cfg.row_block > 0, "FusedXent: vocab_chunk and row_block must be > 0");
-  require(std::isfinite(cfg.z_loss) && cfg.z_loss >= 0, "FusedXent: z_loss must be finite and >= 0");
+  require(std::isfinite(float(cfg.z_loss)) && float(cfg.z_loss) >= 0,
+          "FusedXent: z_loss must be finite and >= 0");
   chunk_ = std::min(cfg.vocab_chunk, cfg.valid_vocab);
   block_ = std::max<int64_t>(1, std::min(cfg.row_block, max_tokens));
   nchunks_ = (cfg.valid_vocab + chunk_ - 1) / chunk_;
@@ -199,8 +200,8 @@ void FusedXent::backward(const uint16_t* h, const uint16_t* W, const int32_t* ta
   const int64_t V = cfg_.valid_vocab;
   auto per_tile = [&](int64_t r0, int64_t nr, int64_t c, int64_t c0, int64_t nc) {
     grad_tile_kernel<<<unsigned(nr), kThreads, 0, stream>>>(logits_.data(), nc, r0, c0, targets, mask,
-                                                            cfg_.ignore_index, V, lse, scale, cfg_.z_loss,
-                                                            dlogit_.data());
+                                                            cfg_.ignore_index, V, lse, scale,
+                                                            float(cfg_.z_loss), dlogit_.data());
     check(cudaGetLastError(), "FusedXent::backward (dlogit)");
     if (dh)
       gemm_.matmul(Op::N, Op::N, nr, d_, nc, 1.0f, dlogit_.data(), nc, W + c0 * d_, d_, c == 0 ? 0.0f : 1.0f,

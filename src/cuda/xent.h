@@ -23,22 +23,17 @@
 
 #include "cuda/check.h"
 #include "cuda/gemm.h"
+#include "kernels/cross_entropy_config.h"
 
 namespace olmosft::cuda {
 
-struct XentConfig {
-  int64_t valid_vocab = 0;     // rows of W in the softmax (<= V_rows); required
-  float z_loss = 0.0f;         // z-loss coefficient, used by the backward
-  int64_t vocab_chunk = 8192;  // vocabulary rows per tile
-  int64_t row_block = 4096;    // tokens per tile
-  int32_t ignore_index = -100;
-};
-
-struct XentStats {
-  double ce_sum = 0;  // over trained tokens of (lse - logit[target])
-  double z_sum = 0;   // over trained tokens of lse^2
-  int64_t count = 0;  // trained tokens
-};
+// The shared configuration and result types (kernels/cross_entropy_config.h, the CPU kernel's; one set of
+// defaults), under their old names here too. The kernel reads them as the CPU's with two differences:
+// vocab_chunk and row_block must be > 0 (no untiled mode: the constructor throws), and z_loss is used as
+// float(z_loss), checked finite and >= 0 after that rounding. The default tiles are the CPU's; a caller sizes
+// them for the device.
+using ::olmosft::XentConfig;
+using ::olmosft::XentStats;
 
 class FusedXent {
  public:

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/adamw_config.h"  // AdamWConfig
+
 namespace olmosft {
 
 template <typename T>
@@ -20,14 +22,6 @@ struct AdamWParam {
   T* v = nullptr;     // second moment (zero-initialised by the caller)
   int64_t n = 0;      // elements
   bool decay = true;  // apply weight decay to this tensor
-};
-
-struct AdamWConfig {
-  double lr = 1e-3;
-  double beta1 = 0.9, beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.01;
-  void validate() const;  // throws olmosft::Error naming the bad field
 };
 
 // Sum of squares of all gradients, sqrt'ed (the pre-clip global norm).

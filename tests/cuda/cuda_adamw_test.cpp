@@ -6,14 +6,19 @@
 // m, v: 2^-22 (|b m| + |(1-b) g|); p: 2^-21 (|p keep| + |step|), step = lr/bc1 * m/denom.
 #include <gtest/gtest.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "cuda/adamw.h"
 #include "cuda/check.h"
 #include "cuda_test_util.h"
+#include "kernels/adamw_config.h"
 
 using namespace olmosft::cuda;
 using namespace olmosft::cuda::test;
+
+// One definition: the CUDA name is the CPU optimizer's type (same fields, same defaults).
+static_assert(std::is_same_v<olmosft::cuda::AdamWConfig, olmosft::AdamWConfig>);
 
 namespace {
 

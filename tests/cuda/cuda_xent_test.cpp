@@ -11,14 +11,20 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/check.h"
 #include "cuda/xent.h"
 #include "cuda_test_util.h"
+#include "kernels/cross_entropy_config.h"
 
 using namespace olmosft::cuda;
 using namespace olmosft::cuda::test;
+
+// One definition: the CUDA names are the CPU kernel's types (same fields, same defaults).
+static_assert(std::is_same_v<olmosft::cuda::XentConfig, olmosft::XentConfig>);
+static_assert(std::is_same_v<olmosft::cuda::XentStats, olmosft::XentStats>);
 
 namespace {
 
