@@ -51,8 +51,11 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--A", type=float, default=8.0)
     ap.add_argument("--dt-bias", type=float, default=-4.6)
+    ap.add_argument("--ftz", action="store_true", help="flush subnormals to zero (diagnostic)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.ftz:
+        torch.set_flush_denormal(True)
     kernel = torch_path(mh.torch_chunk_gated_delta_rule)
     if kernel.__module__ != mh.__name__:
         sys.exit("gdn_torch.py: torch_chunk_gated_delta_rule resolved to %s, not transformers' torch code"

@@ -32,11 +32,15 @@
 // documents of 4096 as batch rows since upstream has no packing), in the same run; --no-torch skips it.
 // GDN mode sets OMP_WAIT_POLICY=passive when unset (default_passive_omp_wait, as olmosft train does); the
 // children, torch's included, inherit it.
+//
+// --ftz (diagnostic, either mode; changes the numerics): the children run with subnormals flushed to zero
+// (MXCSR FTZ and DAZ; torch.set_flush_denormal(True) in the peer), to show what subnormal arithmetic costs.
 #include "kernels/kda.h"
 
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
+#include <xmmintrin.h>
 
 #include <algorithm>
 #include <chrono>
@@ -247,7 +251,7 @@ std::string shell_quote(const std::string& s) {
 int main(int argc, char** argv) {
   std::vector<int64_t> Ts = {4096, 65536};
   int64_t H = 1, K = 128, V = 256, chunk = 64, threads = 1, max_rec = 16384, reps = 3;
-  bool one = false, one_chunked = false, gdn = false, torch = true, set_H = false, set_K = false,
+  bool one = false, one_chunked = false, gdn = false, torch = true, ftz = false, set_H = false, set_K = false,
        set_V = false, set_T = false;
   int64_t one_T = 0;
   double A = 8.0, dt_bias = -4.6;  // --gdn only
@@ -286,6 +290,8 @@ int main(int argc, char** argv) {
       dt_bias = std::stod(next());
     else if (a == "--gdn")
       gdn = true;
+    else if (a == "--ftz")
+      ftz = true;
     else if (a == "--no-torch")
       torch = false;
     else if (a == "--one") {
@@ -304,6 +310,7 @@ int main(int argc, char** argv) {
     if (!set_V) V = 192;
     olmosft::default_passive_omp_wait(argv);
   }
+  if (ftz) _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ (bit 15) | DAZ (bit 6); inherited by OpenMP threads
   olmosft::set_threads(int(threads));
   if (one)
     return gdn ? run_one_gdn(one_chunked, one_T, H, K, V, chunk, reps, A, dt_bias)
@@ -326,6 +333,8 @@ int main(int argc, char** argv) {
         "KDA delta rule fwd+bwd, float32, H=%ld dk=%ld dv=%ld chunk=%ld threads=%ld, documents of 4096, "
         "best of %ld\n",
         long(H), long(K), long(V), long(chunk), long(threads), long(reps));
+  if (ftz)
+    std::printf("--ftz: subnormals flushed to zero in every child (diagnostic; not the kernels' numerics)\n");
   std::printf("%-10s %8s %8s %9s %9s %9s %9s %12s %10s %10s\n", "algo", "T", "T_run", "fwd_wall", "bwd_wall",
               "fwd_cpu", "bwd_cpu", "tok/s(cpu)", "peakRSS_MB", "kernel_MB");
   for (int64_t T : Ts) {
@@ -337,6 +346,7 @@ int main(int argc, char** argv) {
           << (c ? "chunked" : "recurrent") << " " << Tr << " --H " << H << " --K " << K << " --V " << V
           << " --chunk " << chunk << " --threads " << threads << " --reps " << reps;
       if (gdn) cmd << " --gdn --A " << A << " --dt-bias " << dt_bias;
+      if (ftz) cmd << " --ftz";
       tps[c] = run_child(cmd.str(), T);
       if (tps[c] < 0) {
         std::fprintf(stderr, "bench_kda: child run failed: %s\n", cmd.str().c_str());
@@ -351,7 +361,7 @@ int main(int argc, char** argv) {
           << " OPENBLAS_NUM_THREADS=" << threads << " " << shell_quote(py) << " "
           << shell_quote(OLMOSFT_SOURCE_DIR "/bench/gdn_torch.py") << " --T " << T << " --H " << H << " --K "
           << K << " --V " << V << " --chunk " << chunk << " --threads " << threads << " --reps " << reps
-          << " --A " << A << " --dt-bias " << dt_bias;
+          << " --A " << A << " --dt-bias " << dt_bias << (ftz ? " --ftz" : "");
       tps_torch = run_child(cmd.str(), T);
       if (tps_torch < 0) std::printf("torch: script failed: %s\n", cmd.str().c_str());
     }
