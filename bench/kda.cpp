@@ -37,6 +37,7 @@
 // (MXCSR FTZ and DAZ; torch.set_flush_denormal(True) in the peer), to show what subnormal arithmetic costs.
 #include "kernels/kda.h"
 
+#include <cblas.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -54,6 +55,7 @@
 #include <vector>
 
 #include "core/threads.h"
+#include "train/flops.h"
 
 using namespace olmosft::kda;
 using Clock = std::chrono::steady_clock;
@@ -240,6 +242,22 @@ double run_child(const std::string& cmd, int64_t T) {
   return tps;
 }
 
+// The hardware peer: the best of 3 single-threaded 1024^3 sgemms of the library the chunk kernels call
+// (OpenBLAS), in FLOP per CPU-second.
+double sgemm_peak_per_cpu_s() {
+  const int n = 1024;
+  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n, 0.0f);
+  olmosft::BlasSingleThread blas1;
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    const double c0 = cpu_seconds();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                c.data(), n);
+    best = std::min(best, cpu_seconds() - c0);
+  }
+  return 2.0 * n * n * n / best;
+}
+
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -333,6 +351,19 @@ int main(int argc, char** argv) {
         "KDA delta rule fwd+bwd, float32, H=%ld dk=%ld dv=%ld chunk=%ld threads=%ld, documents of 4096, "
         "best of %ld\n",
         long(H), long(K), long(V), long(chunk), long(threads), long(reps));
+  // Delta-rule FLOPs per token and head (train::kda_document_flops, the count behind MFU: GEMMs, solves and
+  // pairwise products; recompute = what our backward recomputes, the hardware count).
+  auto flops_per_token = [&](int64_t T, bool recompute) {
+    const int64_t doc = std::min<int64_t>(T, 4096);
+    const auto f = olmosft::train::kda_document_flops(doc, K, V, chunk, recompute);
+    return double(H) * (f.gemm + f.other) / double(doc);
+  };
+  double peak = 0;
+  if (gdn) {
+    peak = sgemm_peak_per_cpu_s();
+    std::printf("hardware peer: OpenBLAS sgemm 1024^3, 1 thread, best of 3: %.1f GFLOP per CPU-s\n",
+                peak * 1e-9);
+  }
   if (ftz)
     std::printf("--ftz: subnormals flushed to zero in every child (diagnostic; not the kernels' numerics)\n");
   std::printf("%-10s %8s %8s %9s %9s %9s %9s %12s %10s %10s\n", "algo", "T", "T_run", "fwd_wall", "bwd_wall",
@@ -368,6 +399,16 @@ int main(int argc, char** argv) {
     std::printf("%-10s %8ld  chunked/recurrent tokens/s ratio: %.2f", "ratio", long(T), tps[1] / tps[0]);
     if (tps_torch > 0) std::printf("; chunked/torch: %.2f", tps[1] / tps_torch);
     std::printf("\n");
+    if (gdn) {
+      const double fm = flops_per_token(T, false), fh = flops_per_token(T, true);
+      std::printf(
+          "%-10s %8ld  GFLOP per CPU-s, delta-rule model FLOPs (%.2f MFLOP/token): chunked %.1f, recurrent "
+          "%.1f",
+          "flops", long(T), fm * 1e-6, fm * tps[1] * 1e-9, fm * tps[0] * 1e-9);
+      if (tps_torch > 0) std::printf(", torch %.1f", fm * tps_torch * 1e-9);
+      std::printf("; chunked with its recompute (%.2f MFLOP/token): %.1f = %.2f of the sgemm peak\n",
+                  fh * 1e-6, fh * tps[1] * 1e-9, fh * tps[1] / peak);
+    }
   }
   return 0;
 }
