@@ -40,6 +40,18 @@ for exe in "${benches[@]}"; do
     status=1
   fi
 done
+# bench_kda's GDN mode (Olmo Hybrid's Gated DeltaNet, with transformers' torch chunked path from
+# deps/venv-reference as its peer; ~2.5 min on 2 loaded cores): bench/RESULTS.md "bench_kda --gdn".
+if [[ -x "$build/bench_kda" ]]; then
+  echo "== bench_kda --gdn"
+  if "$build/bench_kda" --gdn --max-recurrent-tokens 65536 | tee "$out/kda_gdn.md.tmp"; then
+    mv "$out/kda_gdn.md.tmp" "$out/kda_gdn.md"
+    { echo; echo "## kda --gdn"; echo; cat "$out/kda_gdn.md"; } >>"$summary"
+  else
+    echo "bench.sh: bench_kda --gdn failed" >&2
+    status=1
+  fi
+fi
 echo "== dist_train (bench/dist_train.sh: olmosft train under mpirun, 1 vs 2 processes)"
 if bench/dist_train.sh "$build" | tee "$out/dist_train.md.tmp"; then
   mv "$out/dist_train.md.tmp" "$out/dist_train.md"
