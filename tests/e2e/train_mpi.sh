@@ -97,6 +97,14 @@ mpi 2 train "$dir/recipe.yaml" run_name=hz2 dist.mode=zero3 model.remat=full "${
 check "hybrid zero3 with model.remat=full on 2 processes = 1 process without, bit for bit (moe_lb > 0)" \
   "[ $rc1 -eq 0 ] && [ $rc -eq 0 ] && same hz2 href && grep -q 'moe_lb=0.0[1-9]' '$dir/hz2.out'"
 
+# Olmo Hybrid (Gated DeltaNet + attention, transformers' save_pretrained layout): per-layer gathering of the
+# GDN layers' tensors (A_log, dt_bias, the fused conv) under zero3 with remat full.
+oh=(model.init="$G/model/hf_olmo_hybrid/rope_negeig" steps=2)
+"$bin" train "$dir/recipe.yaml" run_name=oref "${oh[@]}" >"$dir/oref.out" 2>"$dir/oref.err"; rc1=$?
+mpi 2 train "$dir/recipe.yaml" run_name=oz2 dist.mode=zero3 model.remat=full "${oh[@]}" >"$dir/oz2.out" 2>"$dir/oz2.err"; rc=$?
+check "olmo_hybrid zero3 with model.remat=full on 2 processes = 1 process without, bit for bit" \
+  "[ $rc1 -eq 0 ] && [ $rc -eq 0 ] && same oz2 oref"
+
 # Preemption: SIGTERM to rank 1 of 4 only (zero3); all ranks stop after the same step, one checkpoint.
 long=(steps=12)
 "$bin" train "$dir/recipe.yaml" run_name=full "${long[@]}" >"$dir/full.out" 2>"$dir/full.err"

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/threads.h"
+#include "double_model.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
 #include "model/hf_dir.h"
@@ -74,27 +75,7 @@ inline std::unique_ptr<Decoder> load_model_f32(const DecoderOptions& opts) {
   return m;
 }
 
-// fp64 copies of the fixture weights in registry order.
-struct DoubleModel {
-  ModelConfig config;
-  std::vector<std::string> names;
-  std::vector<std::vector<double>> w, g;
-  std::vector<const double*> wp() const {
-    std::vector<const double*> v;
-    for (const auto& x : w) v.push_back(x.data());
-    return v;
-  }
-  std::vector<double*> gp() {
-    std::vector<double*> v;
-    for (auto& x : g) v.push_back(x.data());
-    return v;
-  }
-  int index(const std::string& n) const {
-    for (size_t i = 0; i < names.size(); ++i)
-      if (names[i] == n) return static_cast<int>(i);
-    throw std::runtime_error("no parameter " + n);
-  }
-};
+using testutil::DoubleModel;  // fp64 copies of the weights in registry order
 
 inline DoubleModel load_model_f64() {
   HfModel hf = load_hf_dir(fixture_dir());

@@ -8,6 +8,7 @@
 
 #include "core/rng.h"
 #include "core/threads.h"
+#include "double_model.h"
 #include "model/config.h"
 #include "model/decoder.h"
 #include "model/model.h"
@@ -21,29 +22,7 @@ using namespace olmosft::model;
 
 inline const bool kSingleThreaded = (olmosft::set_threads(1), true);
 
-struct DoubleModel {
-  ModelConfig config;
-  std::vector<std::string> names;
-  std::vector<std::vector<double>> w, g;
-  std::vector<const double*> wp() const {
-    std::vector<const double*> v;
-    for (const auto& x : w) v.push_back(x.data());
-    return v;
-  }
-  std::vector<double*> gp() {
-    std::vector<double*> v;
-    for (auto& x : g) v.push_back(x.data());
-    return v;
-  }
-  int index(const std::string& n) const {
-    for (size_t i = 0; i < names.size(); ++i)
-      if (names[i] == n) return static_cast<int>(i);
-    throw std::runtime_error("no parameter " + n);
-  }
-  void zero_grads() {
-    for (auto& x : g) std::fill(x.begin(), x.end(), 0.0);
-  }
-};
+using testutil::DoubleModel;
 
 inline DoubleModel random_model(const ModelConfig& c, uint64_t seed) {
   std::vector<Param> params = allocate_params(c);
