@@ -609,8 +609,9 @@ std::string config_summary(const ModelConfig& c) {
   os << "\n";
   if (c.model_type == ModelType::OlmoHybrid) {
     os << "intermediate_size   " << c.intermediate_size << "\n"
-       << "GDN                 heads " << c.linear_num_key_heads << ", dk " << c.linear_key_head_dim
-       << ", dv " << c.linear_value_head_dim << ", conv " << c.linear_conv_kernel_dim << ", allow_neg_eigval "
+       << "GDN                 key heads " << c.linear_num_key_heads << ", value heads "
+       << c.linear_num_value_heads << ", dk " << c.linear_key_head_dim << ", dv " << c.linear_value_head_dim
+       << ", conv " << c.linear_conv_kernel_dim << ", allow_neg_eigval "
        << (c.linear_allow_neg_eigval ? "true" : "false") << "\n"
        << "rope (full)         ";
     if (c.use_rope)
