@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/kda.h"
 #include "model/config.h"
 #include "model/model.h"
 
@@ -70,6 +71,13 @@ struct Ctx {
   const T* W(int idx) const { return w[static_cast<size_t>(idx)]; }
   T* G(int idx) const { return (g == nullptr || idx < 0) ? nullptr : (*g)[static_cast<size_t>(idx)]; }
 };
+
+// The delta-rule kernels' dimensions (kernels/kda.h) for a context's batch: HEADS heads of the config's
+// linear key / value head sizes (KDA: its heads; GDN: its value heads).
+template <typename T>
+kda::KdaDims delta_rule_dims(const Ctx<T>& ctx, int64_t heads) {
+  return {ctx.b.B, ctx.b.T, heads, ctx.c.linear_key_head_dim, ctx.c.linear_value_head_dim};
+}
 
 struct Bf16Store;
 

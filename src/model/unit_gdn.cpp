@@ -25,17 +25,6 @@ GdnDims gdims(const ModelConfig& c) {
   return {Hk, H, H / Hk, Dk, Dv, Hk * Dk, H * Dk, H * Dv, c.linear_conv_kernel_dim};
 }
 
-template <typename T>
-kda::KdaDims kdims(const Ctx<T>& ctx) {
-  kda::KdaDims kd;
-  kd.B = ctx.b.B;
-  kd.L = ctx.b.T;
-  kd.H = ctx.c.linear_num_value_heads;
-  kd.K = ctx.c.linear_key_head_dim;
-  kd.V = ctx.c.linear_value_head_dim;
-  return kd;
-}
-
 // gk[n, h, c] = g[n, h]: the per-head decay as the delta-rule kernels' per-channel one.
 template <typename T>
 void broadcast_decay(const T* g, int64_t NH, int64_t Dk, T* gk) {
@@ -160,7 +149,7 @@ void GdnUnit::forward(const Ctx<T>& ctx, const T* x, T* out_, const Saved<T>& s,
   broadcast_decay(s.gh, N * gd.H, gd.Dk, w.gk);
   linear_forward(x, ctx.W(bproj), s.blog, N, d, gd.H);
   kda::kda_beta_forward(s.blog, N * gd.H, ctx.c.linear_allow_neg_eigval, s.beta);
-  const auto kd = kdims(ctx);
+  const auto kd = delta_rule_dims(ctx, ctx.c.linear_num_value_heads);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(gd.Dk)));
   if (ctx.kda_recurrent)
     kda::kda_recurrent_forward(qh, kh, s.vc, w.gk, s.beta, ctx.seg, kd, scale, s.out);
@@ -196,7 +185,7 @@ void GdnUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T
     expand_heads(s.kn, N * gd.Hk, gd.G, gd.Dk, w.ke);
     qh = w.qe, kh = w.ke;
   }
-  const auto kd = kdims(ctx);
+  const auto kd = delta_rule_dims(ctx, ctx.c.linear_num_value_heads);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(gd.Dk)));
   if (ctx.kda_recurrent)
     kda::kda_recurrent_backward(qh, kh, s.vc, w.gk, s.beta, ctx.seg, kd, scale, w.dO, w.dq, w.dk, w.dv, w.dgk,

@@ -13,20 +13,7 @@
 
 namespace olmosft::model::unit {
 
-namespace {
-
-template <typename T>
-kda::KdaDims kdims(const Ctx<T>& ctx) {
-  kda::KdaDims kd;
-  kd.B = ctx.b.B;
-  kd.L = ctx.b.T;
-  kd.H = ctx.c.linear_num_key_heads;
-  kd.K = ctx.c.linear_key_head_dim;
-  kd.V = ctx.c.linear_value_head_dim;
-  return kd;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 KdaUnit KdaUnit::resolve(const ParamIndex& idx, const std::string& a, const LayerSpec&) {
   KdaUnit u;
@@ -102,7 +89,7 @@ void KdaUnit::Scratch<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
 
 template <typename T>
 void KdaUnit::forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s, const Scratch<T>&) const {
-  const auto kd = kdims(ctx);
+  const auto kd = delta_rule_dims(ctx, ctx.c.linear_num_key_heads);
   const int64_t H = kd.H, Dk = kd.K, Dv = kd.V, KD = H * Dk, VD = H * Dv, R = ctx.c.linear_value_head_dim,
                 C = ctx.c.linear_conv_kernel_dim;
   linear_forward(x, ctx.W(q), s.qin, ctx.N, ctx.d, KD);
@@ -135,7 +122,7 @@ void KdaUnit::forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s, co
 template <typename T>
 void KdaUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* da, T* dx,
                        const Scratch<T>& w) const {
-  const auto kd = kdims(ctx);
+  const auto kd = delta_rule_dims(ctx, ctx.c.linear_num_key_heads);
   const int64_t H = kd.H, Dk = kd.K, Dv = kd.V, KD = H * Dk, VD = H * Dv, R = ctx.c.linear_value_head_dim,
                 C = ctx.c.linear_conv_kernel_dim;
   // A stand-in for an absent parameter gradient: zeroed scratch, discarded.
