@@ -13,6 +13,10 @@
 #                 same run (bench/olmo3_step_torch.py: transformers' Olmo3 with SDPA, eager, bf16) on the same
 #                 config and FLOP count (goal, issue #29: MFU >= 0.40 and >= 1.25x PyTorch's tokens/s)
 #   7b4-64k       the same at 65,536 tokens (PyTorch with gradient checkpointing); may not fit
+#   *-cudnn       the same two steps with cuDNN's fused attention (`--attention cudnn`: the custom calls
+#                 __cudnn$fmhaSoftmax[Backward] in JAX's form; xla_cudnn_attention_test checks them against
+#                 the blockwise attention on the GPU first). JAX reached 0.438 MFU at 8,192 with cuDNN, 0.206
+#                 without: the goal of 0.40 needs this path.
 #
 #   here, once:  scripts/install-deps.sh && scripts/accel-check.sh --stage
 #                (deps/xla/include: the PJRT C API header; deps/googletest; deps/xla-steps: the exports)
@@ -36,7 +40,10 @@ stage() {  # here, with the CPU build: googletest's source and the exported step
   "$bin" xla export --model $G --batch-file $G/batch.safetensors --batch 2 --seq 128 --vocab-tile 128 \
     --lm-z 1e-5 --expect --out "$steps/fixture-f32" &&
     "$bin" xla export --config olmo3-7b --layers 4 --seq 8192 --bf16 --out "$steps/7b4-8k" &&
-    "$bin" xla export --config olmo3-7b --layers 4 --seq 65536 --bf16 --out "$steps/7b4-64k" || return 1
+    "$bin" xla export --config olmo3-7b --layers 4 --seq 65536 --bf16 --out "$steps/7b4-64k" &&
+    "$bin" xla export --config olmo3-7b --layers 4 --seq 8192 --bf16 --attention cudnn --out "$steps/7b4-8k-cudnn" &&
+    "$bin" xla export --config olmo3-7b --layers 4 --seq 65536 --bf16 --attention cudnn \
+      --out "$steps/7b4-64k-cudnn" || return 1
   du -sh "$steps"
 }
 if [[ "${1:-}" == "--stage" ]]; then
@@ -88,7 +95,7 @@ check() {
     cuda) export OLMOSFT_PJRT_CUDA=$path ;;
     tpu) export OLMOSFT_PJRT_TPU=$path TPU_SKIP_MDS_QUERY=1 ;;
   esac
-  for t in xla_runtime_test xla_hlo_builder_test xla_aot_test; do
+  for t in xla_runtime_test xla_hlo_builder_test xla_aot_test xla_cudnn_attention_test; do
     echo "== $t on $plugin"
     if OLMOSFT_XLA_TEST_PLUGIN=$name "$build/$t"; then echo "RESULT $t passed"; else echo "RESULT $t FAILED"; status=1; fi
   done
@@ -105,12 +112,13 @@ run_steps() {
   local name=$1 peak=${PEAK_TFLOPS:-989} d
   [[ -d $steps ]] || { echo "accel-check: no $steps (run scripts/accel-check.sh --stage here and carry it)"; return 1; }
   local status=0
-  for d in "$steps"/fixture-f32 "$steps"/7b4-8k "$steps"/7b4-64k; do
+  for d in "$steps"/fixture-f32 "$steps"/7b4-8k "$steps"/7b4-8k-cudnn "$steps"/7b4-64k "$steps"/7b4-64k-cudnn; do
     [[ -f $d/manifest.txt ]] || { echo "accel-check: $d missing"; status=1; continue; }
     if [[ $plugin == cpu && $d != *fixture* ]]; then echo "== $d: skipped on the CPU plugin (7B-shaped)"; continue; fi
+    [[ $d == *cudnn* && $plugin != cuda ]] && { echo "== $d: skipped (cuDNN's attention: CUDA plugin only)"; continue; }
     echo "== training step $d on $plugin"
     "$build/xla_step_run" "$name" "$d" 3 "$peak" || { echo "RESULT xla_step $d FAILED (exit $?)"; status=1; }
-    [[ $d == *fixture* ]] && continue
+    [[ $d == *fixture* || $d == *cudnn* ]] && continue  # the PyTorch peer once per shape
     local T B flops remat=()
     T=$(awk '/^model/ { for (i = 1; i < NF; i++) if ($i == "T") print $(i + 1) }' "$d/manifest.txt")
     B=$(awk '/^model/ { for (i = 1; i < NF; i++) if ($i == "B") print $(i + 1) }' "$d/manifest.txt")

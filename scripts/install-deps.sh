@@ -12,6 +12,7 @@
 #   the upstream oracles of deps/pypi/reference.txt into deps/venv-reference (several GB; never needed by
 #   make test, only to regenerate golden fixtures with scripts/make-fixtures.sh), then OLMo-core and the modules
 #   it imports from deps/pypi/reference-olmo-core.txt with --no-deps (its pins would replace torch 2.15).
+#   And JAX (deps/pypi/reference-jax.txt) into its own deps/venv-jax, for tests/reference/jax_cudnn_attention.py.
 #   --tpu also unpacks libtpu.so (the libtpu wheel, 205 MB download, 575 MB unpacked) into deps/xla/tpu/: the
 #   TPU PJRT plugin `olmosft xla compile` uses to compile ahead of time for a TPU topology on this CPU-only
 #   machine (docs/xla.md). Its rows in deps/pypi/files.txt carry the opt-in group `tpu` in a fifth column.
@@ -137,5 +138,6 @@ chmod +x deps/lint/hadolint  # the Dockerfile linter (tests/e2e/k8s_image.sh), f
 if ((reference)); then
   venv_install deps/venv-reference deps/pypi/reference.txt
   nodeps_install deps/venv-reference deps/pypi/reference-olmo-core.txt
+  venv_install deps/venv-jax deps/pypi/reference-jax.txt  # tests/reference/jax_cudnn_attention.py
 fi
 exit 0

@@ -74,6 +74,9 @@ deps/venv/bin/python tests/reference/data_fixtures.py
 # (1 process) and by OLMoDDPTrainModule.save_state_dict_direct (2 processes) -> tests/golden/distcp/hybrid_*, with
 # OLMo-core's own HF export and model_olmo3moe.py's log-probs on it (OLMo-core's KDA forward needs a GPU).
 "$REFPY" tests/reference/olmo_core_hybrid_distcp.py
+# upstream oracle: JAX 0.10.2 lowering jax.nn.dot_product_attention(implementation="cudnn") for the cuda platform
+# -> tests/golden/xla/cudnn_fmha (the cuDNN custom calls src/xla/ops_attention_cudnn.cpp emits; deps/venv-jax)
+deps/venv-jax/bin/python tests/reference/jax_cudnn_attention.py
 if ((check)); then
   "$PY" tests/reference/model_safetensors.py --check
   "$PY" tests/reference/model_olmo3.py --check

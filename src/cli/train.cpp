@@ -34,6 +34,7 @@ std::unique_ptr<olmosft::model::CausalLM> build_model(const olmosft::TrainConfig
   olmosft::model::XlaOptions xo;  // device: xla (docs/xla.md)
   xo.plugin = c.xla.plugin;
   xo.cpu_devices = c.xla.cpu_devices;
+  xo.attention = olmosft::model::parse_xla_attention(c.xla.attention, "xla.attention");
   xo.bf16 = c.compute.gemm.compute == olmosft::ComputeDtype::BF16;
   return olmosft::model::make_model_unallocated(mc, [&](const olmosft::model::ModelConfig& m) {
     return std::make_unique<olmosft::model::XlaDecoder>(m, xo);

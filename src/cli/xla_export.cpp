@@ -42,7 +42,7 @@ using olmosft::model::XlaStepProgram;
 using olmosft::model::XlaStepTensor;
 
 struct Args {
-  std::string config, model, batch_file, out;
+  std::string config, model, batch_file, out, attention = "blockwise";
   int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0;
   double lm_z = 1e-4;
   bool bf16 = false, expect = false, f32_trig = false;
@@ -117,6 +117,7 @@ std::string argument_lines(const Args& a, const olmosft::model::ModelConfig& m, 
                            const fs::path& dir, std::vector<std::vector<char>>* host) {
   std::ostringstream os;
   const BatchArrays ba = read_batch(a, m);
+  if (a.attention == "cudnn") olmosft::model::check_cudnn_rows(ba.b.seg, a.batch, a.seq);
   const olmosft::model::XlaStepBatch& hb = ba.b;
   std::unique_ptr<olmosft::model::HfModel> weights;
   if (!a.model.empty())
@@ -223,6 +224,10 @@ int xla_export_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--lm-z", a.lm_z, "z-loss coefficient")->capture_default_str();
   app.add_option("--attention-block", a.block, "queries / keys per attention block (default: the backend's)");
+  app.add_option("--attention", a.attention,
+                 "blockwise (every plugin) or cudnn (cuDNN's fused attention: XLA's CUDA plugin only, one "
+                 "document per row)")
+      ->capture_default_str();
   app.add_flag("--expect", a.expect,
                "run the step here on XLA's CPU plugin and write its results as expected");
   return olmosft::cli::run_app(app, argc, argv, [&] {
@@ -240,6 +245,9 @@ int xla_export_main(int argc, char** argv) {
     xo.bf16 = a.bf16;
     xo.f64_trig = !a.f32_trig;
     if (a.block > 0) xo.attention_block = a.block;
+    xo.attention = olmosft::model::parse_xla_attention(a.attention, "--attention");
+    OLMO_CHECK(!(a.expect && xo.attention == olmosft::model::XlaAttention::kCudnn),
+               "--expect runs the step on XLA's CPU plugin, which cannot run --attention cudnn");
     olmosft::model::LossConfig loss;
     loss.vocab_tile = a.vocab_tile;
     loss.weight[olmosft::model::kLossLmZ] = a.lm_z;
@@ -263,7 +271,7 @@ int xla_export_main(int argc, char** argv) {
     std::ostringstream man;
     man << "olmosft-xla-step 1\nmodel " << m.model_type_name << " layers " << m.num_hidden_layers
         << " hidden " << m.hidden_size << " vocab " << m.vocab_size << " B " << a.batch << " T " << a.seq
-        << " bf16 " << int(a.bf16) << "\nflops " << flops << "\n"
+        << " bf16 " << int(a.bf16) << " attention " << a.attention << "\nflops " << flops << "\n"
         << args << results;
     olmosft::io::write_file_atomic((dir / "step.mlir").string(), p.text);
     olmosft::model::save_config(m, (dir / "config.json").string());  // for a peer (bench/olmo3_step_torch.py)

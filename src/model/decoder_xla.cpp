@@ -123,6 +123,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
   e.aux_scale = a.aux;
   e.operands = xo.bf16 ? xla::ops::Operands::kBF16 : xla::ops::Operands::kF32;
   e.attention_block = xo.attention_block;
+  e.attention_cudnn = xo.attention == XlaAttention::kCudnn;
   if (uses_rope(u.layers))
     for (int r : {static_cast<int>(RopeKind::Full), static_cast<int>(RopeKind::Sliding)})
       e.rope[r] = xla::ops::rope_tables(b, *a.pos, xla::ops::rope_inv_freq_constant(b, u.rope[r].inv_freq),
@@ -235,6 +236,30 @@ XlaStepBatch xla_step_batch(const ModelConfig& c, const DecoderOptions& o, const
   return h;
 }
 
+XlaAttention parse_xla_attention(const std::string& text, const std::string& where) {
+  if (text == "blockwise") return XlaAttention::kBlockwise;
+  if (text == "cudnn") return XlaAttention::kCudnn;
+  fail(where, ": expected blockwise or cudnn, got '", text, "'");
+}
+
+const char* xla_attention_name(XlaAttention a) { return a == XlaAttention::kCudnn ? "cudnn" : "blockwise"; }
+
+void check_cudnn_rows(const std::vector<int32_t>& seg, int64_t B, int64_t T) {
+  OLMO_CHECK(static_cast<int64_t>(seg.size()) == B * T, "check_cudnn_rows: ", seg.size(),
+             " segment ids for [", B, ", ", T, "]");
+  for (int64_t r = 0; r < B; ++r) {
+    const int32_t* s = seg.data() + r * T;
+    int64_t t = 0;
+    while (t < T && s[t] == s[0] && s[0] >= 0) ++t;
+    while (t < T && s[t] < 0) ++t;
+    OLMO_CHECK(t == T, "xla.attention cudnn: row ", r,
+               " of the batch is not one document followed by padding ", "(token ", t, " has segment ", s[t],
+               ", the row starts with segment ", s[0],
+               "); cuDNN's fused attention is emitted for one document per row: use xla.attention blockwise, "
+               "or rows of one document");
+  }
+}
+
 struct XlaDecoder::Impl {
   DecoderUnits units;
   xla::Client client;
@@ -259,6 +284,10 @@ XlaDecoder::XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const Decoder
   OLMO_CHECK(xo.cpu_devices > 0, "xla.cpu_devices must be > 0, got ", xo.cpu_devices);
   params_ = allocate_params(c);
   impl_ = std::make_unique<Impl>(c, opts, xo);
+  const std::string platform = impl_->client.platform_name();
+  OLMO_CHECK(xo.attention != XlaAttention::kCudnn || (platform != "cpu" && platform != "tpu"),
+             "xla.attention cudnn: cuDNN's fused attention runs on XLA's CUDA plugin only; xla.plugin ",
+             xo.plugin, " is platform ", platform, " (use xla.attention blockwise)");
 }
 
 XlaDecoder::~XlaDecoder() = default;
@@ -319,6 +348,7 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
              ", T=", batch.T, ")");
   OLMO_CHECK(batch.tokens != nullptr, who, ": batch has no tokens");
   const XlaStepBatch hb = xla_step_batch(config_, opts_, batch);
+  if (xo_.attention == XlaAttention::kCudnn) check_cudnn_rows(hb.seg, batch.B, batch.T);
   Impl& im = *impl_;
   const bool on_device = !im.p.empty(), accumulate = backward && !im.g.empty();
   xla::Executable& exe = program(

@@ -28,11 +28,20 @@ class Executable;
 
 namespace olmosft::model {
 
+enum class XlaAttention { kBlockwise, kCudnn };
+// "blockwise" | "cudnn"; WHERE names the key or flag in the error.
+XlaAttention parse_xla_attention(const std::string& text, const std::string& where);
+const char* xla_attention_name(XlaAttention a);
+
 struct XlaOptions {
   std::string plugin = "cpu";    // xla.plugin: cpu | cuda | tpu | a plugin path (xla/pjrt.h Plugin::load)
   int64_t cpu_devices = 1;       // devices XLA's CPU plugin creates (the step runs on the first); CPU only
   bool bf16 = false;             // bf16 operands in every GEMM with f32 accumulation (compute.dtype bf16)
   int64_t attention_block = 64;  // queries / keys per block of the blockwise attention
+  // xla.attention: the blockwise attention every plugin runs (segments, padding, windows), or cuDNN's fused
+  // attention (xla/ops_attention_cudnn.h: CUDA plugin only, bf16 operands, one document per row: checked per
+  // batch by check_cudnn_rows).
+  XlaAttention attention = XlaAttention::kBlockwise;
   // RoPE's cos / sin evaluated in f64 and rounded once, as the CPU kernels (bit-exact tables); false for
   // devices without f64 (TPU): f32 trigonometry, about 1e-7 relative.
   bool f64_trig = true;
@@ -86,6 +95,9 @@ struct XlaStepBatch {
   std::vector<float> logpos;
 };
 XlaStepBatch xla_step_batch(const ModelConfig& c, const DecoderOptions& o, const Batch& b);
+// What cuDNN's fused attention (XlaAttention::kCudnn) computes right: every row of SEG ([B, T], -1 =
+// padding) holds one document, then only padding. Throws naming the first row that packs more.
+void check_cudnn_rows(const std::vector<int32_t>& seg, int64_t B, int64_t T);
 
 class XlaDecoder : public CausalLM, public DeviceTraining {
  public:

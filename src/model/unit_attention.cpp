@@ -11,6 +11,7 @@
 #include "kernels/rope.h"
 #include "model/params.h"
 #include "xla/ops_attention.h"
+#include "xla/ops_attention_cudnn.h"
 
 namespace olmosft::model::unit {
 
@@ -265,8 +266,10 @@ xla::Value AttentionUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s)
   s.qin = b.reshape(qin, {e.B, e.T, H, D});
   s.kin = b.reshape(kn, {e.B, e.T, Hkv, D});
   s.vin = b.reshape(v_, {e.B, e.T, Hkv, D});
-  const ops::AttentionForward af =
-      ops::attention_forward(b, *s.qin, *s.kin, *s.vin, *e.seg, emit_attention_options(e, window));
+  const ops::AttentionOptions ao = emit_attention_options(e, window);
+  const ops::AttentionForward af = e.attention_cudnn
+                                       ? ops::attention_forward_cudnn(b, *s.qin, *s.kin, *s.vin, ao)
+                                       : ops::attention_forward(b, *s.qin, *s.kin, *s.vin, *e.seg, ao);
   s.out = af.out;
   s.lse = af.lse;
   xla::Value og = b.reshape(af.out, {N, H * D});
@@ -297,9 +300,12 @@ xla::Value AttentionUnit::emit_backward(Emit& e, const xla::Value& x, const Emit
     e.grad(gate, lg.dw);
     dx = lg.dx;
   }
+  const ops::AttentionOptions ao = emit_attention_options(e, window);
+  const xla::Value dout = b.reshape(dO, {e.B, e.T, H, D});
   const ops::AttentionBackward ab =
-      ops::attention_backward(b, *s.qin, *s.kin, *s.vin, *e.seg, *s.out, *s.lse,
-                              b.reshape(dO, {e.B, e.T, H, D}), emit_attention_options(e, window));
+      e.attention_cudnn
+          ? ops::attention_backward_cudnn(b, *s.qin, *s.kin, *s.vin, *s.out, *s.lse, dout, ao)
+          : ops::attention_backward(b, *s.qin, *s.kin, *s.vin, *e.seg, *s.out, *s.lse, dout, ao);
   xla::Value dqn = b.reshape(ab.dq, {N, H, D}), dkn = b.reshape(ab.dk, {N, Hkv, D});
   if (ssmax_scale >= 0) {                                              // qin = qn * logpos[i] * sc[h]
     const xla::Value per_head = b.reduce_sum(b.mul(dqn, *s.qn), {2});  // [N, H]

@@ -37,6 +37,7 @@ struct Emit {
   std::optional<xla::Value> aux_scale;          // f32 scalar: the MoE auxiliary losses' gradient factor
   xla::ops::Operands operands = xla::ops::Operands::kF32;
   int64_t attention_block = 64;  // keys / queries per block of the blockwise attention
+  bool attention_cudnn = false;  // cuDNN's fused attention (xla/ops_attention_cudnn.h) instead of blockwise
   // Per MoE layer in layer order, appended by MoeUnit::emit_forward: f32 [3] = load-balance loss, router
   // z-loss (both unweighted), required_buffer_factor (moe::MoeStats; dropless, so no dropped count).
   std::vector<xla::Value> moe_stats;

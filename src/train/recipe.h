@@ -81,6 +81,8 @@ struct TrainConfig {
   struct Xla {
     std::string plugin = "cpu";  // xla.plugin: cpu | cuda | tpu | a PJRT plugin path (device: xla)
     int64_t cpu_devices = 1;     // xla.cpu_devices: devices XLA's CPU plugin creates
+    std::string attention =
+        "blockwise";  // xla.attention: blockwise | cudnn (CUDA plugin, one document per row)
   } xla;
   std::string tokenizer;
   struct Model {

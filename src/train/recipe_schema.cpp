@@ -162,6 +162,12 @@ std::vector<RecipeKey> run_keys() {
           "device: xla: the PJRT plugin, cpu (XLA's CPU plugin, installed by scripts/install-deps.sh), cuda "
           "($OLMOSFT_PJRT_CUDA), tpu ($OLMOSFT_PJRT_TPU) or a plugin .so path",
           kMath, OLMOSFT_FIELD(xla.plugin)),
+      choice_key(
+          "xla.attention", "blockwise",
+          "device: xla: blockwise (the attention every plugin runs: packed documents, padding, windows) "
+          "or cudnn (cuDNN's fused attention as a custom call: xla.plugin cuda only, bf16 operands, rows "
+          "of one document each; docs/xla.md)",
+          kMath, {"blockwise", "cudnn"}, OLMOSFT_FIELD(xla.attention)),
       int_key("xla.cpu_devices", "1",
               "device: xla with xla.plugin cpu: devices XLA's CPU plugin creates (the "
               "step runs on the first)",

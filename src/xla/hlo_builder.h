@@ -45,6 +45,10 @@ struct CustomCallOptions {
   int api_version =
       2;  // XLA's custom-call API version (2: status returning, as cuDNN's attention; 4: typed FFI)
   bool has_side_effect = false;
+  // Layouts (minor-to-major dimension orders, one per operand / result, each a permutation of its rank) that
+  // the call's implementation reads and writes, e.g. cuDNN's attention results as {3, 1, 2, 0}. Empty: none
+  // stated (XLA's default, row-major); otherwise both lists are given, one entry per operand and result.
+  std::vector<std::vector<int64_t>> operand_layouts, result_layouts;
 };
 
 class HloBuilder {

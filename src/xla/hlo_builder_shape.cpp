@@ -254,6 +254,35 @@ std::vector<Value> HloBuilder::for_loop(int64_t trip_count, const std::vector<Va
   return std::vector<Value>(out.begin() + 1, out.end());
 }
 
+namespace {
+
+// `[dense<[3, 2, 1, 0]> : tensor<4xindex>, ...]`: one minor-to-major permutation per value of TYPES.
+std::string layouts_attr(const std::string& target, const char* what,
+                         const std::vector<std::vector<int64_t>>& layouts,
+                         const std::vector<TensorType>& types) {
+  OLMO_CHECK(layouts.size() == types.size(), "hlo_builder: custom_call ", target, ": ", layouts.size(), " ",
+             what, " layouts for ", types.size(), " ", what, "s (give one per ", what, ", or none at all)");
+  std::string s = "[";
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const std::vector<int64_t>& l = layouts[i];
+    std::vector<int64_t> sorted = l;
+    std::sort(sorted.begin(), sorted.end());
+    bool permutation = static_cast<int64_t>(l.size()) == types[i].rank();
+    for (size_t j = 0; permutation && j < sorted.size(); ++j)
+      permutation = sorted[j] == static_cast<int64_t>(j);
+    OLMO_CHECK(permutation, "hlo_builder: custom_call ", target, ": ", what, " ", i, "'s layout ",
+               dims_string(l), " is not a permutation of its ", types[i].rank(), " dimensions (",
+               types[i].mlir(), ")");
+    std::string dims;
+    for (size_t j = 0; j < l.size(); ++j) dims += (j ? ", " : "") + std::to_string(l[j]);
+    s += (i ? ", " : "") + std::string("dense<") + (l.size() == 1 ? dims : "[" + dims + "]") + "> : tensor<" +
+         std::to_string(l.size()) + "xindex>";
+  }
+  return s + "]";
+}
+
+}  // namespace
+
 std::vector<Value> HloBuilder::custom_call(const std::string& target, const std::vector<Value>& operands,
                                            const std::vector<TensorType>& results,
                                            const CustomCallOptions& o) {
@@ -268,10 +297,16 @@ std::vector<Value> HloBuilder::custom_call(const std::string& target, const std:
                "{eps = 1.0e-06 : f32}, got `",
                o.backend_config, "`");
   }
-  const std::string attrs = "call_target_name = " + mlir::quoted(target) +
-                            ", has_side_effect = " + (o.has_side_effect ? "true" : "false") +
-                            ", backend_config = " + config +
-                            ", api_version = " + std::to_string(o.api_version) + " : i32";
+  std::string attrs = "call_target_name = " + mlir::quoted(target) +
+                      ", has_side_effect = " + (o.has_side_effect ? "true" : "false") +
+                      ", backend_config = " + config + ", api_version = " + std::to_string(o.api_version) +
+                      " : i32";
+  if (!o.operand_layouts.empty() || !o.result_layouts.empty()) {
+    std::vector<TensorType> operand_types;
+    for (const Value& v : operands) operand_types.push_back(v.type());
+    attrs += ", operand_layouts = " + layouts_attr(target, "operand", o.operand_layouts, operand_types) +
+             ", result_layouts = " + layouts_attr(target, "result", o.result_layouts, results);
+  }
   return emit("stablehlo.custom_call", operands, attrs, results);
 }
 

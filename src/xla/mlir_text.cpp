@@ -41,6 +41,10 @@ std::string literal(ElementType t, double value, const char* op) {
     case ElementType::kPred:
       OLMO_CHECK(value == 0 || value == 1, "hlo_builder: ", op, ": a pred constant is 0 or 1, got ", value);
       return value != 0 ? "true" : "false";
+    case ElementType::kU8:
+      OLMO_CHECK(std::nearbyint(value) == value && value >= 0 && value < 256, "hlo_builder: ", op, ": ",
+                 value, " is not a ui8 value");
+      return std::to_string(static_cast<int64_t>(value));
     case ElementType::kS32:
     case ElementType::kS64: {
       const double lo = t == ElementType::kS32 ? -2147483648.0 : -9223372036854775808.0;

@@ -191,6 +191,8 @@ PJRT_Buffer_Type to_pjrt(ElementType t) {
       return PJRT_Buffer_Type_F32;
     case ElementType::kF64:
       return PJRT_Buffer_Type_F64;
+    case ElementType::kU8:
+      return PJRT_Buffer_Type_U8;
   }
   fail("xla: unknown element type ", int(t));
 }
@@ -209,6 +211,8 @@ ElementType from_pjrt(PJRT_Buffer_Type t, std::string_view context) {
       return ElementType::kF32;
     case PJRT_Buffer_Type_F64:
       return ElementType::kF64;
+    case PJRT_Buffer_Type_U8:
+      return ElementType::kU8;
     default:
       break;
   }

@@ -18,6 +18,8 @@ size_t element_bytes(ElementType t) {
       return 4;
     case ElementType::kF64:
       return 8;
+    case ElementType::kU8:
+      return 1;
   }
   fail("xla: unknown element type ", int(t));
 }
@@ -36,6 +38,8 @@ std::string_view mlir_name(ElementType t) {
       return "f32";
     case ElementType::kF64:
       return "f64";
+    case ElementType::kU8:
+      return "ui8";
   }
   fail("xla: unknown element type ", int(t));
 }

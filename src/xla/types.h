@@ -10,11 +10,11 @@
 
 namespace olmosft::xla {
 
-enum class ElementType : uint8_t { kPred, kS32, kS64, kBF16, kF32, kF64 };
+enum class ElementType : uint8_t { kPred, kS32, kS64, kBF16, kF32, kF64, kU8 };
 
 // Bytes per element on the host (kPred: one byte, 0 or 1).
 size_t element_bytes(ElementType t);
-// The MLIR spelling: i1, i32, i64, bf16, f32, f64.
+// The MLIR spelling: i1, i32, i64, bf16, f32, f64, ui8 (kU8: bytes, e.g. a custom call's workspace).
 std::string_view mlir_name(ElementType t);
 bool is_float(ElementType t);
 bool is_integer(ElementType t);  // kS32, kS64 (not kPred)

@@ -66,5 +66,15 @@ check "a batch file with a token outside the vocabulary is refused naming the fi
   "[ $rc -eq 2 ] && grep -q 'bad_batch.safetensors: olmo3: token id 999999 at row 0, position 5' '$dir/badbatch.err'"
 "$bin" xla export --config olmo3-tiny --seq 64 --expect --out "$dir/refused" >/dev/null 2>"$dir/refused.err"; rc=$?
 check "--expect with random weights is refused (exit 2)" "[ $rc -eq 2 ] && grep -q 'needs every argument from files' '$dir/refused.err'"
+"$bin" xla export --config olmo3-tiny --layers 2 --seq 64 --bf16 --attention cudnn --out "$dir/cudnn" \
+  >/dev/null 2>"$dir/cudnn.err"; rc=$?
+check "--attention cudnn writes cuDNN's forward and backward custom call per layer and says so in the manifest" \
+  "[ $rc -eq 0 ] && [ \$(grep -c 'call_target_name = \"__cudnn\$fmhaSoftmax\"' '$dir/cudnn/step.mlir') -eq 2 ] && [ \$(grep -c 'call_target_name = \"__cudnn\$fmhaSoftmaxBackward\"' '$dir/cudnn/step.mlir') -eq 2 ] && grep -q ' attention cudnn$' '$dir/cudnn/manifest.txt'"
+"$bin" xla export --model "$G/model/olmo3_tiny" --batch-file "$G/model/olmo3_tiny/batch.safetensors" --batch 2 \
+  --seq 128 --attention cudnn --out "$dir/cudnn_packed" >/dev/null 2>"$dir/cudnn_packed.err"; rc=$?
+check "--attention cudnn refuses the fixture's packed rows (several documents per row), naming the row (exit 2)" \
+  "[ $rc -eq 2 ] && grep -q 'xla.attention cudnn: row 0 of the batch is not one document followed by padding' '$dir/cudnn_packed.err'"
+"$bin" xla export --config olmo3-tiny --seq 64 --attention flash --out "$dir/flash" >/dev/null 2>"$dir/flash.err"; rc=$?
+check "--attention with an unknown value is refused (exit 2)" "[ $rc -eq 2 ] && grep -q \"expected blockwise or cudnn, got 'flash'\" '$dir/flash.err'"
 echo "$pass passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -200,6 +200,10 @@ TEST(Recipe, DeviceKeyAndCudaRefusal) {
   EXPECT_EQ(c.xla.plugin, "tpu");
   EXPECT_EQ(c.xla.cpu_devices, 2);
   EXPECT_EQ(Recipe::parse("steps: 3\n", "t.yaml").config().xla.plugin, "cpu");
+  EXPECT_EQ(Recipe::parse("steps: 3\n", "t.yaml").config().xla.attention, "blockwise");
+  EXPECT_EQ(Recipe::parse("steps: 3\nxla:\n  attention: cudnn\n", "x.yaml").config().xla.attention, "cudnn");
+  e = error_of([] { (void)Recipe::parse("steps: 3\nxla.attention: flash\n", "x.yaml").config(); });
+  EXPECT_NE(e.find("xla.attention: expected blockwise or cudnn, got 'flash'"), std::string::npos) << e;
   e = error_of([] { (void)Recipe::parse("steps: 3\nxla.cpu_devices: 0\n", "x.yaml").config(); });
   EXPECT_NE(e.find("xla.cpu_devices must be >= 1, got 0"), std::string::npos) << e;
   TrainConfig z = Recipe::parse("steps: 3\ndevice: xla\ndist:\n  mode: zero3\n", "z.yaml").config();

@@ -187,9 +187,11 @@ TEST(XlaHloBuilder, BroadcastReduceAndDotGeneral) {
   hb.returns({Y, Yt, hb.add(Y, Vb), hb.reduce_sum(X, {0, 2}), hb.reduce_max(X, {2})});
   // f32 products at full precision on every device (a GPU's DEFAULT allows TF32, a TPU's one bf16 pass)
   const std::string text = hb.module();
-  const std::string full = "precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]";
+  const std::string full =
+      "precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]";
   size_t highest = 0;
-  for (size_t at = text.find(full); at != std::string::npos; at = text.find(full, at + full.size())) ++highest;
+  for (size_t at = text.find(full); at != std::string::npos; at = text.find(full, at + full.size()))
+    ++highest;
   EXPECT_EQ(highest, 2u) << text;
   auto out = run(hb, {{x.data(), {F32, {B, M, K}}}, {w.data(), {F32, {B, K, N}}}, {v.data(), {F32, {M}}}});
   EXPECT_EQ(out[0].type(), (TensorType{F32, {B, M, N}}));
@@ -537,6 +539,39 @@ TEST(XlaHloBuilder, CustomCallText) {
       std::string::npos)
       << text;
   EXPECT_NE(text.find("\"func.return\"(%v0#0)"), std::string::npos) << text;
+}
+
+// Stated layouts (cuDNN's attention declares its results [B, H, T, D] laid out as [B, T, H, D]): written as
+// the MLIR attributes JAX writes; one per operand and result, each a permutation of its rank, or refused.
+TEST(XlaHloBuilder, CustomCallLayouts) {
+  HloBuilder b;
+  Value q = b.argument({ElementType::kBF16, {1, 8, 2, 4}});
+  CustomCallOptions o;
+  o.operand_layouts = {{3, 2, 1, 0}};
+  o.result_layouts = {{3, 1, 2, 0}, {0}};
+  auto r = b.custom_call("t", {q}, {{ElementType::kBF16, {1, 2, 8, 4}}, {ElementType::kU8, {0}}}, o);
+  b.returns({r[0]});
+  const std::string text = b.module();
+  EXPECT_NE(
+      text.find("api_version = 2 : i32, operand_layouts = [dense<[3, 2, 1, 0]> : tensor<4xindex>], "
+                "result_layouts = [dense<[3, 1, 2, 0]> : tensor<4xindex>, dense<0> : tensor<1xindex>]} : "
+                "(tensor<1x8x2x4xbf16>) -> (tensor<1x2x8x4xbf16>, tensor<0xui8>)"),
+      std::string::npos)
+      << text;
+  auto refused = [&](std::vector<std::vector<int64_t>> ol, std::vector<std::vector<int64_t>> rl) {
+    HloBuilder b2;
+    Value x = b2.argument({F32, {2, 3}});
+    CustomCallOptions o2;
+    o2.operand_layouts = std::move(ol);
+    o2.result_layouts = std::move(rl);
+    return error_of([&] { b2.custom_call("t", {x}, {{F32, {3}}, {F32, {2, 3}}}, o2); });
+  };
+  EXPECT_NE(refused({{1, 0}}, {{0}}).find("t: 1 result layouts for 2 results"), std::string::npos);
+  EXPECT_NE(refused({}, {{0}, {1, 0}}).find("t: 0 operand layouts for 1 operands"), std::string::npos);
+  EXPECT_NE(refused({{1, 1}}, {{0}, {1, 0}}).find("operand 0's layout [1, 1] is not a permutation of its 2"),
+            std::string::npos);
+  EXPECT_NE(refused({{1, 0}}, {{0}, {0}}).find("result 1's layout [0] is not a permutation of its 2"),
+            std::string::npos);
 }
 
 TEST(XlaHloBuilder, CustomCallTextPassesThePluginsParserAndVerifier) {
