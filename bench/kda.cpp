@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "core/threads.h"
+#include "kernels/gemm.h"
 #include "train/flops.h"
 
 using namespace olmosft::kda;
@@ -272,6 +273,7 @@ int main(int argc, char** argv) {
   bool one = false, one_chunked = false, gdn = false, torch = true, ftz = false, set_H = false, set_K = false,
        set_V = false, set_T = false;
   int64_t one_T = 0;
+  std::string gemm_lib = "openblas";
   double A = 8.0, dt_bias = -4.6;  // --gdn only
   for (int i = 1; i < argc; ++i) {
     auto next = [&]() -> const char* {
@@ -306,6 +308,8 @@ int main(int argc, char** argv) {
       A = std::stod(next());
     else if (a == "--dt-bias")
       dt_bias = std::stod(next());
+    else if (a == "--gemm")
+      gemm_lib = next();
     else if (a == "--gdn")
       gdn = true;
     else if (a == "--ftz")
@@ -330,6 +334,7 @@ int main(int argc, char** argv) {
   }
   if (ftz) _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ (bit 15) | DAZ (bit 6); inherited by OpenMP threads
   olmosft::set_threads(int(threads));
+  olmosft::set_cpu_gemm({olmosft::parse_gemm_lib(gemm_lib, "--gemm"), olmosft::ComputeDtype::F32});
   if (one)
     return gdn ? run_one_gdn(one_chunked, one_T, H, K, V, chunk, reps, A, dt_bias)
                : run_one(one_chunked, one_T, H, K, V, chunk, reps);
@@ -375,7 +380,7 @@ int main(int argc, char** argv) {
       std::ostringstream cmd;
       cmd << "OPENBLAS_NUM_THREADS=" << threads << " " << argv[0] << " --one "
           << (c ? "chunked" : "recurrent") << " " << Tr << " --H " << H << " --K " << K << " --V " << V
-          << " --chunk " << chunk << " --threads " << threads << " --reps " << reps;
+          << " --chunk " << chunk << " --threads " << threads << " --reps " << reps << " --gemm " << gemm_lib;
       if (gdn) cmd << " --gdn --A " << A << " --dt-bias " << dt_bias;
       if (ftz) cmd << " --ftz";
       tps[c] = run_child(cmd.str(), T);
