@@ -82,11 +82,12 @@ long peak_rss_kb() {
 
 // The GDN delta rule as unit_gdn runs it (see the header comment); prints the same RESULT line.
 int run_one_gdn(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t chunk, int64_t reps,
-                double A, double dt_bias) {
+                double A, double dt_bias, bool saved_vn) {
   const size_t NH = size_t(T * H);
   std::vector<float> qin(NH * K), kin(NH * K), q(NH * K), k(NH * K), gk(NH * K), v(NH * V), beta(NH);
   std::vector<float> o(NH * V), dout(NH * V), dqn(NH * K), dkn(NH * K), dq(NH * K), dk(NH * K), dgk(NH * K);
-  std::vector<float> dv(NH * V), db(NH), gh(NH), dg(NH);
+  std::vector<float> dv(NH * V), db(NH), gh(NH), dg(NH), vn(saved_vn ? NH * V : 0);
+  float* vnp = saved_vn ? vn.data() : nullptr;
   std::mt19937 gen(1);
   std::normal_distribution<float> nd;
   for (auto& x : qin) x = nd(gen);
@@ -120,7 +121,7 @@ int run_one_gdn(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_
     broadcast();
     if (chunked)
       kda_chunk_forward(q.data(), k.data(), v.data(), gk.data(), beta.data(), seg.data(), d, scale, o.data(),
-                        chunk);
+                        chunk, vnp);
     else
       kda_recurrent_forward(q.data(), k.data(), v.data(), gk.data(), beta.data(), seg.data(), d, scale,
                             o.data());
@@ -131,7 +132,7 @@ int run_one_gdn(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_
     broadcast();  // unit_gdn rebuilds the shared scratch in the backward
     if (chunked)
       kda_chunk_backward(q.data(), k.data(), v.data(), gk.data(), beta.data(), seg.data(), d, scale,
-                         dout.data(), dqn.data(), dkn.data(), dv.data(), dgk.data(), db.data(), chunk);
+                         dout.data(), dqn.data(), dkn.data(), dv.data(), dgk.data(), db.data(), chunk, vnp);
     else
       kda_recurrent_backward(q.data(), k.data(), v.data(), gk.data(), beta.data(), seg.data(), d, scale,
                              dout.data(), dqn.data(), dkn.data(), dv.data(), dgk.data(), db.data());
@@ -154,10 +155,12 @@ int run_one_gdn(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_
 }
 
 // One configuration; prints "RESULT algo T fwd_wall bwd_wall fwd_cpu bwd_cpu rss_kb base_rss_kb checksum".
-int run_one(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t chunk, int64_t reps) {
+int run_one(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t chunk, int64_t reps,
+            bool saved_vn) {
   const size_t NH = size_t(T * H);
   std::vector<float> q(NH * K), k(NH * K), g(NH * K), v(NH * V), beta(NH), o(NH * V), dout(NH * V);
-  std::vector<float> dq(NH * K), dk(NH * K), dg(NH * K), dv(NH * V), db(NH);
+  std::vector<float> dq(NH * K), dk(NH * K), dg(NH * K), dv(NH * V), db(NH), vn(saved_vn ? NH * V : 0);
+  float* vnp = saved_vn ? vn.data() : nullptr;
   std::mt19937 gen(1);
   std::normal_distribution<float> nd;
   for (auto& x : q) x = nd(gen);
@@ -183,7 +186,7 @@ int run_one(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t ch
     double c0 = cpu_seconds();
     if (chunked)
       kda_chunk_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, o.data(),
-                        chunk);
+                        chunk, vnp);
     else
       kda_recurrent_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
                             o.data());
@@ -193,7 +196,7 @@ int run_one(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t ch
     c0 = cpu_seconds();
     if (chunked)
       kda_chunk_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
-                         dout.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data(), chunk);
+                         dout.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data(), chunk, vnp);
     else
       kda_recurrent_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
                              dout.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data());
@@ -270,8 +273,8 @@ std::string shell_quote(const std::string& s) {
 int main(int argc, char** argv) {
   std::vector<int64_t> Ts = {4096, 65536};
   int64_t H = 1, K = 128, V = 256, chunk = 64, threads = 1, max_rec = 16384, reps = 3;
-  bool one = false, one_chunked = false, gdn = false, torch = true, ftz = false, set_H = false, set_K = false,
-       set_V = false, set_T = false;
+  bool one = false, one_chunked = false, gdn = false, torch = true, ftz = false, saved_vn = true,
+       set_H = false, set_K = false, set_V = false, set_T = false;
   int64_t one_T = 0;
   std::string gemm_lib = "openblas";
   double A = 8.0, dt_bias = -4.6;  // --gdn only
@@ -312,6 +315,8 @@ int main(int argc, char** argv) {
       gemm_lib = next();
     else if (a == "--gdn")
       gdn = true;
+    else if (a == "--no-saved-vn")
+      saved_vn = false;
     else if (a == "--ftz")
       ftz = true;
     else if (a == "--no-torch")
@@ -336,8 +341,8 @@ int main(int argc, char** argv) {
   olmosft::set_threads(int(threads));
   olmosft::set_cpu_gemm({olmosft::parse_gemm_lib(gemm_lib, "--gemm"), olmosft::ComputeDtype::F32});
   if (one)
-    return gdn ? run_one_gdn(one_chunked, one_T, H, K, V, chunk, reps, A, dt_bias)
-               : run_one(one_chunked, one_T, H, K, V, chunk, reps);
+    return gdn ? run_one_gdn(one_chunked, one_T, H, K, V, chunk, reps, A, dt_bias, saved_vn)
+               : run_one(one_chunked, one_T, H, K, V, chunk, reps, saved_vn);
 
   const std::string py = std::string(OLMOSFT_SOURCE_DIR) + "/deps/venv-reference/bin/python";
   if (gdn && torch && ::access(py.c_str(), X_OK) != 0) {
@@ -383,6 +388,7 @@ int main(int argc, char** argv) {
           << " --chunk " << chunk << " --threads " << threads << " --reps " << reps << " --gemm " << gemm_lib;
       if (gdn) cmd << " --gdn --A " << A << " --dt-bias " << dt_bias;
       if (ftz) cmd << " --ftz";
+      if (!saved_vn) cmd << " --no-saved-vn";
       tps[c] = run_child(cmd.str(), T);
       if (tps[c] < 0) {
         std::fprintf(stderr, "bench_kda: child run failed: %s\n", cmd.str().c_str());

@@ -168,7 +168,7 @@ std::vector<Chunk> row_chunks(const std::vector<int64_t>& start, int64_t b, int6
 // through r = the token before i's sub-chunk, e^(Gam_i - Gam_r) e^(Gam_r - Gam_j), both factors <= 1 (Gam is
 // non-increasing and j <= r < i), so nothing overflows whatever the decay, and a factor that flushes to zero
 // (exp_nonpos) only drops a product that is itself below the smallest normal. Those blocks are GEMMs.
-constexpr int64_t kSub = 16;
+constexpr int64_t kSub = 8;
 
 // Per-thread workspace for one chunk; matrices are contiguous with leading dims C (LxL), K, V or LX = K + V.
 template <typename T>
@@ -320,22 +320,15 @@ void pairwise_forward(Work<T>& w, int64_t n, Prep mode) {
   }
 }
 
-// Gathers chunk inputs and computes everything that does not depend on the incoming state:
-// Gam, e^Gam, K.e^Gam, K.e^(Gam_last-Gam), Q~.e^Gam, P, Akk, Aqk, W, U (Prep::State: no Q~.e^Gam, Aqk).
+// Gathers the chunk's keys and decays: Gam, e^Gam, e^(Gam_last-Gam), K.e^Gam, K.e^(Gam_last-Gam).
 template <typename T>
-void prepare(Work<T>& w, const Chunk& ch, int64_t b, int64_t h, const KdaDims& d, const T* q, const T* k,
-             const T* v, const T* g, const T* beta, T scale, Prep mode) {
-  const int64_t n = ch.n, K = d.K, V = d.V, LX = w.LX;
-  const bool full = mode == Prep::Full;
+void decays(Work<T>& w, const Chunk& ch, int64_t b, int64_t h, const KdaDims& d, const T* k, const T* g) {
+  const int64_t n = ch.n, K = d.K;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t idx = (b * d.L + ch.t0 + i) * d.H + h;
-    for (int64_t c = 0; c < K; ++c) {
-      if (full) w.Qs[i * K + c] = scale * q[idx * K + c];
-      w.Kc[i * K + c] = k[idx * K + c];
+    std::copy(k + idx * K, k + (idx + 1) * K, w.Kc.begin() + i * K);
+    for (int64_t c = 0; c < K; ++c)
       w.Gm[i * K + c] = double(g[idx * K + c]) + (i > 0 ? w.Gm[(i - 1) * K + c] : 0.0);
-    }
-    std::copy(v + idx * V, v + (idx + 1) * V, w.Vc.begin() + i * V);
-    w.bt[i] = beta[idx];
   }
   const double* Gl = w.Gm.data() + (n - 1) * K;
   vexp_nonpos(w.Gm.data(), w.eG.data(), n * K);
@@ -344,9 +337,26 @@ void prepare(Work<T>& w, const Chunk& ch, int64_t b, int64_t h, const KdaDims& d
     w.Kg[x] = w.Kc[x] * w.eG[x];
     w.Kl[x] = w.Kc[x] * w.eL[x];
   }
-  if (full)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t c = 0; c < K; ++c) w.Qg()[i * LX + c] = w.Qs[i * K + c] * w.eG[i * K + c];
+}
+
+// Gathers chunk inputs and computes everything that does not depend on the incoming state:
+// the decays, Q~.e^Gam, P, Akk, Aqk, W, U (Prep::State: no Q~.e^Gam, Aqk).
+template <typename T>
+void prepare(Work<T>& w, const Chunk& ch, int64_t b, int64_t h, const KdaDims& d, const T* q, const T* k,
+             const T* v, const T* g, const T* beta, T scale, Prep mode) {
+  const int64_t n = ch.n, K = d.K, V = d.V, LX = w.LX;
+  const bool full = mode == Prep::Full;
+  decays(w, ch, b, h, d, k, g);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t idx = (b * d.L + ch.t0 + i) * d.H + h;
+    if (full)
+      for (int64_t c = 0; c < K; ++c) {
+        w.Qs[i * K + c] = scale * q[idx * K + c];
+        w.Qg()[i * LX + c] = w.Qs[i * K + c] * w.eG[i * K + c];
+      }
+    std::copy(v + idx * V, v + (idx + 1) * V, w.Vc.begin() + i * V);
+    w.bt[i] = beta[idx];
+  }
   pairwise_forward(w, n, mode);
   T* WU = w.WU(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -471,7 +481,7 @@ void check_args(const KdaDims& d, int64_t chunk, const char* what) {
 
 template <typename T>
 void kda_chunk_forward(const T* q, const T* k, const T* v, const T* g, const T* beta, const int32_t* seg,
-                       const KdaDims& d, T scale, T* o, int64_t chunk) {
+                       const KdaDims& d, T scale, T* o, int64_t chunk, T* vn) {
   check_args(d, chunk, "kda_chunk_forward");
   BlasSingleThread blas1;
   const int64_t L = d.L, H = d.H, K = d.K, V = d.V;
@@ -484,7 +494,9 @@ void kda_chunk_forward(const T* q, const T* k, const T* v, const T* g, const T* 
       const int64_t b = bh / H, h = bh % H;
       for (int64_t t = 0; t < L; ++t)
         if (start[b * L + t] < 0)
-          std::fill(o + ((b * L + t) * H + h) * V, o + ((b * L + t) * H + h + 1) * V, T(0));
+          for (T* x : {o, vn})
+            if (x != nullptr)
+              std::fill(x + ((b * L + t) * H + h) * V, x + ((b * L + t) * H + h + 1) * V, T(0));
       for (const Chunk& ch : row_chunks(start, b, L, chunk)) {
         if (ch.reset) std::fill(S.begin(), S.end(), T(0));
         prepare(w, ch, b, h, d, q, k, v, g, beta, scale, Prep::Full);
@@ -495,8 +507,11 @@ void kda_chunk_forward(const T* q, const T* k, const T* v, const T* g, const T* 
         for (int64_t i = 0; i < n; ++i)
           for (int64_t j = 0; j < V; ++j) w.Vn[i * V + j] = WU[i * w.LX + K + j] - w.Y[(n + i) * V + j];
         gemm<T>(Trans::N, Trans::N, n, V, n, T(1), w.Aqk.data(), chunk, w.Vn.data(), V, T(1), w.Y.data(), V);
-        for (int64_t i = 0; i < n; ++i)
-          std::copy(w.Y.begin() + i * V, w.Y.begin() + (i + 1) * V, o + ((b * L + ch.t0 + i) * H + h) * V);
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t row = ((b * L + ch.t0 + i) * H + h) * V;
+          std::copy(w.Y.begin() + i * V, w.Y.begin() + (i + 1) * V, o + row);
+          if (vn != nullptr) std::copy(w.Vn.begin() + i * V, w.Vn.begin() + (i + 1) * V, vn + row);
+        }
         advance_state(w, n, S.data());
       }
     }
@@ -513,6 +528,7 @@ struct BwdArgs {
   T scale;
   const T* dout;
   T *dq, *dk, *dv, *dg, *dbeta;
+  const T* vn;  // the forward's pseudo-values, or nullptr (recomputed)
   int64_t b = 0, h = 0;
   int64_t idx(int64_t t) const { return (b * d.L + t) * d.H + h; }
   void prepare(Work<T>& w, const Chunk& ch, Prep mode) const {
@@ -520,17 +536,28 @@ struct BwdArgs {
   }
 };
 
-// Pass 1 over one document (chunks ch[0..nc), ch[0] its first): the state entering every chunk, Sin[ci].
+// Pass 1 over one document (chunks ch[0..nc), ch[0] its first): the state entering every chunk, Sin[ci]:
+// S <- Diag(e^Gam_last) S + Kl^T Vn, with Vn the forward's (a.vn) or recomputed (Vn = U - W S).
 template <typename T>
 void document_states(Work<T>& w, const BwdArgs<T>& a, const Chunk* ch, int64_t nc, T* Sin) {
-  const int64_t KV = w.K * w.V;
+  const int64_t K = w.K, V = w.V, KV = K * V;
   std::fill(Sin, Sin + KV, T(0));
   for (int64_t ci = 1; ci < nc; ++ci) {
     T* S = Sin + ci * KV;
-    std::copy(S - KV, S, S);
-    a.prepare(w, ch[ci - 1], Prep::State);
-    pseudo_values(w, ch[ci - 1].n, S);
-    advance_state(w, ch[ci - 1].n, S);
+    const int64_t n = ch[ci - 1].n;
+    if (a.vn == nullptr) {
+      std::copy(S - KV, S, S);
+      a.prepare(w, ch[ci - 1], Prep::State);
+      pseudo_values(w, n, S);
+      advance_state(w, n, S);
+      continue;
+    }
+    decays(w, ch[ci - 1], a.b, a.h, a.d, a.k, a.g);
+    const T* eGl = w.eG.data() + (n - 1) * K;
+    for (int64_t c = 0; c < K; ++c)
+      for (int64_t j = 0; j < V; ++j) S[c * V + j] = eGl[c] * S[c * V + j - KV];
+    gemm<T>(Trans::T, Trans::N, K, V, n, T(1), w.Kl.data(), K, a.vn + a.idx(ch[ci - 1].t0) * V, a.d.H * V,
+            T(1), S, V);
   }
 }
 
@@ -607,7 +634,11 @@ template <typename T>
 void chunk_backward(Work<T>& w, const BwdArgs<T>& a, const Chunk& ch, const T* S, const T* Gs) {
   const int64_t n = ch.n, K = w.K, V = w.V, C = w.C, LX = w.LX;
   a.prepare(w, ch, Prep::Full);
-  pseudo_values(w, n, S);
+  if (a.vn == nullptr)
+    pseudo_values(w, n, S);
+  else
+    for (int64_t i = 0; i < n; ++i)
+      std::copy(a.vn + a.idx(ch.t0 + i) * V, a.vn + (a.idx(ch.t0 + i) + 1) * V, w.Vn.begin() + i * V);
   for (int64_t i = 0; i < n; ++i)
     std::copy(a.dout + a.idx(ch.t0 + i) * V, a.dout + (a.idx(ch.t0 + i) + 1) * V, w.DOV.begin() + i * V);
   state_backward(w, n, S, Gs);
@@ -659,7 +690,7 @@ void zero_padding_grads(const BwdArgs<T>& a, const std::vector<int64_t>& start) 
 template <typename T>
 void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T* beta, const int32_t* seg,
                         const KdaDims& d, T scale, const T* dout, T* dq, T* dk, T* dv, T* dg, T* dbeta,
-                        int64_t chunk) {
+                        int64_t chunk, const T* vn) {
   check_args(d, chunk, "kda_chunk_backward");
   BlasSingleThread blas1;
   const int64_t L = d.L, H = d.H, KV = d.K * d.V;
@@ -668,7 +699,7 @@ void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T*
     FlushSubnormals ftz;
     Work<T> w(chunk, d.K, d.V, true);
     std::vector<T> Sin, Gs(static_cast<size_t>(KV));
-    BwdArgs<T> a{q, k, v, g, beta, d, scale, dout, dq, dk, dv, dg, dbeta};
+    BwdArgs<T> a{q, k, v, g, beta, d, scale, dout, dq, dk, dv, dg, dbeta, vn};
     for (int64_t bh = lo; bh < hi; ++bh) {
       a.b = bh / H;
       a.h = bh % H;
@@ -691,9 +722,9 @@ void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T*
 
 #define OLMOSFT_KDA_CHUNK(T)                                                                            \
   template void kda_chunk_forward<T>(const T*, const T*, const T*, const T*, const T*, const int32_t*,  \
-                                     const KdaDims&, T, T*, int64_t);                                   \
+                                     const KdaDims&, T, T*, int64_t, T*);                               \
   template void kda_chunk_backward<T>(const T*, const T*, const T*, const T*, const T*, const int32_t*, \
-                                      const KdaDims&, T, const T*, T*, T*, T*, T*, T*, int64_t);
+                                      const KdaDims&, T, const T*, T*, T*, T*, T*, T*, int64_t, const T*);
 OLMOSFT_KDA_CHUNK(float)
 OLMOSFT_KDA_CHUNK(double)
 #undef OLMOSFT_KDA_CHUNK

@@ -186,25 +186,31 @@ TEST_F(KdaGrad, DeltaRuleAcrossSubChunks) {
   for (size_t i = 0; i < g.size(); i += 5) g[i] *= 8;  // some channels forget fast
   V R = randn<double>(NH * d.V, 36);
   const double scale = 0.5;
-  for (int64_t chunk : {32, 64}) {
-    auto loss = [&] {
-      V o(NH * d.V);
+  for (int64_t chunk : {32, 64})
+    for (bool saved_vn : {false, true}) {  // the backward recomputing Vn, or given the forward's
+      auto loss = [&] {
+        V o(NH * d.V);
+        kda_chunk_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, o.data(),
+                          chunk);
+        return dot(o, R);
+      };
+      V o(NH * d.V), vn(NH * d.V);
+      double* vnp = saved_vn ? vn.data() : nullptr;
       kda_chunk_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, o.data(),
-                        chunk);
-      return dot(o, R);
-    };
-    V dq(q.size()), dk(k.size()), dv(v.size()), dg(g.size()), db(beta.size());
-    kda_chunk_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, R.data(),
-                       dq.data(), dk.data(), dv.data(), dg.data(), db.data(), chunk);
-    const double eq = fd_check(q, loss, dq), ek = fd_check(k, loss, dk), ev = fd_check(v, loss, dv),
-                 eg = fd_check(g, loss, dg), eb = fd_check(beta, loss, db);
-    std::printf("chunk %ld: dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e\n", long(chunk), eq, ek, ev, eg, eb);
-    EXPECT_LE(eq, kTol);
-    EXPECT_LE(ek, kTol);
-    EXPECT_LE(ev, kTol);
-    EXPECT_LE(eg, kTol);
-    EXPECT_LE(eb, kTol);
-  }
+                        chunk, vnp);
+      V dq(q.size()), dk(k.size()), dv(v.size()), dg(g.size()), db(beta.size());
+      kda_chunk_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, R.data(),
+                         dq.data(), dk.data(), dv.data(), dg.data(), db.data(), chunk, vnp);
+      const double eq = fd_check(q, loss, dq), ek = fd_check(k, loss, dk), ev = fd_check(v, loss, dv),
+                   eg = fd_check(g, loss, dg), eb = fd_check(beta, loss, db);
+      std::printf("chunk %ld%s: dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e\n", long(chunk),
+                  saved_vn ? " saved vn" : "", eq, ek, ev, eg, eb);
+      EXPECT_LE(eq, kTol);
+      EXPECT_LE(ek, kTol);
+      EXPECT_LE(ev, kTol);
+      EXPECT_LE(eg, kTol);
+      EXPECT_LE(eb, kTol);
+    }
 }
 
 // Conv windows never cross documents: a packed row (documents of 2, 9, 1 tokens, then padding) equals each
