@@ -98,6 +98,9 @@ void kda_recurrent_backward(const T* q, const T* k, const T* v, const T* g, cons
 //     array reads it instead of recomputing it: its state pass is then one GEMM per chunk, with no solves or
 //     pairwise terms (about 1.2x faster forward + backward at dk 128, dv 256; bench/RESULTS.md "bench_kda").
 //     Without vn (nullptr) the backward recomputes Vn from the inputs.
+//     Inside a chunk, pairs of tokens in different sub-chunks of kChunkSub tokens are computed as GEMMs
+//     (factored decays), pairs in the same sub-chunk directly (train/flops.cpp counts them so).
+constexpr int64_t kChunkSub = 8;
 template <typename T>
 void kda_chunk_forward(const T* q, const T* k, const T* v, const T* g, const T* beta, const int32_t* seg,
                        const KdaDims& d, T scale, T* o, int64_t chunk = 64, T* vn = nullptr);
