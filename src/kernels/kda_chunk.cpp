@@ -599,28 +599,34 @@ void document_states(Work<T>& w, const BwdArgs<T>& a, const Chunk* ch, int64_t n
 template <typename T>
 void elementwise_backward(Work<T>& w, int64_t n) {
   const int64_t K = w.K, V = w.V, C = w.C, LX = w.LX;
-  const T* Qg = w.Qg();
+  T* dGl = w.dGlast.data();
   for (int64_t i = 0; i < n; ++i) {
-    T dbi = 0;
+    const T bi = w.bt[i];
+    const T *dzw = w.dWU.data() + i * LX, *dzu = dzw + K, *dqg = w.R.data() + i * K, *qg = w.Qg() + i * LX;
+    const T *kg = w.Kg.data() + i * K, *kl = w.Kl.data() + i * K, *eg = w.eG.data() + i * K;
+    const T *el = w.eL.data() + i * K, *dkl = w.dKl.data() + i * K, *vc = w.Vc.data() + i * V;
+    const T *dm = w.dM.data() + i * C, *p = w.P.data() + i * C;
+    T *dk = w.dk.data() + i * K, *dq = w.dq.data() + i * K, *dG = w.dGm.data() + i * K,
+      *dv = w.dv.data() + i * V;
+    const T last = i + 1 < n ? T(1) : T(0);  // Kl of the last token does not depend on Gam (zero exponent)
+    T d1 = 0, d2 = 0, d3 = 0;
+#pragma omp simd reduction(+ : d1)
     for (int64_t c = 0; c < K; ++c) {
-      const int64_t x = i * K + c;
-      const T dzw = w.dWU[i * LX + c], dqg = w.R[x];
-      dbi += dzw * w.Kg[x];
-      w.dk[x] = w.bt[i] * dzw * w.eG[x] + w.dKl[x] * w.eL[x];
-      w.dq[x] = dqg * w.eG[x];
-      w.dGm[x] = dqg * Qg[i * LX + c] + w.bt[i] * dzw * w.Kg[x];
-      if (i + 1 < n) {  // Kl of the last token does not depend on Gam (zero exponent)
-        w.dGm[x] -= w.dKl[x] * w.Kl[x];
-        w.dGlast[c] += w.dKl[x] * w.Kl[x];
-      }
+      d1 += dzw[c] * kg[c];
+      dk[c] = bi * dzw[c] * eg[c] + dkl[c] * el[c];
+      dq[c] = dqg[c] * eg[c];
+      const T t = last * (dkl[c] * kl[c]);
+      dG[c] = (dqg[c] * qg[c] + bi * dzw[c] * kg[c]) - t;
+      dGl[c] += t;
     }
+#pragma omp simd reduction(+ : d2)
     for (int64_t j = 0; j < V; ++j) {
-      const T dzu = w.dWU[i * LX + K + j];
-      dbi += dzu * w.Vc[i * V + j];
-      w.dv[i * V + j] = w.bt[i] * dzu;
+      d2 += dzu[j] * vc[j];
+      dv[j] = bi * dzu[j];
     }
-    for (int64_t j = 0; j < i; ++j) dbi += w.dM[i * C + j] * w.P[i * C + j];
-    w.db[i] = dbi;
+#pragma omp simd reduction(+ : d3)
+    for (int64_t j = 0; j < i; ++j) d3 += dm[j] * p[j];
+    w.db[i] = d1 + d2 + d3;
   }
 }
 
@@ -650,6 +656,7 @@ void state_backward(Work<T>& w, int64_t n, const T* S, const T* Gs) {
   T* Sd = w.Sd.data();
   for (int64_t c = 0; c < K; ++c) {
     T acc = 0;
+#pragma omp simd reduction(+ : acc)
     for (int64_t j = 0; j < V; ++j) {
       Sd[c * V + j] = eGl[c] * Gs[c * V + j];
       acc += Gs[c * V + j] * S[c * V + j];
