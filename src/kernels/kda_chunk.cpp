@@ -38,17 +38,22 @@ namespace {
 // Solves op(M) X = B in place (B: [n, N]) with M = I + strict_lower(A) (A's diagonal is not read), by
 // substitution: row i -= sum_j A[i,j] row j in the order j = 0..i-1 (transposed: from the last row,
 // j = n-1..i+1), over strips of columns whose accumulators stay in registers (GCC vector types; OpenBLAS's
-// strsm was 8.7% of a T = 16,384 run's samples). Zero coefficients (decays flushed to 0) are skipped, which
-// changes nothing for finite B.
+// strsm was 8.7% of a T = 16,384 run's samples; 64-byte vectors where AVX-512 is on). Zero coefficients
+// (decays flushed to 0) are skipped, which changes nothing for finite B.
+#if defined(__AVX512F__)
+constexpr int64_t kVecBytes = 64;
+#else
+constexpr int64_t kVecBytes = 32;
+#endif
 template <typename T>
-struct Vec32 {
-  typedef T type __attribute__((vector_size(32)));
+struct Vec {
+  typedef T type __attribute__((vector_size(kVecBytes)));
 };
 
 template <typename T>
 void solve_strip(bool trans, int64_t n, const T* A, int64_t lda, T* B, int64_t ldb) {
-  using VT = typename Vec32<T>::type;
-  constexpr int64_t L = 32 / sizeof(T), NV = 8;
+  using VT = typename Vec<T>::type;
+  constexpr int64_t L = kVecBytes / sizeof(T), NV = 8;
   for (int64_t s = 1; s < n; ++s) {
     const int64_t i = trans ? n - 1 - s : s;
     T* bi = B + i * ldb;
@@ -89,7 +94,7 @@ void solve_narrow(bool trans, int64_t n, int64_t w, const T* A, int64_t lda, T* 
 
 template <typename T>
 void solve_unit_lower(bool trans, int64_t n, int64_t N, const T* A, int64_t lda, T* B, int64_t ldb) {
-  constexpr int64_t W = 32 / sizeof(T) * 8;
+  constexpr int64_t W = kVecBytes / sizeof(T) * 8;
   int64_t c0 = 0;
   for (; c0 + W <= N; c0 += W) solve_strip(trans, n, A, lda, B + c0, ldb);
   if (c0 < N) solve_narrow(trans, n, N - c0, A, lda, B + c0, ldb);
