@@ -1,6 +1,6 @@
 // KDA delta-rule benchmark: chunked (WY/UT) vs recurrent reference, forward + backward, float32.
 // Usage: bench_kda [--T 4096,65536] [--K 128] [--V 256] [--H 1] [--chunk 64] [--threads 1]
-//                  [--max-recurrent-tokens N] [--reps 3]
+//                  [--max-recurrent-tokens N] [--reps 3] [--gemm openblas|onednn|auto] [--no-saved-vn]
 //        bench_kda --gdn [--T 4096,16384,65536] [--K 96] [--V 192] [--H 2] [--A 8] [--dt-bias -4.6]
 //                  [--no-torch] [other flags as above]
 // Times are wall-clock and process CPU seconds; tokens/s uses CPU seconds, which on a machine shared with
@@ -33,8 +33,13 @@
 // GDN mode sets OMP_WAIT_POLICY=passive when unset (default_passive_omp_wait, as olmosft train does); the
 // children, torch's included, inherit it.
 //
-// --ftz (diagnostic, either mode; changes the numerics): the children run with subnormals flushed to zero
-// (MXCSR FTZ and DAZ; torch.set_flush_denormal(True) in the peer), to show what subnormal arithmetic costs.
+// --ftz (diagnostic, either mode): the children run with subnormals flushed to zero (MXCSR FTZ and DAZ;
+// torch.set_flush_denormal(True) in the peer). The chunked kernels set FTZ/DAZ in their own threads anyway
+// (kernels/kda_chunk.cpp), so it now changes only the recurrent form and the peer.
+// The chunked backward is given the forward's pseudo-values Vn, as the model's units run it (kernels/kda.h);
+// --no-saved-vn times the backward that recomputes them. --gemm picks the chunk GEMMs' library (default
+// OpenBLAS; the trainer's "auto" is oneDNN on AVX-512 CPUs). Every run also prints an in-run single-thread
+// sgemm (1024^3) and the chunked kernel's GFLOP per CPU-second against it (train::kda_document_flops).
 #include "kernels/kda.h"
 
 #include <cblas.h>
@@ -361,6 +366,8 @@ int main(int argc, char** argv) {
         "KDA delta rule fwd+bwd, float32, H=%ld dk=%ld dv=%ld chunk=%ld threads=%ld, documents of 4096, "
         "best of %ld\n",
         long(H), long(K), long(V), long(chunk), long(threads), long(reps));
+  std::printf("chunk GEMMs: %s; backward %s\n", gemm_lib.c_str(),
+              saved_vn ? "given the forward's Vn (as the model runs it)" : "recomputing Vn (--no-saved-vn)");
   // Delta-rule FLOPs per token and head (train::kda_document_flops, the count behind MFU: GEMMs, solves and
   // pairwise products; recompute = what our backward recomputes, the hardware count).
   auto flops_per_token = [&](int64_t T, bool recompute) {
@@ -368,12 +375,9 @@ int main(int argc, char** argv) {
     const auto f = olmosft::train::kda_document_flops(doc, K, V, chunk, recompute);
     return double(H) * (f.gemm + f.other) / double(doc);
   };
-  double peak = 0;
-  if (gdn) {
-    peak = sgemm_peak_per_cpu_s();
-    std::printf("hardware peer: OpenBLAS sgemm 1024^3, 1 thread, best of 3: %.1f GFLOP per CPU-s\n",
-                peak * 1e-9);
-  }
+  const double peak = sgemm_peak_per_cpu_s();
+  std::printf("hardware peer: OpenBLAS sgemm 1024^3, 1 thread, best of 3: %.1f GFLOP per CPU-s\n",
+              peak * 1e-9);
   if (ftz)
     std::printf("--ftz: subnormals flushed to zero in every child (diagnostic; not the kernels' numerics)\n");
   std::printf("%-10s %8s %8s %9s %9s %9s %9s %12s %10s %10s\n", "algo", "T", "T_run", "fwd_wall", "bwd_wall",
@@ -410,7 +414,7 @@ int main(int argc, char** argv) {
     std::printf("%-10s %8ld  chunked/recurrent tokens/s ratio: %.2f", "ratio", long(T), tps[1] / tps[0]);
     if (tps_torch > 0) std::printf("; chunked/torch: %.2f", tps[1] / tps_torch);
     std::printf("\n");
-    if (gdn) {
+    {
       const double fm = flops_per_token(T, false), fh = flops_per_token(T, true);
       std::printf(
           "%-10s %8ld  GFLOP per CPU-s, delta-rule model FLOPs (%.2f MFLOP/token): chunked %.1f, recurrent "
