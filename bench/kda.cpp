@@ -30,7 +30,7 @@
 // A third row per T is the PyTorch peer, bench/gdn_torch.py under deps/venv-reference's python
 // (transformers' own torch_chunk_gated_delta_rule, forward + autograd backward, the same shapes and threads;
 // documents of 4096 as batch rows since upstream has no packing), in the same run; --no-torch skips it.
-// GDN mode sets OMP_WAIT_POLICY=passive when unset (default_passive_omp_wait, as olmosft train does); the
+// Both modes set OMP_WAIT_POLICY=passive when unset (default_passive_omp_wait, as olmosft train does); the
 // children, torch's included, inherit it.
 //
 // --ftz (diagnostic, either mode): the children run with subnormals flushed to zero (MXCSR FTZ and DAZ;
@@ -340,8 +340,8 @@ int main(int argc, char** argv) {
     if (!set_H) H = 2;
     if (!set_K) K = 96;
     if (!set_V) V = 192;
-    olmosft::default_passive_omp_wait(argv);
   }
+  olmosft::default_passive_omp_wait(argv);     // as olmosft train does (both modes)
   if (ftz) _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ (bit 15) | DAZ (bit 6); inherited by OpenMP threads
   olmosft::set_threads(int(threads));
   olmosft::set_cpu_gemm({olmosft::parse_gemm_lib(gemm_lib, "--gemm"), olmosft::ComputeDtype::F32});
@@ -364,8 +364,8 @@ int main(int argc, char** argv) {
   else
     std::printf(
         "KDA delta rule fwd+bwd, float32, H=%ld dk=%ld dv=%ld chunk=%ld threads=%ld, documents of 4096, "
-        "best of %ld\n",
-        long(H), long(K), long(V), long(chunk), long(threads), long(reps));
+        "best of %ld, OMP_WAIT_POLICY=%s\n",
+        long(H), long(K), long(V), long(chunk), long(threads), long(reps), olmosft::omp_wait_policy());
   std::printf("chunk GEMMs: %s; backward %s\n", gemm_lib.c_str(),
               saved_vn ? "given the forward's Vn (as the model runs it)" : "recomputing Vn (--no-saved-vn)");
   // Delta-rule FLOPs per token and head (train::kda_document_flops, the count behind MFU: GEMMs, solves and
