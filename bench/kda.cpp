@@ -267,6 +267,17 @@ double sgemm_peak_per_cpu_s() {
   return 2.0 * n * n * n / best;
 }
 
+// The FLOP rates of one T: fm = model FLOPs per token, fh = with what the chunked backward recomputes (the
+// hardware count); tps = {recurrent, chunked} tokens per CPU-second, tps_torch <= 0 when not run.
+void print_flops(int64_t T, double fm, double fh, const double tps[2], double tps_torch, double peak) {
+  std::printf(
+      "%-10s %8ld  GFLOP per CPU-s, delta-rule model FLOPs (%.2f MFLOP/token): chunked %.1f, recurrent %.1f",
+      "flops", long(T), fm * 1e-6, fm * tps[1] * 1e-9, fm * tps[0] * 1e-9);
+  if (tps_torch > 0) std::printf(", torch %.1f", fm * tps_torch * 1e-9);
+  std::printf("; chunked with its recompute (%.2f MFLOP/token): %.1f = %.2f of the sgemm peak\n", fh * 1e-6,
+              fh * tps[1] * 1e-9, fh * tps[1] / peak);
+}
+
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -414,16 +425,7 @@ int main(int argc, char** argv) {
     std::printf("%-10s %8ld  chunked/recurrent tokens/s ratio: %.2f", "ratio", long(T), tps[1] / tps[0]);
     if (tps_torch > 0) std::printf("; chunked/torch: %.2f", tps[1] / tps_torch);
     std::printf("\n");
-    {
-      const double fm = flops_per_token(T, false), fh = flops_per_token(T, true);
-      std::printf(
-          "%-10s %8ld  GFLOP per CPU-s, delta-rule model FLOPs (%.2f MFLOP/token): chunked %.1f, recurrent "
-          "%.1f",
-          "flops", long(T), fm * 1e-6, fm * tps[1] * 1e-9, fm * tps[0] * 1e-9);
-      if (tps_torch > 0) std::printf(", torch %.1f", fm * tps_torch * 1e-9);
-      std::printf("; chunked with its recompute (%.2f MFLOP/token): %.1f = %.2f of the sgemm peak\n",
-                  fh * 1e-6, fh * tps[1] * 1e-9, fh * tps[1] / peak);
-    }
+    print_flops(T, flops_per_token(T, false), flops_per_token(T, true), tps, tps_torch, peak);
   }
   return 0;
 }
