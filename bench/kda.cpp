@@ -1,6 +1,6 @@
 // KDA delta-rule benchmark: chunked (WY/UT) vs recurrent reference, forward + backward, float32.
 // Usage: bench_kda [--T 4096,65536] [--K 128] [--V 256] [--H 1] [--chunk 64] [--threads 1]
-//                  [--max-recurrent-tokens N] [--reps 3]
+//                  [--max-recurrent-tokens N] [--reps 3] [--gemm openblas|onednn|auto] [--no-saved-vn]
 //        bench_kda --gdn [--T 4096,16384,65536] [--K 96] [--V 192] [--H 2] [--A 8] [--dt-bias -4.6]
 //                  [--no-torch] [other flags as above]
 // Times are wall-clock and process CPU seconds; tokens/s uses CPU seconds, which on a machine shared with
@@ -30,11 +30,16 @@
 // A third row per T is the PyTorch peer, bench/gdn_torch.py under deps/venv-reference's python
 // (transformers' own torch_chunk_gated_delta_rule, forward + autograd backward, the same shapes and threads;
 // documents of 4096 as batch rows since upstream has no packing), in the same run; --no-torch skips it.
-// GDN mode sets OMP_WAIT_POLICY=passive when unset (default_passive_omp_wait, as olmosft train does); the
+// Both modes set OMP_WAIT_POLICY=passive when unset (default_passive_omp_wait, as olmosft train does); the
 // children, torch's included, inherit it.
 //
-// --ftz (diagnostic, either mode; changes the numerics): the children run with subnormals flushed to zero
-// (MXCSR FTZ and DAZ; torch.set_flush_denormal(True) in the peer), to show what subnormal arithmetic costs.
+// --ftz (diagnostic, either mode): the children run with subnormals flushed to zero (MXCSR FTZ and DAZ;
+// torch.set_flush_denormal(True) in the peer). The chunked kernels set FTZ/DAZ in their own threads anyway
+// (kernels/kda_chunk.cpp), so it now changes only the recurrent form and the peer.
+// The chunked backward is given the forward's pseudo-values Vn, as the model's units run it (kernels/kda.h);
+// --no-saved-vn times the backward that recomputes them. --gemm picks the chunk GEMMs' library (default
+// OpenBLAS; the trainer's "auto" is oneDNN on AVX-512 CPUs). Every run also prints an in-run single-thread
+// sgemm (1024^3) and the chunked kernel's GFLOP per CPU-second against it (train::kda_document_flops).
 #include "kernels/kda.h"
 
 #include <cblas.h>
@@ -55,6 +60,7 @@
 #include <vector>
 
 #include "core/threads.h"
+#include "kernels/gemm.h"
 #include "train/flops.h"
 
 using namespace olmosft::kda;
@@ -81,11 +87,12 @@ long peak_rss_kb() {
 
 // The GDN delta rule as unit_gdn runs it (see the header comment); prints the same RESULT line.
 int run_one_gdn(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t chunk, int64_t reps,
-                double A, double dt_bias) {
+                double A, double dt_bias, bool saved_vn) {
   const size_t NH = size_t(T * H);
   std::vector<float> qin(NH * K), kin(NH * K), q(NH * K), k(NH * K), gk(NH * K), v(NH * V), beta(NH);
   std::vector<float> o(NH * V), dout(NH * V), dqn(NH * K), dkn(NH * K), dq(NH * K), dk(NH * K), dgk(NH * K);
-  std::vector<float> dv(NH * V), db(NH), gh(NH), dg(NH);
+  std::vector<float> dv(NH * V), db(NH), gh(NH), dg(NH), vn(saved_vn ? NH * V : 0);
+  float* vnp = saved_vn ? vn.data() : nullptr;
   std::mt19937 gen(1);
   std::normal_distribution<float> nd;
   for (auto& x : qin) x = nd(gen);
@@ -119,7 +126,7 @@ int run_one_gdn(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_
     broadcast();
     if (chunked)
       kda_chunk_forward(q.data(), k.data(), v.data(), gk.data(), beta.data(), seg.data(), d, scale, o.data(),
-                        chunk);
+                        chunk, vnp);
     else
       kda_recurrent_forward(q.data(), k.data(), v.data(), gk.data(), beta.data(), seg.data(), d, scale,
                             o.data());
@@ -130,7 +137,7 @@ int run_one_gdn(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_
     broadcast();  // unit_gdn rebuilds the shared scratch in the backward
     if (chunked)
       kda_chunk_backward(q.data(), k.data(), v.data(), gk.data(), beta.data(), seg.data(), d, scale,
-                         dout.data(), dqn.data(), dkn.data(), dv.data(), dgk.data(), db.data(), chunk);
+                         dout.data(), dqn.data(), dkn.data(), dv.data(), dgk.data(), db.data(), chunk, vnp);
     else
       kda_recurrent_backward(q.data(), k.data(), v.data(), gk.data(), beta.data(), seg.data(), d, scale,
                              dout.data(), dqn.data(), dkn.data(), dv.data(), dgk.data(), db.data());
@@ -153,10 +160,12 @@ int run_one_gdn(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_
 }
 
 // One configuration; prints "RESULT algo T fwd_wall bwd_wall fwd_cpu bwd_cpu rss_kb base_rss_kb checksum".
-int run_one(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t chunk, int64_t reps) {
+int run_one(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t chunk, int64_t reps,
+            bool saved_vn) {
   const size_t NH = size_t(T * H);
   std::vector<float> q(NH * K), k(NH * K), g(NH * K), v(NH * V), beta(NH), o(NH * V), dout(NH * V);
-  std::vector<float> dq(NH * K), dk(NH * K), dg(NH * K), dv(NH * V), db(NH);
+  std::vector<float> dq(NH * K), dk(NH * K), dg(NH * K), dv(NH * V), db(NH), vn(saved_vn ? NH * V : 0);
+  float* vnp = saved_vn ? vn.data() : nullptr;
   std::mt19937 gen(1);
   std::normal_distribution<float> nd;
   for (auto& x : q) x = nd(gen);
@@ -182,7 +191,7 @@ int run_one(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t ch
     double c0 = cpu_seconds();
     if (chunked)
       kda_chunk_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, o.data(),
-                        chunk);
+                        chunk, vnp);
     else
       kda_recurrent_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
                             o.data());
@@ -192,7 +201,7 @@ int run_one(bool chunked, int64_t T, int64_t H, int64_t K, int64_t V, int64_t ch
     c0 = cpu_seconds();
     if (chunked)
       kda_chunk_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
-                         dout.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data(), chunk);
+                         dout.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data(), chunk, vnp);
     else
       kda_recurrent_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
                              dout.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data());
@@ -258,6 +267,17 @@ double sgemm_peak_per_cpu_s() {
   return 2.0 * n * n * n / best;
 }
 
+// The FLOP rates of one T: fm = model FLOPs per token, fh = with what the chunked backward recomputes (the
+// hardware count); tps = {recurrent, chunked} tokens per CPU-second, tps_torch <= 0 when not run.
+void print_flops(int64_t T, double fm, double fh, const double tps[2], double tps_torch, double peak) {
+  std::printf(
+      "%-10s %8ld  GFLOP per CPU-s, delta-rule model FLOPs (%.2f MFLOP/token): chunked %.1f, recurrent %.1f",
+      "flops", long(T), fm * 1e-6, fm * tps[1] * 1e-9, fm * tps[0] * 1e-9);
+  if (tps_torch > 0) std::printf(", torch %.1f", fm * tps_torch * 1e-9);
+  std::printf("; chunked with its recompute (%.2f MFLOP/token): %.1f = %.2f of the sgemm peak\n", fh * 1e-6,
+              fh * tps[1] * 1e-9, fh * tps[1] / peak);
+}
+
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -269,9 +289,10 @@ std::string shell_quote(const std::string& s) {
 int main(int argc, char** argv) {
   std::vector<int64_t> Ts = {4096, 65536};
   int64_t H = 1, K = 128, V = 256, chunk = 64, threads = 1, max_rec = 16384, reps = 3;
-  bool one = false, one_chunked = false, gdn = false, torch = true, ftz = false, set_H = false, set_K = false,
-       set_V = false, set_T = false;
+  bool one = false, one_chunked = false, gdn = false, torch = true, ftz = false, saved_vn = true,
+       set_H = false, set_K = false, set_V = false, set_T = false;
   int64_t one_T = 0;
+  std::string gemm_lib = "openblas";
   double A = 8.0, dt_bias = -4.6;  // --gdn only
   for (int i = 1; i < argc; ++i) {
     auto next = [&]() -> const char* {
@@ -306,8 +327,12 @@ int main(int argc, char** argv) {
       A = std::stod(next());
     else if (a == "--dt-bias")
       dt_bias = std::stod(next());
+    else if (a == "--gemm")
+      gemm_lib = next();
     else if (a == "--gdn")
       gdn = true;
+    else if (a == "--no-saved-vn")
+      saved_vn = false;
     else if (a == "--ftz")
       ftz = true;
     else if (a == "--no-torch")
@@ -326,13 +351,14 @@ int main(int argc, char** argv) {
     if (!set_H) H = 2;
     if (!set_K) K = 96;
     if (!set_V) V = 192;
-    olmosft::default_passive_omp_wait(argv);
   }
+  olmosft::default_passive_omp_wait(argv);     // as olmosft train does (both modes)
   if (ftz) _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ (bit 15) | DAZ (bit 6); inherited by OpenMP threads
   olmosft::set_threads(int(threads));
+  olmosft::set_cpu_gemm({olmosft::parse_gemm_lib(gemm_lib, "--gemm"), olmosft::ComputeDtype::F32});
   if (one)
-    return gdn ? run_one_gdn(one_chunked, one_T, H, K, V, chunk, reps, A, dt_bias)
-               : run_one(one_chunked, one_T, H, K, V, chunk, reps);
+    return gdn ? run_one_gdn(one_chunked, one_T, H, K, V, chunk, reps, A, dt_bias, saved_vn)
+               : run_one(one_chunked, one_T, H, K, V, chunk, reps, saved_vn);
 
   const std::string py = std::string(OLMOSFT_SOURCE_DIR) + "/deps/venv-reference/bin/python";
   if (gdn && torch && ::access(py.c_str(), X_OK) != 0) {
@@ -349,8 +375,10 @@ int main(int argc, char** argv) {
   else
     std::printf(
         "KDA delta rule fwd+bwd, float32, H=%ld dk=%ld dv=%ld chunk=%ld threads=%ld, documents of 4096, "
-        "best of %ld\n",
-        long(H), long(K), long(V), long(chunk), long(threads), long(reps));
+        "best of %ld, OMP_WAIT_POLICY=%s\n",
+        long(H), long(K), long(V), long(chunk), long(threads), long(reps), olmosft::omp_wait_policy());
+  std::printf("chunk GEMMs: %s; backward %s\n", gemm_lib.c_str(),
+              saved_vn ? "given the forward's Vn (as the model runs it)" : "recomputing Vn (--no-saved-vn)");
   // Delta-rule FLOPs per token and head (train::kda_document_flops, the count behind MFU: GEMMs, solves and
   // pairwise products; recompute = what our backward recomputes, the hardware count).
   auto flops_per_token = [&](int64_t T, bool recompute) {
@@ -358,12 +386,9 @@ int main(int argc, char** argv) {
     const auto f = olmosft::train::kda_document_flops(doc, K, V, chunk, recompute);
     return double(H) * (f.gemm + f.other) / double(doc);
   };
-  double peak = 0;
-  if (gdn) {
-    peak = sgemm_peak_per_cpu_s();
-    std::printf("hardware peer: OpenBLAS sgemm 1024^3, 1 thread, best of 3: %.1f GFLOP per CPU-s\n",
-                peak * 1e-9);
-  }
+  const double peak = sgemm_peak_per_cpu_s();
+  std::printf("hardware peer: OpenBLAS sgemm 1024^3, 1 thread, best of 3: %.1f GFLOP per CPU-s\n",
+              peak * 1e-9);
   if (ftz)
     std::printf("--ftz: subnormals flushed to zero in every child (diagnostic; not the kernels' numerics)\n");
   std::printf("%-10s %8s %8s %9s %9s %9s %9s %12s %10s %10s\n", "algo", "T", "T_run", "fwd_wall", "bwd_wall",
@@ -375,9 +400,10 @@ int main(int argc, char** argv) {
       std::ostringstream cmd;
       cmd << "OPENBLAS_NUM_THREADS=" << threads << " " << argv[0] << " --one "
           << (c ? "chunked" : "recurrent") << " " << Tr << " --H " << H << " --K " << K << " --V " << V
-          << " --chunk " << chunk << " --threads " << threads << " --reps " << reps;
+          << " --chunk " << chunk << " --threads " << threads << " --reps " << reps << " --gemm " << gemm_lib;
       if (gdn) cmd << " --gdn --A " << A << " --dt-bias " << dt_bias;
       if (ftz) cmd << " --ftz";
+      if (!saved_vn) cmd << " --no-saved-vn";
       tps[c] = run_child(cmd.str(), T);
       if (tps[c] < 0) {
         std::fprintf(stderr, "bench_kda: child run failed: %s\n", cmd.str().c_str());
@@ -399,16 +425,7 @@ int main(int argc, char** argv) {
     std::printf("%-10s %8ld  chunked/recurrent tokens/s ratio: %.2f", "ratio", long(T), tps[1] / tps[0]);
     if (tps_torch > 0) std::printf("; chunked/torch: %.2f", tps[1] / tps_torch);
     std::printf("\n");
-    if (gdn) {
-      const double fm = flops_per_token(T, false), fh = flops_per_token(T, true);
-      std::printf(
-          "%-10s %8ld  GFLOP per CPU-s, delta-rule model FLOPs (%.2f MFLOP/token): chunked %.1f, recurrent "
-          "%.1f",
-          "flops", long(T), fm * 1e-6, fm * tps[1] * 1e-9, fm * tps[0] * 1e-9);
-      if (tps_torch > 0) std::printf(", torch %.1f", fm * tps_torch * 1e-9);
-      std::printf("; chunked with its recompute (%.2f MFLOP/token): %.1f = %.2f of the sgemm peak\n",
-                  fh * 1e-6, fh * tps[1] * 1e-9, fh * tps[1] / peak);
-    }
+    print_flops(T, flops_per_token(T, false), flops_per_token(T, true), tps, tps_torch, peak);
   }
   return 0;
 }

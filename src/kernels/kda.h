@@ -91,15 +91,23 @@ void kda_recurrent_backward(const T* q, const T* k, const T* v, const T* g, cons
 
 // (b) Chunked WY/UT form (C.3) with chunk size `chunk` (default 64). Chunks never span documents: each
 //     document is split into chunks of `chunk` tokens starting at its first token, the last one partial
-//     (fla's cu_seqlens layout). The backward recomputes everything from the inputs, storing only the
-//     state at each chunk start (memory O(L/chunk * K*V) per head).
+//     (fla's cu_seqlens layout). The backward stores the state at each chunk start of the document being
+//     processed (memory O(document length/chunk * K*V) per thread).
+//     vn (optional, [B, L, H, V] like o): the forward writes each token's pseudo-value Vn = U - W S (the
+//     delta rule's corrected value, the same size as o; zero at padding), and a backward given the same
+//     array reads it instead of recomputing it: its state pass is then one GEMM per chunk, with no solves or
+//     pairwise terms (about 1.2x faster forward + backward at dk 128, dv 256; bench/RESULTS.md "bench_kda").
+//     Without vn (nullptr) the backward recomputes Vn from the inputs.
+//     Inside a chunk, pairs of tokens in different sub-chunks of kChunkSub tokens are computed as GEMMs
+//     (factored decays), pairs in the same sub-chunk directly (train/flops.cpp counts them so).
+constexpr int64_t kChunkSub = 8;
 template <typename T>
 void kda_chunk_forward(const T* q, const T* k, const T* v, const T* g, const T* beta, const int32_t* seg,
-                       const KdaDims& d, T scale, T* o, int64_t chunk = 64);
+                       const KdaDims& d, T scale, T* o, int64_t chunk = 64, T* vn = nullptr);
 template <typename T>
 void kda_chunk_backward(const T* q, const T* k, const T* v, const T* g, const T* beta, const int32_t* seg,
                         const KdaDims& d, T scale, const T* dout, T* dq, T* dk, T* dv, T* dg, T* dbeta,
-                        int64_t chunk = 64);
+                        int64_t chunk = 64, const T* vn = nullptr);
 
 // ---------------------------------------------------------------------------------------------------------
 // 5. Gated output RMSNorm (fla FusedRMSNormGated): for each of the N rows (token, head) of length D:

@@ -81,8 +81,8 @@ GdnUnit GdnUnit::resolve(const ParamIndex& idx, const std::string& p, const Laye
 
 int64_t GdnUnit::saved_floats_per_token(const ModelConfig& c) {
   const GdnDims g = gdims(c);
-  // qin kin qc kc qn kn: KD each; vin vc out z y: VD each; araw gh blog beta: H (value heads) each.
-  return 6 * g.KD + 5 * g.VD + 4 * g.H;
+  // qin kin qc kc qn kn: KD each; vin vc out z y vn: VD each; araw gh blog beta: H (value heads) each.
+  return 6 * g.KD + 6 * g.VD + 4 * g.H;
 }
 
 double GdnUnit::gemm_weights_per_token(const ModelConfig& c) {
@@ -100,6 +100,7 @@ void GdnUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
   for (T** b : {&vin, &vc, &out, &z, &y}) p.add_activation(b, N * g.VD);
   // the decay and beta (log space and per head) stay fp32
   for (T** b : {&araw, &gh, &blog, &beta}) p.add(b, N * g.H);
+  p.add(&vn, N * g.VD);  // fp32: the backward's state pass reads it as the forward computed it
 }
 
 template <typename T>
@@ -154,7 +155,7 @@ void GdnUnit::forward(const Ctx<T>& ctx, const T* x, T* out_, const Saved<T>& s,
   if (ctx.kda_recurrent)
     kda::kda_recurrent_forward(qh, kh, s.vc, w.gk, s.beta, ctx.seg, kd, scale, s.out);
   else
-    kda::kda_chunk_forward(qh, kh, s.vc, w.gk, s.beta, ctx.seg, kd, scale, s.out, ctx.kda_chunk);
+    kda::kda_chunk_forward(qh, kh, s.vc, w.gk, s.beta, ctx.seg, kd, scale, s.out, ctx.kda_chunk, s.vn);
   linear_forward(x, ctx.W(gproj), s.z, N, d, gd.VD);
   kda::kda_output_norm_forward(s.out, s.z, ctx.W(onorm), N * gd.H, gd.Dv,
                                static_cast<T>(ctx.c.linear_norm_eps), s.y, kda::GateAct::Silu);
@@ -192,7 +193,7 @@ void GdnUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T
                                 w.dbeta);
   else
     kda::kda_chunk_backward(qh, kh, s.vc, w.gk, s.beta, ctx.seg, kd, scale, w.dO, w.dq, w.dk, w.dv, w.dgk,
-                            w.dbeta, ctx.kda_chunk);
+                            w.dbeta, ctx.kda_chunk, s.vn);
   if (gd.G > 1) {  // the repeat's backward: each key head's G value heads summed
     sum_heads_in_place(w.dq, N * gd.Hk, gd.G, gd.Dk);
     sum_heads_in_place(w.dk, N * gd.Hk, gd.G, gd.Dk);

@@ -31,6 +31,7 @@ struct GdnUnit {
   template <typename T>
   struct Saved {
     T *qin, *kin, *vin, *qc, *kc, *vc, *qn, *kn, *araw, *gh, *blog, *beta, *out, *z, *y;
+    T* vn;  // the chunked delta rule's pseudo-values, for its backward (kernels/kda.h)
     void plan(Plan& p, const ModelConfig& c, int64_t N);  // saved_floats_per_token(c) * N values
   };
   // The per-head decay broadcast over the key dimension (the delta-rule kernels' g), the backward's

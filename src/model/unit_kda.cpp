@@ -39,8 +39,8 @@ KdaUnit KdaUnit::resolve(const ParamIndex& idx, const std::string& a, const Laye
 int64_t KdaUnit::saved_floats_per_token(const ModelConfig& c) {
   const int64_t H = c.linear_num_key_heads, KD = H * c.linear_key_head_dim, VD = H * c.linear_value_head_dim,
                 R = c.linear_value_head_dim;
-  // qin kin qc kc qn kn f g: KD each; vin vc o zg y: VD each; flow glow: R each; blog beta: H each.
-  return 8 * KD + 5 * VD + 2 * R + 2 * H;
+  // qin kin qc kc qn kn f g: KD each; vin vc o zg y vn: VD each; flow glow: R each; blog beta: H each.
+  return 8 * KD + 6 * VD + 2 * R + 2 * H;
 }
 
 double KdaUnit::gemm_weights_per_token(const ModelConfig& c) {
@@ -62,6 +62,7 @@ void KdaUnit::Saved<T>::plan(Plan& p, const ModelConfig& c, int64_t N) {
   for (T** b : {&vin, &vc, &o, &zg, &y}) p.add_activation(b, N * VD);
   for (T** b : {&flow, &glow}) p.add(b, N * R);
   for (T** b : {&blog, &beta}) p.add(b, N * H);
+  p.add(&vn, N * VD);  // fp32: the backward's state pass reads it as the forward computed it
 }
 
 template <typename T>
@@ -109,7 +110,7 @@ void KdaUnit::forward(const Ctx<T>& ctx, const T* x, T* a, const Saved<T>& s, co
   if (ctx.kda_recurrent)
     kda::kda_recurrent_forward(s.qn, s.kn, s.vc, s.g, s.beta, ctx.seg, kd, scale, s.o);
   else
-    kda::kda_chunk_forward(s.qn, s.kn, s.vc, s.g, s.beta, ctx.seg, kd, scale, s.o, ctx.kda_chunk);
+    kda::kda_chunk_forward(s.qn, s.kn, s.vc, s.g, s.beta, ctx.seg, kd, scale, s.o, ctx.kda_chunk, s.vn);
   linear_forward(x, ctx.W(g1), s.glow, ctx.N, ctx.d, R);
   linear_forward(s.glow, ctx.W(g2), s.zg, ctx.N, R, VD);
   const T* bias = ctx.W(g2b);
@@ -145,7 +146,7 @@ void KdaUnit::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T
                                 w.dg, w.dbeta);
   else
     kda::kda_chunk_backward(s.qn, s.kn, s.vc, s.g, s.beta, ctx.seg, kd, scale, w.dO, w.dq, w.dk, w.dv, w.dg,
-                            w.dbeta, ctx.kda_chunk);
+                            w.dbeta, ctx.kda_chunk, s.vn);
   kda::kda_beta_backward(s.blog, w.dbeta, ctx.N * H, ctx.c.linear_allow_neg_eigval, w.dblog);
   linear_backward(w.dblog, x, ctx.W(bproj), dx, ctx.G(bproj), ctx.N, ctx.d, H, true);
   T* dA = ctx.G(A_log);

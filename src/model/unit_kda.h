@@ -31,6 +31,7 @@ struct KdaUnit {
   template <typename T>
   struct Saved {
     T *qin, *kin, *vin, *qc, *kc, *vc, *qn, *kn, *flow, *f, *g, *blog, *beta, *o, *glow, *zg, *y;
+    T* vn;  // the chunked delta rule's pseudo-values, for its backward (kernels/kda.h)
     void plan(Plan& p, const ModelConfig& c, int64_t N);  // saved_floats_per_token(c) * N values
   };
   // The backward's gradients of the intermediates (shared by the KDA layers), and stand-ins for absent

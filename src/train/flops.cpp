@@ -12,6 +12,7 @@
 #include "core/threads.h"
 #include "io/atomic_file.h"
 #include "kernels/gemm.h"
+#include "kernels/kda.h"
 #include "model/layers.h"
 #include "model/params.h"
 #include "model/unit_block.h"
@@ -44,20 +45,30 @@ namespace {
 
 // One chunk of n tokens, per (row, head), as kernels/kda_chunk.cpp does it. Terms that grow as n*K*V,
 // n^2*K or n^2*V are counted; O(n*K), O(n*V), O(K*V) and O(n^2) elementwise terms and exponentials are not.
-//   forward:  Vn = U - W S, O = Qg S + Aqk Vn, S += Kl^T Vn (GEMMs 6nKV + 2n^2 V); two unit-lower solves
-//             (n(n-1)(K+V)); P and Aqk pairwise over j <= i (5K per pair: k_j e, two dot products).
-//   backward: 7 GEMMs of n x K x V, dVn / dA / dM (6n^2 V + 2n^2 K), two transposed solves, the pairwise
-//             gradients (13K per pair j < i, 4K per diagonal entry).
-//   recompute (backward): the chunk preparation (solves, pairwise) and Vn again for every chunk, and one
-//             more preparation + Vn + state update for each chunk followed by another of its document.
-KdaFlops kda_chunk_flops(double n, double K, double V, bool has_next, bool recompute) {
-  const double solves = n * (n - 1) * (K + V), prep = 5 * K * n * (n + 1) / 2 + solves;
+// Pairs (i, j) of the chunk in different sub-chunks of kda::kChunkSub tokens ("cross") are GEMMs, the
+// others ("inner") loops.
+//   forward:  Vn = U - W S, O = Qg S + Aqk Vn, S += Kl^T Vn (GEMMs 6nKV + 2n^2 V); one unit-lower solve on
+//             [W | U] (n(n-1)(K+V)); P and Aqk: inner pairs j <= i 5K each (k_j e, two dot products), cross
+//             pairs as the GEMM [K.Af; Q.Af] (K.Bf)^T (4K per pair).
+//   backward: 7 GEMMs of n x K x V, dVn / dA / dM (6n^2 V + 2n^2 K), the transposed solve, the pairwise
+//             gradients (inner: 13K per pair j < i, 4K per diagonal entry; cross: two GEMMs, 8K per pair).
+//   recompute (backward): the chunk preparation (solve, pairwise) again for every chunk, and the state
+//             update S <- e^Gam_last S + Kl^T Vn for each chunk followed by another of its document (the
+//             forward's Vn is saved, kernels/kda.h).
+KdaFlops kda_chunk_flops(int64_t n, double K, double V, bool has_next, bool recompute) {
+  double cross = 0;
+  for (int64_t a0 = kda::kChunkSub; a0 < n; a0 += kda::kChunkSub)
+    cross += static_cast<double>(std::min(kda::kChunkSub, n - a0) * a0);
+  const double N = static_cast<double>(n), inner = N * (N + 1) / 2 - cross,
+               inner_strict = N * (N - 1) / 2 - cross;
+  const double solves = N * (N - 1) * (K + V), prep_gemm = 4 * K * cross, prep_other = 5 * K * inner + solves;
   KdaFlops f;
-  f.gemm = (6 * n * K * V + 2 * n * n * V) + (12 * n * K * V + 6 * n * n * V + 2 * n * n * K);
-  f.other = prep + (solves + 13 * K * n * (n - 1) / 2 + 4 * K * n);
+  f.gemm = (6 * N * K * V + 2 * N * N * V + prep_gemm) +
+           (12 * N * K * V + 6 * N * N * V + 2 * N * N * K + 8 * K * cross);
+  f.other = prep_other + (solves + 13 * K * inner_strict + 4 * K * N);
   if (recompute) {
-    f.gemm += 2 * n * K * V + (has_next ? 4 * n * K * V : 0.0);
-    f.other += has_next ? 2 * prep : prep;
+    f.gemm += prep_gemm + (has_next ? 2 * N * K * V : 0.0);
+    f.other += prep_other;
   }
   return f;
 }
@@ -116,13 +127,13 @@ KdaFlops kda_document_flops(int64_t n, int64_t K, int64_t V, int64_t chunk, bool
   const double k = static_cast<double>(K), v = static_cast<double>(V);
   if (full > 0) {
     // Every full chunk but the document's last has a successor.
-    const KdaFlops mid = kda_chunk_flops(static_cast<double>(chunk), k, v, true, recompute);
-    const KdaFlops last = kda_chunk_flops(static_cast<double>(chunk), k, v, rest > 0, recompute);
+    const KdaFlops mid = kda_chunk_flops(chunk, k, v, true, recompute);
+    const KdaFlops last = kda_chunk_flops(chunk, k, v, rest > 0, recompute);
     f.gemm = static_cast<double>(full - 1) * mid.gemm + last.gemm;
     f.other = static_cast<double>(full - 1) * mid.other + last.other;
   }
   if (rest > 0) {
-    const KdaFlops tail = kda_chunk_flops(static_cast<double>(rest), k, v, false, recompute);
+    const KdaFlops tail = kda_chunk_flops(rest, k, v, false, recompute);
     f.gemm += tail.gemm;
     f.other += tail.other;
   }

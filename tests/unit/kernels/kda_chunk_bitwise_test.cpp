@@ -90,20 +90,22 @@ template <typename T>
 void threads_change_no_bit() {
   for (auto lib : {olmosft::GemmLib::OpenBLAS, olmosft::GemmLib::OneDNN}) {
     const olmosft::ScopedCpuGemm pin({lib, olmosft::ComputeDtype::F32});
-    for (const Shape& s : shapes()) {
-      kdatest::KdaInputs<T> in(s.d, packed(s.docs, s.d.L), 200);
-      const auto dout = kdatest::randn<T>(size_t(s.d.B * s.d.L * s.d.H * s.d.V), 211);
-      olmosft::set_threads(1);
-      const Outs<T> one = kdatest::run_kda(in, dout, true, s.chunk);
-      olmosft::set_threads(2);
-      const Outs<T> two = kdatest::run_kda(in, dout, true, s.chunk);
-      const Outs<T> again = kdatest::run_kda(in, dout, true, s.chunk);
-      olmosft::set_threads(1);
-      const std::string what =
-          std::string(type_name<T>()) + " " + lib_name(lib) + " K=" + std::to_string(s.d.K);
-      expect_outs(one, two, what + ", 2 threads vs 1:");
-      expect_outs(two, again, what + ", repeated:");
-    }
+    for (const Shape& s : shapes())
+      for (bool vn :
+           {false, true}) {  // the backward recomputing Vn, or given the forward's (the model's way)
+        kdatest::KdaInputs<T> in(s.d, packed(s.docs, s.d.L), 200);
+        const auto dout = kdatest::randn<T>(size_t(s.d.B * s.d.L * s.d.H * s.d.V), 211);
+        olmosft::set_threads(1);
+        const Outs<T> one = kdatest::run_kda(in, dout, true, s.chunk, vn);
+        olmosft::set_threads(2);
+        const Outs<T> two = kdatest::run_kda(in, dout, true, s.chunk, vn);
+        const Outs<T> again = kdatest::run_kda(in, dout, true, s.chunk, vn);
+        olmosft::set_threads(1);
+        const std::string what = std::string(type_name<T>()) + " " + lib_name(lib) +
+                                 " K=" + std::to_string(s.d.K) + (vn ? " saved vn" : "");
+        expect_outs(one, two, what + ", 2 threads vs 1:");
+        expect_outs(two, again, what + ", repeated:");
+      }
   }
 }
 
@@ -111,33 +113,34 @@ template <typename T>
 void packed_equals_alone() {
   for (auto lib : {olmosft::GemmLib::OpenBLAS, olmosft::GemmLib::OneDNN}) {
     const olmosft::ScopedCpuGemm pin({lib, olmosft::ComputeDtype::F32});
-    for (const Shape& s : shapes()) {
-      KdaDims d = s.d;
-      d.B = 1;  // row 0 of the shape
-      kdatest::KdaInputs<T> in(d, packed({s.docs[0]}, d.L), 300);
-      const auto dout = kdatest::randn<T>(size_t(d.L * d.H * d.V), 311);
-      const Outs<T> row = kdatest::run_kda(in, dout, true, s.chunk);
-      int64_t t0 = 0;
-      for (int64_t n : s.docs[0]) {
-        kdatest::KdaInputs<T> one = in;
-        one.d = {1, n, d.H, d.K, d.V};
-        one.seg.clear();
-        one.q = tokens(in.q, t0, n, d.H, d.K);
-        one.k = tokens(in.k, t0, n, d.H, d.K);
-        one.g = tokens(in.g, t0, n, d.H, d.K);
-        one.v = tokens(in.v, t0, n, d.H, d.V);
-        one.beta = tokens(in.beta, t0, n, d.H, 1);
-        const Outs<T> alone = kdatest::run_kda(one, tokens(dout, t0, n, d.H, d.V), true, s.chunk);
-        Outs<T> part{tokens(row.o, t0, n, d.H, d.V),  tokens(row.dq, t0, n, d.H, d.K),
-                     tokens(row.dk, t0, n, d.H, d.K), tokens(row.dv, t0, n, d.H, d.V),
-                     tokens(row.dg, t0, n, d.H, d.K), tokens(row.db, t0, n, d.H, 1)};
-        expect_outs(part, alone,
-                    std::string(type_name<T>()) + " " + lib_name(lib) + " K=" + std::to_string(d.K) +
-                        ", document at " + std::to_string(t0) + " (" + std::to_string(n) +
-                        " tokens) packed vs alone:");
-        t0 += n;
+    for (const Shape& s : shapes())
+      for (bool vn : {false, true}) {
+        KdaDims d = s.d;
+        d.B = 1;  // row 0 of the shape
+        kdatest::KdaInputs<T> in(d, packed({s.docs[0]}, d.L), 300);
+        const auto dout = kdatest::randn<T>(size_t(d.L * d.H * d.V), 311);
+        const Outs<T> row = kdatest::run_kda(in, dout, true, s.chunk, vn);
+        int64_t t0 = 0;
+        for (int64_t n : s.docs[0]) {
+          kdatest::KdaInputs<T> one = in;
+          one.d = {1, n, d.H, d.K, d.V};
+          one.seg.clear();
+          one.q = tokens(in.q, t0, n, d.H, d.K);
+          one.k = tokens(in.k, t0, n, d.H, d.K);
+          one.g = tokens(in.g, t0, n, d.H, d.K);
+          one.v = tokens(in.v, t0, n, d.H, d.V);
+          one.beta = tokens(in.beta, t0, n, d.H, 1);
+          const Outs<T> alone = kdatest::run_kda(one, tokens(dout, t0, n, d.H, d.V), true, s.chunk, vn);
+          Outs<T> part{tokens(row.o, t0, n, d.H, d.V),  tokens(row.dq, t0, n, d.H, d.K),
+                       tokens(row.dk, t0, n, d.H, d.K), tokens(row.dv, t0, n, d.H, d.V),
+                       tokens(row.dg, t0, n, d.H, d.K), tokens(row.db, t0, n, d.H, 1)};
+          expect_outs(part, alone,
+                      std::string(type_name<T>()) + " " + lib_name(lib) + " K=" + std::to_string(d.K) +
+                          (vn ? " saved vn" : "") + ", document at " + std::to_string(t0) + " (" +
+                          std::to_string(n) + " tokens) packed vs alone:");
+          t0 += n;
+        }
       }
-    }
   }
 }
 

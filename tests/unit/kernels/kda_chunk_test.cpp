@@ -31,18 +31,20 @@ void compare_chunk_vs_recurrent(int64_t chunk, double tol, const char* what) {
   KdaInputs<T> in(d, two_rows_segments(d.L), 100);
   auto dout = kdatest::randn<T>(size_t(d.B * d.L * d.H * d.V), 7);
   auto ref = kdatest::run_kda(in, dout, false, 0);
-  auto chk = kdatest::run_kda(in, dout, true, chunk);
-  const double eo = rel_err(chk.o, ref.o), eq = rel_err(chk.dq, ref.dq), ek = rel_err(chk.dk, ref.dk),
-               ev = rel_err(chk.dv, ref.dv), eg = rel_err(chk.dg, ref.dg), eb = rel_err(chk.db, ref.db);
-  std::printf("%s chunk=%ld: rel err o %.2e dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e\n", what, long(chunk),
-              eo, eq, ek, ev, eg, eb);
-  EXPECT_LE(eo, tol);
-  EXPECT_LE(eq, tol);
-  EXPECT_LE(ek, tol);
-  EXPECT_LE(ev, tol);
-  EXPECT_LE(eg, tol);
-  EXPECT_LE(eb, tol);
-  EXPECT_TRUE(kdatest::all_finite(chk.dg));
+  for (bool saved_vn : {false, true}) {  // the backward recomputing Vn, or given the forward's
+    auto chk = kdatest::run_kda(in, dout, true, chunk, saved_vn);
+    const double eo = rel_err(chk.o, ref.o), eq = rel_err(chk.dq, ref.dq), ek = rel_err(chk.dk, ref.dk),
+                 ev = rel_err(chk.dv, ref.dv), eg = rel_err(chk.dg, ref.dg), eb = rel_err(chk.db, ref.db);
+    std::printf("%s chunk=%ld%s: rel err o %.2e dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e\n", what,
+                long(chunk), saved_vn ? " saved vn" : "", eo, eq, ek, ev, eg, eb);
+    EXPECT_LE(eo, tol);
+    EXPECT_LE(eq, tol);
+    EXPECT_LE(ek, tol);
+    EXPECT_LE(ev, tol);
+    EXPECT_LE(eg, tol);
+    EXPECT_LE(eb, tol);
+    EXPECT_TRUE(kdatest::all_finite(chk.dg));
+  }
 }
 
 }  // namespace

@@ -170,6 +170,49 @@ TEST_F(KdaGrad, DeltaRule) {
   }
 }
 
+// The chunked delta rule with chunks longer than its 16-token sub-chunks (kernels/kda_chunk.cpp: pairs across
+// sub-chunks go through factored decays and GEMMs, forward and backward): chunks of 32 and 64, a 41-token
+// document (sub-chunks of 16, 16, 9 at chunk 64; a boundary inside the second chunk at 32), a 12-token one,
+// padding. Strong and weak decays per channel.
+TEST_F(KdaGrad, DeltaRuleAcrossSubChunks) {
+  KdaDims d{1, 56, 2, 4, 3};
+  std::vector<int32_t> seg(d.L);
+  for (int64_t t = 0; t < d.L; ++t) seg[t] = t < 41 ? 0 : t < 53 ? 1 : -1;
+  const size_t NH = size_t(d.L * d.H);
+  V q = randn<double>(NH * d.K, 31, 0.5), k = randn<double>(NH * d.K, 32, 0.5),
+    v = randn<double>(NH * d.V, 33);
+  V g = kdatest::uniform<double>(NH * d.K, 34, -0.4, -0.005),
+    beta = kdatest::uniform<double>(NH, 35, 0.05, 1.95);
+  for (size_t i = 0; i < g.size(); i += 5) g[i] *= 8;  // some channels forget fast
+  V R = randn<double>(NH * d.V, 36);
+  const double scale = 0.5;
+  for (int64_t chunk : {32, 64})
+    for (bool saved_vn : {false, true}) {  // the backward recomputing Vn, or given the forward's
+      auto loss = [&] {
+        V o(NH * d.V);
+        kda_chunk_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, o.data(),
+                          chunk);
+        return dot(o, R);
+      };
+      V o(NH * d.V), vn(NH * d.V);
+      double* vnp = saved_vn ? vn.data() : nullptr;
+      kda_chunk_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, o.data(),
+                        chunk, vnp);
+      V dq(q.size()), dk(k.size()), dv(v.size()), dg(g.size()), db(beta.size());
+      kda_chunk_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, R.data(),
+                         dq.data(), dk.data(), dv.data(), dg.data(), db.data(), chunk, vnp);
+      const double eq = fd_check(q, loss, dq), ek = fd_check(k, loss, dk), ev = fd_check(v, loss, dv),
+                   eg = fd_check(g, loss, dg), eb = fd_check(beta, loss, db);
+      std::printf("chunk %ld%s: dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e\n", long(chunk),
+                  saved_vn ? " saved vn" : "", eq, ek, ev, eg, eb);
+      EXPECT_LE(eq, kTol);
+      EXPECT_LE(ek, kTol);
+      EXPECT_LE(ev, kTol);
+      EXPECT_LE(eg, kTol);
+      EXPECT_LE(eb, kTol);
+    }
+}
+
 // Conv windows never cross documents: a packed row (documents of 2, 9, 1 tokens, then padding) equals each
 // document convolved alone, forward and backward (dw summed over documents).
 TEST_F(KdaGrad, ShortConvPackedEqualsSeparate) {

@@ -95,8 +95,11 @@ struct Outs {
 
 // Forward then backward, chunked (chunk size `chunk`) or the recurrent reference; every output starts as a
 // sentinel (-7) so an entry left unwritten shows.
+// saved_vn: the chunked forward hands its pseudo-values to the backward (kda.h), as the model runs it;
+// otherwise the backward recomputes them.
 template <typename T>
-Outs<T> run_kda(const KdaInputs<T>& in, const std::vector<T>& dout, bool chunked, int64_t chunk) {
+Outs<T> run_kda(const KdaInputs<T>& in, const std::vector<T>& dout, bool chunked, int64_t chunk,
+                bool saved_vn = false) {
   const auto& d = in.d;
   const size_t NH = size_t(d.B * d.L * d.H);
   Outs<T> r;
@@ -109,11 +112,13 @@ Outs<T> run_kda(const KdaInputs<T>& in, const std::vector<T>& dout, bool chunked
   const T scale = T(1) / std::sqrt(T(d.K));
   const int32_t* seg = in.seg.empty() ? nullptr : in.seg.data();
   if (chunked) {
+    std::vector<T> vn(saved_vn ? NH * d.V : 0, T(-7));
+    T* vnp = saved_vn ? vn.data() : nullptr;
     olmosft::kda::kda_chunk_forward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), seg,
-                                    d, scale, r.o.data(), chunk);
+                                    d, scale, r.o.data(), chunk, vnp);
     olmosft::kda::kda_chunk_backward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), seg,
                                      d, scale, dout.data(), r.dq.data(), r.dk.data(), r.dv.data(),
-                                     r.dg.data(), r.db.data(), chunk);
+                                     r.dg.data(), r.db.data(), chunk, vnp);
   } else {
     olmosft::kda::kda_recurrent_forward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
                                         seg, d, scale, r.o.data());

@@ -82,7 +82,8 @@ const char* const kNames[] = {"o", "dq", "dk", "dv", "dg", "dbeta"};
 // chunk = 0: the recurrent kernel. use_seg = false drops the segment ids (one document per row: what
 // upstream's torch path computes on a packed row), for the sensitivity check.
 template <typename T>
-std::vector<std::vector<double>> ours(const std::string& c, int64_t chunk, bool use_seg = true) {
+std::vector<std::vector<double>> ours(const std::string& c, int64_t chunk, bool use_seg = true,
+                                      bool saved_vn = false) {
   const Fixture& F = fixture();
   const int64_t L = F.cfg["L"], H = F.cfg["H"], K = F.cfg["K"], V = F.cfg["V"];
   const bool l2 = F.cfg["cases"][c]["use_qk_l2norm_in_kernel"].get<bool>();
@@ -104,9 +105,12 @@ std::vector<std::vector<double>> ours(const std::string& c, int64_t chunk, bool 
   const int32_t* s = use_seg ? seg.data() : nullptr;
   std::vector<T> o(L * H * V), dqn(L * H * K), dkn(L * H * K), dv(L * H * V), dg(L * H * K), db(NH);
   if (chunk > 0) {
-    kda_chunk_forward(qn.data(), kn.data(), v.data(), g.data(), beta.data(), s, d, scale, o.data(), chunk);
+    std::vector<T> vn(saved_vn ? L * H * V : 0);  // the forward's Vn handed to the backward (the model's way)
+    T* vnp = saved_vn ? vn.data() : nullptr;
+    kda_chunk_forward(qn.data(), kn.data(), v.data(), g.data(), beta.data(), s, d, scale, o.data(), chunk,
+                      vnp);
     kda_chunk_backward(qn.data(), kn.data(), v.data(), g.data(), beta.data(), s, d, scale, dout.data(),
-                       dqn.data(), dkn.data(), dv.data(), dg.data(), db.data(), chunk);
+                       dqn.data(), dkn.data(), dv.data(), dg.data(), db.data(), chunk, vnp);
   } else {
     kda_recurrent_forward(qn.data(), kn.data(), v.data(), g.data(), beta.data(), s, d, scale, o.data());
     kda_recurrent_backward(qn.data(), kn.data(), v.data(), g.data(), beta.data(), s, d, scale, dout.data(),
@@ -142,10 +146,12 @@ double compare(const std::string& c, const std::vector<std::vector<double>>& min
 
 template <typename T>
 void check_case(const std::string& c, double tol_up64, double tol_up32) {
-  for (int64_t chunk : {int64_t(0), int64_t(16), int64_t(64)}) {
-    const auto mine = ours<T>(c, chunk);
+  const std::pair<int64_t, bool> runs[] = {{0, false}, {16, false}, {64, false}, {16, true}, {64, true}};
+  for (const auto& [chunk, saved_vn] : runs) {
+    const auto mine = ours<T>(c, chunk, true, saved_vn);
     const std::string what = c + (sizeof(T) == 8 ? " f64 " : " f32 ") +
-                             (chunk ? "chunk=" + std::to_string(chunk) : std::string("recurrent"));
+                             (chunk ? "chunk=" + std::to_string(chunk) : std::string("recurrent")) +
+                             (saved_vn ? " saved vn" : "");
     compare(c, mine, "up64_chunk", tol_up64, what);
     compare(c, mine, "up32_chunk", tol_up32, what);
     compare(c, mine, "up32_rec", tol_up32, what);

@@ -16,6 +16,7 @@
 #include "core/threads.h"
 #include "io/atomic_file.h"
 #include "kernels/gemm.h"
+#include "kernels/kda.h"
 #include "model/config.h"
 #include "model/decoder.h"
 #include "model/model.h"
@@ -250,35 +251,37 @@ KdaBrute kda_brute(const std::vector<int32_t>& seg, int64_t K, int64_t V, int64_
   auto solve = [&](int64_t n, int64_t cols) {
     for (int64_t i = 0; i < n; ++i) k.other += 2.0 * static_cast<double>(i * cols);
   };
+  const int64_t S = olmosft::kda::kChunkSub;
+  // P and Aqk: pairs in one sub-chunk by loops, the blocks of each sub-chunk's rows against the earlier
+  // tokens by one GEMM [K.Af; Q.Af] (K.Bf)^T; then the solve on [W | U].
   auto prepare = [&](int64_t n) {
     for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j <= i; ++j) k.other += 5.0 * K;
-    solve(n, K);
-    solve(n, V);
+      for (int64_t j = 0; j <= i; ++j)
+        if (i / S == j / S) k.other += 5.0 * K;
+    for (int64_t a0 = S; a0 < n; a0 += S) g(2.0 * std::min(S, n - a0), a0, K);
+    solve(n, K + V);
   };
   for (size_t ci = 0; ci < chunks.size(); ++ci) {
     const double n = chunks[ci].n;
     const int64_t ni = chunks[ci].n;
-    // forward
+    // forward: [Qg; W] S, Aqk Vn, Kl^T Vn
     prepare(ni);
-    g(n, V, K), g(n, V, K), g(n, V, n), g(K, V, n);
-    // backward pass 1: the state entering chunk ci + 1 is recomputed from chunk ci
+    g(2 * n, V, K), g(n, V, n), g(K, V, n);
+    // backward pass 1: the state entering chunk ci + 1 from chunk ci and the forward's Vn
     const bool has_next = ci + 1 < chunks.size() && !chunks[ci + 1].reset;
-    if (recompute && has_next) {
-      prepare(ni);
-      g(n, V, K), g(K, V, n);
-    }
+    if (recompute && has_next) g(K, V, n);
     // backward pass 2
-    if (recompute) {
-      prepare(ni);
-      g(n, V, K);
+    if (recompute) prepare(ni);
+    g(n, V, n), g(n, V, K), g(n, n, V), g(2 * n, K, V), g(K, V, 2 * n), g(n, K, V);
+    solve(ni, K + V);
+    g(n, n, K + V);
+    for (int64_t a0 = S; a0 < ni; a0 += S) {
+      const double m = static_cast<double>(std::min(S, ni - a0));
+      g(2 * m, K, a0), g(a0, K, 2 * m);
     }
-    g(n, V, n), g(n, V, K), g(n, n, V), g(n, K, V), g(K, V, n), g(K, V, n), g(n, K, V), g(n, K, V);
-    solve(ni, K);
-    solve(ni, V);
-    g(n, n, K), g(n, n, V);
     for (int64_t i = 0; i < ni; ++i) {
-      for (int64_t j = 0; j < i; ++j) k.other += 13.0 * K;
+      for (int64_t j = 0; j < i; ++j)
+        if (i / S == j / S) k.other += 13.0 * K;
       k.other += 4.0 * K;
     }
   }
