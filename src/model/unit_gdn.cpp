@@ -63,20 +63,21 @@ void sum_heads_in_place(T* dy, int64_t NHk, int64_t G, int64_t D) {
 
 }  // namespace
 
-GdnUnit GdnUnit::resolve(const ParamIndex& idx, const std::string& p, const LayerSpec&) {
-  GdnUnit u;
-  u.q = idx.get(p + hf::kQProj);
-  u.k = idx.get(p + hf::kKProj);
-  u.v = idx.get(p + hf::kVProj);
-  u.aproj = idx.get(p + hf::kAProj);
-  u.bproj = idx.get(p + hf::kBProj);
-  u.gproj = idx.get(p + hf::kGProj);
-  u.o = idx.get(p + hf::kOProj);
-  u.A_log = idx.get(p + hf::kALog);
-  u.dt_bias = idx.get(p + hf::kDtBias);
-  u.conv = idx.get(p + hf::kConv1d);
-  u.onorm = idx.get(p + hf::kONorm);
-  return u;
+void GdnUnit::params(Params& p, const ModelConfig& c, const LayerSpec& spec) {
+  const std::string a = hf::layer(spec.index) + kPrefix;
+  const GdnDims g = gdims(c);
+  const int64_t d = c.hidden_size;
+  p.add(A_log, a + hf::kALog, {g.H}, false, true);
+  p.add(dt_bias, a + hf::kDtBias, {g.H}, false, true);
+  p.add(q, a + hf::kQProj, {g.KD, d});
+  p.add(k, a + hf::kKProj, {g.KD, d});
+  p.add(v, a + hf::kVProj, {g.VD, d});
+  p.add(aproj, a + hf::kAProj, {g.H, d});
+  p.add(bproj, a + hf::kBProj, {g.H, d});
+  p.add(gproj, a + hf::kGProj, {g.VD, d});
+  p.add(o, a + hf::kOProj, {d, g.VD});
+  p.add(conv, a + hf::kConv1d, {2 * g.KD + g.VD, 1, g.C});
+  p.add(onorm, a + hf::kONorm, {g.Dv});
 }
 
 int64_t GdnUnit::saved_floats_per_token(const ModelConfig& c) {
