@@ -6,7 +6,7 @@
 // (src/xla) builds the same list.
 //
 // Adding a mixer kind: its unit file (which also declares its tensors), its entry in unit_block.h's mixer
-// list (MixerKind below indexes that list) and its case in layer_specs (layers.cpp); config keys of its own
+// list (MixerKind below indexes that list) and its case in layer_list (layers.cpp); config keys of its own
 // go to config.h / config.cpp (docs/model.md, "Adding a mixer kind").
 #pragma once
 #include <array>

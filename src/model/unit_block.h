@@ -36,7 +36,7 @@
 
 namespace olmosft::model::unit {
 
-// Every mixer unit: a new mixer kind is one entry here (and its unit file, and its case in layer_specs). A
+// Every mixer unit: a new mixer kind is one entry here (and its unit file, and its case in layer_list). A
 // mixer unit U has kName, kPrefix (its HF module under model.layers.<l>.), params(Params&, config, spec),
 // Saved<T> / Scratch<T> with plan(), forward / backward, and the static sizes Block reads
 // (saved_floats_per_token, gemm_weights_per_token, delta_rule_heads, widest_projection).
