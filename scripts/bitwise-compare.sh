@@ -6,8 +6,8 @@
 #   1. dump the hashes of every model number (ModelBitwise.Repeatable with OLMOSFT_BITWISE_DUMP: initial
 #      parameters, loss parts, gradients, logits, log-probs of both families, both fp32 GEMM libraries), when
 #      the base has that dump;
-#   2. train the tiny Olmo 3 and the tiny hybrid for 6 steps each on the byte-tokenised golden conversations
-#      (2 threads) and export them.
+#   2. train the tiny Olmo 3, the tiny hybrid and a tiny Olmo Hybrid (the GVA fixture) for 6 steps each on the
+#      byte-tokenised golden conversations (2 threads) and export them.
 # and the script compares the dumps, the LOSS-PARTS lines and the sha256 of every exported file. Exit 0 only
 # when everything is identical. Uses about 2 builds' time; the temporary tree is removed at the end.
 # BASE_BUILD=DIR uses an existing build of BASE_REF instead (e.g. the base's own worktree build): no rebuild.
@@ -64,13 +64,14 @@ fi
 G=$root/tests/golden
 "$build/olmosft" data build --input "$G/data/convs.jsonl" --tokenizer builtin:bytes --seq-len 256 --seed 3 \
   --epochs 4 --quiet --out "$work/data" >/dev/null 2>&1 || { echo "bitwise-compare: data build failed"; exit 2; }
-for model in olmo3_tiny olmo3moe_tiny; do
+for model in olmo3_tiny olmo3moe_tiny hf_olmo_hybrid/gva; do
+  name=${model//\//_}
   for side in base head; do
     bin=$build/olmosft
     [ $side = base ] && bin=$base_build/olmosft
     cat >"$work/recipe.yaml" <<YAML
 output_dir: $work/runs-$side
-run_name: $model
+run_name: $name
 model:
   init: $G/model/$model
 tokenizer: builtin:bytes
@@ -95,17 +96,17 @@ log:
   tensorboard: false
 YAML
     "$bin" train "$work/recipe.yaml" </dev/null \
-      >"$work/$model.$side.out" 2>&1
-    grep '^LOSS-PARTS' "$work/$model.$side.out" >"$work/$model.$side.loss"
-    (cd "$work/runs-$side/$model/hf" 2>/dev/null && sha256sum -- * | sort) >"$work/$model.$side.export"
+      >"$work/$name.$side.out" 2>&1
+    grep '^LOSS-PARTS' "$work/$name.$side.out" >"$work/$name.$side.loss"
+    (cd "$work/runs-$side/$name/hf" 2>/dev/null && sha256sum -- * | sort) >"$work/$name.$side.export"
   done
-  if [ ! -s "$work/$model.head.loss" ]; then
-    echo "DIFFERENT: $model: the working tree's run logged no LOSS-PARTS"; tail -5 "$work/$model.head.out"
+  if [ ! -s "$work/$name.head.loss" ]; then
+    echo "DIFFERENT: $name: the working tree's run logged no LOSS-PARTS"; tail -5 "$work/$name.head.out"
     fails=$((fails + 1))
     continue
   fi
-  same "$model: $(wc -l <"$work/$model.head.loss") LOSS-PARTS lines" "$work/$model.base.loss" "$work/$model.head.loss"
-  same "$model: exported files (sha256)" "$work/$model.base.export" "$work/$model.head.export"
+  same "$name: $(wc -l <"$work/$name.head.loss") LOSS-PARTS lines" "$work/$name.base.loss" "$work/$name.head.loss"
+  same "$name: exported files (sha256)" "$work/$name.base.export" "$work/$name.head.export"
 done
 echo "bitwise-compare: $fails differences"
 [ $fails -eq 0 ]

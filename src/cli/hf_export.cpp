@@ -9,20 +9,18 @@ namespace {
 
 int export_hf_main(int argc, char** argv) {
   CLI::App app{"Export an HF model directory (config.json, safetensors, tokenizer files)", "export hf"};
-  std::string from, out, dtype = "keep", shard = "5GB";
+  std::string from;
+  olmosft::cli::HfOutOptions o;
   app.add_option("--from", from, "source HF model directory")->required();
-  app.add_option("--out", out, "output directory (must not exist or be empty)")->required();
-  app.add_option("--dtype", dtype, "tensor dtype: bf16, fp32, fp16 or keep")
-      ->check(CLI::IsMember({"bf16", "fp32", "fp16", "keep"}));
-  app.add_option("--shard-size", shard, "maximum shard size, e.g. 5GB, 500MB, 2GiB");
+  o.add(app, "the source's dtypes");
   return olmosft::cli::run_app(app, argc, argv, [&] {
     using namespace olmosft;
-    model::ExportOptions opts = model::parse_export_options(dtype, shard);
+    model::ExportOptions opts = model::parse_export_options(o.dtype, o.shard);
     opts.copy_side_files_from = from;
     auto m = model::load_hf_dir(from);
-    auto res = model::export_hf_dir(out, m.config, m.named(), opts);
-    std::cout << "exported " << m.registry.size() << " tensors (" << res.tensor_bytes << " bytes) to " << out
-              << ":";
+    auto res = model::export_hf_dir(o.out, m.config, m.named(), opts);
+    std::cout << "exported " << m.registry.size() << " tensors (" << res.tensor_bytes << " bytes) to "
+              << o.out << ":";
     for (const auto& f : res.files) std::cout << " " << f;
     std::cout << "\n";
     return 0;

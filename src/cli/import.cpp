@@ -40,17 +40,15 @@ int import_olmo_core_main(int argc, char** argv) {
       "Import an OLMo-core distributed checkpoint (model_and_optim/ .metadata + .distcp shards) as an "
       "HF model directory",
       "import olmo-core"};
-  std::string step, config, out, dtype = "keep", shard = "5GB";
+  std::string step, config;
+  olmosft::cli::HfOutOptions o;
   app.add_option("step_dir", step, "OLMo-core step directory (holding model_and_optim/) or the DCP directory")
       ->required();
   app.add_option("--config", config, "OLMo-core config.json (default: STEP_DIR/config.json)");
-  app.add_option("--out", out, "output HF directory (must not exist or be empty)")->required();
-  app.add_option("--dtype", dtype, "tensor dtype: bf16, fp32, fp16 or keep (the checkpoint's)")
-      ->check(CLI::IsMember({"bf16", "fp32", "fp16", "keep"}));
-  app.add_option("--shard-size", shard, "maximum safetensors shard size, e.g. 5GB, 500MB, 2GiB");
+  o.add(app, "the checkpoint's");
   return olmosft::cli::run_app(app, argc, argv, [&] {
     using namespace olmosft;
-    model::ExportOptions opts = model::parse_export_options(dtype, shard);
+    model::ExportOptions opts = model::parse_export_options(o.dtype, o.shard);
     auto ck = model::olmo_core::open(step, config);
     if (!opts.dtype) {  // keep: config.json's torch_dtype names the stored dtype when there is one
       std::set<DType> stored;
@@ -59,9 +57,9 @@ int import_olmo_core_main(int argc, char** argv) {
     }
     Progress p{ck.registry.size(), ck.total_bytes()};
     auto res = model::export_hf_dir(
-        out, ck.config, ck.lazy_named([&](const std::string& n, uint64_t b) { p.tick(n, b); }), opts);
+        o.out, ck.config, ck.lazy_named([&](const std::string& n, uint64_t b) { p.tick(n, b); }), opts);
     std::cout << "imported " << ck.registry.size() << " tensors (" << res.tensor_bytes << " bytes) from "
-              << ck.dcp.dir() << " to " << out << ":";
+              << ck.dcp.dir() << " to " << o.out << ":";
     for (const auto& f : res.files) std::cout << " " << f;
     std::cout << "\n";
     if (ck.config.eos_token_ids.empty())

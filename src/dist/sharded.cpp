@@ -270,33 +270,22 @@ double ShardedParams::clip_and_step(const AdamWConfig& cfg, double max_norm, int
     }
   }
   std::vector<AdamWParam<float>> segs;
-  for (size_t t = 0; t < specs_.size(); ++t) {
-    Unit& U = units_[size_t(specs_[t].unit)];
-    const int64_t ob = owned_begin(U), b = toff_[t], e = b + specs_[t].numel();
-    const int64_t lo = std::max(ob, b), hi = std::min(ob + U.shard, e);
-    if (lo >= hi) continue;
-    const size_t l = size_t(lo - ob);
-    segs.push_back(
-        {U.p.data() + l, U.g.data() + l, U.m.data() + l, U.v.data() + l, hi - lo, specs_[t].decay});
-  }
+  for (const OwnedRange& r : owned_ranges())
+    segs.push_back({r.p, r.g, r.m, r.v, r.n, specs_[size_t(r.tensor)].decay});
   adamw_step(segs, cfg, step);
   adam_step_ = step;
   return norm;
 }
 
-std::vector<float> ShardedParams::full_param(int t) {
-  Unit& U = units_[size_t(specs_[size_t(t)].unit)];
-  std::vector<float> full(static_cast<size_t>(U.padded));
-  if (mode_ == ShardMode::Sharded)
-    comm_.all_gather(U.p.data(), full.data(), U.shard);
-  else
-    full = U.p;
-  return {full.begin() + toff_[size_t(t)], full.begin() + toff_[size_t(t)] + specs_[size_t(t)].numel()};
-}
+std::vector<float> ShardedParams::full_param(int t) { return full_of(t, &Unit::p); }
 
 std::vector<float> ShardedParams::full_moment(int t, int which) {
+  return full_of(t, which == 0 ? &Unit::m : &Unit::v);
+}
+
+std::vector<float> ShardedParams::full_of(int t, std::vector<float> Unit::*field) {
   Unit& U = units_[size_t(specs_[size_t(t)].unit)];
-  const std::vector<float>& src = which == 0 ? U.m : U.v;
+  const std::vector<float>& src = U.*field;
   std::vector<float> full(static_cast<size_t>(U.padded));
   if (mode_ == ShardMode::Sharded)
     comm_.all_gather(src.data(), full.data(), U.shard);
@@ -313,7 +302,7 @@ std::vector<ShardedParams::OwnedRange> ShardedParams::owned_ranges() {
     const int64_t lo = std::max(ob, b), hi = std::min(ob + U.shard, e);
     if (lo >= hi) continue;
     const size_t l = size_t(lo - ob);
-    out.push_back({int(t), lo - b, hi - lo, U.p.data() + l, U.m.data() + l, U.v.data() + l});
+    out.push_back({int(t), lo - b, hi - lo, U.p.data() + l, U.g.data() + l, U.m.data() + l, U.v.data() + l});
   }
   return out;
 }

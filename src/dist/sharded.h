@@ -137,12 +137,12 @@ class ShardedParams {
   void set_adam_step(int64_t s) { adam_step_ = s; }
 
   // The elements this rank owns, as runs of one tensor: elements [begin, begin + n) of tensor `tensor`
-  // live at p/m/v (params, exp_avg, exp_avg_sq). Replicated mode: every element of every tensor.
-  // For external checkpoint writers/readers (train/checkpoint.h).
+  // live at p/g/m/v (params, gradients, exp_avg, exp_avg_sq). Replicated mode: every element of every
+  // tensor. For external checkpoint writers/readers (train/checkpoint.h) and the AdamW step.
   struct OwnedRange {
     int tensor = 0;
     int64_t begin = 0, n = 0;
-    float *p = nullptr, *m = nullptr, *v = nullptr;
+    float *p = nullptr, *g = nullptr, *m = nullptr, *v = nullptr;
   };
   std::vector<OwnedRange> owned_ranges();
   Comm& comm() { return comm_; }
@@ -159,6 +159,7 @@ class ShardedParams {
     bool is_gathered = false;
   };
   int64_t owned_begin(const Unit& U) const;  // unit-flat index of this rank's first owned element
+  std::vector<float> full_of(int tensor, std::vector<float> Unit::*field);  // all ranks' elements gathered
   void track_transient();
 
   Comm& comm_;

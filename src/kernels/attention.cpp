@@ -277,6 +277,16 @@ BwdTiles<T> carve_bwd_tiles(Carver& cv, const AttentionConfig& c) {
   return t;
 }
 
+// Thread tid's tiles: the threads' tile sets follow one another from cv's position, each carved alike.
+template <typename Tiles>
+Tiles thread_tiles(const Carver& cv, const AttentionConfig& c, int tid,
+                   Tiles (*carve)(Carver&, const AttentionConfig&)) {
+  Carver one{nullptr};
+  carve(one, c);  // one set's bytes
+  Carver at{cv.base, cv.used + static_cast<size_t>(tid) * one.used};
+  return carve(at, c);
+}
+
 // Fills lo[] and the per-query-block metadata for every row; validates the segment ids.
 void build_mask_meta(const AttentionConfig& c, const int32_t* seg, const Shared& sh) {
   const int64_t T = c.seq, nqb = num_qblocks(c);
@@ -398,9 +408,6 @@ void attention_forward(const AttentionConfig& c, const T* q, const T* k, const T
   Carver cv{align_ws(workspace, workspace_bytes, need, "forward")};
   const int nt = resolve_threads(c);
   const Shared sh = carve_shared<T>(cv, c);
-  FwdTiles<T> tiles0 = carve_fwd_tiles<T>(cv, c);
-  const size_t tile_stride =
-      reinterpret_cast<std::byte*>(carve_fwd_tiles<T>(cv, c).qs) - reinterpret_cast<std::byte*>(tiles0.qs);
   build_mask_meta(c, seg, sh);
 
   const int64_t T_ = c.seq, H = c.heads, Hkv = c.kv_heads, D = c.head_dim, Dv = c.v_head_dim, G = group(c);
@@ -413,16 +420,7 @@ void attention_forward(const AttentionConfig& c, const T* q, const T* k, const T
 #pragma omp parallel num_threads(nt)
   {
     const int tid = omp_get_thread_num();
-    FwdTiles<T> w;
-    auto shift = [&](T* p) {
-      return reinterpret_cast<T*>(reinterpret_cast<std::byte*>(p) + tid * tile_stride);
-    };
-    w.qs = shift(tiles0.qs);
-    w.s = shift(tiles0.s);
-    w.oacc = shift(tiles0.oacc);
-    w.m = shift(tiles0.m);
-    w.l = shift(tiles0.l);
-    w.pack = shift(tiles0.pack);
+    const FwdTiles<T> w = thread_tiles(cv, c, tid, carve_fwd_tiles<T>);
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < nitems; ++item) {
@@ -520,9 +518,6 @@ void attention_backward(const AttentionConfig& c, const T* q, const T* k, const 
   const int64_t splits = backward_splits(c, nt);
   const size_t dq_elems = static_cast<size_t>(c.batch * T_ * H * D);
   T* dq_priv = cv.take<T>((splits - 1) * dq_elems);
-  BwdTiles<T> tiles0 = carve_bwd_tiles<T>(cv, c);
-  const size_t tile_stride =
-      reinterpret_cast<std::byte*>(carve_bwd_tiles<T>(cv, c).qs) - reinterpret_cast<std::byte*>(tiles0.qs);
   build_mask_meta(c, seg, sh);
 
   const T scale = static_cast<T>(c.scale);
@@ -549,19 +544,7 @@ void attention_backward(const AttentionConfig& c, const T* q, const T* k, const 
     }
 
     const int tid = omp_get_thread_num();
-    BwdTiles<T> w;
-    auto shift = [&](T* p) {
-      return reinterpret_cast<T*>(reinterpret_cast<std::byte*>(p) + tid * tile_stride);
-    };
-    w.qs = shift(tiles0.qs);
-    w.dout = shift(tiles0.dout);
-    w.lse = shift(tiles0.lse);
-    w.dvec = shift(tiles0.dvec);
-    w.p = shift(tiles0.p);
-    w.dp = shift(tiles0.dp);
-    w.dk = shift(tiles0.dk);
-    w.dv = shift(tiles0.dv);
-    w.pack = shift(tiles0.pack);
+    const BwdTiles<T> w = thread_tiles(cv, c, tid, carve_bwd_tiles<T>);
 
     const int64_t nitems = c.batch * Hkv * splits;
 #pragma omp for schedule(dynamic, 1)

@@ -71,6 +71,26 @@ void gather_rows(const T* h, int64_t d, const int64_t* rows, int64_t nr, T* out)
       },
       16);
 }
+
+// The vocabulary tiles of one row block hb [nr, d]: per chunk [c0, c0 + nc) of the vocabulary, the logits
+// l [nr, nc] = hb W[c0 : c0 + nc]^T, then row(r, l + r * nc, c0, nc) for every row (rows in parallel), then
+// after(c0, nc).
+template <typename T, typename Row, typename After>
+void vocab_tiles(const Plan& p, int64_t V, int64_t d, const T* W, const T* hb, int64_t nr, T* l, Row row,
+                 After after) {
+  for (int64_t c0 = 0; c0 < V; c0 += p.chunk) {
+    const int64_t nc = std::min(p.chunk, V - c0);
+    gemm_compute<T>(Precision::Compute, Trans::N, Trans::T, nr, nc, d, T(1), hb, d, W + c0 * d, d, T(0), l,
+                    nc);
+    parallel_for(
+        nr,
+        [&](int64_t b, int64_t e) {
+          for (int64_t r = b; r < e; ++r) row(r, l + r * nc, c0, nc);
+        },
+        4);
+    after(c0, nc);
+  }
+}
 }  // namespace
 
 size_t xent_workspace_bytes(int64_t trained, int64_t d, const XentConfig& cfg, size_t elem) {
@@ -103,26 +123,18 @@ XentStats xent_forward(const T* h, const T* W, const int32_t* targets, const uin
     gather_rows(h, d, rows, nr, hb.data());
     std::fill(run_max.begin(), run_max.end(), -std::numeric_limits<double>::infinity());
     std::fill(run_sum.begin(), run_sum.end(), 0.0);
-    for (int64_t c0 = 0; c0 < V; c0 += p.chunk) {
-      const int64_t nc = std::min(p.chunk, V - c0);
-      gemm_compute<T>(Precision::Compute, Trans::N, Trans::T, nr, nc, d, T(1), hb.data(), d, W + c0 * d, d,
-                      T(0), logits.data(), nc);
-      parallel_for(
-          nr,
-          [&](int64_t b, int64_t e) {
-            for (int64_t r = b; r < e; ++r) {
-              const T* l = logits.data() + r * nc;
-              const T m = row_max(l, nc);
-              const double m_new = std::max(run_max[size_t(r)], double(m));
-              const double s = sum_exp(l, nc, T(m_new));
-              run_sum[size_t(r)] = run_sum[size_t(r)] * std::exp(run_max[size_t(r)] - m_new) + s;
-              run_max[size_t(r)] = m_new;
-              const int64_t t = targets[rows[r]];
-              if (t >= c0 && t < c0 + nc) tgt[size_t(r)] = double(l[t - c0]);
-            }
-          },
-          4);
-    }
+    vocab_tiles(
+        p, V, d, W, hb.data(), nr, logits.data(),
+        [&](int64_t r, const T* l, int64_t c0, int64_t nc) {
+          const T m = row_max(l, nc);
+          const double m_new = std::max(run_max[size_t(r)], double(m));
+          const double s = sum_exp(l, nc, T(m_new));
+          run_sum[size_t(r)] = run_sum[size_t(r)] * std::exp(run_max[size_t(r)] - m_new) + s;
+          run_max[size_t(r)] = m_new;
+          const int64_t t = targets[rows[r]];
+          if (t >= c0 && t < c0 + nc) tgt[size_t(r)] = double(l[t - c0]);
+        },
+        [](int64_t, int64_t) {});
     for (int64_t r = 0; r < nr; ++r) {
       const double L = run_max[size_t(r)] + std::log(run_sum[size_t(r)]);
       lse[rows[r]] = T(L);
@@ -147,30 +159,23 @@ void xent_backward(const T* h, const T* W, const int32_t* targets, const uint8_t
     const int64_t nr = std::min(p.block, nt - r0);
     const int64_t* rows = p.rows.data() + r0;
     gather_rows(h, d, rows, nr, hb.data());
-    for (int64_t c0 = 0; c0 < V; c0 += p.chunk) {
-      const int64_t nc = std::min(p.chunk, V - c0);
-      gemm_compute<T>(Precision::Compute, Trans::N, Trans::T, nr, nc, d, T(1), hb.data(), d, W + c0 * d, d,
-                      T(0), g.data(), nc);
-      parallel_for(
-          nr,
-          [&](int64_t b, int64_t e) {
-            for (int64_t r = b; r < e; ++r) {
-              T* l = g.data() + r * nc;
-              const T L = lse[rows[r]];
-              const T k = T(scale * (1.0 + 2.0 * cfg.z_loss * double(L))), sc = T(scale);
-              exp_scale(l, nc, L, k);
-              const int64_t t = targets[rows[r]];
-              if (t >= c0 && t < c0 + nc) l[t - c0] -= sc;
-            }
-          },
-          4);
-      if (dh)
-        gemm_compute<T>(Precision::Compute, Trans::N, Trans::N, nr, d, nc, T(1), g.data(), nc, W + c0 * d, d,
-                        c0 == 0 ? T(0) : T(1), dhb.data(), d);
-      if (dW)
-        gemm_compute<T>(Precision::Compute, Trans::T, Trans::N, nc, d, nr, T(1), g.data(), nc, hb.data(), d,
-                        T(1), dW + c0 * d, d);
-    }
+    vocab_tiles(
+        p, V, d, W, hb.data(), nr, g.data(),
+        [&](int64_t r, T* l, int64_t c0, int64_t nc) {  // the logits' gradient, in place
+          const T L = lse[rows[r]];
+          const T k = T(scale * (1.0 + 2.0 * cfg.z_loss * double(L))), sc = T(scale);
+          exp_scale(l, nc, L, k);
+          const int64_t t = targets[rows[r]];
+          if (t >= c0 && t < c0 + nc) l[t - c0] -= sc;
+        },
+        [&](int64_t c0, int64_t nc) {
+          if (dh)
+            gemm_compute<T>(Precision::Compute, Trans::N, Trans::N, nr, d, nc, T(1), g.data(), nc, W + c0 * d,
+                            d, c0 == 0 ? T(0) : T(1), dhb.data(), d);
+          if (dW)
+            gemm_compute<T>(Precision::Compute, Trans::T, Trans::N, nc, d, nr, T(1), g.data(), nc, hb.data(),
+                            d, T(1), dW + c0 * d, d);
+        });
     if (dh)
       for (int64_t r = 0; r < nr; ++r)
         std::copy(dhb.data() + r * d, dhb.data() + r * d + d, dh + rows[r] * d);

@@ -32,6 +32,25 @@ std::vector<std::vector<int64_t>> group_by_expert(const std::vector<int32_t>& to
   return rows;
 }
 
+// One expert's routed slots `re` (of k per token): their tokens' rows of zin [N, Lt] gathered into Z, and
+// its SwiGLU forward on them (A, B, H: [n, F]; Ye: [n, Lt]). The buffers keep their capacity per thread.
+template <typename T>
+struct ExpertRun {
+  std::vector<T> Z, A, B, H, Ye;
+  void forward(const T* zin, const std::vector<int64_t>& re, int64_t k, int64_t Lt, int64_t F, const T* gate,
+               const T* up, const T* down) {
+    const int64_t n = static_cast<int64_t>(re.size());
+    Z.resize(static_cast<size_t>(n * Lt));
+    A.resize(static_cast<size_t>(n * F));
+    B.resize(A.size());
+    H.resize(A.size());
+    Ye.resize(Z.size());
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(zin + (re[static_cast<size_t>(i)] / k) * Lt, Lt, Z.data() + i * Lt);
+    swiglu_mlp_forward(Z.data(), gate, up, down, n, Lt, F, A.data(), B.data(), H.data(), Ye.data());
+  }
+};
+
 }  // namespace
 
 void validate(const MoeDims& d) {
@@ -203,23 +222,16 @@ MoeStats moe_forward(const MoeDims& dims, const MoeWeights<T>& w, const T* x, co
     BlasSingleThread single;
 #pragma omp parallel if (N * k * F >= kParallelMin)
     {
-      std::vector<T> Z, A, B, H, Ye;
+      ExpertRun<T> ex;
 #pragma omp for schedule(dynamic)
       for (int64_t e = 0; e < E; ++e) {
         const auto& re = rows[static_cast<size_t>(e)];
         const int64_t n = static_cast<int64_t>(re.size());
         if (n == 0) continue;
-        Z.resize(static_cast<size_t>(n * Lt));
-        A.resize(static_cast<size_t>(n * F));
-        B.resize(A.size());
-        H.resize(A.size());
-        Ye.resize(Z.size());
+        const size_t ei = static_cast<size_t>(e);
+        ex.forward(zin, re, k, Lt, F, w.gate[ei], w.up[ei], w.down[ei]);
         for (int64_t i = 0; i < n; ++i)
-          std::copy_n(zin + (re[static_cast<size_t>(i)] / k) * Lt, Lt, Z.data() + i * Lt);
-        swiglu_mlp_forward(Z.data(), w.gate[static_cast<size_t>(e)], w.up[static_cast<size_t>(e)],
-                           w.down[static_cast<size_t>(e)], n, Lt, F, A.data(), B.data(), H.data(), Ye.data());
-        for (int64_t i = 0; i < n; ++i)
-          std::copy_n(Ye.data() + i * Lt, Lt, Y.data() + re[static_cast<size_t>(i)] * Lt);
+          std::copy_n(ex.Ye.data() + i * Lt, Lt, Y.data() + re[static_cast<size_t>(i)] * Lt);
       }
     }
   }
@@ -278,25 +290,20 @@ void moe_backward(const MoeDims& dims, const MoeWeights<T>& w, const MoeGrads<T>
     BlasSingleThread single;
 #pragma omp parallel if (N * k * F >= kParallelMin)
     {
-      std::vector<T> Z, A, B, H, Ye, dYe, dH, dA, dB, dZ;
+      ExpertRun<T> ex;
+      std::vector<T> dYe, dZ;
 #pragma omp for schedule(dynamic)
       for (int64_t e = 0; e < E; ++e) {
         const auto& re = rows[static_cast<size_t>(e)];
         const int64_t n = static_cast<int64_t>(re.size());
         if (n == 0) continue;
-        Z.resize(static_cast<size_t>(n * Lt));
-        A.resize(static_cast<size_t>(n * F));
-        B.resize(A.size());
-        H.resize(A.size());
-        Ye.resize(Z.size());
-        dYe.resize(Z.size());
-        dZ.resize(Z.size());
-        for (int64_t i = 0; i < n; ++i)
-          std::copy_n(zin + (re[static_cast<size_t>(i)] / k) * Lt, Lt, Z.data() + i * Lt);
         const T* Ge = w.gate[static_cast<size_t>(e)];
         const T* Ue = w.up[static_cast<size_t>(e)];
         const T* De = w.down[static_cast<size_t>(e)];
-        swiglu_mlp_forward(Z.data(), Ge, Ue, De, n, Lt, F, A.data(), B.data(), H.data(), Ye.data());
+        ex.forward(zin, re, k, Lt, F, Ge, Ue, De);  // the routed activations, recomputed
+        dYe.resize(ex.Z.size());
+        dZ.resize(ex.Z.size());
+        const std::vector<T>& Ye = ex.Ye;
         for (int64_t i = 0; i < n; ++i) {
           const int64_t s = re[static_cast<size_t>(i)];
           const T* drt = drp + (s / k) * Lt;
@@ -307,8 +314,8 @@ void moe_backward(const MoeDims& dims, const MoeWeights<T>& w, const MoeGrads<T>
           const T ws = c.weights[static_cast<size_t>(s)];
           for (int64_t j = 0; j < Lt; ++j) dYe[static_cast<size_t>(i * Lt + j)] = ws * drt[j];
         }
-        swiglu_mlp_backward(Z.data(), Ge, Ue, De, n, Lt, F, A.data(), B.data(), H.data(), dYe.data(),
-                            dZ.data(), pick(g.gate, e), pick(g.up, e), pick(g.down, e), false);
+        swiglu_mlp_backward(ex.Z.data(), Ge, Ue, De, n, Lt, F, ex.A.data(), ex.B.data(), ex.H.data(),
+                            dYe.data(), dZ.data(), pick(g.gate, e), pick(g.up, e), pick(g.down, e), false);
         for (int64_t i = 0; i < n; ++i)
           std::copy_n(dZ.data() + i * Lt, Lt, dZs.data() + re[static_cast<size_t>(i)] * Lt);
       }

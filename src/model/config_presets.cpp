@@ -19,37 +19,34 @@ json olmo3_layer_types(int layers) {
   return a;
 }
 
+// The keys every preset writes alike: the architecture, the sizes every family has, the activation, norms'
+// eps, no attention bias or dropout, untied embeddings, dolma2's token ids, init and dtype.
+json base(const char* arch, const char* type, int64_t vocab, int64_t hidden, int64_t layers, int64_t heads,
+          int64_t kv, int64_t max_pos) {
+  return json{
+      {"architectures", {arch}},      {"model_type", type},          {"vocab_size", vocab},
+      {"hidden_size", hidden},        {"num_hidden_layers", layers}, {"num_attention_heads", heads},
+      {"num_key_value_heads", kv},    {"hidden_act", "silu"},        {"rms_norm_eps", 1e-6},
+      {"attention_bias", false},      {"attention_dropout", 0.0},    {"max_position_embeddings", max_pos},
+      {"tie_word_embeddings", false}, {"eos_token_id", 100257},      {"pad_token_id", 100277},
+      {"bos_token_id", nullptr},      {"initializer_range", 0.02},   {"torch_dtype", "bfloat16"}};
+}
+
 json olmo3(int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t kv, int64_t inter,
            int64_t window, int64_t max_pos, int64_t orig) {
-  return json{{"architectures", {"Olmo3ForCausalLM"}},
-              {"model_type", "olmo3"},
-              {"vocab_size", vocab},
-              {"hidden_size", hidden},
-              {"intermediate_size", inter},
-              {"num_hidden_layers", layers},
-              {"num_attention_heads", heads},
-              {"num_key_value_heads", kv},
-              {"hidden_act", "silu"},
-              {"rms_norm_eps", 1e-6},
-              {"attention_bias", false},
-              {"attention_dropout", 0.0},
-              {"max_position_embeddings", max_pos},
-              {"rope_theta", 500000},
-              {"rope_scaling",
-               {{"rope_type", "yarn"},
-                {"factor", 8.0},
-                {"original_max_position_embeddings", orig},
-                {"beta_fast", 32.0},
-                {"beta_slow", 1.0},
-                {"attention_factor", 1.2079441541679836}}},
-              {"sliding_window", window},
-              {"layer_types", olmo3_layer_types(static_cast<int>(layers))},
-              {"tie_word_embeddings", false},
-              {"eos_token_id", 100257},
-              {"pad_token_id", 100277},
-              {"bos_token_id", nullptr},
-              {"initializer_range", 0.02},
-              {"torch_dtype", "bfloat16"}};
+  json j = base("Olmo3ForCausalLM", "olmo3", vocab, hidden, layers, heads, kv, max_pos);
+  j.update(json{{"intermediate_size", inter},
+                {"rope_theta", 500000},
+                {"rope_scaling",
+                 {{"rope_type", "yarn"},
+                  {"factor", 8.0},
+                  {"original_max_position_embeddings", orig},
+                  {"beta_fast", 32.0},
+                  {"beta_slow", 1.0},
+                  {"attention_factor", 1.2079441541679836}}},
+                {"sliding_window", window},
+                {"layer_types", olmo3_layer_types(static_cast<int>(layers))}});
+  return j;
 }
 
 struct MoeDims {
@@ -63,60 +60,44 @@ json olmo3moe(const MoeDims& d) {
     for (int64_t i = 0; i + 1 < d.layers_per_group; ++i) lt.push_back("linear_attention");
     lt.push_back("full_attention");
   }
-  int64_t layers = d.groups * d.layers_per_group;
-  return json{{"architectures", {"Olmo3MoeForCausalLM"}},
-              {"model_type", "olmo3moe"},
-              {"vocab_size", d.vocab},
-              {"hidden_size", d.hidden},
-              {"num_hidden_layers", layers},
-              {"layer_types", lt},
-              {"dense_layers_indices", {0}},
-              {"num_attention_heads", d.heads},
-              {"num_key_value_heads", d.kv},
-              {"head_dim", d.head_dim},
-              {"attention_hidden_size", d.heads * d.head_dim},
-              {"attention_bias", false},
-              {"attention_dropout", 0.0},
-              {"use_rope", false},
-              {"use_head_qk_norm", true},
-              {"qk_norm_per_head_gains", true},
-              {"scalable_softmax", true},
-              {"attention_gate_type", "elementwise"},
-              {"attention_gate_full_precision", true},
-              {"linear_num_key_heads", d.kda_heads},
-              {"linear_num_value_heads", d.kda_heads},
-              {"linear_key_head_dim", d.dk},
-              {"linear_value_head_dim", d.dv},
-              {"linear_conv_kernel_dim", 4},
-              {"linear_allow_neg_eigval", true},
-              {"linear_norm_eps", 1e-5},
-              {"n_routed_experts", d.experts},
-              {"num_experts_per_tok", d.topk},
-              {"moe_intermediate_size", d.expert_h},
-              {"latent_moe_dim", d.latent},
-              {"latent_moe_bias", false},
-              {"latent_moe_up_proj_input_norm", false},
-              {"shared_expert_intermediate_size", d.shared},
-              {"dense_mlp_intermediate_size", d.dense},
-              {"dense_layers_use_shared_expert", true},
-              {"gating_function", "softmax"},
-              {"normalize_expert_weights", 1.0},
-              {"restore_weight_scale", true},
-              {"original_num_experts_per_tok", nullptr},
-              {"rms_norm_eps", 1e-6},
-              {"use_peri_ln", true},
-              {"embed_scale", std::sqrt(static_cast<double>(d.hidden))},
-              {"embed_norm", true},
-              {"tie_word_embeddings", false},
-              {"hidden_act", "silu"},
-              {"max_position_embeddings", d.max_pos},
-              {"sliding_window", d.max_pos},
-              {"rope_theta", 10000},
-              {"initializer_range", 0.02},
-              {"eos_token_id", 100257},
-              {"pad_token_id", 100277},
-              {"bos_token_id", nullptr},
-              {"torch_dtype", "bfloat16"}};
+  json j = base("Olmo3MoeForCausalLM", "olmo3moe", d.vocab, d.hidden, d.groups * d.layers_per_group, d.heads,
+                d.kv, d.max_pos);
+  j.update(json{{"layer_types", lt},
+                {"dense_layers_indices", {0}},
+                {"head_dim", d.head_dim},
+                {"attention_hidden_size", d.heads * d.head_dim},
+                {"use_rope", false},
+                {"use_head_qk_norm", true},
+                {"qk_norm_per_head_gains", true},
+                {"scalable_softmax", true},
+                {"attention_gate_type", "elementwise"},
+                {"attention_gate_full_precision", true},
+                {"linear_num_key_heads", d.kda_heads},
+                {"linear_num_value_heads", d.kda_heads},
+                {"linear_key_head_dim", d.dk},
+                {"linear_value_head_dim", d.dv},
+                {"linear_conv_kernel_dim", 4},
+                {"linear_allow_neg_eigval", true},
+                {"linear_norm_eps", 1e-5},
+                {"n_routed_experts", d.experts},
+                {"num_experts_per_tok", d.topk},
+                {"moe_intermediate_size", d.expert_h},
+                {"latent_moe_dim", d.latent},
+                {"latent_moe_bias", false},
+                {"latent_moe_up_proj_input_norm", false},
+                {"shared_expert_intermediate_size", d.shared},
+                {"dense_mlp_intermediate_size", d.dense},
+                {"dense_layers_use_shared_expert", true},
+                {"gating_function", "softmax"},
+                {"normalize_expert_weights", 1.0},
+                {"restore_weight_scale", true},
+                {"original_num_experts_per_tok", nullptr},
+                {"use_peri_ln", true},
+                {"embed_scale", std::sqrt(static_cast<double>(d.hidden))},
+                {"embed_norm", true},
+                {"sliding_window", d.max_pos},
+                {"rope_theta", 10000}});
+  return j;
 }
 
 // Olmo Hybrid (HF olmo_hybrid; docs/olmo_hybrid.md): OlmoHybridConfig's keys as save_pretrained writes
@@ -125,20 +106,9 @@ json olmo_hybrid(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, i
                  int64_t lheads, int64_t dk, int64_t dv, int64_t max_pos, bool nope) {
   json types = json::array();
   for (int64_t i = 0; i < layers; ++i) types.push_back(i % 4 == 3 ? "full_attention" : "linear_attention");
-  return json{
-      {"architectures", {"OlmoHybridForCausalLM"}},
-      {"model_type", "olmo_hybrid"},
-      {"vocab_size", vocab},
-      {"hidden_size", hidden},
+  json j = base("OlmoHybridForCausalLM", "olmo_hybrid", vocab, hidden, layers, heads, kv, max_pos);
+  j.update(json{
       {"intermediate_size", inter},
-      {"num_hidden_layers", layers},
-      {"num_attention_heads", heads},
-      {"num_key_value_heads", kv},
-      {"hidden_act", "silu"},
-      {"rms_norm_eps", 1e-6},
-      {"attention_bias", false},
-      {"attention_dropout", 0.0},
-      {"max_position_embeddings", max_pos},
       {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", nope ? json(nullptr) : json(10000.0)}}},
       {"layer_types", types},
       {"linear_num_key_heads", lheads},
@@ -146,13 +116,8 @@ json olmo_hybrid(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, i
       {"linear_key_head_dim", dk},
       {"linear_value_head_dim", dv},
       {"linear_conv_kernel_dim", 4},
-      {"linear_allow_neg_eigval", true},
-      {"tie_word_embeddings", false},
-      {"eos_token_id", 100257},
-      {"pad_token_id", 100277},
-      {"bos_token_id", nullptr},
-      {"initializer_range", 0.02},
-      {"torch_dtype", "bfloat16"}};
+      {"linear_allow_neg_eigval", true}});
+  return j;
 }
 
 // Test vocabularies are far smaller than dolma2's: eos / pad become the last two ids (the real ones,

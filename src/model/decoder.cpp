@@ -75,7 +75,7 @@ struct DecoderWork {
   T* rope_sin[3] = {};
   unit::EmbeddingUnit::Saved<T> embed;
   std::vector<unit::Block::Saved<T>> blocks;       // per layer (remat none / attn)
-  unit::Block::Saved<T> kinds[LayerSpec::kKinds];  // remat full: per layer kind
+  unit::Block::Saved<T> kinds[unit::kLayerKinds];  // remat full: per layer kind
   unit::MixerSaved<T> shared_mixer;                // remat attn: per mixer kind
   std::vector<unit::Bf16Store> acts;               // saved_dtype bf16: each block's activations
   unit::LmHeadUnit::Saved<T> head;
@@ -87,7 +87,7 @@ struct DecoderWork {
   std::vector<unit::Plan> rerun_alternatives(const ModelConfig& c, const std::vector<LayerSpec>& layers,
                                              int64_t n) {
     std::vector<unit::Plan> alts;
-    bool kind_seen[LayerSpec::kKinds] = {}, mixer_seen[std::variant_size_v<unit::Mixers>] = {};
+    bool kind_seen[unit::kLayerKinds] = {}, mixer_seen[std::variant_size_v<unit::Mixers>] = {};
     for (const LayerSpec& s : layers) {
       if (policy.remat == Remat::Full && !kind_seen[s.kind()])
         kinds[s.kind()].plan(alts.emplace_back(), c, s, n);

@@ -25,7 +25,8 @@ struct DecoderUnits {
     unit::ParamIndex idx(c);
     idx.who = c.model_type_name;
     count = idx.size();
-    embed = unit::EmbeddingUnit::resolve(idx);
+    unit::Params p(idx);
+    embed.params(p, c);
     for (const LayerSpec& s : layers) blocks.push_back(unit::Block::resolve(idx, c, s));
     head = unit::LmHeadUnit::resolve(idx, c);
     group = unit::residency_groups(c);

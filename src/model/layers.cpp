@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/unit_block.h"
 
 namespace olmosft::model {
 
@@ -71,6 +72,11 @@ void check_supported(const ModelConfig& c) {
 
 std::vector<LayerSpec> layer_specs(const ModelConfig& c) {
   check_supported(c);
+  return layer_list(c);
+}
+
+std::vector<LayerSpec> layer_list(const ModelConfig& c) {
+  using unit::kMixer;
   const bool olmo3 = c.model_type == ModelType::Olmo3, hybrid = c.model_type == ModelType::OlmoHybrid;
   std::vector<LayerSpec> v;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -78,7 +84,7 @@ std::vector<LayerSpec> layer_specs(const ModelConfig& c) {
     const bool linear = t == LayerType::LinearAttention;
     LayerSpec s;
     s.index = l;
-    s.mixer = !linear ? MixerKind::Attention : hybrid ? MixerKind::Gdn : MixerKind::Kda;
+    s.mixer = !linear ? kMixer<unit::AttentionUnit> : hybrid ? kMixer<unit::GdnUnit> : kMixer<unit::KdaUnit>;
     s.window = t == LayerType::SlidingAttention ? c.sliding_window : 0;
     // Olmo 3 rotates q and k (YaRN on full_attention layers); Olmo 3.5's attention is NoPE; Olmo Hybrid's
     // full_attention layers rotate unless rope_theta is null
@@ -89,15 +95,14 @@ std::vector<LayerSpec> layer_specs(const ModelConfig& c) {
     s.post_norm = !(hybrid && linear);
     s.ffn = c.is_dense_layer(l) ? FfnKind::SwiGlu : FfnKind::Moe;
     s.ffn_hidden = c.is_moe() ? c.dense_mlp_intermediate_size : c.intermediate_size;
+    // HF module order: Olmo3MoeDecoderLayer registers its four norms first; OlmoHybrid's GDN layers
+    // mlp, the norms, then linear_attn; Olmo 3's (and OlmoHybrid's attention layers) self_attn, mlp, norms
+    using P = LayerPart;
+    if (c.is_moe()) s.hf_order = {P::Norms, P::Mixer, P::Ffn};
+    if (hybrid && linear) s.hf_order = {P::Ffn, P::Norms, P::Mixer};
     v.push_back(s);
   }
   return v;
-}
-
-bool has_mixer(const std::vector<LayerSpec>& layers, MixerKind m) {
-  for (const LayerSpec& s : layers)
-    if (s.mixer == m) return true;
-  return false;
 }
 
 bool has_ffn(const std::vector<LayerSpec>& layers, FfnKind f) {

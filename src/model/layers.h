@@ -5,9 +5,11 @@
 // the config's sizes, never the family. Backend-neutral: the CPU runner executes this list; an emitter
 // (src/xla) builds the same list.
 //
-// Adding a mixer kind: its unit file (which also declares its tensors), its config keys (config.cpp), its
-// case in layer_specs (here) and its entry in unit_block.h's mixer list (MixerKind below follows that list).
+// Adding a mixer kind: its unit file (which also declares its tensors), its entry in unit_block.h's mixer
+// list (MixerKind below indexes that list) and its case in layer_list (layers.cpp); config keys of its own
+// go to config.h / config.cpp (docs/model.md, "Adding a mixer kind").
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -15,15 +17,16 @@
 
 namespace olmosft::model {
 
-// In unit_block.h's Mixers order (a static_assert there checks the count).
-enum class MixerKind { Attention, Kda, Gdn };
-inline constexpr int kMixerKinds = 3;
+// A layer's mixer kind: its unit's index in unit::Mixers (unit_block.h), the one list of mixer units;
+// unit::kMixer<U> is unit U's.
+enum class MixerKind : uint8_t {};
 enum class FfnKind { SwiGlu, Moe };
 enum class RopeKind { None, Full, Sliding };  // which of the config's RoPE tables an attention layer reads
+enum class LayerPart { Mixer, Ffn, Norms };   // a block's tensors: its mixer's, its FFN's, its norms
 
 struct LayerSpec {
   int64_t index = 0;
-  MixerKind mixer = MixerKind::Attention;
+  MixerKind mixer{};
   FfnKind ffn = FfnKind::SwiGlu;
   int64_t window = 0;  // attention: sliding window (0 = full causal)
   RopeKind rope = RopeKind::None;
@@ -32,19 +35,24 @@ struct LayerSpec {
   bool pre_norm = false;
   bool post_norm = true;
   int64_t ffn_hidden = 0;  // SwiGLU hidden size (the MoE's sizes are the config's)
-  // Layers of one kind have Saved buffers of one shape (recomputation shares one per kind).
+  // The order of the block's tensors in the HF state dict, which is the registry's and so the export and
+  // ZeRO-3 sharding order (model/params.h): the order the family's HF decoder layer registers its modules.
+  std::array<LayerPart, 3> hf_order = {LayerPart::Mixer, LayerPart::Ffn, LayerPart::Norms};
+  // Layers of one kind have Saved buffers of one shape (recomputation shares one per kind):
+  // kKindsPerMixer kinds per mixer kind (unit_block.h kLayerKinds in all).
   int kind() const {
-    return (static_cast<int>(mixer) * 2 + (ffn == FfnKind::Moe ? 1 : 0)) * 4 + (pre_norm ? 2 : 0) +
+    return static_cast<int>(mixer) * kKindsPerMixer + (ffn == FfnKind::Moe ? 4 : 0) + (pre_norm ? 2 : 0) +
            (post_norm ? 1 : 0);
   }
-  static constexpr int kKinds = kMixerKinds * 2 * 4;
+  static constexpr int kKindsPerMixer = 2 * 4;
 };
 
 // The layer list of a config (validated: throws olmosft::Error naming the config field that this decoder
 // does not support).
 std::vector<LayerSpec> layer_specs(const ModelConfig& c);
-// Whether the config has a layer with this mixer / RoPE table.
-bool has_mixer(const std::vector<LayerSpec>& layers, MixerKind m);
+// The same list unvalidated (the parameter registry of a config, which may name what the decoder refuses).
+std::vector<LayerSpec> layer_list(const ModelConfig& c);
+// Whether the config has a layer with this RoPE table / FFN.
 bool uses_rope(const std::vector<LayerSpec>& layers);
 bool has_ffn(const std::vector<LayerSpec>& layers, FfnKind f);
 // The checks of layer_specs alone (the family's supported settings).

@@ -13,15 +13,14 @@
 
 namespace olmosft::model {
 
-// HF tensor names, spelled only here: the registry below, the layer units (model/unit_*.cpp) and the
-// models build every name from these (docs/reference/architecture.md A.5, B.9).
+// HF tensor names, spelled only here: the layer units (model/unit_*.cpp), which declare the registry's rows,
+// and the models build every name from these (docs/reference/architecture.md A.5, B.9).
 namespace hf {
 inline constexpr const char* kLayersPrefix = "model.layers.";
 std::string layer(int64_t l);                               // "model.layers.<l>."
 int64_t layer_of(const std::string& name);                  // l of "model.layers.<l>.…", else -1
 inline constexpr const char* kSelfAttn = "self_attn.";      // under layer(l): attention and KDA mixers
 inline constexpr const char* kLinearAttn = "linear_attn.";  // under layer(l): the GDN mixer (olmo_hybrid)
-const char* mixer_prefix(MixerKind m);                      // kSelfAttn or kLinearAttn
 inline constexpr const char* kMlp = "mlp.";                 // under layer(l): the FFN
 std::string expert(int64_t e);                              // under kMlp: "experts.<e>."
 inline constexpr const char* kEmbedTokens = "model.embed_tokens.weight";
@@ -90,6 +89,8 @@ struct ParamSpec {
   bool decay = true;              // AdamW weight decay: matrices yes; norm gains and 1-D tensors no
 };
 
+// The units' declarations (unit.h Params) in order: the embedding's, each layer's block (layer_list: its
+// tensors in LayerSpec::hf_order), the LM head's.
 std::vector<ParamSpec> param_registry(const ModelConfig& c);
 
 struct ParamCounts {

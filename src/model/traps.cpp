@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "model/layers.h"
+#include "model/unit_block.h"
 
 namespace olmosft::model {
 
@@ -24,7 +25,7 @@ std::string rope_text(const RopeParams& r) {
 TrapCheck rope_check(const ModelConfig& c) {
   int64_t full = 0, sliding = 0, none = 0;
   for (const LayerSpec& s : layer_specs(c)) {
-    if (s.mixer != MixerKind::Attention) continue;
+    if (s.mixer != unit::kMixer<unit::AttentionUnit>) continue;
     (s.rope == RopeKind::Full ? full : s.rope == RopeKind::Sliding ? sliding : none) += 1;
   }
   std::ostringstream os;

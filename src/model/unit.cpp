@@ -21,6 +21,16 @@ int ParamIndex::get(const std::string& name, bool required) const {
   return it == by_.end() ? -1 : it->second;
 }
 
+void Params::add(int& slot, std::string name, Shape shape, bool routed, bool fp32) {
+  if (idx_ != nullptr) {
+    slot = idx_->get(name);
+    return;
+  }
+  const bool decay = shape.size() >= 2 && !name.ends_with("norm.weight");
+  slot = static_cast<int>(rows_->size());
+  rows_->push_back({std::move(name), std::move(shape), layer_, routed, fp32, decay});
+}
+
 namespace {
 constexpr size_t kAlignBytes = 64;
 size_t round_up(size_t n) { return (n + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }

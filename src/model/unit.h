@@ -1,6 +1,8 @@
 // Layer units: the common pieces. A unit is one layer kind (embedding, a mixer, an FFN, the LM head) with
 // its forward and backward side by side, like the kernels of src/kernels. Each unit
-//   - holds its parameters as indices into the parameter registry (model/params.h), resolved by name once;
+//   - declares its parameters once, in params(Params&, ...) (HF name, shape, flags, in HF state-dict order):
+//     the parameter registry (model/params.h) is these declarations in order, and the unit holds its
+//     parameters as indices into it, resolved by name once (Params, below);
 //   - keeps what its backward needs in a `Saved` struct of pointers and declares its size per token
 //     (saved_floats_per_token; integer and byte fields count as one float each); Saved::plan (and
 //     Scratch::plan for the backward's temporaries) requests those buffers from the model's one
@@ -21,6 +23,7 @@
 #include "kernels/kda.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/params.h"
 
 namespace olmosft::model::unit {
 
@@ -44,6 +47,25 @@ class ParamIndex {
  private:
   std::map<std::string, int> by_;
   size_t size_ = 0;
+};
+
+// A unit's parameters are declared once, by its params(Params& p, ...): for each tensor, in HF state-dict
+// order, p.add(slot, full HF name, shape, flags). Collecting (param_registry, model/params.h) appends the
+// rows to the registry, and sets each slot to its row's index; resolving (ParamIndex) sets each slot to the
+// tensor's registry index. Either way the unit's slots hold registry indices.
+class Params {
+ public:
+  explicit Params(std::vector<ParamSpec>& rows) : rows_(&rows) {}
+  explicit Params(const ParamIndex& idx) : idx_(&idx) {}
+  // ROUTED: a routed expert's weight (ParamSpec::routed_expert); FP32: kept in fp32 (fp32_master_only).
+  // Decay: every tensor of 2 or more dimensions but a norm's gain.
+  void add(int& slot, std::string name, Shape shape, bool routed = false, bool fp32 = false);
+  void set_layer(int64_t layer) { layer_ = layer; }
+
+ private:
+  std::vector<ParamSpec>* rows_ = nullptr;
+  const ParamIndex* idx_ = nullptr;
+  int64_t layer_ = -1;
 };
 
 // What the units of one call read: the batch, derived per-token arrays, and the weight / gradient

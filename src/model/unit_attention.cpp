@@ -33,19 +33,19 @@ bool gated(const ModelConfig& c) { return c.attention_gate_type == "elementwise"
 
 }  // namespace
 
-AttentionUnit AttentionUnit::resolve(const ParamIndex& idx, const std::string& a, const LayerSpec& spec) {
-  AttentionUnit u;
-  u.q = idx.get(a + hf::kQProj);
-  u.k = idx.get(a + hf::kKProj);
-  u.v = idx.get(a + hf::kVProj);
-  u.o = idx.get(a + hf::kOProj);
-  u.qnorm = idx.get(a + hf::kQNorm);
-  u.knorm = idx.get(a + hf::kKNorm);
-  u.gate = idx.get(a + hf::kGProj, false);
-  u.ssmax_scale = idx.get(a + hf::kSsmaxScale, false);
-  u.window = spec.window;
-  u.rope = spec.rope;
-  return u;
+void AttentionUnit::params(Params& p, const ModelConfig& c, const LayerSpec& spec) {
+  const std::string a = hf::layer(spec.index) + kPrefix;
+  const int64_t d = c.hidden_size, H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+  p.add(q, a + hf::kQProj, {H * D, d});
+  p.add(k, a + hf::kKProj, {Hkv * D, d});
+  p.add(v, a + hf::kVProj, {Hkv * D, d});
+  p.add(o, a + hf::kOProj, {d, H * D});
+  p.add(qnorm, a + hf::kQNorm, c.qk_norm_per_head_gains ? Shape{H, D} : Shape{H * D});
+  p.add(knorm, a + hf::kKNorm, c.qk_norm_per_head_gains ? Shape{Hkv, D} : Shape{Hkv * D});
+  if (gated(c)) p.add(gate, a + hf::kGProj, {H * D, d});
+  if (c.scalable_softmax) p.add(ssmax_scale, a + hf::kSsmaxScale, {H});
+  window = spec.window;
+  rope = spec.rope;
 }
 
 int64_t AttentionUnit::saved_floats_per_token(const ModelConfig& c) {

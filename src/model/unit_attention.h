@@ -62,8 +62,10 @@ struct AttentionUnit {
   xla::Value emit_forward(Emit& e, const xla::Value& x, Emitted& s) const;
   xla::Value emit_backward(Emit& e, const xla::Value& x, const Emitted& s, const xla::Value& da) const;
 
-  // prefix = "model.layers.<l>.self_attn."
-  static AttentionUnit resolve(const ParamIndex& idx, const std::string& prefix, const LayerSpec& spec);
+  static constexpr const char* kName = "attention";
+  static constexpr const char* kPrefix = hf::kSelfAttn;  // its tensors: model.layers.<l>.self_attn.*
+  // Declares (or resolves, unit.h Params) the layer's tensors, in HF order; takes its window and RoPE table.
+  void params(Params& p, const ModelConfig& c, const LayerSpec& spec);
   static int64_t saved_floats_per_token(const ModelConfig& c);
   // FLOPs (train/flops.cpp): weight elements of the GEMMs run once per token (q/k/v/o, the gate). The
   // score and value work per visible (query, key) pair is H * D multiply-adds each way (kernels/attention.h).

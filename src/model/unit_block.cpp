@@ -50,24 +50,38 @@ ScratchNeeds scratch_needs(const std::vector<LayerSpec>& layers) {
 
 }  // namespace
 
-Block Block::resolve(const ParamIndex& idx, const ModelConfig& c, const LayerSpec& spec) {
+Block Block::of(const LayerSpec& spec) {
   Block b;
-  const std::string p = hf::layer(spec.index);
   b.spec = spec;
+  with_mixer_kind(static_cast<size_t>(spec.mixer), [&](auto I) { b.mixer.template emplace<I>(); });
+  return b;
+}
+
+void Block::params(Params& p, const ModelConfig& c) {
+  const std::string l = hf::layer(spec.index);
   const hf::BlockNorms names = hf::block_norms(spec);
-  auto norm = [&](const char* name) { return name == nullptr ? -1 : idx.get(p + name); };
-  b.pre_attn = norm(names.pre_attn);
-  b.post_attn = norm(names.post_attn);
-  b.pre_ffn = norm(names.pre_ffn);
-  b.post_ffn = norm(names.post_ffn);
-  with_mixer_kind(static_cast<size_t>(spec.mixer), [&](auto I) {
-    using U = std::variant_alternative_t<I, Mixers>;
-    b.mixer.template emplace<I>(U::resolve(idx, p + hf::mixer_prefix(spec.mixer), spec));
-  });
-  if (spec.ffn == FfnKind::SwiGlu)
-    b.mlp = SwiGluUnit::resolve(idx, p + hf::kMlp, spec.ffn_hidden);
-  else
-    b.moe = MoeUnit::resolve(idx, p + hf::kMlp, c);
+  p.set_layer(spec.index);
+  for (const LayerPart part : spec.hf_order) {
+    if (part == LayerPart::Mixer) {
+      std::visit([&](auto& u) { u.params(p, c, spec); }, mixer);
+    } else if (part == LayerPart::Ffn) {
+      if (spec.ffn == FfnKind::SwiGlu)
+        mlp.params(p, c, l + hf::kMlp, spec.ffn_hidden);
+      else
+        moe.params(p, c, l + hf::kMlp);
+    } else {
+      for (auto [slot, name] : {std::pair{&pre_attn, names.pre_attn}, std::pair{&post_attn, names.post_attn},
+                                std::pair{&pre_ffn, names.pre_ffn}, std::pair{&post_ffn, names.post_ffn}})
+        if (name != nullptr) p.add(*slot, l + name, {c.hidden_size});
+    }
+  }
+  p.set_layer(-1);
+}
+
+Block Block::resolve(const ParamIndex& idx, const ModelConfig& c, const LayerSpec& spec) {
+  Block b = of(spec);
+  Params p(idx);
+  b.params(p, c);
   return b;
 }
 
@@ -263,11 +277,13 @@ void Block::backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, T* dh, co
 
 void Block::check_emits(const ModelConfig& c, const LayerSpec& spec) {
   bool mixer_emits = false;
-  with_mixer_kind(static_cast<size_t>(spec.mixer),
-                  [&](auto I) { mixer_emits = EmitsXla<std::variant_alternative_t<I, Mixers>>; });
-  static const char* const kNames[kMixerKinds] = {"attention", "KDA", "Gated DeltaNet"};
-  OLMO_CHECK(mixer_emits, c.model_type_name, ": layer ", spec.index, "'s mixer (",
-             kNames[static_cast<size_t>(spec.mixer)],
+  const char* name = "";
+  with_mixer_kind(static_cast<size_t>(spec.mixer), [&](auto I) {
+    using U = std::variant_alternative_t<I, Mixers>;
+    mixer_emits = EmitsXla<U>;
+    name = U::kName;
+  });
+  OLMO_CHECK(mixer_emits, c.model_type_name, ": layer ", spec.index, "'s mixer (", name,
              ") is not emitted by the XLA backend yet; use device: cpu");
 }
 

@@ -7,18 +7,22 @@
 //   pre-norm (Olmo Hybrid, GDN):  h_mid = x + mixer(x1);                   y = h_mid + ffn(x2)
 //   with x1 = N_pre_attn(x), x2 = N_pre_ffn(h_mid).
 //
-// Parameters: the norms hf::block_norms names for the placement, plus the units'. The block input x is the
-// runner's residual stream, not saved here. Saves h_mid, on post-norm layers the mixer and FFN outputs and
-// their norms' rstd, on pre-norm layers the two normed inputs and their rstd (saved_floats_per_token), plus
-// its units' Saved. One Scratch serves every layer. Recomputation (model.remat, memory_policy.h): with
-// Ctx::recompute_mixer the backward first re-runs the mixer's forward into its Saved (remat attn); remat full
-// re-runs forward() from the kept input (the runner does that).
+// Parameters (declared in LayerSpec::hf_order): the norms hf::block_norms names for the placement, its
+// mixer's and its FFN's. The block input x is the runner's residual stream, not saved here. Saves h_mid, on
+// post-norm layers the mixer and FFN outputs and their norms' rstd, on pre-norm layers the two normed inputs
+// and their rstd (saved_floats_per_token), plus its units' Saved. One Scratch serves every layer.
+// Recomputation (model.remat, memory_policy.h): with Ctx::recompute_mixer the backward first re-runs the
+// mixer's forward into its Saved (remat attn); remat full re-runs forward() from the kept input (the runner
+// does that).
 //
-// The mixers a block can hold are listed once, in Mixers below; the block dispatches over them.
+// The mixers a block can hold are listed once, in Mixers below; the block dispatches over them, and a layer's
+// MixerKind (layers.h) is its mixer's index there.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -32,9 +36,30 @@
 
 namespace olmosft::model::unit {
 
-// Every mixer unit, in MixerKind order: a new mixer kind is one entry here (and its unit file).
+// Every mixer unit: a new mixer kind is one entry here (and its unit file, and its case in layer_list). A
+// mixer unit U has kName, kPrefix (its HF module under model.layers.<l>.), params(Params&, config, spec),
+// Saved<T> / Scratch<T> with plan(), forward / backward, and the static sizes Block reads
+// (saved_floats_per_token, gemm_weights_per_token, delta_rule_heads, widest_projection).
 using Mixers = std::variant<AttentionUnit, KdaUnit, GdnUnit>;
-static_assert(std::variant_size_v<Mixers> == kMixerKinds, "MixerKind (layers.h) follows Mixers");
+inline constexpr size_t kMixerKinds = std::variant_size_v<Mixers>;
+inline constexpr int kLayerKinds = static_cast<int>(kMixerKinds) * LayerSpec::kKindsPerMixer;
+
+// The MixerKind of mixer unit U: its index in Mixers.
+template <typename U, typename... Us>
+constexpr size_t index_in(const std::variant<Us...>*) {
+  constexpr bool same[] = {std::is_same_v<U, Us>...};
+  size_t i = 0;
+  while (i < sizeof...(Us) && !same[i]) ++i;
+  return i;
+}
+template <typename U>
+constexpr MixerKind mixer_kind() {
+  constexpr size_t i = index_in<U>(static_cast<const Mixers*>(nullptr));
+  static_assert(i < kMixerKinds, "not a unit of Mixers");
+  return static_cast<MixerKind>(i);
+}
+template <typename U>
+inline constexpr MixerKind kMixer = mixer_kind<U>();
 
 // Per mixer kind, its Saved / Scratch for value type T (std::get<U::Saved<T>> picks a unit's).
 template <typename T, typename V>
@@ -113,6 +138,11 @@ struct Block {
   // dy -> dx (returned).
   xla::Value emit_backward(Emit& e, const xla::Value& x, const Emitted& s, const xla::Value& dy) const;
 
+  // A block of layer `spec` with its mixer kind and no parameters resolved.
+  static Block of(const LayerSpec& spec);
+  // Declares (or resolves, unit.h Params) the layer's tensors in spec.hf_order: its norms, its mixer's and
+  // its FFN's.
+  void params(Params& p, const ModelConfig& c);
   static Block resolve(const ParamIndex& idx, const ModelConfig& c, const LayerSpec& spec);
   static int64_t saved_floats_per_token(const ModelConfig& c, const LayerSpec& spec);
   // FLOPs: the layer's per-token GEMM weight elements (its mixer's and FFN's), and per routed assignment.

@@ -10,11 +10,9 @@
 
 namespace olmosft::model::unit {
 
-EmbeddingUnit EmbeddingUnit::resolve(const ParamIndex& idx) {
-  EmbeddingUnit u;
-  u.embed = idx.get(hf::kEmbedTokens);
-  u.embed_norm = idx.get(hf::kEmbedNorm, false);
-  return u;
+void EmbeddingUnit::params(Params& p, const ModelConfig& c) {
+  p.add(embed, hf::kEmbedTokens, {c.vocab_size, c.hidden_size});
+  if (c.is_moe() && c.embed_norm) p.add(embed_norm, hf::kEmbedNorm, {c.hidden_size});
 }
 
 template <typename T>

@@ -24,7 +24,8 @@ struct EmbeddingUnit {
     }
   };
 
-  static EmbeddingUnit resolve(const ParamIndex& idx);
+  // Declares (or resolves, unit.h Params) its tensors, in HF order.
+  void params(Params& p, const ModelConfig& c);
   static int64_t saved_floats_per_token(const ModelConfig& c) { return c.embed_norm ? c.hidden_size + 1 : 0; }
   // Whether the backward reads parameter values (the norm's gain), so that a sharded model gathers them.
   bool backward_reads_weights() const { return embed_norm >= 0; }

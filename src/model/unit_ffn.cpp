@@ -29,57 +29,46 @@ moe::MoeDims moe_dims(const Ctx<T>& ctx) {
   return m;
 }
 
-// Refills the weight pointer table m (its vectors keep their capacity).
-template <typename T>
-void moe_weights(const MoeUnit& u, const Ctx<T>& ctx, moe::MoeWeights<T>& m) {
-  m.router = ctx.W(u.router);
-  if (u.ldown >= 0) {
-    m.latent_down = ctx.W(u.ldown);
-    m.latent_up = ctx.W(u.lup);
-  }
+// Refills a pointer table m (moe::MoeWeights or MoeGrads; its vectors keep their capacity) with at(index):
+// the tensor's values or gradient, nullptr for an absent tensor (index < 0).
+template <typename Table, typename At>
+void moe_table(const MoeUnit& u, At at, Table& m) {
+  m.router = at(u.router);
+  m.latent_down = at(u.ldown);
+  m.latent_up = at(u.lup);
   m.gate.resize(u.eg.size());
   m.up.resize(u.eg.size());
   m.down.resize(u.eg.size());
   for (size_t e = 0; e < u.eg.size(); ++e) {
-    m.gate[e] = ctx.W(u.eg[e]);
-    m.up[e] = ctx.W(u.eu[e]);
-    m.down[e] = ctx.W(u.ed[e]);
+    m.gate[e] = at(u.eg[e]);
+    m.up[e] = at(u.eu[e]);
+    m.down[e] = at(u.ed[e]);
   }
-  if (u.sh_g >= 0) {
-    m.shared_gate = ctx.W(u.sh_g);
-    m.shared_up = ctx.W(u.sh_u);
-    m.shared_down = ctx.W(u.sh_d);
-  }
+  m.shared_gate = at(u.sh_g);
+  m.shared_up = at(u.sh_u);
+  m.shared_down = at(u.sh_d);
 }
 
-// Refills the gradient pointer table m.
+template <typename T>
+void moe_weights(const MoeUnit& u, const Ctx<T>& ctx, moe::MoeWeights<T>& m) {
+  moe_table(
+      u, [&](int i) { return i < 0 ? nullptr : ctx.W(i); }, m);
+}
+
 template <typename T>
 void moe_grads(const MoeUnit& u, const Ctx<T>& ctx, moe::MoeGrads<T>& m) {
-  m.router = ctx.G(u.router);
-  m.latent_down = ctx.G(u.ldown);
-  m.latent_up = ctx.G(u.lup);
-  m.gate.resize(u.eg.size());
-  m.up.resize(u.eg.size());
-  m.down.resize(u.eg.size());
-  for (size_t e = 0; e < u.eg.size(); ++e) {
-    m.gate[e] = ctx.G(u.eg[e]);
-    m.up[e] = ctx.G(u.eu[e]);
-    m.down[e] = ctx.G(u.ed[e]);
-  }
-  m.shared_gate = ctx.G(u.sh_g);
-  m.shared_up = ctx.G(u.sh_u);
-  m.shared_down = ctx.G(u.sh_d);
+  moe_table(
+      u, [&](int i) { return ctx.G(i); }, m);
 }
 
 }  // namespace
 
-SwiGluUnit SwiGluUnit::resolve(const ParamIndex& idx, const std::string& m, int64_t hidden) {
-  SwiGluUnit u;
-  u.gate = idx.get(m + hf::kGateProj);
-  u.up = idx.get(m + hf::kUpProj);
-  u.down = idx.get(m + hf::kDownProj);
-  u.hidden = hidden;
-  return u;
+void SwiGluUnit::params(Params& p, const ModelConfig& c, const std::string& m, int64_t F) {
+  const int64_t d = c.hidden_size;
+  p.add(gate, m + hf::kGateProj, {F, d});
+  p.add(up, m + hf::kUpProj, {F, d});
+  p.add(down, m + hf::kDownProj, {d, F});
+  hidden = F;
 }
 
 template <typename T>
@@ -123,21 +112,28 @@ xla::Value SwiGluUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted
   return e.b.add(lg.dx, lu.dx);
 }
 
-MoeUnit MoeUnit::resolve(const ParamIndex& idx, const std::string& m, const ModelConfig& c) {
-  MoeUnit u;
-  u.router = idx.get(m + hf::kRouter);
-  u.ldown = idx.get(m + hf::kLatentDown, false);
-  u.lup = idx.get(m + hf::kLatentUp, false);
-  for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-    const std::string x = m + hf::expert(e);
-    u.eg.push_back(idx.get(x + hf::kGateProj));
-    u.eu.push_back(idx.get(x + hf::kUpProj));
-    u.ed.push_back(idx.get(x + hf::kDownProj));
+void MoeUnit::params(Params& p, const ModelConfig& c, const std::string& m) {
+  const int64_t d = c.hidden_size, E = c.n_routed_experts, h = c.moe_intermediate_size, Lt = c.latent_moe_dim;
+  const int64_t in = Lt > 0 ? Lt : d;  // the width the experts run in
+  p.add(router, m + hf::kRouter, {E, d});
+  if (Lt > 0) {
+    p.add(ldown, m + hf::kLatentDown, {Lt, d});
+    p.add(lup, m + hf::kLatentUp, {d, Lt});
   }
-  u.sh_g = idx.get(m + hf::shared_expert(hf::kGateProj), false);
-  u.sh_u = idx.get(m + hf::shared_expert(hf::kUpProj), false);
-  u.sh_d = idx.get(m + hf::shared_expert(hf::kDownProj), false);
-  return u;
+  eg.assign(static_cast<size_t>(E), -1);
+  eu.assign(static_cast<size_t>(E), -1);
+  ed.assign(static_cast<size_t>(E), -1);
+  for (size_t e = 0; e < eg.size(); ++e) {
+    const std::string x = m + hf::expert(static_cast<int64_t>(e));
+    p.add(eg[e], x + hf::kGateProj, {h, in}, true);
+    p.add(eu[e], x + hf::kUpProj, {h, in}, true);
+    p.add(ed[e], x + hf::kDownProj, {in, h}, true);
+  }
+  if (const int64_t s = c.shared_expert_intermediate_size; s > 0) {
+    p.add(sh_g, m + hf::shared_expert(hf::kGateProj), {s, d});
+    p.add(sh_u, m + hf::shared_expert(hf::kUpProj), {s, d});
+    p.add(sh_d, m + hf::shared_expert(hf::kDownProj), {d, s});
+  }
 }
 
 double MoeUnit::gemm_weights_per_token(const ModelConfig& c) {

@@ -45,8 +45,9 @@ struct SwiGluUnit {
     }
   };
 
-  // prefix = "model.layers.<l>.mlp."
-  static SwiGluUnit resolve(const ParamIndex& idx, const std::string& prefix, int64_t hidden);
+  // Declares (or resolves, unit.h Params) its tensors under PREFIX ("model.layers.<l>.mlp." or a shared
+  // expert's), in HF order, with hidden size F.
+  void params(Params& p, const ModelConfig& c, const std::string& prefix, int64_t F);
   static int64_t saved_floats_per_token(int64_t F) { return 2 * F; }
   // FLOPs (train/flops.cpp): weight elements of the per-token GEMMs: gate, up, down.
   static double gemm_weights_per_token(const ModelConfig& c, int64_t F) {
@@ -81,7 +82,8 @@ struct MoeUnit {
     size_t bytes() const { return cache.bytes(); }
   };
 
-  static MoeUnit resolve(const ParamIndex& idx, const std::string& prefix, const ModelConfig& c);
+  // Declares (or resolves, unit.h Params) its tensors under PREFIX = "model.layers.<l>.mlp.", in HF order.
+  void params(Params& p, const ModelConfig& c, const std::string& prefix);
   // Upper bound (dropless): probs E, lse 1, top-k ids / weights / kept 3k, latent 2 Lt, shared 3 S.
   static int64_t saved_floats_per_token(const ModelConfig& c);
   // FLOPs (train/flops.cpp): weight elements of the GEMMs every token runs (router, latent projections,

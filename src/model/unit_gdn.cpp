@@ -63,20 +63,21 @@ void sum_heads_in_place(T* dy, int64_t NHk, int64_t G, int64_t D) {
 
 }  // namespace
 
-GdnUnit GdnUnit::resolve(const ParamIndex& idx, const std::string& p, const LayerSpec&) {
-  GdnUnit u;
-  u.q = idx.get(p + hf::kQProj);
-  u.k = idx.get(p + hf::kKProj);
-  u.v = idx.get(p + hf::kVProj);
-  u.aproj = idx.get(p + hf::kAProj);
-  u.bproj = idx.get(p + hf::kBProj);
-  u.gproj = idx.get(p + hf::kGProj);
-  u.o = idx.get(p + hf::kOProj);
-  u.A_log = idx.get(p + hf::kALog);
-  u.dt_bias = idx.get(p + hf::kDtBias);
-  u.conv = idx.get(p + hf::kConv1d);
-  u.onorm = idx.get(p + hf::kONorm);
-  return u;
+void GdnUnit::params(Params& p, const ModelConfig& c, const LayerSpec& spec) {
+  const std::string a = hf::layer(spec.index) + kPrefix;
+  const GdnDims g = gdims(c);
+  const int64_t d = c.hidden_size;
+  p.add(A_log, a + hf::kALog, {g.H}, false, true);
+  p.add(dt_bias, a + hf::kDtBias, {g.H}, false, true);
+  p.add(q, a + hf::kQProj, {g.KD, d});
+  p.add(k, a + hf::kKProj, {g.KD, d});
+  p.add(v, a + hf::kVProj, {g.VD, d});
+  p.add(aproj, a + hf::kAProj, {g.H, d});
+  p.add(bproj, a + hf::kBProj, {g.H, d});
+  p.add(gproj, a + hf::kGProj, {g.VD, d});
+  p.add(o, a + hf::kOProj, {d, g.VD});
+  p.add(conv, a + hf::kConv1d, {2 * g.KD + g.VD, 1, g.C});
+  p.add(onorm, a + hf::kONorm, {g.Dv});
 }
 
 int64_t GdnUnit::saved_floats_per_token(const ModelConfig& c) {
@@ -230,13 +231,18 @@ namespace {
 
 using namespace delta_emit;
 
-// The fused conv weight [2KD + VD, 1, K] as its q, k and v rows.
+// What both directions' convs read: the documents' masks and the fused conv weight [2KD + VD, 1, K] as its q,
+// k and v rows.
 struct ConvRows {
+  DocMasks m;
   Value q, k, v;
 };
-ConvRows conv_rows(HloBuilder& b, const Value& w, const GdnDims& g) {
+ConvRows conv_rows(Emit& e, int conv, const GdnDims& g) {
+  HloBuilder& b = e.b;
+  const DocMasks m = doc_masks(b, *e.seg, g.C);
+  const Value& w = e.W(conv);
   auto rows = [&](int64_t lo, int64_t hi) { return b.slice(w, {lo, 0, 0}, {hi, 1, g.C}); };
-  return {rows(0, g.KD), rows(g.KD, 2 * g.KD), rows(2 * g.KD, 2 * g.KD + g.VD)};
+  return {m, rows(0, g.KD), rows(g.KD, 2 * g.KD), rows(2 * g.KD, 2 * g.KD + g.VD)};
 }
 
 // The per-head decay [N, H] as the delta rule's per-channel one [N, H*Dk].
@@ -260,14 +266,13 @@ xla::Value GdnUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
   auto& b = e.b;
   const GdnDims g = gdims(e.c);
   const int64_t N = e.N;
-  const DocMasks m = doc_masks(b, *e.seg, g.C);
-  const ConvRows w = conv_rows(b, e.W(conv), g);
+  const ConvRows w = conv_rows(e, conv, g);
   s.qin = ops::linear_forward(b, x, e.W(q), e.operands);
   s.kin = ops::linear_forward(b, x, e.W(k), e.operands);
   s.vin = ops::linear_forward(b, x, e.W(v), e.operands);
-  s.qc = conv_forward(b, *s.qin, w.q, m, e.B, e.T);
-  s.kc = conv_forward(b, *s.kin, w.k, m, e.B, e.T);
-  s.vc = conv_forward(b, *s.vin, w.v, m, e.B, e.T);
+  s.qc = conv_forward(b, *s.qin, w.q, w.m, e.B, e.T);
+  s.kc = conv_forward(b, *s.kin, w.k, w.m, e.B, e.T);
+  s.vc = conv_forward(b, *s.vin, w.v, w.m, e.B, e.T);
   s.qn = l2norm_forward(b, *s.qc, g.Hk, g.Dk);
   s.kn = l2norm_forward(b, *s.kc, g.Hk, g.Dk);
   s.araw = ops::linear_forward(b, x, e.W(aproj), e.operands);
@@ -276,7 +281,7 @@ xla::Value GdnUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
   const Value beta = b.mul(b.logistic(*s.blog), full(b, {N, g.H}, e.c.linear_allow_neg_eigval ? 2.0 : 1.0));
   const double scale = 1.0 / std::sqrt(static_cast<double>(g.Dk));
   s.o =
-      delta_forward(b, delta_inputs(b, m, expand_heads(b, *s.qn, g, N), expand_heads(b, *s.kn, g, N), *s.vc,
+      delta_forward(b, delta_inputs(b, w.m, expand_heads(b, *s.qn, g, N), expand_heads(b, *s.kn, g, N), *s.vc,
                                     broadcast_decay(b, *s.gh, g, N), beta, e.B, e.T, g.H, g.Dk, g.Dv, scale));
   s.z = ops::linear_forward(b, x, e.W(gproj), e.operands);
   s.y = b.reshape(out_norm_forward(b, b.reshape(*s.o, {N, g.H, g.Dv}), b.reshape(*s.z, {N, g.H, g.Dv}),
@@ -291,8 +296,7 @@ xla::Value GdnUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
   auto& b = e.b;
   const GdnDims g = gdims(e.c);
   const int64_t N = e.N;
-  const DocMasks m = doc_masks(b, *e.seg, g.C);
-  const ConvRows w = conv_rows(b, e.W(conv), g);
+  const ConvRows w = conv_rows(e, conv, g);
   Value dx = b.constant(x.type(), 0.0);
   auto linear_back = [&](const Value& dy, const Value& in, int idx) {  // a projection's dW and dx term
     const ops::LinearBackward l = ops::linear_backward(b, dy, in, e.W(idx), e.operands);
@@ -311,9 +315,9 @@ xla::Value GdnUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
                scale = 1.0 / std::sqrt(static_cast<double>(g.Dk));
   const Value sb = b.logistic(*s.blog), beta = b.mul(sb, full(b, {N, g.H}, mb));
   const DeltaInputs in =
-      delta_inputs(b, m, expand_heads(b, *s.qn, g, N), expand_heads(b, *s.kn, g, N), *s.vc,
+      delta_inputs(b, w.m, expand_heads(b, *s.qn, g, N), expand_heads(b, *s.kn, g, N), *s.vc,
                    broadcast_decay(b, *s.gh, g, N), beta, e.B, e.T, g.H, g.Dk, g.Dv, scale);
-  const DeltaGrads dd = delta_backward(b, in, m, b.reshape(on.dout, {N, g.VD}), scale, emit_checkpoint);
+  const DeltaGrads dd = delta_backward(b, in, w.m, b.reshape(on.dout, {N, g.VD}), scale, emit_checkpoint);
   const Value dblog =
       b.mul(b.mul(dd.dbeta, full(b, {N, g.H}, mb)), b.mul(sb, b.sub(full(b, {N, g.H}, 1.0), sb)));
   dx = b.add(dx, linear_back(dblog, x, bproj));
@@ -329,10 +333,10 @@ xla::Value GdnUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
   dx = b.add(dx, linear_back(daraw, x, aproj));
   // q, k, v: L2 norm (q, k), conv + SiLU over the fused weight's rows, projection
   const ConvBackward cq = conv_backward(
-      b, *s.qin, w.q, m, l2norm_backward(b, *s.qc, sum_heads(b, dd.dq, g, N), g.Hk, g.Dk), e.B, e.T);
+      b, *s.qin, w.q, w.m, l2norm_backward(b, *s.qc, sum_heads(b, dd.dq, g, N), g.Hk, g.Dk), e.B, e.T);
   const ConvBackward ck = conv_backward(
-      b, *s.kin, w.k, m, l2norm_backward(b, *s.kc, sum_heads(b, dd.dk, g, N), g.Hk, g.Dk), e.B, e.T);
-  const ConvBackward cv = conv_backward(b, *s.vin, w.v, m, dd.dv, e.B, e.T);
+      b, *s.kin, w.k, w.m, l2norm_backward(b, *s.kc, sum_heads(b, dd.dk, g, N), g.Hk, g.Dk), e.B, e.T);
+  const ConvBackward cv = conv_backward(b, *s.vin, w.v, w.m, dd.dv, e.B, e.T);
   e.grad(conv, b.concatenate({cq.dw, ck.dw, cv.dw}, 0));
   dx = b.add(dx, linear_back(cq.dx, x, q));
   dx = b.add(dx, linear_back(ck.dx, x, k));

@@ -55,8 +55,10 @@ struct GdnUnit {
   xla::Value emit_forward(Emit& e, const xla::Value& x, Emitted& s) const;
   xla::Value emit_backward(Emit& e, const xla::Value& x, const Emitted& s, const xla::Value& da) const;
 
-  // prefix = "model.layers.<l>.linear_attn."
-  static GdnUnit resolve(const ParamIndex& idx, const std::string& prefix, const LayerSpec& spec);
+  static constexpr const char* kName = "Gated DeltaNet";
+  static constexpr const char* kPrefix = hf::kLinearAttn;  // its tensors: model.layers.<l>.linear_attn.*
+  // Declares (or resolves, unit.h Params) the layer's tensors, in HF order.
+  void params(Params& p, const ModelConfig& c, const LayerSpec& spec);
   static int64_t saved_floats_per_token(const ModelConfig& c);
   // FLOPs (train/flops.cpp): weight elements of the per-token GEMMs (q/k/v, a, b, g, o); the delta rule is
   // counted per document chunk as KDA's (train::kda_document_flops).

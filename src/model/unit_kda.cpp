@@ -13,27 +13,26 @@
 
 namespace olmosft::model::unit {
 
-namespace {}  // namespace
-
-KdaUnit KdaUnit::resolve(const ParamIndex& idx, const std::string& a, const LayerSpec&) {
-  KdaUnit u;
-  u.q = idx.get(a + hf::kQProj);
-  u.k = idx.get(a + hf::kKProj);
-  u.v = idx.get(a + hf::kVProj);
-  u.o = idx.get(a + hf::kOProj);
-  u.f1 = idx.get(a + hf::kFProj1);
-  u.f2 = idx.get(a + hf::kFProj2);
-  u.bproj = idx.get(a + hf::kBetaProj);
-  u.A_log = idx.get(a + hf::kALog);
-  u.dt_bias = idx.get(a + hf::kDtBias);
-  u.qconv = idx.get(a + hf::kQConv);
-  u.kconv = idx.get(a + hf::kKConv);
-  u.vconv = idx.get(a + hf::kVConv);
-  u.g1 = idx.get(a + hf::kGProj1);
-  u.g2 = idx.get(a + hf::kGProj2);
-  u.g2b = idx.get(a + hf::kGProj2Bias);
-  u.onorm = idx.get(a + hf::kONorm);
-  return u;
+void KdaUnit::params(Params& p, const ModelConfig& c, const LayerSpec& spec) {
+  const std::string a = hf::layer(spec.index) + kPrefix;
+  const int64_t d = c.hidden_size, H = c.linear_num_key_heads, dv = c.linear_value_head_dim,
+                kd = H * c.linear_key_head_dim, vd = H * dv, K = c.linear_conv_kernel_dim;
+  p.add(q, a + hf::kQProj, {kd, d});
+  p.add(k, a + hf::kKProj, {kd, d});
+  p.add(v, a + hf::kVProj, {vd, d});
+  p.add(f1, a + hf::kFProj1, {dv, d});
+  p.add(f2, a + hf::kFProj2, {kd, dv});
+  p.add(bproj, a + hf::kBetaProj, {H, d});
+  p.add(A_log, a + hf::kALog, {H}, false, true);
+  p.add(dt_bias, a + hf::kDtBias, {kd}, false, true);
+  p.add(qconv, a + hf::kQConv, {kd, 1, K});
+  p.add(kconv, a + hf::kKConv, {kd, 1, K});
+  p.add(vconv, a + hf::kVConv, {vd, 1, K});
+  p.add(g1, a + hf::kGProj1, {dv, d});
+  p.add(g2, a + hf::kGProj2, {vd, dv});
+  p.add(g2b, a + hf::kGProj2Bias, {vd});
+  p.add(onorm, a + hf::kONorm, {dv});
+  p.add(o, a + hf::kOProj, {d, vd});
 }
 
 int64_t KdaUnit::saved_floats_per_token(const ModelConfig& c) {

@@ -56,8 +56,10 @@ struct KdaUnit {
   xla::Value emit_forward(Emit& e, const xla::Value& x, Emitted& s) const;
   xla::Value emit_backward(Emit& e, const xla::Value& x, const Emitted& s, const xla::Value& da) const;
 
-  // prefix = "model.layers.<l>.self_attn."
-  static KdaUnit resolve(const ParamIndex& idx, const std::string& prefix, const LayerSpec& spec);
+  static constexpr const char* kName = "KDA";
+  static constexpr const char* kPrefix = hf::kSelfAttn;  // its tensors: model.layers.<l>.self_attn.*
+  // Declares (or resolves, unit.h Params) the layer's tensors, in HF order.
+  void params(Params& p, const ModelConfig& c, const LayerSpec& spec);
   static int64_t saved_floats_per_token(const ModelConfig& c);
   // FLOPs (train/flops.cpp): weight elements of the per-token GEMMs (q/k/v, f_proj_1/2, beta, g_proj_1/2,
   // o); the delta rule itself is counted per document chunk by train::kda_document_flops.

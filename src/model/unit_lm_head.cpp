@@ -11,10 +11,16 @@
 
 namespace olmosft::model::unit {
 
+void LmHeadUnit::params(Params& p, const ModelConfig& c) {
+  p.add(norm, hf::kFinalNorm, {c.hidden_size});
+  if (!c.tie_word_embeddings) p.add(lm_head, hf::kLmHead, {c.vocab_size, c.hidden_size});
+}
+
 LmHeadUnit LmHeadUnit::resolve(const ParamIndex& idx, const ModelConfig& c) {
   LmHeadUnit u;
-  u.norm = idx.get(hf::kFinalNorm);
-  u.lm_head = c.tie_word_embeddings ? idx.get(hf::kEmbedTokens) : idx.get(hf::kLmHead);
+  Params p(idx);
+  u.params(p, c);
+  if (c.tie_word_embeddings) u.lm_head = idx.get(hf::kEmbedTokens);
   return u;
 }
 

@@ -32,6 +32,8 @@ struct LmHeadUnit {
     }
   };
 
+  // Declares (or resolves, unit.h Params) its tensors, in HF order; tied, lm_head is the embedding's.
+  void params(Params& p, const ModelConfig& c);
   static LmHeadUnit resolve(const ParamIndex& idx, const ModelConfig& c);
   static int64_t saved_floats_per_token(const ModelConfig& c) { return c.hidden_size + 4; }
 

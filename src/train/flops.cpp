@@ -155,7 +155,7 @@ FlopModel::FlopModel(const model::ModelConfig& c, const FlopOptions& o) : o_(o) 
   const double D = static_cast<double>(c.head_dim);
   per_pair_ = static_cast<double>(c.num_attention_heads) * (12 * D + (o.recompute ? 2 * D : 0.0));
   for (const model::LayerSpec& s : layers) {
-    const bool attn = s.mixer == model::MixerKind::Attention;
+    const bool attn = s.mixer == model::unit::kMixer<model::unit::AttentionUnit>;
     // each KDA / GDN head runs the same delta-rule kernels (GDN's decay broadcast over the key dimension)
     delta_heads_ += static_cast<double>(model::unit::Block::delta_rule_heads(c, s));
     full_layers_ += attn && s.window == 0;

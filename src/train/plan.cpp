@@ -145,7 +145,7 @@ void activation_parts(const model::ModelConfig& m, const TrainConfig& cfg, const
     // remat full keeps one Saved per layer kind (model/decoder.cpp DecoderWork): one MoE cache for each
     // mixer kind (KDA, softmax attention) among the MoE layers.
     int64_t moe_layers = 0, moe_kinds = 0;
-    bool kind_seen[model::LayerSpec::kKinds] = {};
+    bool kind_seen[model::unit::kLayerKinds] = {};
     for (const model::LayerSpec& s : layers) {
       if (s.ffn != model::FfnKind::Moe) continue;
       ++moe_layers;

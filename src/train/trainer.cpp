@@ -266,19 +266,17 @@ void Run::preflight() {
   ga_ = d.grad_accum;           // leaves per rank per step
   leaves_ = ga_ * world_;       // leaves per step
 
-  lc_.weight = cfg_.loss.weight;
-  lc_.moe_buffer_factor = cfg_.moe.buffer_factor;
-  lc_.vocab_tile = cfg_.compute.vocab_tile;
-  sched_.kind = cfg_.optimizer.schedule;
-  sched_.lr = cfg_.optimizer.lr;
-  sched_.warmup_steps = d.warmup_steps;
-  sched_.horizon = d.schedule_steps;
-  sched_.final_frac = cfg_.optimizer.final_lr_frac;
-  acfg_.beta1 = cfg_.optimizer.beta1;
-  acfg_.beta2 = cfg_.optimizer.beta2;
-  acfg_.eps = cfg_.optimizer.eps;
-  acfg_.weight_decay = cfg_.optimizer.weight_decay;
-  acfg_.lr = sched_.lr;
+  const auto& opt = cfg_.optimizer;
+  lc_ = {.weight = cfg_.loss.weight,
+         .moe_buffer_factor = cfg_.moe.buffer_factor,
+         .vocab_tile = cfg_.compute.vocab_tile};
+  sched_ = {.kind = opt.schedule,
+            .lr = opt.lr,
+            .warmup_steps = d.warmup_steps,
+            .horizon = d.schedule_steps,
+            .final_frac = opt.final_lr_frac};
+  acfg_ = {
+      .lr = opt.lr, .beta1 = opt.beta1, .beta2 = opt.beta2, .eps = opt.eps, .weight_decay = opt.weight_decay};
   acfg_.validate();
   clip_ = cfg_.optimizer.clip_grad_norm;
 

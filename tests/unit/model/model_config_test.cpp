@@ -2,7 +2,9 @@
 // docs/reference/architecture.md A.5, B.8, D.1, D.2).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "io/atomic_file.h"
@@ -119,6 +121,70 @@ TEST(ParamRegistry, NamesAndShapes) {
   json j = preset_config_json("olmo3-tiny");
   j["tie_word_embeddings"] = true;
   EXPECT_EQ(count_params(cfg(j)).tensors, 90u);
+}
+
+// The registry order is the HF state-dict order and also the export and ZeRO-3 sharding order: pinned, per
+// preset and per variant of the optional tensors, by a hash (FNV-1a 64) of every row (name, shape, layer,
+// routed, fp32, decay) in order, recorded from the per-family builders the units' declarations replaced.
+TEST(ParamRegistry, OrderIsPinnedForEveryPreset) {
+  auto fingerprint = [](const std::vector<ParamSpec>& reg) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](const std::string& s) {
+      for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+    };
+    for (const auto& p : reg) {
+      std::string row = p.name + "|";
+      for (int64_t x : p.shape) row += std::to_string(x) + ",";
+      row += "|" + std::to_string(p.layer) + (p.routed_expert ? "R" : "-") +
+             (p.fp32_master_only ? "F" : "-") + (p.decay ? "D" : "-") + "\n";
+      mix(row);
+    }
+    return h;
+  };
+  std::vector<std::pair<std::string, json>> configs;
+  for (const auto& n : preset_names()) configs.emplace_back(n, preset_config_json(n));
+  json j = preset_config_json("olmo3-tiny");
+  j["tie_word_embeddings"] = true;
+  configs.emplace_back("olmo3-tiny tied", j);
+  // the hybrid without the attention gate, SSMax, per-head gains, latent projection, shared expert and embed
+  // norm, with two dense layers
+  j = preset_config_json("olmo3moe-tiny");
+  for (const char* k : {"use_head_qk_norm", "qk_norm_per_head_gains", "scalable_softmax", "embed_norm"})
+    j[k] = false;
+  j.erase("attention_gate_type");
+  j["latent_moe_dim"] = nullptr;
+  j["shared_expert_intermediate_size"] = nullptr;
+  j["dense_layers_indices"] = json::array({0, 3});
+  configs.emplace_back("olmo3moe-tiny plain", j);
+  j = preset_config_json("olmo-hybrid-tiny");  // GVA: two value heads per key head
+  j["linear_num_key_heads"] = 1;
+  configs.emplace_back("olmo-hybrid-tiny gva", j);
+  const std::map<std::string, std::pair<size_t, uint64_t>> pinned = {
+      {"olmo3-7b", {355, 0x96c702fc4afef95bull}},
+      {"olmo3-tiny", {91, 0x42726179aa6472e0ull}},
+      {"olmo3-small", {91, 0x01105484f6b49f3bull}},
+      {"olmo3moe-small", {23441, 0xd0be444452d5dbf9ull}},
+      {"olmo3moe-tiny", {537, 0xac02e97c0de40efbull}},
+      {"olmo3moe-d2small", {3281, 0x78d6e755c3be4e49ull}},
+      {"olmo-hybrid-7b", {475, 0x29754e44e0c1c079ull}},
+      {"olmo-hybrid-tiny", {121, 0x1ba6cfe1eb88e374ull}},
+      {"olmo3-tiny tied", {90, 0x18980b1f2e6d5408ull}},
+      {"olmo3moe-tiny plain", {453, 0x87c7c71270aeb866ull}},
+      {"olmo-hybrid-tiny gva", {121, 0x28a0f5e8fb6c1310ull}},
+  };
+  for (const auto& [name, cj] : configs) {
+    const auto reg = param_registry(cfg(cj));
+    char row[160];  // the pinned form, to re-record after a deliberate change of the registry
+    std::snprintf(row, sizeof row, "{\"%s\", {%zu, 0x%016llxull}}", name.c_str(), reg.size(),
+                  static_cast<unsigned long long>(fingerprint(reg)));
+    auto it = pinned.find(name);
+    if (it == pinned.end()) {
+      ADD_FAILURE() << "no pinned fingerprint: " << row;
+      continue;
+    }
+    EXPECT_EQ(reg.size(), it->second.first) << row;
+    EXPECT_EQ(fingerprint(reg), it->second.second) << row;
+  }
 }
 
 TEST(ModelConfig, Olmo3Fields) {

@@ -26,6 +26,7 @@
 #include "../xla/xla_test_util.h"
 #include "hybrid_test_util.h"
 #include "model/decoder_xla.h"
+#include "model/unit_block.h"
 #include "model/unit_kda.h"
 #include "xla/hlo_builder.h"
 #include "xla/pjrt.h"
@@ -65,8 +66,7 @@ struct Fixture {
   HfModel hf = load_hf_dir(hybrid_test::fixture_dir());
   const ModelConfig& c = hf.config;
   ParamIndex idx{c};
-  KdaUnit u = KdaUnit::resolve(idx, "model.layers." + std::to_string(kLayer) + ".self_attn.",
-                               layer_specs(c)[size_t(kLayer)]);
+  KdaUnit u = std::get<KdaUnit>(Block::resolve(idx, c, layer_specs(c)[size_t(kLayer)]).mixer);
   std::vector<int32_t> seg = segments();
   int64_t N = kB * kT, d = c.hidden_size;
   std::vector<int> params() const {
