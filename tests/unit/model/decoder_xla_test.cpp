@@ -14,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "../xla/xla_test_util.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "kernels/adamw.h"
@@ -659,19 +660,6 @@ TEST(DecoderXla, MoeCapacityIsRefusedAndTheStepIsDescribed) {
   EXPECT_EQ(p.results[5].name.rfind("grad.", 0), 0u);
 }
 
-namespace {
-template <typename F>
-std::string error_text(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an olmosft::Error";
-  return "";
-}
-}  // namespace
-
 // xla.attention cudnn: each attention layer's forward and backward become cuDNN's two custom calls (their
 // form is checked against JAX in xla_cudnn_attention_test; only XLA's CUDA plugin runs them); a batch that
 // packs documents into a row, which that form cannot mask, is refused (check_cudnn_rows: XlaDecoder runs it
@@ -695,24 +683,27 @@ TEST(DecoderXla, CudnnAttentionIsEmittedPerLayerAndPackedRowsAreRefused) {
   EXPECT_EQ(count(xla_step_module(c, XlaOptions{}, 2, 128, fixture_loss(), true), "__cudnn"), 0);
 
   check_cudnn_rows({0, 0, 0, -1, 7, 7, 7, 7, -1, -1, -1, -1}, 3, 4);  // one document (+ padding) per row
-  const std::string two = error_text([] { check_cudnn_rows({3, 3, 3, 3, 0, 0, 1, -1}, 2, 4); });
+  const std::string two = olmosft::xla::testutil::error_of([] {
+    check_cudnn_rows({3, 3, 3, 3, 0, 0, 1, -1}, 2, 4);
+  });
   EXPECT_NE(two.find("row 1 of the batch is not one document followed by padding (token 2 has segment 1"),
             std::string::npos)
       << two;
-  const std::string lead = error_text([] { check_cudnn_rows({-1, 0, 0, 0}, 1, 4); });
+  const std::string lead = olmosft::xla::testutil::error_of([] { check_cudnn_rows({-1, 0, 0, 0}, 1, 4); });
   EXPECT_NE(lead.find("row 0 of the batch is not one document"), std::string::npos) << lead;
   const Batch fb = fx().make(false);  // the fixture packs several documents per row
   const std::vector<int32_t> fixture_seg(fb.segments, fb.segments + fb.B * fb.T);
-  const std::string packed = error_text([&] { check_cudnn_rows(fixture_seg, fb.B, fb.T); });
+  const std::string packed =
+      olmosft::xla::testutil::error_of([&] { check_cudnn_rows(fixture_seg, fb.B, fb.T); });
   EXPECT_NE(packed.find("xla.attention cudnn: row 0 of the batch is not one document"), std::string::npos)
       << packed;
-  const std::string cpu = error_text([&] { XlaDecoder d(c, xo); });
+  const std::string cpu = olmosft::xla::testutil::error_of([&] { XlaDecoder d(c, xo); });
   EXPECT_NE(
       cpu.find("cuDNN's fused attention runs on XLA's CUDA plugin only; xla.plugin cpu is platform cpu"),
       std::string::npos)
       << cpu;
   EXPECT_EQ(parse_xla_attention("cudnn", "k"), XlaAttention::kCudnn);
-  EXPECT_NE(error_text([] {
+  EXPECT_NE(olmosft::xla::testutil::error_of([] {
               parse_xla_attention("flash", "xla.attention");
             }).find("xla.attention: expected blockwise or cudnn, got 'flash'"),
             std::string::npos);
