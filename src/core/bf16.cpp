@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/threads.h"
+
 namespace olmosft {
 
 float f16_to_f32(uint16_t h) {
@@ -38,14 +40,30 @@ uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>(sign | h);
 }
 
+namespace {
+// The element loops, vectorised (the `omp parallel for simd` form they replace ran the scalar loop:
+// measured 22% of a bf16-compute hybrid training step). Same formulas, so the same bits.
+void bf16_to_f32_span(const uint16_t* __restrict src, float* __restrict dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+void f32_to_bf16_span(const float* __restrict src, uint16_t* __restrict dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+constexpr int64_t kPerThread = int64_t(1) << 19;  // threaded above 2^20 elements, as before
+}  // namespace
+
 void bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
-#pragma omp parallel for schedule(static) if (n > (1u << 20))
-  for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+  parallel_for(
+      static_cast<int64_t>(n), [&](int64_t b, int64_t e) { bf16_to_f32_span(src + b, dst + b, e - b); },
+      kPerThread);
 }
 
 void f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
-#pragma omp parallel for simd schedule(static) if (n > (1u << 20))
-  for (size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  parallel_for(
+      static_cast<int64_t>(n), [&](int64_t b, int64_t e) { f32_to_bf16_span(src + b, dst + b, e - b); },
+      kPerThread);
 }
 
 }  // namespace olmosft

@@ -58,4 +58,19 @@ void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, in
   }
 }
 
+void parallel_for_ranges(const std::vector<int64_t>& sizes,
+                         const std::function<void(size_t, int64_t, int64_t)>& fn, int64_t min_per_thread) {
+  std::vector<int64_t> start(sizes.size() + 1, 0);  // start[i]: offset of range i in the concatenation
+  for (size_t i = 0; i < sizes.size(); ++i) start[i + 1] = start[i] + std::max<int64_t>(0, sizes[i]);
+  const int64_t total = start.back();
+  auto run = [&](int64_t b, int64_t e) {  // the pieces of [b, e) of the concatenation
+    size_t i = size_t(std::upper_bound(start.begin(), start.end(), b) - start.begin()) - 1;
+    for (; i < sizes.size() && start[i] < e; ++i) {
+      const int64_t lo = std::max(b, start[i]), hi = std::min(e, start[i + 1]);
+      if (lo < hi) fn(i, lo - start[i], hi - start[i]);
+    }
+  };
+  parallel_for(total, run, min_per_thread);
+}
+
 }  // namespace olmosft

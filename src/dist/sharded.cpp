@@ -223,14 +223,22 @@ double ShardedParams::grad_norm() {
   int64_t per_rank = 0;
   for (const auto& U : units_) per_rank += U.shard / kAlign;
   std::vector<double> mine(static_cast<size_t>(per_rank));
-  int64_t k = 0;
-  for (const auto& U : units_)
-    for (int64_t c = 0; c < U.shard / kAlign; ++c) {
-      double s = 0;
-      for (int64_t i = c * kAlign; i < (c + 1) * kAlign; ++i)
-        s += double(U.g[size_t(i)]) * double(U.g[size_t(i)]);
-      mine[size_t(k++)] = s;
-    }
+  std::vector<int64_t> chunks, first;  // per unit: its chunk count, and its first chunk's index in `mine`
+  for (const auto& U : units_) {
+    first.push_back(chunks.empty() ? 0 : first.back() + chunks.back());
+    chunks.push_back(U.shard / kAlign);
+  }
+  parallel_for_ranges(
+      chunks,
+      [&](size_t u, int64_t c0, int64_t c1) {
+        const float* g = units_[u].g.data();
+        for (int64_t c = c0; c < c1; ++c) {
+          double s = 0;
+          for (int64_t i = c * kAlign; i < (c + 1) * kAlign; ++i) s += double(g[i]) * double(g[i]);
+          mine[size_t(first[u] + c)] = s;
+        }
+      },
+      64);
   const int N = mode_ == ShardMode::Sharded ? comm_.size() : 1;
   std::vector<double> all(static_cast<size_t>(per_rank) * size_t(N));
   if (N > 1)
@@ -258,15 +266,15 @@ double ShardedParams::clip_and_step(const AdamWConfig& cfg, double max_norm, int
     const double coef = std::min(1.0, max_norm / (norm + 1e-6));
     if (coef < 1.0) {
       const float c = float(coef);
-      for (auto& U : units_) {
-        float* g = U.g.data();
-        parallel_for(
-            static_cast<int64_t>(U.g.size()),
-            [&](int64_t b, int64_t e) {
-              for (int64_t i = b; i < e; ++i) g[i] *= c;
-            },
-            1 << 14);
-      }
+      std::vector<int64_t> sizes;
+      for (const auto& U : units_) sizes.push_back(static_cast<int64_t>(U.g.size()));
+      parallel_for_ranges(
+          sizes,
+          [&](size_t u, int64_t b, int64_t e) {
+            float* g = units_[u].g.data();
+            for (int64_t i = b; i < e; ++i) g[i] *= c;
+          },
+          1 << 14);
     }
   }
   std::vector<AdamWParam<float>> segs;

@@ -1,5 +1,6 @@
 #include "kernels/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -16,23 +17,43 @@ void AdamWConfig::validate() const {
              "adamw: weight_decay must be finite and >= 0, got ", weight_decay);
 }
 
+namespace {
+// The fixed blocking of one tensor's sum of squares: at most 64 blocks of at least 4,096 elements, so
+// the sum does not depend on the thread count.
+int64_t norm_blocks(int64_t n) { return std::max<int64_t>(1, std::min<int64_t>(64, n / 4096)); }
+
+template <typename T>
+std::vector<int64_t> sizes_of(const std::vector<AdamWParam<T>>& params) {
+  std::vector<int64_t> n;
+  for (const auto& P : params) n.push_back(P.n);
+  return n;
+}
+}  // namespace
+
 template <typename T>
 double global_grad_norm(const std::vector<AdamWParam<T>>& params) {
-  double total = 0;
-  for (const auto& P : params) {
+  std::vector<std::vector<double>> part(params.size());
+  for (size_t t = 0; t < params.size(); ++t) {
+    const auto& P = params[t];
     OLMO_CHECK(P.n >= 0 && (P.n == 0 || P.g), "global_grad_norm: tensor with n=", P.n, " has no gradient");
-    // Fixed blocking (64 blocks max) so the sum does not depend on the thread count.
-    const int64_t B = std::max<int64_t>(1, std::min<int64_t>(64, P.n / 4096));
-    std::vector<double> part(size_t(B), 0.0);
-    parallel_for(B, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        double s = 0;
-        for (int64_t i = P.n * b / B; i < P.n * (b + 1) / B; ++i) s += double(P.g[i]) * double(P.g[i]);
-        part[size_t(b)] = s;
-      }
-    });
-    for (double s : part) total += s;
+    part[t].assign(size_t(norm_blocks(P.n)), 0.0);
   }
+  // One parallel region over all tensors: a block is summed whole by the thread whose share holds its
+  // first element.
+  parallel_for_ranges(sizes_of(params), [&](size_t t, int64_t lo, int64_t hi) {
+    const auto& P = params[t];
+    const int64_t B = int64_t(part[t].size());
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t first = P.n * b / B, last = P.n * (b + 1) / B;
+      if (first < lo || first >= hi) continue;
+      double s = 0;
+      for (int64_t i = first; i < last; ++i) s += double(P.g[i]) * double(P.g[i]);
+      part[t][size_t(b)] = s;
+    }
+  });
+  double total = 0;
+  for (const auto& blocks : part)
+    for (double s : blocks) total += s;
   return std::sqrt(total);
 }
 
@@ -45,13 +66,13 @@ double clip_grad_norm(std::vector<AdamWParam<T>>& params, double max_norm) {
     const double coef = std::min(1.0, max_norm / (norm + 1e-6));
     if (coef < 1.0) {
       const T c = T(coef);
-      for (auto& P : params)
-        parallel_for(
-            P.n,
-            [&](int64_t b, int64_t e) {
-              for (int64_t i = b; i < e; ++i) P.g[i] *= c;
-            },
-            1 << 14);
+      parallel_for_ranges(
+          sizes_of(params),
+          [&](size_t t, int64_t b, int64_t e) {
+            T* g = params[t].g;
+            for (int64_t i = b; i < e; ++i) g[i] *= c;
+          },
+          1 << 14);
     }
   }
   return norm;
@@ -65,33 +86,37 @@ void adamw_step(std::vector<AdamWParam<T>>& params, const AdamWConfig& cfg, int6
   const double bc2 = 1.0 - std::pow(cfg.beta2, double(step));
   const T step_size = T(cfg.lr / bc1), bc2_sqrt = T(std::sqrt(bc2)), eps = T(cfg.eps);
   const T b1 = T(cfg.beta1), b2 = T(cfg.beta2), omb1 = T(1.0 - cfg.beta1), omb2 = T(1.0 - cfg.beta2);
-  for (auto& P : params) {
+  std::vector<T> keep(params.size());
+  for (size_t t = 0; t < params.size(); ++t) {
+    const auto& P = params[t];
     OLMO_CHECK(P.n >= 0 && (P.n == 0 || (P.p && P.g && P.m && P.v)), "adamw_step: tensor with n=", P.n,
                " is missing p, g, m or v");
-    const T keep = T(1.0 - cfg.lr * (P.decay ? cfg.weight_decay : 0.0));
-    parallel_for(
-        P.n,
-        [&](int64_t b, int64_t e) {
-          T *p = P.p, *m = P.m, *v = P.v;
-          const T* g = P.g;
-          // Elementwise, so vector lanes give the same bits as the scalar loop: IEEE sqrt and division are
-          // exact-rounded in both, and the fused multiply-adds are written out (the ones the compiler chose
-          // for the scalar loop), so contraction cannot differ between the two. Pinned by
-          // KernelsAdamW.StepsKeepTheScalarLoopsBits.
-#pragma omp simd
-          for (int64_t i = b; i < e; ++i) {
-            const T gi = g[i];
-            const T mi = std::fma(m[i], b1, gi * omb1);
-            const T vi = std::fma(v[i], b2, (gi * gi) * omb2);
-            const T denom = std::sqrt(vi) / bc2_sqrt + eps;
-            const T pi = std::fma(-step_size, mi / denom, p[i] * keep);
-            p[i] = pi;
-            m[i] = mi;
-            v[i] = vi;
-          }
-        },
-        1 << 14);
+    keep[t] = T(1.0 - cfg.lr * (P.decay ? cfg.weight_decay : 0.0));
   }
+  // One parallel region over all tensors (parallel_for_ranges), each piece updated by the loop below.
+  parallel_for_ranges(
+      sizes_of(params),
+      [&](size_t t, int64_t b, int64_t e) {
+        T *p = params[t].p, *m = params[t].m, *v = params[t].v;
+        const T* g = params[t].g;
+        const T kp = keep[t];
+    // Elementwise, so vector lanes give the same bits as the scalar loop: IEEE sqrt and division are
+    // exact-rounded in both, and the fused multiply-adds are written out (the ones the compiler chose
+    // for the scalar loop), so contraction cannot differ between the two. Pinned by
+    // KernelsAdamW.StepsKeepTheScalarLoopsBits.
+#pragma omp simd
+        for (int64_t i = b; i < e; ++i) {
+          const T gi = g[i];
+          const T mi = std::fma(m[i], b1, gi * omb1);
+          const T vi = std::fma(v[i], b2, (gi * gi) * omb2);
+          const T denom = std::sqrt(vi) / bc2_sqrt + eps;
+          const T pi = std::fma(-step_size, mi / denom, p[i] * kp);
+          p[i] = pi;
+          m[i] = mi;
+          v[i] = vi;
+        }
+      },
+      1 << 14);
 }
 
 template double global_grad_norm<float>(const std::vector<AdamWParam<float>>&);

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "core/error.h"
+#include "core/threads.h"
 #include "kernels/gemm_onednn.h"
 
 namespace olmosft {
@@ -76,6 +78,8 @@ void gemm_unchecked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha
   }
 }
 
+std::atomic<const Bf16Weights*> g_held{nullptr};
+
 // A stored rows x cols (leading dimension ld) as dense bf16 (leading dimension cols), into a per-thread
 // buffer.
 const uint16_t* to_bf16(const float* X, int64_t rows, int64_t cols, int64_t ld, std::vector<uint16_t>& buf) {
@@ -98,10 +102,73 @@ void gemm_bf16_unchecked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, fl
   const int64_t ar = ta == Trans::N ? M : K, ac = ta == Trans::N ? K : M;
   const int64_t br = tb == Trans::N ? K : N, bc = tb == Trans::N ? N : K;
   const uint16_t* a16 = to_bf16(A, ar, ac, lda, abuf);
-  const uint16_t* b16 = to_bf16(B, br, bc, ldb, bbuf);
-  onednn::matmul_bf16(ta, tb, M, N, K, alpha, a16, ac, b16, bc, beta, C, ldc);
+  const Bf16Weights* held = g_held.load(std::memory_order_acquire);
+  const uint16_t* b16 = held != nullptr ? held->find(B, (br - 1) * ldb + bc) : nullptr;
+  if (b16 == nullptr) {
+    b16 = to_bf16(B, br, bc, ldb, bbuf);
+    ldb = bc;
+  }
+  onednn::matmul_bf16(ta, tb, M, N, K, alpha, a16, ac, b16, ldb, beta, C, ldc);
 }
 }  // namespace
+
+void Bf16Weights::hold(int group, const std::vector<std::pair<const float*, int64_t>>& weights) {
+  release(group, true);
+  Group& g = groups_[group];
+  std::vector<int64_t> sizes, start;
+  int64_t total = 0;
+  for (const auto& [w, n] : weights) {
+    OLMO_CHECK(n >= 0 && (n == 0 || w != nullptr), "Bf16Weights: weight with n=", n, " has no data");
+    sizes.push_back(n);
+    start.push_back(total);
+    total += n;
+  }
+  if (g.data.size() < size_t(total)) g.data.resize(size_t(total));
+  parallel_for_ranges(
+      sizes,
+      [&](size_t i, int64_t b, int64_t e) {
+        f32_to_bf16(weights[i].first + b, g.data.data() + start[i] + b, size_t(e - b));
+      },
+      1 << 14);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i].second == 0) continue;
+    index_[weights[i].first] = {g.data.data() + start[i], weights[i].second};
+    g.held.push_back(weights[i].first);
+  }
+}
+
+bool Bf16Weights::holds(int group) const {
+  auto it = groups_.find(group);
+  return it != groups_.end() && !it->second.held.empty();
+}
+
+void Bf16Weights::release(int group, bool keep_memory) {
+  auto it = groups_.find(group);
+  if (it == groups_.end()) return;
+  for (const float* w : it->second.held) index_.erase(w);
+  it->second.held.clear();
+  if (!keep_memory) groups_.erase(it);
+}
+
+void Bf16Weights::release_all(bool keep_memory) {
+  std::vector<int> ids;
+  for (const auto& [id, g] : groups_) ids.push_back(id);
+  for (int id : ids) release(id, keep_memory);
+}
+
+const uint16_t* Bf16Weights::find(const float* w, int64_t extent) const {
+  auto it = index_.find(w);
+  return it != index_.end() && it->second.second >= extent ? it->second.first : nullptr;
+}
+
+size_t Bf16Weights::bytes() const {
+  size_t b = 0;
+  for (const auto& [id, g] : groups_) b += g.data.capacity() * sizeof(uint16_t);
+  return b;
+}
+
+ScopedBf16Weights::ScopedBf16Weights(const Bf16Weights* w) : prev_(g_held.exchange(w)) {}
+ScopedBf16Weights::~ScopedBf16Weights() { g_held.store(prev_); }
 
 void set_cpu_gemm(const CpuGemm& g) {
   if (g.compute == ComputeDtype::BF16) {

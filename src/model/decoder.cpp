@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "kernels/attention.h"
+#include "kernels/gemm.h"
 #include "kernels/kda.h"
 #include "model/decoder_units.h"
 #include "model/layers.h"
@@ -370,18 +371,34 @@ LossParts Decoder::run(const Batch& batch, const LossConfig& loss, double grad_s
     if (params_[i].value.defined()) w[i] = params_[i].value.data<float>();
     if (backward) g.push_back(params_[i].grad.data<float>());
   }
+  // Under bf16 compute, each resident group's matrices are rounded once per call (Bf16Weights) rather than
+  // at every GEMM. Their values are fixed from need(g) to done(g); without residency hooks (the weights
+  // replicated) for the whole call, so a group is rounded once per call and its buffer is kept between
+  // calls; with hooks (fully sharded) the copies of a group live from need(g) to done(g) only.
+  const bool round_once = cpu_gemm().compute == ComputeDtype::BF16;
+  const bool sharded = static_cast<bool>(res_.need);
+  if (round_once && !bf16w_) bf16w_ = std::make_shared<Bf16Weights>();
+  if (bf16w_) bf16w_->release_all(!sharded || !round_once);
   ParamResidency hooks;
   hooks.need = [&](int grp) {
     if (res_.need) res_.need(grp);
+    std::vector<std::pair<const float*, int64_t>> mats;
     for (size_t i = 0; i < params_.size(); ++i)
-      if (units_->group[i] == grp)
+      if (units_->group[i] == grp) {
         w[i] = params_[i].value.defined() ? params_[i].value.data<float>() : nullptr;
+        if (w[i] != nullptr && params_[i].value.ndim() == 2) mats.push_back({w[i], params_[i].value.numel()});
+      }
+    if (round_once && !bf16w_->holds(grp)) bf16w_->hold(grp, mats);
   };
   hooks.done = [&](int grp) {
+    if (round_once && sharded) bf16w_->release(grp, false);
     if (res_.done) res_.done(grp);
   };
+  const ScopedBf16Weights held(round_once ? bf16w_.get() : nullptr);
   Runner<float> r(config_, opts_, w, backward ? &g : nullptr, batch, *units_, *work_, &hooks);
-  return r.run(loss, grad_scale, aux_scale, logits, logprobs, &info_);
+  LossParts lp = r.run(loss, grad_scale, aux_scale, logits, logprobs, &info_);
+  if (round_once) bf16w_->release_all(!sharded);
+  return lp;
 }
 
 const float* Decoder::hidden_state(int64_t index) const {
@@ -389,6 +406,8 @@ const float* Decoder::hidden_state(int64_t index) const {
              "::hidden_state: no state ", index);
   return work_->h[static_cast<size_t>(index)];
 }
+
+size_t Decoder::bf16_weight_bytes() const { return bf16w_ ? bf16w_->bytes() : 0; }
 
 size_t Decoder::workspace_bytes() const {
   return work_ ? work_->block.nbytes() + work_->attn_ws.size() * sizeof(float) : 0;

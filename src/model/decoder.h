@@ -16,6 +16,10 @@
 #include "kernels/rope.h"
 #include "model/model.h"
 
+namespace olmosft {
+class Bf16Weights;  // kernels/gemm.h
+}  // namespace olmosft
+
 namespace olmosft::model {
 
 struct DecoderOptions {
@@ -82,6 +86,9 @@ class Decoder : public CausalLM {
   const float* hidden_state(int64_t index) const;
   // The planned block plus the attention kernel's workspace (what activation_bytes().total() plans).
   size_t workspace_bytes() const;
+  // Under compute.dtype=bf16: the bf16 copies of the weights kept between calls (2 bytes per matrix
+  // element; with residency hooks, only while a call runs).
+  size_t bf16_weight_bytes() const;
   // What the planned block holds per token besides the blocks' Saved and the residual streams
   // (DecoderRunInfo::scratch_bytes): the embedding's and LM head's Saved, dh, the batch arrays, RoPE tables
   // and the layers' shared Scratch (byte fields counted as one float).
@@ -99,6 +106,7 @@ class Decoder : public CausalLM {
   ParamResidency res_;
   std::shared_ptr<const DecoderUnits> units_;
   std::shared_ptr<DecoderWork<float>> work_;  // planned on the first call, re-planned when B*T grows
+  std::shared_ptr<Bf16Weights> bf16w_;        // compute.dtype=bf16: the weights' rounded copies
 };
 
 // A decoder initialised by init_params (model.h), the factory's one initialisation: the same values as

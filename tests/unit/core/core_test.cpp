@@ -30,6 +30,29 @@ TEST(BF16, RoundsToNearestEven) {
   }
 }
 
+// The array conversions (vectorised, threaded above 2^20 elements) give the scalar conversion's bits for
+// every kind of input: ties, NaNs with payloads, infinities, subnormals, the largest floats.
+TEST(BF16, ArrayConversionsMatchTheScalarOnes) {
+  for (size_t n : {size_t(1), size_t(37), size_t(1) << 10, (size_t(1) << 20) + 77}) {
+    const Rng rng{n, 0};
+    std::vector<float> f(n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t u = static_cast<uint32_t>(rng.bits(i));
+      const uint32_t special[] = {0x7fc00001u, 0xff800000u, 0x00000001u, 0x807fffffu,
+                                  0x3f808000u, 0x3f818000u, 0x7f7fffffu, u & 0xffff8000u};
+      f[i] = bits_f32(i % 5 == 0 ? special[(i / 5) % 8] : u);
+    }
+    std::vector<uint16_t> h(n);
+    f32_to_bf16(f.data(), h.data(), n);
+    std::vector<float> back(n);
+    bf16_to_f32(h.data(), back.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(h[i], f32_to_bf16(f[i])) << "n=" << n << " i=" << i << " bits=" << f32_bits(f[i]);
+      ASSERT_EQ(f32_bits(back[i]), f32_bits(bf16_to_f32(h[i]))) << "n=" << n << " i=" << i;
+    }
+  }
+}
+
 TEST(F16, RoundTripAndRounding) {
   for (uint32_t h = 0; h < 65536; ++h) {
     float f = f16_to_f32(static_cast<uint16_t>(h));
@@ -125,4 +148,35 @@ TEST(Threads, ParallelForCoversTheRangeOnce) {
   });
   for (int h : hits) ASSERT_EQ(h, 1);
   EXPECT_EQ(num_threads(), 2);
+}
+
+// Every element of every range once, as (range, begin, end) pieces in range order within a thread's share;
+// empty ranges are never visited; at 1 and 2 threads and with a minimum share that keeps it on one thread.
+TEST(Threads, ParallelForRangesCoversEveryRangeOnce) {
+  const std::vector<int64_t> sizes = {5, 0, 1000, 1, 0, 333, 4096};
+  for (int threads : {1, 2})
+    for (int64_t min_per_thread : {int64_t(1), int64_t(1) << 20}) {
+      set_threads(threads);
+      std::vector<std::vector<int>> hits;
+      for (int64_t n : sizes) hits.emplace_back(size_t(n), 0);
+      std::vector<int> pieces(sizes.size(), 0);
+      parallel_for_ranges(
+          sizes,
+          [&](size_t r, int64_t b, int64_t e) {
+            ASSERT_LT(r, sizes.size());
+            ASSERT_TRUE(0 <= b && b < e && e <= sizes[r]) << r << " [" << b << ", " << e << ")";
+#pragma omp atomic
+            pieces[r]++;
+            for (int64_t i = b; i < e; ++i) hits[r][size_t(i)]++;
+          },
+          min_per_thread);
+      for (size_t r = 0; r < sizes.size(); ++r) {
+        for (int h : hits[r]) ASSERT_EQ(h, 1) << "range " << r << " threads " << threads;
+        if (sizes[r] == 0) {
+          EXPECT_EQ(pieces[r], 0);
+        }
+        EXPECT_LE(pieces[r], threads);
+      }
+    }
+  set_threads(2);
 }

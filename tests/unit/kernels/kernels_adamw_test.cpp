@@ -2,6 +2,7 @@
 // weight decay on one tensor and off on the other; the first two steps clip), plus validation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -89,6 +90,56 @@ TEST(KernelsAdamW, ClipSemanticsAndThreadInvariance) {
   set_threads(saved);
   EXPECT_EQ(n1, n2);
   EXPECT_NEAR(n1 / std::sqrt(double(big.size())), 1.0, 0.01);
+}
+
+// The step over many tensors runs as one parallel region; it gives the bits of one call per tensor, and
+// the norm is the sequential sum of each tensor's fixed blocks (64 at most, of at least 4,096 elements).
+TEST(KernelsAdamW, ManyTensorsInOneRegionGiveTheBitsOfOneCallPerTensor) {
+  const std::vector<int64_t> sizes = {3, 70000, 0, 4095, 300000, 17, 8192};
+  auto make = [&](std::vector<std::vector<float>>& store) {
+    std::vector<AdamWParam<float>> ps;
+    store.clear();
+    for (size_t t = 0; t < sizes.size(); ++t)
+      for (int k = 0; k < 4; ++k) store.push_back(kt::randn<float>(size_t(sizes[t]), 100 + t * 4 + k));
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      auto* q = &store[t * 4];
+      for (auto& x : q[3]) x = x * x;  // v >= 0
+      ps.push_back({q[0].data(), q[1].data(), q[2].data(), q[3].data(), sizes[t], t % 2 == 0});
+    }
+    return ps;
+  };
+  AdamWConfig cfg;
+  cfg.lr = 1e-2;
+  cfg.weight_decay = 0.1;
+  std::vector<std::vector<float>> all, one;
+  auto pa = make(all), po = make(one);
+  double expect = 0;
+  for (const auto& P : po) {
+    const int64_t B = std::max<int64_t>(1, std::min<int64_t>(64, P.n / 4096));
+    for (int64_t b = 0; b < B; ++b) {
+      double s = 0;
+      for (int64_t i = P.n * b / B; i < P.n * (b + 1) / B; ++i) s += double(P.g[i]) * double(P.g[i]);
+      expect += s;
+    }
+  }
+  const int saved = num_threads();
+  for (int threads : {1, 2}) {
+    set_threads(threads);
+    EXPECT_EQ(global_grad_norm(pa), std::sqrt(expect)) << threads;
+  }
+  set_threads(2);
+  const double norm = clip_grad_norm(pa, 1.0);
+  adamw_step(pa, cfg, 3);
+  const float coef = float(std::min(1.0, 1.0 / (norm + 1e-6)));
+  for (auto& P : po) {
+    for (int64_t i = 0; i < P.n; ++i) P.g[i] *= coef;
+    std::vector<AdamWParam<float>> single = {P};
+    adamw_step(single, cfg, 3);
+  }
+  set_threads(saved);
+  ASSERT_LT(coef, 1.0f);  // the clip was exercised
+  for (size_t i = 0; i < all.size(); ++i)
+    ASSERT_EQ(std::memcmp(all[i].data(), one[i].data(), all[i].size() * sizeof(float)), 0) << "buffer " << i;
 }
 
 TEST(KernelsAdamW, Validation) {

@@ -134,6 +134,42 @@ TEST(KernelsGemmCpu, EverySetUpRepeatsBitForBit) {
   set_threads(saved);
 }
 
+// A held weight (Bf16Weights) is read as its copy: the same bits as rounding B at the call, for B as the
+// weight of linear_forward (T) and of its dx (N), with padded leading dimensions. Only the held pointer with
+// enough elements is used; released or unheld weights are rounded at the call as before.
+TEST(KernelsGemmCpu, HeldBf16WeightsGiveTheSameBitsAsRoundingAtTheCall) {
+  if (!bf16_here()) GTEST_SKIP() << "skipped: this CPU has no oneDNN bf16 matmul";
+  for (Trans tb : {Trans::N, Trans::T}) {
+    Case c(Trans::N, tb, 37, 45, 29, 41);
+    const auto plain = c.run({GemmLib::OneDNN, ComputeDtype::BF16}, 1.0f, 1.0f);
+    const int64_t extent = int64_t(c.B.size()) - 3;  // the last row's padding is not read
+    Bf16Weights held;
+    held.hold(7, {{c.B.data(), extent}});
+    EXPECT_TRUE(held.holds(7));
+    EXPECT_NE(held.find(c.B.data(), extent), nullptr);
+    EXPECT_EQ(held.find(c.B.data(), extent + 1), nullptr);  // too short for that extent
+    EXPECT_EQ(held.find(c.B.data() + 1, 4), nullptr);       // only a weight's first element is a key
+    // A held copy that differs from B shows that the copy, not B, was read.
+    std::vector<float> other = c.B;
+    other[0] += 1.0f;
+    Bf16Weights wrong;
+    wrong.hold(0, {{c.B.data(), extent}});
+    {
+      const ScopedBf16Weights use(&held);
+      EXPECT_TRUE(same_bits(c.run({GemmLib::OneDNN, ComputeDtype::BF16}, 1.0f, 1.0f), plain)) << int(tb);
+      const float b0 = c.B[0];
+      c.B[0] = b0 + 1.0f;  // the holder promised not to do this: the copy is still read
+      EXPECT_TRUE(same_bits(c.run({GemmLib::OneDNN, ComputeDtype::BF16}, 1.0f, 1.0f), plain)) << int(tb);
+      c.B[0] = b0;
+    }
+    held.release(7, true);
+    EXPECT_FALSE(held.holds(7));
+    EXPECT_EQ(held.find(c.B.data(), 1), nullptr);
+    const ScopedBf16Weights use(&held);
+    EXPECT_TRUE(same_bits(c.run({GemmLib::OneDNN, ComputeDtype::BF16}, 1.0f, 1.0f), plain)) << int(tb);
+  }
+}
+
 // The router's GEMMs (Precision::Exact) and every double GEMM ignore compute=bf16: the fp32 library's bits.
 TEST(KernelsGemmCpu, ExactPrecisionAndDoubleIgnoreBf16) {
   if (!bf16_here()) GTEST_SKIP() << "skipped: this CPU has no oneDNN bf16 matmul";

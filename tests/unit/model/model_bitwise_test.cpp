@@ -10,6 +10,7 @@
 // scripts/bitwise-compare.sh BASE_REF runs this test with OLMOSFT_BITWISE_DUMP=FILE in both and compares.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -263,6 +264,47 @@ TEST(ModelBitwise, Bf16StagingRepeats) {
   for (size_t i = 0; i < a.rows.size(); ++i)
     differ += a.rows[i].second != f32.rows[i].second;  // f32 has more rows
   EXPECT_GT(differ, 10u) << "saved_dtype bf16 gave the fp32 run's bits: the staging rounds nothing";
+}
+
+// Under compute.dtype=bf16 the decoder rounds each group's weights once per call (kernels/gemm.h
+// Bf16Weights) and keeps the buffers between calls: weights changed between two calls (as by an optimizer
+// step) are read at their new values, bit for bit as by a fresh model; with residency hooks (fully sharded:
+// copies live from need to done) the same bits again.
+TEST(ModelBitwise, Bf16ComputeReadsWeightsChangedBetweenCalls) {
+  std::string why;
+  if (!onednn_bf16_supported(&why)) GTEST_SKIP() << "skipped: " << why;
+  set_threads(1);
+  const ScopedCpuGemm pin({GemmLib::OneDNN, ComputeDtype::BF16});
+  const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3moe_tiny/config.json");
+  const PackedBatch& a = batch_a(c.vocab_size);
+  const LossConfig lc = loss_config();
+  auto nudge = [](CausalLM& m) {
+    for (auto& p : m.params())
+      if (p.value.ndim() == 2)
+        for (int64_t i = 0; i < p.value.numel(); i += 3) p.value.data<float>()[i] *= 1.5f;
+  };
+  auto step = [&](CausalLM& m) {
+    for (auto& p : m.params()) std::fill_n(p.grad.data<float>(), p.grad.numel(), 0.0f);
+    Record r;
+    r.parts("fb", m.forward_backward(a.batch(), lc, 1.0 / 97.0, 0.5));
+    for (auto& p : m.params()) r.add("grad." + p.name, hash_of(p.grad.data<float>(), p.grad.numel()));
+    return r;
+  };
+  auto fresh = make_model(c, 20261203);
+  nudge(*fresh);
+  const Record want = step(*fresh);
+  auto reused = make_model(c, 20261203);
+  const Record before = step(*reused);  // rounds the first values and keeps the buffers
+  nudge(*reused);
+  expect_same_bits(want, step(*reused), "bf16 compute, weights changed after a call");
+  auto hooked = make_model(c, 20261203);
+  ASSERT_TRUE(hooked->set_param_residency({[](int) {}, [](int) {}}));
+  step(*hooked);
+  nudge(*hooked);
+  expect_same_bits(want, step(*hooked), "bf16 compute with residency hooks");
+  size_t differ = 0;
+  for (size_t i = 0; i < want.rows.size(); ++i) differ += want.rows[i].second != before.rows[i].second;
+  EXPECT_GT(differ, 10u) << "the nudge changed no result: the test would not see stale copies";
 }
 
 // The comparisons are only meaningful if a run is deterministic. With OLMOSFT_BITWISE_DUMP=FILE the hashes
