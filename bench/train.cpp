@@ -367,8 +367,9 @@ int child(const std::string& name, const std::string& dir, int steps, const std:
       rz += lp.sum[model::kLossRouterZ];
     }
     const double o0 = bench::now();
-    const double gnorm = clip_grad_norm(ap, 1.0);  // the norm, then the clip (as the trainer: one norm pass)
-    adamw_step(ap, acfg, s);
+    // The norm, then AdamW with the clip's coefficient applied as it reads each gradient (as the trainer).
+    const double gnorm = global_grad_norm(ap);
+    adamw_step(ap, acfg, s, float(clip_coefficient(gnorm, 1.0)));
     opt_sec += bench::now() - o0;
     const double nt = static_cast<double>(p.n_trained), g = static_cast<double>(cs.ga);
     losses.push_back({{"ce", ce / nt},
@@ -465,11 +466,12 @@ std::string shell_quote(const std::string& s) {
 
 struct Result {
   const Case* cs;
-  json ours;               // null with --backend xla
-  std::vector<json> peer;  // per peer; null when skipped or failed
-  json bf16;               // ours with compute.dtype=bf16 (--compare-bf16)
-  json xla;                // ours on the XLA backend (--backend xla|both); null when refused or failed
-  std::string xla_skip;    // why the XLA backend does not run the case (XlaDecoder's refusal)
+  json ours;                    // null with --backend xla
+  std::vector<json> peer;       // per peer; null when skipped or failed
+  json bf16;                    // ours with compute.dtype=bf16 (--compare-bf16)
+  std::vector<json> peer_bf16;  // per peer under CPU bf16 autocast (--compare-bf16); null when skipped
+  json xla;                     // ours on the XLA backend (--backend xla|both); null when refused or failed
+  std::string xla_skip;         // why the XLA backend does not run the case (XlaDecoder's refusal)
 };
 
 // A PyTorch peer: bench/train_torch.py under one interpreter.
@@ -514,7 +516,7 @@ void print_peer_table(const std::vector<Result>& results, const std::vector<Peer
               num_threads());
   std::printf(
       "- ours: the trainer's step calls (forward_backward per micro-batch, global_grad_norm, "
-      "clip_grad_norm 1.0, adamw_step); PyTorch: bench/train_torch.py (tests/reference models, "
+      "adamw_step with the clip coefficient for 1.0); PyTorch: bench/train_torch.py (tests/reference models, "
       "torch.optim.AdamW + clip_grad_norm_); same config, initial weights, packed batch and threads\n");
   for (size_t pi = 0; pi < peers.size(); ++pi)
     std::printf("- peer %c: %s, %s%s\n", char('A' + pi), label[pi].c_str(), peers[pi].python.c_str(),
@@ -639,8 +641,9 @@ void print_xla_table(const std::vector<Result>& results, int steps, const std::s
       "threads %d\n\n",
       num_threads());
   std::printf(
-      "- both: the trainer's step calls (forward_backward per micro-batch, global_grad_norm, clip_grad_norm "
-      "1.0, adamw_step on the host fp32 masters), same config, initial weights and packed batch, each in a "
+      "- both: the trainer's step calls (forward_backward per micro-batch, global_grad_norm, adamw_step "
+      "with the clip coefficient for 1.0, on the host fp32 masters), same config, initial weights and packed "
+      "batch, each in a "
       "fresh process; XLA: one StableHLO program per micro-batch shape, compiled in the warm-up step; "
       "--threads sets our OpenMP pool (the CPU backend's kernels, clip + AdamW), XLA's CPU plugin sizes its "
       "own thread pool\n");
@@ -708,17 +711,21 @@ void print_xla_table(const std::vector<Result>& results, int steps, const std::s
       steps + 1);
 }
 
-// --compare-bf16: our bf16-compute step against our fp32 step, same case, same run.
-void print_bf16_table(const std::vector<Result>& results) {
+// --compare-bf16: our bf16-compute step against our fp32 step, same case, same run, and against each
+// PyTorch peer's step under CPU bf16 autocast.
+void print_bf16_table(const std::vector<Result>& results, const std::vector<Peer>& peers) {
   std::vector<std::string> lines;
   std::printf(
-      "\n## bench_train: bf16 compute (compute.dtype=bf16) against fp32, ours, same run\n\n| case | fp32 "
-      "s/step | "
-      "bf16 s/step | bf16 / fp32 step rate | CPU s fp32 / bf16 | step-1 CE fp32 / bf16 | worst per-step "
-      "CE gap (relative) |\n|---|---|---|---|---|---|---|\n");
+      "\n## bench_train: bf16 compute (compute.dtype=bf16) against fp32, ours, and against PyTorch's CPU "
+      "bf16 "
+      "autocast, same run\n\n| case | fp32 s/step | bf16 s/step | bf16 / fp32 step rate | CPU s fp32 / bf16 "
+      "| "
+      "step-1 CE fp32 / bf16 | worst per-step CE gap (relative) | torch bf16 autocast s/step A / B | ours "
+      "bf16 / torch bf16 step rate A / B | CPU s torch bf16 A / B "
+      "|\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Result& r : results) {
     if (!r.bf16.is_object()) {
-      std::printf("| %s | bf16 run failed or skipped | | | | | |\n", r.cs->name.c_str());
+      std::printf("| %s | bf16 run failed or skipped | | | | | | | | |\n", r.cs->name.c_str());
       continue;
     }
     const json &a = r.ours, &b = r.bf16;
@@ -728,18 +735,42 @@ void print_bf16_table(const std::vector<Result>& results) {
       const double la = a["losses"][i]["ce"].get<double>(), lb = b["losses"][i]["ce"].get<double>();
       worst = std::max(worst, std::fabs(la - lb) / std::fabs(la));
     }
-    std::printf("| %s | %.3f | %.3f | %.2fx | %.2f / %.2f | %.6f / %.6f | %.2g |\n", r.cs->name.c_str(), sa,
-                sb, sa / sb, a["cpu_sec_per_step"].get<double>(), b["cpu_sec_per_step"].get<double>(),
-                a["losses"][0]["ce"].get<double>(), b["losses"][0]["ce"].get<double>(), worst);
+    std::string ts, tr, tc, fields;  // per peer, joined with " / "
+    auto num = [](const char* f, double v) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, f, v);
+      return std::string(buf);
+    };
+    for (size_t pi = 0; pi < peers.size(); ++pi) {
+      const json& t = r.peer_bf16[pi];
+      const std::string sep = pi ? " / " : "", key = peers[pi].key;
+      if (!t.is_object()) {
+        ts += sep + "-", tr += sep + "-", tc += sep + "-";
+        fields += " " + key + "_bf16=skipped";
+        continue;
+      }
+      const double st = t["best_sec_per_step"].get<double>();
+      ts += sep + num("%.3f", st);
+      tr += sep + num("%.2fx", st / sb);
+      tc += sep + num("%.2f", t["cpu_sec_per_step"].get<double>());
+      fields += " " + key + "_bf16_s=" + num("%.4f", st) + " " + key + "_bf16_ratio=" + num("%.3f", st / sb);
+    }
+    std::printf("| %s | %.3f | %.3f | %.2fx | %.2f / %.2f | %.6f / %.6f | %.2g | %s | %s | %s |\n",
+                r.cs->name.c_str(), sa, sb, sa / sb, a["cpu_sec_per_step"].get<double>(),
+                b["cpu_sec_per_step"].get<double>(), a["losses"][0]["ce"].get<double>(),
+                b["losses"][0]["ce"].get<double>(), worst, ts.c_str(), tr.c_str(), tc.c_str());
     char line[300];
     std::snprintf(line, sizeof line,
                   "BENCH train_bf16 case=%s fp32_s=%.4f bf16_s=%.4f speedup=%.3f cpu_speedup=%.3f "
                   "loss_rel_diff_max=%.2g",
                   r.cs->name.c_str(), sa, sb, sa / sb,
                   a["cpu_sec_per_step"].get<double>() / b["cpu_sec_per_step"].get<double>(), worst);
-    lines.push_back(line);
+    lines.push_back(line + fields);
   }
-  std::printf("\n");
+  std::printf(
+      "\nours bf16 / torch bf16 = torch bf16 autocast s/step / ours bf16 s/step (best timed step each); "
+      "torch under torch.autocast(\"cpu\", dtype=torch.bfloat16) in its forward (bench/train_torch.py "
+      "--dtype bf16).\n\n");
   for (const auto& l : lines) std::printf("%s\n", l.c_str());
 }
 }  // namespace
@@ -828,7 +859,8 @@ int main(int argc, char** argv) {
     const std::string ours_cmd = std::string(argv[0]) + " --child " + cs.name + " --dir " +
                                  shell_quote(cdir) + " --threads " + std::to_string(threads) + " --steps " +
                                  std::to_string(steps) + " --gemm " + gemm_lib_name(setup.fp32);
-    Result r{&cs, json(), std::vector<json>(peers.size()), json(), json(), ""};
+    Result r{&cs,    json(), std::vector<json>(peers.size()), json(), std::vector<json>(peers.size()),
+             json(), ""};
     if (run_cpu) {
       r.ours = run_json(ours_cmd, &raw);
       if (compare_bf16 && r.ours.is_object()) r.bf16 = run_json(ours_cmd + " --dtype bf16", nullptr);
@@ -855,19 +887,24 @@ int main(int argc, char** argv) {
     }
     for (size_t pi = 0; pi < peers.size(); ++pi) {
       if (!peers[pi].present) continue;
-      r.peer[pi] = run_json(shell_quote(peers[pi].python) + " " + std::string(OLMOSFT_SOURCE_DIR) +
-                                "/bench/train_torch.py --dir " + shell_quote(cdir) + " --threads " +
-                                std::to_string(threads) + " --steps " + std::to_string(steps) + " 2>&1",
-                            &raw);
+      const std::string cmd = shell_quote(peers[pi].python) + " " + std::string(OLMOSFT_SOURCE_DIR) +
+                              "/bench/train_torch.py --dir " + shell_quote(cdir) + " --threads " +
+                              std::to_string(threads) + " --steps " + std::to_string(steps);
+      r.peer[pi] = run_json(cmd + " 2>&1", &raw);
       if (!r.peer[pi].is_object())
         std::fprintf(stderr, "bench_train: PyTorch peer '%s' of %s failed: %s\n", peers[pi].name.c_str(),
                      cs.name.c_str(), raw.substr(0, 500).c_str());
+      if (!compare_bf16) continue;
+      r.peer_bf16[pi] = run_json(cmd + " --dtype bf16 2>&1", &raw);
+      if (!r.peer_bf16[pi].is_object())
+        std::fprintf(stderr, "bench_train: PyTorch peer '%s' of %s under bf16 autocast failed: %s\n",
+                     peers[pi].name.c_str(), cs.name.c_str(), raw.substr(0, 500).c_str());
     }
     results.push_back(std::move(r));
   }
   if (run_cpu) print_peer_table(results, peers, torch, steps, load_start, peak);
   if (run_xla) print_xla_table(results, steps, load_start, peak);
-  if (compare_bf16) print_bf16_table(results);
+  if (compare_bf16) print_bf16_table(results, peers);
   if (own_dir) fs::remove_all(dir);
   return status;
 }

@@ -7,6 +7,9 @@ the same config, the same initial weights and the same packed batch, written in 
       batch.safetensors (tokens/segments/positions/targets/trained [ga*B, T] and meta). Runs one warm-up step
       plus S timed steps on the same global batch and prints one JSON line (tokens/s, CPU s, per-step losses,
       peak RSS).
+      --dtype bf16: the same step under torch.autocast("cpu", dtype=torch.bfloat16) (the forward; the
+      backward follows its dtypes): PyTorch's CPU bf16 compute, the peer of our compute.dtype=bf16 (bf16 GEMM
+      operands, fp32 masters and optimizer state).
   /usr/bin/python3 bench/train_torch.py --check
       float64 check that the faster hybrid pieces used here (chunked KDA per document, sparse expert dispatch)
       give the same loss and gradients as tests/reference/model_olmo3moe.py's recurrent/dense forward.
@@ -185,7 +188,8 @@ def run(args):
             p.grad = None
         ce = z = lb = rz = 0.0
         for mb in micro:
-            loss, parts = micro_loss(P, cfg, kind, mb, total, ga, lc)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
+                loss, parts = micro_loss(P, cfg, kind, mb, total, ga, lc)
             loss.backward()
             ce += parts["ce_sum"]
             z += parts["z_sum"]
@@ -208,7 +212,8 @@ def run(args):
     if ctx:
         ctx.__exit__(None, None, None)
     wall = sum(times) / len(times)
-    print(json.dumps({"impl": "torch", "torch": torch.__version__, "threads": torch.get_num_threads(),
+    print(json.dumps({"impl": "torch", "torch": torch.__version__, "dtype": args.dtype,
+                      "threads": torch.get_num_threads(),
                       "tokens_per_step": tokens, "trained_per_step": total, "steps": args.steps,
                       "sec_per_step": wall, "best_sec_per_step": min(times),
                       "cpu_sec_per_step": sum(cpus) / len(cpus), "tokens_per_s": tokens / wall,
@@ -246,6 +251,7 @@ if __name__ == "__main__":
     ap.add_argument("--dir")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
     if a.check:

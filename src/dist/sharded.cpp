@@ -232,11 +232,7 @@ double ShardedParams::grad_norm() {
       chunks,
       [&](size_t u, int64_t c0, int64_t c1) {
         const float* g = units_[u].g.data();
-        for (int64_t c = c0; c < c1; ++c) {
-          double s = 0;
-          for (int64_t i = c * kAlign; i < (c + 1) * kAlign; ++i) s += double(g[i]) * double(g[i]);
-          mine[size_t(first[u] + c)] = s;
-        }
+        for (int64_t c = c0; c < c1; ++c) mine[size_t(first[u] + c)] = sum_of_squares(g + c * kAlign, kAlign);
       },
       64);
   const int N = mode_ == ShardMode::Sharded ? comm_.size() : 1;
@@ -262,25 +258,13 @@ double ShardedParams::clip_and_step(const AdamWConfig& cfg, double max_norm, int
 
 double ShardedParams::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step, double norm) {
   OLMO_CHECK(std::isfinite(norm), "dist: the global gradient norm is not finite (", norm, ")");
-  if (max_norm > 0) {
-    const double coef = std::min(1.0, max_norm / (norm + 1e-6));
-    if (coef < 1.0) {
-      const float c = float(coef);
-      std::vector<int64_t> sizes;
-      for (const auto& U : units_) sizes.push_back(static_cast<int64_t>(U.g.size()));
-      parallel_for_ranges(
-          sizes,
-          [&](size_t u, int64_t b, int64_t e) {
-            float* g = units_[u].g.data();
-            for (int64_t i = b; i < e; ++i) g[i] *= c;
-          },
-          1 << 14);
-    }
-  }
+  // The clip is applied as AdamW reads each gradient (adamw_step's grad_scale: the bits of scaling the
+  // gradients in place first, one pass over them fewer).
+  const float coef = float(clip_coefficient(norm, max_norm));
   std::vector<AdamWParam<float>> segs;
   for (const OwnedRange& r : owned_ranges())
     segs.push_back({r.p, r.g, r.m, r.v, r.n, specs_[size_t(r.tensor)].decay});
-  adamw_step(segs, cfg, step);
+  adamw_step(segs, cfg, step, coef);
   adam_step_ = step;
   return norm;
 }

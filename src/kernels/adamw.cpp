@@ -30,6 +30,25 @@ std::vector<int64_t> sizes_of(const std::vector<AdamWParam<T>>& params) {
 }
 }  // namespace
 
+double sum_of_squares(const float* g, int64_t n) {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) s[l] += double(g[i + l]) * double(g[i + l]);
+  for (int l = 0; i < n; ++i, ++l) s[l] += double(g[i]) * double(g[i]);
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+namespace {
+// The float tensors' sum; double gradients (float64 checks) keep the plain sequential sum.
+double sum_of_squares_of(const float* g, int64_t n) { return sum_of_squares(g, n); }
+double sum_of_squares_of(const double* g, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += g[i] * g[i];
+  return s;
+}
+}  // namespace
+
 template <typename T>
 double global_grad_norm(const std::vector<AdamWParam<T>>& params) {
   std::vector<std::vector<double>> part(params.size());
@@ -46,9 +65,7 @@ double global_grad_norm(const std::vector<AdamWParam<T>>& params) {
     for (int64_t b = 0; b < B; ++b) {
       const int64_t first = P.n * b / B, last = P.n * (b + 1) / B;
       if (first < lo || first >= hi) continue;
-      double s = 0;
-      for (int64_t i = first; i < last; ++i) s += double(P.g[i]) * double(P.g[i]);
-      part[t][size_t(b)] = s;
+      part[t][size_t(b)] = sum_of_squares_of(P.g + first, last - first);
     }
   });
   double total = 0;
@@ -57,13 +74,17 @@ double global_grad_norm(const std::vector<AdamWParam<T>>& params) {
   return std::sqrt(total);
 }
 
+double clip_coefficient(double norm, double max_norm) {
+  return max_norm > 0 ? std::min(1.0, max_norm / (norm + 1e-6)) : 1.0;
+}
+
 template <typename T>
 double clip_grad_norm(std::vector<AdamWParam<T>>& params, double max_norm) {
   const double norm = global_grad_norm(params);
   OLMO_CHECK(std::isfinite(norm), "clip_grad_norm: the global gradient norm is not finite (", norm,
              "); a gradient contains NaN or inf");
   if (max_norm > 0) {
-    const double coef = std::min(1.0, max_norm / (norm + 1e-6));
+    const double coef = clip_coefficient(norm, max_norm);
     if (coef < 1.0) {
       const T c = T(coef);
       parallel_for_ranges(
@@ -79,7 +100,7 @@ double clip_grad_norm(std::vector<AdamWParam<T>>& params, double max_norm) {
 }
 
 template <typename T>
-void adamw_step(std::vector<AdamWParam<T>>& params, const AdamWConfig& cfg, int64_t step) {
+void adamw_step(std::vector<AdamWParam<T>>& params, const AdamWConfig& cfg, int64_t step, T grad_scale) {
   cfg.validate();
   OLMO_CHECK(step >= 1, "adamw_step: step must be >= 1 (1-based), got ", step);
   const double bc1 = 1.0 - std::pow(cfg.beta1, double(step));
@@ -106,7 +127,7 @@ void adamw_step(std::vector<AdamWParam<T>>& params, const AdamWConfig& cfg, int6
     // KernelsAdamW.StepsKeepTheScalarLoopsBits.
 #pragma omp simd
         for (int64_t i = b; i < e; ++i) {
-          const T gi = g[i];
+          const T gi = g[i] * grad_scale;
           const T mi = std::fma(m[i], b1, gi * omb1);
           const T vi = std::fma(v[i], b2, (gi * gi) * omb2);
           const T denom = std::sqrt(vi) / bc2_sqrt + eps;
@@ -123,7 +144,7 @@ template double global_grad_norm<float>(const std::vector<AdamWParam<float>>&);
 template double global_grad_norm<double>(const std::vector<AdamWParam<double>>&);
 template double clip_grad_norm<float>(std::vector<AdamWParam<float>>&, double);
 template double clip_grad_norm<double>(std::vector<AdamWParam<double>>&, double);
-template void adamw_step<float>(std::vector<AdamWParam<float>>&, const AdamWConfig&, int64_t);
-template void adamw_step<double>(std::vector<AdamWParam<double>>&, const AdamWConfig&, int64_t);
+template void adamw_step<float>(std::vector<AdamWParam<float>>&, const AdamWConfig&, int64_t, float);
+template void adamw_step<double>(std::vector<AdamWParam<double>>&, const AdamWConfig&, int64_t, double);
 
 }  // namespace olmosft

@@ -24,7 +24,13 @@ struct AdamWParam {
   bool decay = true;  // apply weight decay to this tensor
 };
 
-// Sum of squares of all gradients, sqrt'ed (the pre-clip global norm).
+// sum g[i]^2 in double, in a fixed order that vectorises: eight running sums (element i into sum i % 8),
+// then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)). The same bits for a given n on any machine.
+double sum_of_squares(const float* g, int64_t n);
+
+// Sum of squares of all gradients, sqrt'ed (the pre-clip global norm): each tensor's sum over a fixed
+// blocking (at most 64 blocks of at least 4,096 elements, each block's sum_of_squares), the blocks added
+// in order; so the same bits for any thread count.
 template <typename T>
 double global_grad_norm(const std::vector<AdamWParam<T>>& params);
 
@@ -33,8 +39,13 @@ double global_grad_norm(const std::vector<AdamWParam<T>>& params);
 template <typename T>
 double clip_grad_norm(std::vector<AdamWParam<T>>& params, double max_norm);
 
+// clip_grad_norm's coefficient for a norm: min(1, max_norm / (norm + 1e-6)), or 1 when max_norm <= 0.
+double clip_coefficient(double norm, double max_norm);
+
 // One AdamW update of every tensor; `step` is the 1-based step count (after increment, as torch's state).
+// The gradients are read as g * grad_scale (each product rounded to T), which gives the bits of scaling g
+// in place by the clip's coefficient first, without the pass that writes g; g itself is left as it is.
 template <typename T>
-void adamw_step(std::vector<AdamWParam<T>>& params, const AdamWConfig& cfg, int64_t step);
+void adamw_step(std::vector<AdamWParam<T>>& params, const AdamWConfig& cfg, int64_t step, T grad_scale = T(1));
 
 }  // namespace olmosft

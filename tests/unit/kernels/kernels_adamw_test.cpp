@@ -117,9 +117,10 @@ TEST(KernelsAdamW, ManyTensorsInOneRegionGiveTheBitsOfOneCallPerTensor) {
   for (const auto& P : po) {
     const int64_t B = std::max<int64_t>(1, std::min<int64_t>(64, P.n / 4096));
     for (int64_t b = 0; b < B; ++b) {
-      double s = 0;
-      for (int64_t i = P.n * b / B; i < P.n * (b + 1) / B; ++i) s += double(P.g[i]) * double(P.g[i]);
-      expect += s;
+      double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // element i of the block into lane i % 8
+      for (int64_t i = P.n * b / B; i < P.n * (b + 1) / B; ++i)
+        lane[(i - P.n * b / B) % 8] += double(P.g[i]) * double(P.g[i]);
+      expect += ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
     }
   }
   const int saved = num_threads();
@@ -128,8 +129,8 @@ TEST(KernelsAdamW, ManyTensorsInOneRegionGiveTheBitsOfOneCallPerTensor) {
     EXPECT_EQ(global_grad_norm(pa), std::sqrt(expect)) << threads;
   }
   set_threads(2);
-  const double norm = clip_grad_norm(pa, 1.0);
-  adamw_step(pa, cfg, 3);
+  const double norm = global_grad_norm(pa);
+  adamw_step(pa, cfg, 3, float(clip_coefficient(norm, 1.0)));  // the clip fused into the update
   const float coef = float(std::min(1.0, 1.0 / (norm + 1e-6)));
   for (auto& P : po) {
     for (int64_t i = 0; i < P.n; ++i) P.g[i] *= coef;
@@ -138,8 +139,29 @@ TEST(KernelsAdamW, ManyTensorsInOneRegionGiveTheBitsOfOneCallPerTensor) {
   }
   set_threads(saved);
   ASSERT_LT(coef, 1.0f);  // the clip was exercised
-  for (size_t i = 0; i < all.size(); ++i)
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (i % 4 == 1) continue;  // the gradients: scaled in place on one side only
     ASSERT_EQ(std::memcmp(all[i].data(), one[i].data(), all[i].size() * sizeof(float)), 0) << "buffer " << i;
+  }
+}
+
+// sum_of_squares: within float64 rounding of the exact sum (long double, Kahan-compensated), for lengths
+// around the 8-lane steps.
+TEST(KernelsAdamW, SumOfSquaresIsTheDoubleSum) {
+  for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 4096, 100003}) {
+    const auto g = kt::randn<float>(size_t(n), 7 + uint64_t(n));
+    long double sum = 0, comp = 0;
+    for (float x : g) {
+      const long double y = (long double)x * x - comp, t = sum + y;
+      comp = (t - sum) - y;
+      sum = t;
+    }
+    const double got = sum_of_squares(g.data(), n);
+    EXPECT_LE(std::fabs(got - double(sum)), 1e-15 * double(sum) * std::max<double>(1.0, std::log2(n + 1.0)))
+        << "n=" << n;
+  }
+  const float ones[3] = {1.0f, 2.0f, 3.0f};
+  EXPECT_EQ(sum_of_squares(ones, 3), 14.0);
 }
 
 TEST(KernelsAdamW, Validation) {
