@@ -6,6 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -78,7 +82,7 @@ void gemm_unchecked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha
   }
 }
 
-std::atomic<const Bf16Weights*> g_held{nullptr};
+std::atomic<Bf16Weights*> g_held{nullptr};
 
 // A stored rows x cols (leading dimension ld) as dense bf16 (leading dimension cols), into a per-thread
 // buffer.
@@ -102,7 +106,7 @@ void gemm_bf16_unchecked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, fl
   const int64_t ar = ta == Trans::N ? M : K, ac = ta == Trans::N ? K : M;
   const int64_t br = tb == Trans::N ? K : N, bc = tb == Trans::N ? N : K;
   const uint16_t* a16 = to_bf16(A, ar, ac, lda, abuf);
-  const Bf16Weights* held = g_held.load(std::memory_order_acquire);
+  Bf16Weights* held = g_held.load(std::memory_order_acquire);
   const uint16_t* b16 = held != nullptr ? held->find(B, (br - 1) * ldb + bc) : nullptr;
   if (b16 == nullptr) {
     b16 = to_bf16(B, br, bc, ldb, bbuf);
@@ -112,62 +116,97 @@ void gemm_bf16_unchecked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, fl
 }
 }  // namespace
 
+struct Bf16Weights::State {
+  struct Weight {
+    const float* w = nullptr;
+    int64_t n = 0;
+    uint16_t* copy = nullptr;
+    std::atomic<bool> rounded{false};
+    std::mutex mu;  // held by the thread that rounds it
+  };
+  struct Group {
+    std::unique_ptr<uint16_t[]> data;  // default-initialised: a page is touched when its weight is rounded
+    size_t size = 0;
+    std::vector<std::unique_ptr<Weight>> held;  // empty: released
+  };
+  std::map<int, Group> groups;
+  std::map<const float*, Weight*, std::less<>> index;  // by first element
+};
+
+Bf16Weights::Bf16Weights() : s_(std::make_unique<State>()) {}
+Bf16Weights::~Bf16Weights() = default;
+
 void Bf16Weights::hold(int group, const std::vector<std::pair<const float*, int64_t>>& weights) {
   release(group, true);
-  Group& g = groups_[group];
-  std::vector<int64_t> sizes, start;
-  int64_t total = 0;
+  State::Group& g = s_->groups[group];
+  size_t total = 0;
   for (const auto& [w, n] : weights) {
     OLMO_CHECK(n >= 0 && (n == 0 || w != nullptr), "Bf16Weights: weight with n=", n, " has no data");
-    sizes.push_back(n);
-    start.push_back(total);
-    total += n;
+    total += size_t(n);
   }
-  if (g.data.size() < size_t(total)) g.data.resize(size_t(total));
-  parallel_for_ranges(
-      sizes,
-      [&](size_t i, int64_t b, int64_t e) {
-        f32_to_bf16(weights[i].first + b, g.data.data() + start[i] + b, size_t(e - b));
-      },
-      1 << 14);
-  for (size_t i = 0; i < weights.size(); ++i) {
-    if (weights[i].second == 0) continue;
-    index_[weights[i].first] = {g.data.data() + start[i], weights[i].second};
-    g.held.push_back(weights[i].first);
+  if (g.size < total) {
+    g.data.reset(new uint16_t[total]);
+    g.size = total;
+  }
+  size_t at = 0;
+  for (const auto& [w, n] : weights) {
+    if (n == 0) continue;
+    auto x = std::make_unique<State::Weight>();
+    x->w = w;
+    x->n = n;
+    x->copy = g.data.get() + at;
+    at += size_t(n);
+    s_->index[w] = x.get();
+    g.held.push_back(std::move(x));
   }
 }
 
 bool Bf16Weights::holds(int group) const {
-  auto it = groups_.find(group);
-  return it != groups_.end() && !it->second.held.empty();
+  auto it = s_->groups.find(group);
+  return it != s_->groups.end() && !it->second.held.empty();
 }
 
 void Bf16Weights::release(int group, bool keep_memory) {
-  auto it = groups_.find(group);
-  if (it == groups_.end()) return;
-  for (const float* w : it->second.held) index_.erase(w);
+  auto it = s_->groups.find(group);
+  if (it == s_->groups.end()) return;
+  for (const auto& x : it->second.held) {
+    auto at = s_->index.find(x->w);
+    if (at != s_->index.end() && at->second == x.get()) s_->index.erase(at);
+  }
   it->second.held.clear();
-  if (!keep_memory) groups_.erase(it);
+  if (!keep_memory) s_->groups.erase(it);
 }
 
 void Bf16Weights::release_all(bool keep_memory) {
   std::vector<int> ids;
-  for (const auto& [id, g] : groups_) ids.push_back(id);
+  for (const auto& [id, g] : s_->groups) ids.push_back(id);
   for (int id : ids) release(id, keep_memory);
 }
 
-const uint16_t* Bf16Weights::find(const float* w, int64_t extent) const {
-  auto it = index_.find(w);
-  return it != index_.end() && it->second.second >= extent ? it->second.first : nullptr;
+const uint16_t* Bf16Weights::find(const float* w, int64_t extent) {
+  // The held weight that starts at or before w (std::less orders unrelated pointers too).
+  auto it = s_->index.upper_bound(w);
+  if (it == s_->index.begin()) return nullptr;
+  State::Weight& x = *std::prev(it)->second;
+  const int64_t off = w - x.w;
+  if (off + extent > x.n) return nullptr;
+  if (!x.rounded.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(x.mu);
+    if (!x.rounded.load(std::memory_order_relaxed)) {
+      f32_to_bf16(x.w, x.copy, size_t(x.n));  // threaded when large and not inside a parallel region
+      x.rounded.store(true, std::memory_order_release);
+    }
+  }
+  return x.copy + off;
 }
 
 size_t Bf16Weights::bytes() const {
   size_t b = 0;
-  for (const auto& [id, g] : groups_) b += g.data.capacity() * sizeof(uint16_t);
+  for (const auto& [id, g] : s_->groups) b += g.size * sizeof(uint16_t);
   return b;
 }
 
-ScopedBf16Weights::ScopedBf16Weights(const Bf16Weights* w) : prev_(g_held.exchange(w)) {}
+ScopedBf16Weights::ScopedBf16Weights(Bf16Weights* w) : prev_(g_held.exchange(w)) {}
 ScopedBf16Weights::~ScopedBf16Weights() { g_held.store(prev_); }
 
 void set_cpu_gemm(const CpuGemm& g) {

@@ -6,9 +6,8 @@
 // instantiated for float and double so that gradient checks run in float64 through the same code.
 #pragma once
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -83,43 +82,45 @@ template <typename T>
 void gemm_compute(Precision p, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
                   int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
 
-// bf16 copies of weights, for gemm_compute under ComputeDtype::BF16: a GEMM whose B operand starts at a held
+// bf16 copies of weights, for gemm_compute under ComputeDtype::BF16: a GEMM whose B operand lies in a held
 // weight reads its copy instead of rounding B again at that call. The same rounding of the same values, so
 // the same result; once per hold instead of once per GEMM (a hybrid training step rounded about 290M
-// elements, most of them routed-expert weights rounded three times: forward, recomputation, dx). The holder
-// promises that a held weight's values do not change until it is released. One holder is in use at a time
-// (ScopedBf16Weights); it changes only between GEMMs, never inside a parallel region that runs them.
+// elements, most of them routed-expert weights rounded three times: forward, recomputation, dx). A weight is
+// rounded when a GEMM first reads it (so matrices no GEMM reads, as an untied embedding, cost nothing); that
+// GEMM's thread rounds it, the others wait for it. The holder promises that a held weight's values do not
+// change until it is released. One holder is in use at a time (ScopedBf16Weights); hold and release run
+// between GEMMs, never inside a parallel region that runs them.
 class Bf16Weights {
  public:
-  // Rounds `weights` (pointer, element count) into copies tagged `group` (one parallel pass over all of
-  // them), replacing what the group held.
+  Bf16Weights();
+  ~Bf16Weights();
+  Bf16Weights(const Bf16Weights&) = delete;
+  Bf16Weights& operator=(const Bf16Weights&) = delete;
+  // Holds `weights` (pointer, element count) under `group`, replacing what the group held.
   void hold(int group, const std::vector<std::pair<const float*, int64_t>>& weights);
   bool holds(int group) const;
   // Forgets a group's copies; keep_memory: their buffer stays allocated for the group's next hold.
   void release(int group, bool keep_memory);
   void release_all(bool keep_memory);
-  // The copy of w when held with at least `extent` elements, else nullptr.
-  const uint16_t* find(const float* w, int64_t extent) const;
-  size_t bytes() const;  // allocated for copies
+  // The copy of [w, w + extent) when that lies inside one held weight (a slice of it too: the LM head's
+  // vocabulary tiles), rounded now if no GEMM read it yet; else nullptr. Safe from several threads.
+  const uint16_t* find(const float* w, int64_t extent);
+  size_t bytes() const;  // allocated for copies (pages no GEMM read are never touched)
 
  private:
-  struct Group {
-    std::vector<uint16_t> data;
-    std::vector<const float*> held;  // empty: released
-  };
-  std::map<int, Group> groups_;
-  std::unordered_map<const float*, std::pair<const uint16_t*, int64_t>> index_;
+  struct State;
+  std::unique_ptr<State> s_;
 };
 // Makes `w` the holder that gemm_compute reads for its lifetime (nullptr: none), restoring the previous one.
 class ScopedBf16Weights {
  public:
-  explicit ScopedBf16Weights(const Bf16Weights* w);
+  explicit ScopedBf16Weights(Bf16Weights* w);
   ~ScopedBf16Weights();
   ScopedBf16Weights(const ScopedBf16Weights&) = delete;
   ScopedBf16Weights& operator=(const ScopedBf16Weights&) = delete;
 
  private:
-  const Bf16Weights* prev_;
+  Bf16Weights* prev_;
 };
 
 // Tensor overload: 2-D F32 or F64 tensors whose last dim has stride 1 (row views and slices are fine).

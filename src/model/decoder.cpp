@@ -371,10 +371,10 @@ LossParts Decoder::run(const Batch& batch, const LossConfig& loss, double grad_s
     if (params_[i].value.defined()) w[i] = params_[i].value.data<float>();
     if (backward) g.push_back(params_[i].grad.data<float>());
   }
-  // Under bf16 compute, each resident group's matrices are rounded once per call (Bf16Weights) rather than
-  // at every GEMM. Their values are fixed from need(g) to done(g); without residency hooks (the weights
-  // replicated) for the whole call, so a group is rounded once per call and its buffer is kept between
-  // calls; with hooks (fully sharded) the copies of a group live from need(g) to done(g) only.
+  // Under bf16 compute, each resident group's matrices are held (Bf16Weights): rounded at their first GEMM
+  // of the call rather than at every GEMM. Their values are fixed from need(g) to done(g); without residency
+  // hooks (the weights replicated) for the whole call, so a group is held once per call and its buffer is
+  // kept between calls; with hooks (fully sharded) the copies of a group live from need(g) to done(g) only.
   const bool round_once = cpu_gemm().compute == ComputeDtype::BF16;
   const bool sharded = static_cast<bool>(res_.need);
   if (round_once && !bf16w_) bf16w_ = std::make_shared<Bf16Weights>();

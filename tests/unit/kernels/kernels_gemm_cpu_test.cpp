@@ -135,8 +135,9 @@ TEST(KernelsGemmCpu, EverySetUpRepeatsBitForBit) {
 }
 
 // A held weight (Bf16Weights) is read as its copy: the same bits as rounding B at the call, for B as the
-// weight of linear_forward (T) and of its dx (N), with padded leading dimensions. Only the held pointer with
-// enough elements is used; released or unheld weights are rounded at the call as before.
+// weight of linear_forward (T) and of its dx (N), with padded leading dimensions, and for a slice of a held
+// weight (the LM head's vocabulary tiles). Only a range inside a held weight is read from the copy; released
+// or unheld weights are rounded at the call as before.
 TEST(KernelsGemmCpu, HeldBf16WeightsGiveTheSameBitsAsRoundingAtTheCall) {
   if (!bf16_here()) GTEST_SKIP() << "skipped: this CPU has no oneDNN bf16 matmul";
   for (Trans tb : {Trans::N, Trans::T}) {
@@ -147,20 +148,29 @@ TEST(KernelsGemmCpu, HeldBf16WeightsGiveTheSameBitsAsRoundingAtTheCall) {
     held.hold(7, {{c.B.data(), extent}});
     EXPECT_TRUE(held.holds(7));
     EXPECT_NE(held.find(c.B.data(), extent), nullptr);
-    EXPECT_EQ(held.find(c.B.data(), extent + 1), nullptr);  // too short for that extent
-    EXPECT_EQ(held.find(c.B.data() + 1, 4), nullptr);       // only a weight's first element is a key
-    // A held copy that differs from B shows that the copy, not B, was read.
-    std::vector<float> other = c.B;
-    other[0] += 1.0f;
-    Bf16Weights wrong;
-    wrong.hold(0, {{c.B.data(), extent}});
+    EXPECT_EQ(held.find(c.B.data(), extent + 1), nullptr);                       // too short for that extent
+    EXPECT_EQ(held.find(c.B.data() + 5, 4), held.find(c.B.data(), extent) + 5);  // a slice (vocab tiles)
+    EXPECT_EQ(held.find(c.B.data() + extent - 2, 3), nullptr);                   // past the end
     {
       const ScopedBf16Weights use(&held);
       EXPECT_TRUE(same_bits(c.run({GemmLib::OneDNN, ComputeDtype::BF16}, 1.0f, 1.0f), plain)) << int(tb);
       const float b0 = c.B[0];
-      c.B[0] = b0 + 1.0f;  // the holder promised not to do this: the copy is still read
+      c.B[0] = b0 + 1.0f;  // the holder promised not to do this: the copy (rounded above) is still read
       EXPECT_TRUE(same_bits(c.run({GemmLib::OneDNN, ComputeDtype::BF16}, 1.0f, 1.0f), plain)) << int(tb);
       c.B[0] = b0;
+    }
+    {  // a GEMM over rows 3.. of B (tb = T: rows of B are op(B)'s columns; tb = N: K rows), held vs not
+      const int64_t skip = 3 * c.ldb, rows = tb == Trans::T ? c.N - 3 : c.K - 3;
+      auto sliced = [&](Bf16Weights* use) {
+        const ScopedBf16Weights scope(use);
+        const ScopedCpuGemm g({GemmLib::OneDNN, ComputeDtype::BF16});
+        std::vector<float> out(size_t(c.M * c.ldc), 0.0f);
+        const int64_t n = tb == Trans::T ? rows : c.N, k = tb == Trans::T ? c.K : rows;
+        gemm_compute<float>(Precision::Compute, Trans::N, tb, c.M, n, k, 1.0f, c.A.data(), c.lda,
+                            c.B.data() + skip, c.ldb, 0.0f, out.data(), c.ldc);
+        return out;
+      };
+      EXPECT_TRUE(same_bits(sliced(&held), sliced(nullptr))) << "slice, tb=" << int(tb);
     }
     held.release(7, true);
     EXPECT_FALSE(held.holds(7));
