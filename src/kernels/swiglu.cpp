@@ -1,12 +1,25 @@
 #include "kernels/swiglu.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/threads.h"
+#include "kernels/vexp.h"
 
 namespace olmosft {
 
 namespace {
+// e[i] = exp(-x[i]): float through vexp (kernels/vexp.h: vectorised, the same bits on its every path and at
+// any position), double (the finite-difference checks) through std::exp.
+void neg_exp(const float* x, float* e, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) e[i] = -x[i];
+  vexp(e, e, n);
+}
+void neg_exp(const double* x, double* e, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) e[i] = std::exp(-x[i]);
+}
+constexpr int64_t kSeg = 256;  // elements of a row handled per exp call
+
 void check_ld(int64_t N, int64_t F, std::initializer_list<int64_t> lds, const char* who) {
   OLMO_CHECK(N >= 0 && F >= 0, who, ": bad shape N=", N, " F=", F);
   for (int64_t ld : lds) OLMO_CHECK(N <= 1 || ld >= F, who, ": leading dimension ", ld, " < row length ", F);
@@ -26,9 +39,11 @@ void swiglu_forward(const T* a, int64_t lda, const T* b, int64_t ldb, T* h, int6
           const T* ai = a + i * lda;
           const T* bi = b + i * ldb;
           T* hi = h + i * ldh;
-          for (int64_t j = j0; j < j1; ++j) {
-            const T x = ai[j];
-            hi[j] = x / (T(1) + std::exp(-x)) * bi[j];
+          T e[kSeg];
+          for (int64_t c = j0; c < j1; c += kSeg) {
+            const int64_t m = std::min(kSeg, j1 - c);
+            neg_exp(ai + c, e, m);
+            for (int64_t j = 0; j < m; ++j) hi[c + j] = ai[c + j] / (T(1) + e[j]) * bi[c + j];
           }
           idx += j1 - j0;
         }
@@ -45,11 +60,17 @@ void swiglu_backward(const T* dh, int64_t lddh, const T* a, int64_t lda, const T
       [&](int64_t s, int64_t e) {
         for (int64_t idx = s; idx < e;) {
           const int64_t i = idx / F, j0 = idx % F, j1 = std::min<int64_t>(F, j0 + (e - idx));
-          for (int64_t j = j0; j < j1; ++j) {
-            const T x = a[i * lda + j], g = dh[i * lddh + j];
-            const T sg = T(1) / (T(1) + std::exp(-x));
-            if (db) db[i * lddb + j] = g * (x * sg);
-            if (da) da[i * ldda + j] = g * b[i * ldb + j] * (sg * (T(1) + x * (T(1) - sg)));
+          T e[kSeg];
+          for (int64_t c = j0; c < j1; c += kSeg) {
+            const int64_t m = std::min(kSeg, j1 - c);
+            neg_exp(a + i * lda + c, e, m);
+            for (int64_t jj = 0; jj < m; ++jj) {
+              const int64_t j = c + jj;
+              const T x = a[i * lda + j], g = dh[i * lddh + j];
+              const T sg = T(1) / (T(1) + e[jj]);
+              if (db) db[i * lddb + j] = g * (x * sg);
+              if (da) da[i * ldda + j] = g * b[i * ldb + j] * (sg * (T(1) + x * (T(1) - sg)));
+            }
           }
           idx += j1 - j0;
         }
