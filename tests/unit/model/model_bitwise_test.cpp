@@ -272,7 +272,8 @@ TEST(ModelBitwise, Bf16StagingRepeats) {
 // copies live from need to done) the same bits again.
 TEST(ModelBitwise, Bf16ComputeReadsWeightsChangedBetweenCalls) {
   std::string why;
-  if (!onednn_bf16_supported(&why)) GTEST_SKIP() << "skipped: " << why;
+  if (!onednn_bf16_supported(&why))
+    GTEST_SKIP() << "skipped: this CPU has no oneDNN bf16 matmul (" << why << ")";
   set_threads(1);
   const ScopedCpuGemm pin({GemmLib::OneDNN, ComputeDtype::BF16});
   const ModelConfig c = load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/olmo3moe_tiny/config.json");
