@@ -40,8 +40,8 @@ void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, in
 // One parallel region over many ranges: [0, sizes[i]) for each i, laid end to end, split into contiguous
 // equal shares, one per thread; fn(i, begin, end) is called for each piece of range i in a thread's share
 // (in order of i). For work spread over many tensors (a hybrid's optimizer step visits ~1,500): one
-// parallel_for per tensor wakes the threads each time, measured at about 65 us per wake-up with passive
-// waiting on this machine kind (bench/RESULTS.md "Optimizer step").
+// parallel_for per tensor wakes the threads each time, measured at about 65-70 us per wake-up with passive
+// waiting on this machine kind (bench/RESULTS.md "Optimizer, bf16 weights and PyTorch's bf16 autocast").
 void parallel_for_ranges(const std::vector<int64_t>& sizes,
                          const std::function<void(size_t, int64_t, int64_t)>& fn, int64_t min_per_thread = 1);
 

@@ -115,16 +115,16 @@ void adamw_step(std::vector<AdamWParam<T>>& params, const AdamWConfig& cfg, int6
     keep[t] = T(1.0 - cfg.lr * (P.decay ? cfg.weight_decay : 0.0));
   }
   // One parallel region over all tensors (parallel_for_ranges), each piece updated by the loop below.
+  // Elementwise, so vector lanes give the same bits as the scalar loop: IEEE sqrt and division are
+  // exact-rounded in both, and the fused multiply-adds are written out (the ones the compiler chose for the
+  // scalar loop), so contraction cannot differ between the two. Pinned by
+  // KernelsAdamW.LoopEqualsItsScalarFormulaBitwise.
   parallel_for_ranges(
       sizes_of(params),
       [&](size_t t, int64_t b, int64_t e) {
         T *p = params[t].p, *m = params[t].m, *v = params[t].v;
         const T* g = params[t].g;
         const T kp = keep[t];
-    // Elementwise, so vector lanes give the same bits as the scalar loop: IEEE sqrt and division are
-    // exact-rounded in both, and the fused multiply-adds are written out (the ones the compiler chose
-    // for the scalar loop), so contraction cannot differ between the two. Pinned by
-    // KernelsAdamW.StepsKeepTheScalarLoopsBits.
 #pragma omp simd
         for (int64_t i = b; i < e; ++i) {
           const T gi = g[i] * grad_scale;

@@ -25,7 +25,8 @@ struct AdamWParam {
 };
 
 // sum g[i]^2 in double, in a fixed order that vectorises: eight running sums (element i into sum i % 8),
-// then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)). The same bits for a given n on any machine.
+// then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)). The same bits for a given n on any machine (a
+// float's square is exact in double, so a fused multiply-add rounds as the separate add does).
 double sum_of_squares(const float* g, int64_t n);
 
 // Sum of squares of all gradients, sqrt'ed (the pre-clip global norm): each tensor's sum over a fixed
@@ -46,6 +47,7 @@ double clip_coefficient(double norm, double max_norm);
 // The gradients are read as g * grad_scale (each product rounded to T), which gives the bits of scaling g
 // in place by the clip's coefficient first, without the pass that writes g; g itself is left as it is.
 template <typename T>
-void adamw_step(std::vector<AdamWParam<T>>& params, const AdamWConfig& cfg, int64_t step, T grad_scale = T(1));
+void adamw_step(std::vector<AdamWParam<T>>& params, const AdamWConfig& cfg, int64_t step,
+                T grad_scale = T(1));
 
 }  // namespace olmosft

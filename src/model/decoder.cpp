@@ -377,8 +377,12 @@ LossParts Decoder::run(const Batch& batch, const LossConfig& loss, double grad_s
   // kept between calls; with hooks (fully sharded) the copies of a group live from need(g) to done(g) only.
   const bool round_once = cpu_gemm().compute == ComputeDtype::BF16;
   const bool sharded = static_cast<bool>(res_.need);
-  if (round_once && !bf16w_) bf16w_ = std::make_shared<Bf16Weights>();
-  if (bf16w_) bf16w_->release_all(!sharded || !round_once);
+  if (!round_once)
+    bf16w_.reset();
+  else if (!bf16w_)
+    bf16w_ = std::make_shared<Bf16Weights>();
+  else
+    bf16w_->release_all(!sharded);  // a call that threw may have left copies held
   ParamResidency hooks;
   hooks.need = [&](int grp) {
     if (res_.need) res_.need(grp);

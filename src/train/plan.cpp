@@ -198,13 +198,19 @@ void state_parts(const model::ModelConfig& m, const TrainConfig& cfg, const Plan
   const int64_t gathered = u.largest + (m.tie_word_embeddings ? u.first : 0);
   parts.push_back({"weights: fp32 master", 4.0 * double(P) / double(shard),
                    zero3 ? "1/" + std::to_string(N) + " shard per rank (zero3)" : "replicated (dp)"});
-  if (cpu)
+  if (cpu) {
     parts.push_back(
         {"weights: compute copy", zero3 ? 4.0 * double(gathered) : 0.0,
          zero3 ? "the gathered layer group (largest unit), fp32: on CPU the compute copy is the fp32 "
                  "tensor"
                : "none: on CPU the model computes on the fp32 master itself"});
-  else
+    if (cfg.compute.gemm.compute == ComputeDtype::BF16)  // kernels/gemm.h Bf16Weights
+      parts.push_back({"weights: bf16 copies (compute.dtype=bf16)",
+                       zero3 ? 2.0 * double(gathered) : 2.0 * double(P),
+                       zero3 ? "the resident group's matrices rounded once per call, from need to done"
+                             : "every matrix rounded once per call, kept between calls (upper bound: all "
+                               "parameters; a matrix no GEMM reads is never touched)"});
+  } else
     parts.push_back({"weights: compute copy", zero3 ? 2.0 * double(gathered) : 2.0 * double(P),
                      zero3 ? "bf16, the gathered layer group (largest unit)" : "bf16, the whole model"});
   parts.push_back({"gradients", gradient_bytes(P, N, zero3, u.largest),

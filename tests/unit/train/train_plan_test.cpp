@@ -139,6 +139,17 @@ TEST(TrainPlan, PartsAddUpAndFollowTheirFormulas) {
   // On CPU the compute copy is the fp32 master itself (dp: nothing more); on a GPU it is a bf16 copy.
   const TrainConfig dp = recipe({"dist.mode=dp"});
   EXPECT_EQ(part(plan_memory(m, dp, on("cpu-64gib")), "weights: compute copy"), 0.0);
+  // compute.dtype=bf16 on CPU: the matrices' bf16 copies (Bf16Weights), 2 bytes per parameter at most (dp),
+  // the gathered unit's under zero3; no such part in fp32.
+  const char* copies = "weights: bf16 copies (compute.dtype=bf16)";
+  EXPECT_DOUBLE_EQ(
+      part(plan_memory(m, recipe({"dist.mode=dp", "compute.dtype=bf16"}), on("cpu-64gib")), copies),
+      2.0 * double(P));
+  const double z3 =
+      part(plan_memory(m, recipe({"dist.mode=zero3", "compute.dtype=bf16"}), on("cpu-64gib")), copies);
+  EXPECT_GE(z3, 2.0 * double(largest_unit(m)));
+  EXPECT_LT(z3, 2.0 * double(P));
+  for (const PlanPart& x : plan_memory(m, dp, on("cpu-64gib")).parts) EXPECT_NE(x.name, copies);
   const MemoryPlan g = plan_memory(m, dp, on("h100-80gb"));
   EXPECT_DOUBLE_EQ(part(g, "weights: compute copy"), 2.0 * double(P));
   EXPECT_EQ(g.load_peak, 0.0);  // loading happens in host memory
