@@ -2,8 +2,7 @@
 # The binary's front door: help lists the verbs, unknown verbs and flags fail clearly with exit code 2.
 set -u
 bin=$1
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 out=$("$bin" --help); rc=$?
 check "--help exits 0" "[ $rc -eq 0 ]"
 check "--help lists selfcheck" "grep -q '^  selfcheck' <<<\"\$out\""
@@ -32,5 +31,4 @@ check "check model fails a tokenizer whose eos the config does not have (exit 1,
   "[ $rc -eq 1 ] && grep -q '^FAIL eos matches the tokenizer: tokenizer eos 258' <<<\"\$out\""
 out=$("$bin" check model no-such-preset 2>&1); rc=$?
 check "check model on an unknown preset exits 2 naming it" "[ $rc -eq 2 ] && grep -q 'no-such-preset' <<<\"\$out\""
-echo "$((12 - fails)) passed, $fails failed"
-[ $fails -eq 0 ]
+finish

@@ -5,9 +5,7 @@ bin=$1
 dir=$2
 G="$(cd "$(dirname "$0")/../golden/data" && pwd)"
 rm -rf "$dir" && mkdir -p "$dir"
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 
 "$bin" data build --input "$G/convs.hyparquet.v2.snappy.parquet" --tokenizer builtin:bytes --seq-len 512 --seed 7 \
   --epochs 2 --revision test-rev --out "$dir/a" >"$dir/a.out" 2>"$dir/a.err"; rc=$?
@@ -63,5 +61,4 @@ check "a leftover .j.building-* is removed with a line naming it and its size" "
 mkdir -p "$dir/.k.building-Zz99Yy"
 err=$(flock "$dir/.k.building-Zz99Yy" "$bin" data build --input "$G/convs.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --out "$dir/k" 2>&1); rc=$?
 check "a locked (live) .k.building-* refuses a second build: exit 2, kept" "[ $rc -eq 2 ] && grep -q 'another data build is writing' <<<\"\$err\" && [ -d '$dir/.k.building-Zz99Yy' ] && [ ! -e '$dir/k' ]"
-echo "$pass passed, $fails failed"
-[ $fails -eq 0 ]
+finish

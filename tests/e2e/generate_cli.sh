@@ -9,9 +9,7 @@ dir=$2
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 M="$root/tests/golden/model/olmo3_tiny"
 rm -rf "$dir" && mkdir -p "$dir"
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 good='{"id": 1, "messages": [{"role": "user", "content": "hello"}]}'
 printf '%s\n' "$good" >"$dir/good.jsonl"
 gen() { "$bin" generate --model "$M" --tokenizer builtin:bytes --out "$dir/o.jsonl" "$@" 2>&1; }
@@ -66,5 +64,4 @@ run_init() { "$bin" generate --config "$M/config.json" --seed "$1" --tokenizer b
 run_init 3 s3a.jsonl && run_init 3 s3b.jsonl && run_init 4 s4.jsonl; rc=$?
 check "random init: same seed, same ids; another seed, other ids" \
   "[ $rc -eq 0 ] && cmp -s '$dir/s3a.jsonl' '$dir/s3b.jsonl' && ! cmp -s '$dir/s3a.jsonl' '$dir/s4.jsonl'"
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

@@ -26,9 +26,7 @@ bin=$1
 tmp=$2
 rm -rf "$tmp" && mkdir -p "$tmp"
 here=$(cd "$(dirname "$0")/../.." && pwd)
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass + 1)); else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 near() { awk -v a="$1" -v b="$2" -v tol="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= tol) }'; }
 # max |a - b| over positions of two [[...]] log-prob arrays; 1e9 when the null positions differ
 maxdiff() {
@@ -81,5 +79,4 @@ check_fixture olmo3 "$g/olmo3_tiny" "$g/olmo3_tiny_forward" "$g/hf_olmo3_export/
 check_fixture olmo_hybrid "$g/hf_olmo_hybrid/rope_negeig" "$g/hf_olmo_hybrid_export" \
   "$g/hf_olmo_hybrid_export/expected.json" tests/reference/hf_olmo_hybrid_export.py 1e-4
 
-echo "$pass passed, $fails failed"
-[ $fails -eq 0 ]
+finish

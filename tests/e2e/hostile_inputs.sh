@@ -13,11 +13,9 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 G="$root/tests/golden"
 rm -rf "$dir" && mkdir -p "$dir/in" "$dir/logs" "$dir/sentinel" "$dir/out"
 echo "must not change" >"$dir/sentinel/keep.txt"
-pass=0
-fails=0
 ok() { echo "ok: $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 
 # The state of everything under $dir except the logs and the given intended output (a path relative to $dir).
 snap() {
@@ -210,5 +208,4 @@ kill "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 
 check "the sentinel directory is unchanged" "[ \"\$(cat '$dir/sentinel/keep.txt')\" = 'must not change' ] && [ \$(ls -A '$dir/sentinel' | wc -l) -eq 1 ]"
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

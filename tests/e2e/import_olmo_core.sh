@@ -18,9 +18,7 @@ tmp=$2
 rm -rf "$tmp" && mkdir -p "$tmp"
 here=$(cd "$(dirname "$0")/../.." && pwd)
 gold=$here/tests/golden/distcp
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass + 1)); else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 near() { awk -v a="$1" -v b="$2" -v tol="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= tol) }'; }
 maxdiff() {  # max |a - b| over the positions of two logprobs arrays; 1e9 when the null positions differ
   jq -n --slurpfile a "$1" --slurpfile b "$2" '[ ([$a[0].logprobs | .[][]] | to_entries) as $x
@@ -141,6 +139,5 @@ expect_fail "non-empty output directory refused" $? "$tmp/full.out" "$tmp/full"
 written=$(ls -d "$tmp"/out_* "$tmp"/*.tmp-* 2>/dev/null | wc -l)
 check "nothing written by the failed imports ($written entries)" "[ $written -eq 0 ]"
 
-echo "$pass passed, $fails failed"
 [ $fails -eq 0 ] && rm -rf "$tmp"
-[ $fails -eq 0 ]
+finish

@@ -18,9 +18,7 @@ tmp=$2
 rm -rf "$tmp" && mkdir -p "$tmp"
 here=$(cd "$(dirname "$0")/../.." && pwd)
 gold=$here/tests/golden/distcp
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass + 1)); else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 near() { awk -v a="$1" -v b="$2" -v tol="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= tol) }'; }
 maxdiff() {  # max |a - b| over the positions of two logprobs arrays; 1e9 when the null positions differ
   jq -n --slurpfile a "$1" --slurpfile b "$2" '[ ([$a[0].logprobs | .[][]] | to_entries) as $x
@@ -106,6 +104,5 @@ check "mismatched config refused naming the tensor (exit $rc: $(head -c 300 "$tm
   "[ $rc -eq 2 ] && grep -qF 'module.blocks.1.routed_experts.w_up_gate.main' '$tmp/bad.out'"
 check "nothing written by the failed import" "[ ! -e '$tmp/out_bad' ]"
 
-echo "$pass passed, $fails failed"
 [ $fails -eq 0 ] && rm -rf "$tmp"
-[ $fails -eq 0 ]
+finish

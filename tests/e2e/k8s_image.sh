@@ -9,9 +9,7 @@ bin=$1
 out=${2:-$(mktemp -d)}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 df="$root/Dockerfile"
-fails=0
-n=0
-check() { n=$((n+1)); if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 rm -rf "$out" && mkdir -p "$out"
 
 hadolint="${OLMOSFT_HADOLINT:-$root/deps/lint/hadolint}"
@@ -70,5 +68,4 @@ for recipe in "$root"/recipes/*.k8s.yaml; do
   check "$name: the recipe is mounted at /etc/olmosft, which the image leaves free" \
     "[ \"\$(jq -r '.volumeMounts[0].mountPath' <<<'$c')\" = /etc/olmosft ] && ! grep -q /etc/olmosft \"$df\""
 done
-echo "$((n - fails)) passed, $fails failed"
-[ $fails -eq 0 ]
+finish

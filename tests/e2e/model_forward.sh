@@ -10,9 +10,7 @@ rm -rf "$tmp" && mkdir -p "$tmp"
 here=$(cd "$(dirname "$0")/../.." && pwd)
 model=$here/tests/golden/model/olmo3_tiny
 in=$here/tests/golden/model/olmo3_tiny_forward
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass + 1)); else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 near() { awk -v a="$1" -v b="$2" -v tol="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= tol) }'; }
 
 ref_ce=$(jq .ce "$in/expected.json")
@@ -79,5 +77,4 @@ err=$("$bin" forward --model "$tmp/nowhere" --tokens "$tmp/t3.json" --out "$tmp/
 check "a missing model directory is rejected" "[ $? -eq 2 ] && grep -q 'nowhere' <<<\"\$err\""
 check "no output file was left by the failures" "[ ! -e '$tmp/x.json' ]"
 
-echo "$pass passed, $fails failed"
-[ $fails -eq 0 ]
+finish

@@ -7,8 +7,7 @@ bin=$1
 work=$2
 src=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$work" && mkdir -p "$work"
-pass=0 fail=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass + 1)); else echo "FAIL: $1"; fail=$((fail + 1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 
 "$bin" tokenizer dolma2 --tokenizer-json "$src/deps/dolma2/allenai_dolma2.json" --out "$work/tok" >"$work/make.log" 2>&1
 check "tokenizer dolma2 succeeds" "[ $? -eq 0 ]"
@@ -28,5 +27,4 @@ check "system and user turns are untrained" "! grep -q '\[\[<|im_start|>' '$work
   --seed 3 --out "$work/bad" >"$work/bad.log" 2>&1
 rc=$?
 check "a missing tokenizer dir is a clear error" "[ $rc -ne 0 ] && grep -q 'no-such-dir' '$work/bad.log' && [ ! -e '$work/bad/manifest.json' ]"
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -9,9 +9,7 @@ dir=$2
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 G="$root/tests/golden"
 rm -rf "$dir" && mkdir -p "$dir"
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 
 out=$("$bin" plan "$root/recipes/tiny-demo.yaml" --model olmo3-tiny --peak-tflops 1 2>&1); rc=$?
 check "a fitting plan exits 0" "[ $rc -eq 0 ]"
@@ -43,5 +41,4 @@ check "... with the plan's message, before reading weights" \
   "grep -q 'DOES NOT FIT' <<<\"\$out\" && ! grep -qi 'safetensors' <<<\"\$out\""
 check "... and creates no run directory" "[ ! -e '$dir/runs' ]"
 
-echo "plan_cli: $pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish plan_cli

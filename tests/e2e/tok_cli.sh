@@ -9,9 +9,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 dolma2=$root/deps/dolma2/allenai_dolma2.json
 probes=$root/tests/golden/tok/cli_probes.json
 rm -rf "$scratch" && mkdir -p "$scratch"
-passed=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; passed=$((passed + 1)); else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 
 out=$("$bin" tokenizer dolma2 --tokenizer-json "$dolma2" --out "$scratch/dolma2" 2>&1); rc=$?
 check "tokenizer dolma2 exits 0" "[ $rc -eq 0 ]"
@@ -87,5 +85,4 @@ check "a chat without an assistant turn is a clear error" "[ $rc -eq 2 ] && grep
 out=$("$bin" tokenizer dolma2 --tokenizer-json "$dolma2" --chat-template "$scratch/missing.jinja" --out "$scratch/y" 2>&1); rc=$?
 check "a missing --chat-template file: exit 2, named, nothing written" "[ $rc -eq 2 ] && grep -q 'missing.jinja' <<<\"\$out\" && [ ! -e $scratch/y ]"
 
-echo "$passed passed, $fails failed"
-[ $fails -eq 0 ]
+finish

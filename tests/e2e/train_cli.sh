@@ -9,9 +9,7 @@ dir=$2
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 G="$root/tests/golden"
 rm -rf "$dir" && mkdir -p "$dir"
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 
 "$bin" data build --input "$G/data/convs.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --epochs 2 --quiet \
   --out "$dir/data" >/dev/null 2>&1; rc=$?
@@ -73,5 +71,4 @@ check "metrics rows carry the step's model FLOPs" "tail -1 '$dir/runs/pre/metric
 cat "$dir/pre.out" "$dir/res.out" | grep '^LOSS-PARTS' | sort -u -V >"$dir/pre.loss"
 grep '^LOSS-PARTS' "$dir/ref.out" >"$dir/ref.loss"
 check "preempted + resumed LOSS-PARTS equal the uninterrupted run's" "cmp -s '$dir/pre.loss' '$dir/ref.loss'"
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

@@ -14,9 +14,7 @@ dir=$2
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 G="$root/tests/golden"
 rm -rf "$dir" && mkdir -p "$dir"
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 
 "$bin" data build --input "$G/data/convs.jsonl" --tokenizer builtin:bytes --seq-len 512 --seed 7 --epochs 1 --quiet \
   --out "$dir/data" >/dev/null 2>&1; rc=$?
@@ -79,5 +77,4 @@ printf '%s\n' '{"id": "a", "messages": [{"role": "user", "content": "hello"}, {"
   --out "$dir/gen.jsonl" --max-new-tokens 5 >"$dir/gen.out"; rc=$?
 check "generate on the export: one line per prompt, <= 5 ids below 260, reference echoed" \
   "[ $rc -eq 0 ] && [ \$(wc -l <'$dir/gen.jsonl') -eq 2 ] && jq -e -s 'all(.[]; (.tokens | length) <= 5 and all(.tokens[]; . < 260)) and .[0].reference == \"hi\" and .[0].id == \"a\" and (.[1] | has(\"reference\") | not)' '$dir/gen.jsonl' >/dev/null"
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

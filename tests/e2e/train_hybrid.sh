@@ -17,9 +17,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 G="$root/tests/golden"
 init="$G/model/olmo3moe_tiny"
 rm -rf "$dir" && mkdir -p "$dir"
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass + 1)); else echo "FAIL: $1"; fails=$((fails + 1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 
 "$bin" data build --input "$G/data/convs.jsonl" --tokenizer builtin:bytes --seq-len 256 --seed 3 --epochs 4 --quiet \
   --out "$dir/data" >"$dir/build.out" 2>&1
@@ -212,5 +210,4 @@ check "olmosft forward loads the export (exit 0, finite CE)" \
 check "the export fits the training text better than the initial weights" \
   "awk -v a='$ce_hf' -v b='$ce_init' 'BEGIN { exit !(a < b - 0.1) }'"
 
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

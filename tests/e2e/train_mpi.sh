@@ -12,9 +12,7 @@ dir=$2
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 G="$root/tests/golden"
 rm -rf "$dir" && mkdir -p "$dir"
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 
 if ! command -v mpirun >/dev/null 2>&1; then
   echo "skipped: mpirun not found (install openmpi-bin, deps/apt-dist.txt); multi-process training not tested"
@@ -140,5 +138,4 @@ check "SIGKILL of rank 1 of 2: job exits non-zero within 15 s (took ${dt} s, exi
 err=$(mpi 2 train "$dir/recipe.yaml" run_name=bad devices=1 2>&1); rc=$?
 check "devices != process count: exit 2 naming the fix" "[ $rc -eq 2 ] && grep -q 'set devices=2' <<<\"\$err\""
 
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

@@ -12,9 +12,7 @@ dir=$2
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 G="$root/tests/golden"
 rm -rf "$dir" && mkdir -p "$dir"
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 
 "$bin" data build --input "$G/data/convs.jsonl" --tokenizer builtin:bytes --seq-len 256 --seed 7 --epochs 1 --quiet \
   --out "$dir/data" >/dev/null 2>&1; rc=$?
@@ -116,5 +114,4 @@ check "device xla with dist.mode zero3 is refused (exit 2, names the key)" \
   "[ $rc -eq 2 ] && grep -q 'device=xla needs dist.mode dp' '$dir/zero3.err'"
 run noplugin device=xla xla.plugin=$dir/none.so; rc=$?
 check "a missing plugin is refused naming its path" "[ $rc -ne 0 ] && grep -q '$dir/none.so' '$dir/noplugin.err'"
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

@@ -11,9 +11,7 @@ dir=$2
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 tiny="$root/tests/golden/model/olmo3_tiny/config.json"
 rm -rf "$dir" && mkdir -p "$dir"
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 
 out=$("$bin" xla compile --plugin cpu --config "$tiny" --seq 64 --batch 2 2>&1); rc=$?
@@ -69,5 +67,4 @@ else
   echo "note: libtpu not installed ($libtpu): the TPU compile is not checked here"
 fi
 
-echo "xla_compile: $pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish xla_compile

@@ -12,9 +12,7 @@ run=$(dirname "$bin")/xla_step_run
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 G="$root/tests/golden"
 rm -rf "$dir" && mkdir -p "$dir"
-pass=0
-fails=0
-check() { if eval "$2"; then echo "ok: $1"; pass=$((pass+1)); else echo "FAIL: $1"; fails=$((fails+1)); fi; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/check.sh"  # pass, fails, check, finish
 
 "$bin" xla export --model "$G/model/olmo3_tiny" --batch-file "$G/model/olmo3_tiny/batch.safetensors" --batch 2 \
   --seq 128 --vocab-tile 128 --lm-z 1e-5 --expect --out "$dir/fixture" >"$dir/export.out" 2>"$dir/export.err"
@@ -76,5 +74,4 @@ check "--attention cudnn refuses the fixture's packed rows (several documents pe
   "[ $rc -eq 2 ] && grep -q 'xla.attention cudnn: row 0 of the batch is not one document followed by padding' '$dir/cudnn_packed.err'"
 "$bin" xla export --config olmo3-tiny --seq 64 --attention flash --out "$dir/flash" >/dev/null 2>"$dir/flash.err"; rc=$?
 check "--attention with an unknown value is refused (exit 2)" "[ $rc -eq 2 ] && grep -q \"expected blockwise or cudnn, got 'flash'\" '$dir/flash.err'"
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish
