@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
 
 #include "core/threads.h"
 #include "kda_test_util.h"
@@ -27,6 +30,42 @@ class KdaGrad : public ::testing::Test {
   void SetUp() override { olmosft::set_threads(1); }
   void TearDown() override { olmosft::set_threads(0); }
 };
+
+// The inputs of a delta-rule check: documents [0, ends[0]), [ends[0], ends[1]), ... then padding; q, k (scale
+// 0.5), v, R normal, g uniform in [g_lo, g_hi], beta uniform in (0.05, 1.95), from seeds seed .. seed + 5.
+struct DeltaRuleInputs {
+  KdaDims d;
+  std::vector<int32_t> seg;
+  V q, k, v, g, beta, R;
+  DeltaRuleInputs(KdaDims dims, const std::vector<int64_t>& ends, uint64_t seed, double g_lo, double g_hi)
+      : d(dims), seg(size_t(dims.L), -1) {
+    int64_t t = 0;
+    for (size_t doc = 0; doc < ends.size(); ++doc)
+      for (; t < ends[doc]; ++t) seg[size_t(t)] = int32_t(doc);
+    const size_t NH = size_t(d.L * d.H);
+    q = randn<double>(NH * d.K, seed, 0.5);
+    k = randn<double>(NH * d.K, seed + 1, 0.5);
+    v = randn<double>(NH * d.V, seed + 2);
+    g = kdatest::uniform<double>(NH * d.K, seed + 3, g_lo, g_hi);
+    beta = kdatest::uniform<double>(NH, seed + 4, 0.05, 1.95);
+    R = randn<double>(NH * d.V, seed + 5);
+  }
+  size_t out_size() const { return size_t(d.L * d.H * d.V); }
+};
+
+// The analytic gradients of loss() = sum(output * R) w.r.t. q, k, v, g, beta against finite differences.
+void expect_delta_rule_grads(const std::string& label, DeltaRuleInputs& in,
+                             const std::function<double()>& loss, const V& dq, const V& dk, const V& dv,
+                             const V& dg, const V& db) {
+  const double eq = fd_check(in.q, loss, dq), ek = fd_check(in.k, loss, dk), ev = fd_check(in.v, loss, dv),
+               eg = fd_check(in.g, loss, dg), eb = fd_check(in.beta, loss, db);
+  std::printf("%s: dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e\n", label.c_str(), eq, ek, ev, eg, eb);
+  EXPECT_LE(eq, kTol) << label;
+  EXPECT_LE(ek, kTol) << label;
+  EXPECT_LE(ev, kTol) << label;
+  EXPECT_LE(eg, kTol) << label;
+  EXPECT_LE(eb, kTol) << label;
+}
 }  // namespace
 
 TEST_F(KdaGrad, ShortConvSilu) {
@@ -130,43 +169,28 @@ TEST_F(KdaGrad, OutputNorm) {
 // The delta rule, both implementations, w.r.t. q, k, v, g, beta. Inputs are NOT normalised here (the kernel
 // must be right for any input), two documents with the boundary mid-chunk, padding at the end, beta in (0,2).
 TEST_F(KdaGrad, DeltaRule) {
-  KdaDims d{1, 21, 2, 4, 3};
-  std::vector<int32_t> seg(d.L);
-  for (int64_t t = 0; t < d.L; ++t) seg[t] = t < 11 ? 0 : t < 19 ? 1 : -1;
-  const size_t NH = size_t(d.L * d.H);
-  V q = randn<double>(NH * d.K, 21, 0.5), k = randn<double>(NH * d.K, 22, 0.5),
-    v = randn<double>(NH * d.V, 23);
-  V g = kdatest::uniform<double>(NH * d.K, 24, -1.5, -0.01),
-    beta = kdatest::uniform<double>(NH, 25, 0.05, 1.95);
-  V R = randn<double>(NH * d.V, 26);
+  DeltaRuleInputs in({1, 21, 2, 4, 3}, {11, 19}, 21, -1.5, -0.01);
   const double scale = 0.5;
   for (bool chunked : {false, true}) {
     auto loss = [&] {
-      V o(NH * d.V);
+      V o(in.out_size());
       if (chunked)
-        kda_chunk_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, o.data(),
-                          8);
+        kda_chunk_forward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), in.seg.data(),
+                          in.d, scale, o.data(), 8);
       else
-        kda_recurrent_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
-                              o.data());
-      return dot(o, R);
+        kda_recurrent_forward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
+                              in.seg.data(), in.d, scale, o.data());
+      return dot(o, in.R);
     };
-    V dq(q.size()), dk(k.size()), dv(v.size()), dg(g.size()), db(beta.size());
+    V dq(in.q.size()), dk(in.k.size()), dv(in.v.size()), dg(in.g.size()), db(in.beta.size());
     if (chunked)
-      kda_chunk_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, R.data(),
-                         dq.data(), dk.data(), dv.data(), dg.data(), db.data(), 8);
+      kda_chunk_backward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), in.seg.data(),
+                         in.d, scale, in.R.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data(), 8);
     else
-      kda_recurrent_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale,
-                             R.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data(), 5);
-    const double eq = fd_check(q, loss, dq), ek = fd_check(k, loss, dk), ev = fd_check(v, loss, dv),
-                 eg = fd_check(g, loss, dg), eb = fd_check(beta, loss, db);
-    std::printf("%s: dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e\n", chunked ? "chunked" : "recurrent", eq, ek,
-                ev, eg, eb);
-    EXPECT_LE(eq, kTol);
-    EXPECT_LE(ek, kTol);
-    EXPECT_LE(ev, kTol);
-    EXPECT_LE(eg, kTol);
-    EXPECT_LE(eb, kTol);
+      kda_recurrent_backward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
+                             in.seg.data(), in.d, scale, in.R.data(), dq.data(), dk.data(), dv.data(),
+                             dg.data(), db.data(), 5);
+    expect_delta_rule_grads(chunked ? "chunked" : "recurrent", in, loss, dq, dk, dv, dg, db);
   }
 }
 
@@ -175,41 +199,29 @@ TEST_F(KdaGrad, DeltaRule) {
 // document (sub-chunks of 16, 16, 9 at chunk 64; a boundary inside the second chunk at 32), a 12-token one,
 // padding. Strong and weak decays per channel.
 TEST_F(KdaGrad, DeltaRuleAcrossSubChunks) {
-  KdaDims d{1, 56, 2, 4, 3};
-  std::vector<int32_t> seg(d.L);
-  for (int64_t t = 0; t < d.L; ++t) seg[t] = t < 41 ? 0 : t < 53 ? 1 : -1;
-  const size_t NH = size_t(d.L * d.H);
-  V q = randn<double>(NH * d.K, 31, 0.5), k = randn<double>(NH * d.K, 32, 0.5),
-    v = randn<double>(NH * d.V, 33);
-  V g = kdatest::uniform<double>(NH * d.K, 34, -0.4, -0.005),
-    beta = kdatest::uniform<double>(NH, 35, 0.05, 1.95);
-  for (size_t i = 0; i < g.size(); i += 5) g[i] *= 8;  // some channels forget fast
-  V R = randn<double>(NH * d.V, 36);
+  DeltaRuleInputs in({1, 56, 2, 4, 3}, {41, 53}, 31, -0.4, -0.005);
+  for (size_t i = 0; i < in.g.size(); i += 5) in.g[i] *= 8;  // some channels forget fast
   const double scale = 0.5;
   for (int64_t chunk : {32, 64})
     for (bool saved_vn : {false, true}) {  // the backward recomputing Vn, or given the forward's
-      auto loss = [&] {
-        V o(NH * d.V);
-        kda_chunk_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, o.data(),
-                          chunk);
-        return dot(o, R);
+      auto forward = [&](double* o, double* vn) {
+        kda_chunk_forward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), in.seg.data(),
+                          in.d, scale, o, chunk, vn);
       };
-      V o(NH * d.V), vn(NH * d.V);
+      auto loss = [&] {
+        V o(in.out_size());
+        forward(o.data(), nullptr);
+        return dot(o, in.R);
+      };
+      V o(in.out_size()), vn(in.out_size());
       double* vnp = saved_vn ? vn.data() : nullptr;
-      kda_chunk_forward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, o.data(),
-                        chunk, vnp);
-      V dq(q.size()), dk(k.size()), dv(v.size()), dg(g.size()), db(beta.size());
-      kda_chunk_backward(q.data(), k.data(), v.data(), g.data(), beta.data(), seg.data(), d, scale, R.data(),
-                         dq.data(), dk.data(), dv.data(), dg.data(), db.data(), chunk, vnp);
-      const double eq = fd_check(q, loss, dq), ek = fd_check(k, loss, dk), ev = fd_check(v, loss, dv),
-                   eg = fd_check(g, loss, dg), eb = fd_check(beta, loss, db);
-      std::printf("chunk %ld%s: dq %.2e dk %.2e dv %.2e dg %.2e dbeta %.2e\n", long(chunk),
-                  saved_vn ? " saved vn" : "", eq, ek, ev, eg, eb);
-      EXPECT_LE(eq, kTol);
-      EXPECT_LE(ek, kTol);
-      EXPECT_LE(ev, kTol);
-      EXPECT_LE(eg, kTol);
-      EXPECT_LE(eb, kTol);
+      forward(o.data(), vnp);
+      V dq(in.q.size()), dk(in.k.size()), dv(in.v.size()), dg(in.g.size()), db(in.beta.size());
+      kda_chunk_backward(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), in.seg.data(),
+                         in.d, scale, in.R.data(), dq.data(), dk.data(), dv.data(), dg.data(), db.data(),
+                         chunk, vnp);
+      expect_delta_rule_grads("chunk " + std::to_string(chunk) + (saved_vn ? " saved vn" : ""), in, loss, dq,
+                              dk, dv, dg, db);
     }
 }
 
