@@ -382,7 +382,7 @@ LossParts Decoder::run(const Batch& batch, const LossConfig& loss, double grad_s
   else if (!bf16w_)
     bf16w_ = std::make_shared<Bf16Weights>();
   else
-    bf16w_->release_all(!sharded);  // a call that threw may have left copies held
+    bf16w_->release_all(!sharded);  // the last call's copies: the weights may have changed since
   ParamResidency hooks;
   hooks.need = [&](int grp) {
     if (res_.need) res_.need(grp);
@@ -390,7 +390,8 @@ LossParts Decoder::run(const Batch& batch, const LossConfig& loss, double grad_s
     for (size_t i = 0; i < params_.size(); ++i)
       if (units_->group[i] == grp) {
         w[i] = params_[i].value.defined() ? params_[i].value.data<float>() : nullptr;
-        if (w[i] != nullptr && params_[i].value.ndim() == 2) mats.push_back({w[i], params_[i].value.numel()});
+        if (round_once && w[i] != nullptr && params_[i].value.ndim() == 2)
+          mats.push_back({w[i], params_[i].value.numel()});
       }
     if (round_once && !bf16w_->holds(grp)) bf16w_->hold(grp, mats);
   };
@@ -400,9 +401,7 @@ LossParts Decoder::run(const Batch& batch, const LossConfig& loss, double grad_s
   };
   const ScopedBf16Weights held(round_once ? bf16w_.get() : nullptr);
   Runner<float> r(config_, opts_, w, backward ? &g : nullptr, batch, *units_, *work_, &hooks);
-  LossParts lp = r.run(loss, grad_scale, aux_scale, logits, logprobs, &info_);
-  if (round_once) bf16w_->release_all(!sharded);
-  return lp;
+  return r.run(loss, grad_scale, aux_scale, logits, logprobs, &info_);
 }
 
 const float* Decoder::hidden_state(int64_t index) const {
