@@ -5,6 +5,7 @@
 
 #include "cli/verb.h"
 #include "core/error.h"
+#include "core/signals.h"
 #include "core/threads.h"
 #include "kernels/gemm.h"
 
@@ -59,6 +60,9 @@ static void print_help(std::ostream& os) {
 int main(int argc, char** argv) {
   using namespace olmosft::cli;
   olmosft::default_passive_omp_wait(argv);
+  // Before any thread starts: SIGTERM and SIGINT are taken on one thread of their own, never on a thread
+  // inside oneDNN's JIT GEMM (core/signals.h).
+  olmosft::route_stop_signals();
   // Every verb computes on this machine's fp32 GEMM library (compute.gemm=auto); `train` then applies the
   // recipe's compute.gemm / compute.dtype.
   olmosft::set_cpu_gemm({olmosft::auto_gemm_lib(), olmosft::ComputeDtype::F32});

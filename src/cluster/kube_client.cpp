@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cluster/timeutil.h"
+#include "core/signals.h"
 
 namespace olmosft::cluster {
 
@@ -288,7 +289,11 @@ std::string KubeClient::auth_header(bool force) {
                       R"("spec":{"interactive":false}})");
       for (const auto& [k, v] : cfg_.exec_env) cmd += " " + shell_quote(k + "=" + v);
       for (const auto& a : cfg_.exec_argv) cmd += " " + shell_quote(a);
-      FILE* p = ::popen(cmd.c_str(), "r");
+      FILE* p = nullptr;
+      {
+        const StopSignalsUnblocked child_mask;  // the child inherits this thread's mask (core/signals.h)
+        p = ::popen(cmd.c_str(), "r");
+      }
       OLMO_CHECK(p, "exec credential plugin '", cfg_.exec_argv[0], "': cannot start");
       std::string out;
       char buf[4096];

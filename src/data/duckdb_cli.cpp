@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/signals.h"
 #include "io/atomic_file.h"
 
 extern char** environ;
@@ -64,7 +65,11 @@ Output run(const std::vector<std::string>& argv) {
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t pid = 0;
-  int rc = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
+  int rc = 0;
+  {
+    const StopSignalsUnblocked child_mask;  // the child inherits this thread's mask (core/signals.h)
+    rc = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
+  }
   posix_spawn_file_actions_destroy(&fa);
   OLMO_CHECK(rc == 0, "cannot run ", argv[0], ": ", std::strerror(rc));
   int st = 0;

@@ -105,7 +105,8 @@ RunPlan plan_run(const TrainConfig& cfg, std::ostream& err) {
 
 namespace {
 
-// The SIGTERM and SIGINT handlers of a run, restored when the run returns.
+// The SIGTERM and SIGINT handlers of a run, restored when the run returns. In `olmosft` they run on the
+// routed signal thread only (core/signals.h: a handler on a thread inside oneDNN's JIT GEMM corrupts memory).
 class SigtermHandler {
  public:
   explicit SigtermHandler(bool install) {
