@@ -119,6 +119,9 @@ struct TrainConfig {
     bool resume = true;
     bool allow_recipe_change = false;  // resume although keys that change the run's numbers differ
   } checkpoint;
+  struct Guard {
+    double grad_norm_spike = 0;  // stop when grad norm > this x the recent median (0 = off)
+  } guard;
   struct Log {
     int64_t every = 1;
     bool tensorboard = true;

@@ -286,6 +286,10 @@ std::vector<RecipeKey> run_control_keys() {
                "resume even when keys that change the run's numbers (data, model, optimizer, losses, batch, "
                "steps) differ from the checkpoint's recipe; the differences are printed either way",
                kOps, OLMOSFT_FIELD(checkpoint.allow_recipe_change)),
+      number_key("guard.grad_norm_spike", "1000",
+                 "stop (exit 4, last good step checkpointed, the update not applied) when a step's gradient "
+                 "norm exceeds this many times the median of the last 64 steps' norms; 0 = off",
+                 kOps, kNonNegative, OLMOSFT_FIELD(guard.grad_norm_spike)),
       int_key("log.every", "1", "log a LOSS-PARTS line every N steps", kOps, 1, "", OLMOSFT_FIELD(log.every)),
       flag_key("log.tensorboard", "true", "write TensorBoard event files next to metrics.jsonl", kOps,
                OLMOSFT_FIELD(log.tensorboard)),

@@ -1,6 +1,7 @@
 #include "train/step.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "train/trainer.h"
@@ -246,6 +247,42 @@ double apply_device_update(model::DeviceTraining& dt, AdamWConfig& acfg, const S
   acfg.lr = lr;
   dt.clip_and_step(acfg, clip, s);
   return lr;
+}
+
+}  // namespace olmosft::train
+
+namespace olmosft::train {
+
+std::optional<double> GradNormGuard::spike(double gnorm) const {
+  if (factor_ <= 0 || norms_.empty()) return std::nullopt;
+  std::vector<double> v = norms_;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  double median = v[mid];
+  if (v.size() % 2 == 0)
+    median = 0.5 * (median + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)));
+  if (gnorm > factor_ * median) return median;
+  return std::nullopt;
+}
+
+void GradNormGuard::add(double gnorm) {
+  norms_.push_back(gnorm);
+  if (norms_.size() > kWindow) norms_.erase(norms_.begin());
+}
+
+nlohmann::json GradNormGuard::to_json() const { return nlohmann::json(norms_); }
+
+void GradNormGuard::load(const nlohmann::json& carried, const std::string& where) {
+  norms_.clear();
+  if (!carried.is_object() || !carried.contains("grad_norms")) return;  // a checkpoint from before the guard
+  const nlohmann::json& a = carried["grad_norms"];
+  OLMO_CHECK(a.is_array() && a.size() <= kWindow, where, ": carried.grad_norms must be a list of at most ",
+             kWindow, " numbers, got ", a.dump());
+  for (const auto& x : a) {
+    OLMO_CHECK(x.is_number() && std::isfinite(x.get<double>()) && x.get<double>() >= 0, where,
+               ": carried.grad_norms holds ", x.dump(), ", expected finite gradient norms >= 0");
+    norms_.push_back(x.get<double>());
+  }
 }
 
 }  // namespace olmosft::train

@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,5 +96,28 @@ void download_state(model::DeviceTraining& dt, dist::ShardedParams& master, mode
                     int64_t adam_step);
 double apply_device_update(model::DeviceTraining& dt, AdamWConfig& acfg, const Schedule& sched, double clip,
                            int64_t s);
+
+// The gradient-norm spike guard (recipe key guard.grad_norm_spike; docs/train.md "Guards"): a step whose
+// global gradient norm is finite but more than `factor` times the median of the last kWindow applied steps'
+// norms is stopped like a non-finite one. Corrupted memory (a signal frame written into oneDNN's heap
+// workspace gave a norm of 3.4e+29 where 2.85 was right) is finite: the NaN guard let it through, AdamW
+// applied it and the checkpoint kept it. The history travels in the checkpoint (state.json "carried"), so a
+// resumed run keeps it.
+class GradNormGuard {
+ public:
+  static constexpr size_t kWindow = 64;
+  explicit GradNormGuard(double factor) : factor_(factor) {}
+  // The median `gnorm` exceeded `factor` times, or nullopt (within bounds, guard off, or no history yet).
+  std::optional<double> spike(double gnorm) const;
+  void add(double gnorm);  // an applied step's norm
+  double factor() const { return factor_; }
+  nlohmann::json to_json() const;
+  // From a checkpoint's carried facts (`where` names it in errors): a list of finite norms >= 0, or absent.
+  void load(const nlohmann::json& carried, const std::string& where);
+
+ private:
+  double factor_;
+  std::vector<double> norms_;  // oldest first, at most kWindow
+};
 
 }  // namespace olmosft::train

@@ -183,6 +183,13 @@ class Run {
   void preflight();
   void setup();
   bool step(const StepContext& ctx, int64_t s);  // false: the loop stops
+  // A step the guards reject: its update is not applied, the last good step is checkpointed; false.
+  bool stop_bad_step(int64_t s, std::string reason) {
+    if (s - 1 > 0 && saved_step_ != s - 1) save(s - 1);
+    stop_reason_ = std::move(reason);
+    stop_code_ = kExitNonFinite;
+    return false;
+  }
   TrainResult finish();
   void save(int64_t step) {
     sync_from_device(step);
@@ -226,6 +233,7 @@ class Run {
   std::unique_ptr<RunLog> log_;
   std::unique_ptr<Checkpointer> ckpt_;
   StepTimes times_;
+  GradNormGuard grad_guard_{cfg_.guard.grad_norm_spike};
   std::string stop_reason_;
   int stop_code_ = kExitOk;
   bool preempt_ = false;
@@ -311,6 +319,7 @@ void Run::setup() {
   Resumed r = resume(cfg_, comm_, shards_->params(), ckpt_root_, ds.dir(), manifest_sha, out_, err_);
   start_ = saved_step_ = r.start;
   carried_ = std::move(r.carried);
+  grad_guard_.load(carried_, ckpt_root_ + " (checkpoint of step " + std::to_string(start_) + ")");
   res_.start_step = start_;
   res_.last_step = start_;
 
@@ -367,11 +376,17 @@ bool Run::step(const StepContext& ctx, int64_t s) {
   if (!std::isfinite(l.loss) || !std::isfinite(gnorm)) {
     out_ << "NAN-GUARD step=" << s << " loss=" << l.loss << " grad_norm=" << gnorm
          << ": update not applied; checkpointing the last good step " << (s - 1) << "\n";
-    if (s - 1 > 0 && saved_step_ != s - 1) save(s - 1);
-    stop_reason_ = "non-finite loss or gradient norm at step " + std::to_string(s);
-    stop_code_ = kExitNonFinite;
-    return false;
+    return stop_bad_step(s, "non-finite loss or gradient norm at step " + std::to_string(s));
   }
+  if (const std::optional<double> median = grad_guard_.spike(gnorm)) {
+    out_ << "GRAD-GUARD step=" << s << " grad_norm=" << gnorm << " median=" << *median
+         << " factor=" << grad_guard_.factor() << ": update not applied (corrupted memory or a diverging "
+         << "run; guard.grad_norm_spike); checkpointing the last good step " << (s - 1) << "\n";
+    return stop_bad_step(s, "gradient norm " + std::to_string(gnorm) + " at step " + std::to_string(s) +
+                                " is more than guard.grad_norm_spike x the recent median");
+  }
+  grad_guard_.add(gnorm);
+  carried_["grad_norms"] = grad_guard_.to_json();
   StepReport r;
   r.lr = dt_ ? apply_device_update(*dt_, acfg_, sched_, clip_, s)
              : apply_update(master, acfg_, sched_, clip_, s, gnorm);

@@ -283,6 +283,7 @@ TEST(RecipeSchema, OneTableOfKeysWithReadersAndResumeRules) {
                                       "checkpoint.resume",
                                       "checkpoint.allow_recipe_change",
                                       "log.every",
+                                      "guard.grad_norm_spike",
                                       "log.tensorboard",
                                       "eval.heldout",
                                       "export.hf",

@@ -52,6 +52,8 @@ class BigramLM : public model::CausalLM {
     return run(b, lc, 0, 0, false, lp);
   }
   int64_t calls = 0, nan_on_call = -1;
+  // The n-th forward_backward of this model writes a finite garbage gradient (as corrupted memory did).
+  int64_t bwd_calls = 0, garbage_on_bwd_call = -1;
 
  private:
   model::LossParts run(const model::Batch& b, const model::LossConfig& lc, double gs, double aux, bool bwd,
@@ -97,6 +99,7 @@ class BigramLM : public model::CausalLM {
     }
     lp.moe_layers.push_back({0, lp.sum[model::kLossMoeLb], 0.0, 1.0 + 0.01 * double(b.B), 0});
     if (calls == nan_on_call) lp.sum[model::kLossCe] = std::nan("");
+    if (bwd && ++bwd_calls == garbage_on_bwd_call) gb[0] += 3.4e29f;
     return lp;
   }
   int64_t V_;
@@ -533,6 +536,60 @@ TEST_F(TrainTest, KeepLastPrunesOldCheckpoints) {
   EXPECT_EQ(r2.exit_code, 0);
   EXPECT_TRUE(r2.step_loss.empty());
   EXPECT_NE(out_.str().find("STEP-GUARD: reached step 6 (already, in the checkpoint)"), std::string::npos);
+}
+
+// guard.grad_norm_spike: a finite garbage gradient (3.4e+29, what a signal frame in oneDNN's heap workspace
+// made) is not applied; the last good step is checkpointed. Off (0), the same run trains on to the end.
+TEST_F(TrainTest, GradGuardStopsAFiniteGarbageGradient) {
+  BigramLM ref(260, 2);
+  ASSERT_EQ(train(recipe("gref", {"steps=2", "lr_schedule_steps=6"}), ref).exit_code, 0);
+  auto after2 = flat(ref);
+  BigramLM m(260, 2);
+  m.garbage_on_bwd_call = 4 * 2 + 2;  // second micro-batch of step 3 (4 per step)
+  TrainResult r = train(recipe("garbage"), m);
+  EXPECT_EQ(r.exit_code, kExitNonFinite) << r.reason;
+  EXPECT_EQ(r.last_step, 2);
+  EXPECT_NE(out_.str().find("GRAD-GUARD step=3 grad_norm=3.4"), std::string::npos) << out_.str();
+  EXPECT_NE(r.reason.find("guard.grad_norm_spike"), std::string::npos) << r.reason;
+  auto got = flat(m);
+  EXPECT_EQ(std::memcmp(got.data(), after2.data(), got.size() * sizeof(float)), 0);  // not applied
+  auto cks = list_checkpoints(run_dir("garbage") + "/checkpoints");
+  ASSERT_EQ(cks.size(), 1u);
+  EXPECT_EQ(cks[0].first, 2);
+  CheckpointState st = verify_checkpoint(cks[0].second);
+  EXPECT_EQ(st.info["carried"]["grad_norms"].size(), 2u);  // steps 1 and 2, for a resume
+
+  BigramLM off(260, 2);
+  off.garbage_on_bwd_call = 4 * 2 + 2;
+  EXPECT_EQ(train(recipe("garbage_off", {"guard.grad_norm_spike=0"}), off).exit_code, 0);
+  EXPECT_EQ(out_.str().find("GRAD-GUARD"), std::string::npos);
+}
+
+// The norms of the steps before a resume travel in the checkpoint: the first step after it is guarded too.
+TEST_F(TrainTest, GradGuardKeepsItsHistoryAcrossAResume) {
+  BigramLM m1(260, 2);
+  TrainResult r1 = train(recipe("gres"), m1, [](int64_t s) {
+    if (s == 2) std::raise(SIGTERM);
+  });
+  ASSERT_EQ(r1.exit_code, kExitPreempted) << r1.reason;
+  BigramLM m2(260, 2);
+  m2.garbage_on_bwd_call = 1;  // the resumed process's first micro-batch: step 3
+  TrainResult r2 = train(recipe("gres"), m2);
+  EXPECT_EQ(r2.start_step, 2);
+  EXPECT_EQ(r2.exit_code, kExitNonFinite) << r2.reason << out_.str();
+  EXPECT_NE(out_.str().find("GRAD-GUARD step=3"), std::string::npos) << out_.str();
+
+  // A checkpoint whose carried norms are not numbers is refused, naming it.
+  const std::string ck = list_checkpoints(run_dir("gres") + "/checkpoints")[0].second;
+  GradNormGuard g(1000);
+  std::string e = error_of([&] { g.load(nlohmann::json{{"grad_norms", {1.0, "x"}}}, ck); });
+  EXPECT_NE(e.find(ck + ": carried.grad_norms holds \"x\""), std::string::npos) << e;
+  g.load(nlohmann::json{{"grad_norms", {1.0, 3.0, 2.0, 100.0}}}, ck);  // median 2.5
+  EXPECT_FALSE(g.spike(2500.0).has_value());
+  ASSERT_TRUE(g.spike(2500.1).has_value());
+  EXPECT_DOUBLE_EQ(*g.spike(2500.1), 2.5);
+  g.load(nlohmann::json::object(), ck);  // a checkpoint from before the guard: no history
+  EXPECT_FALSE(g.spike(1e30).has_value());
 }
 
 TEST_F(TrainTest, NanGuardStopsWithoutApplyingTheBadUpdate) {
