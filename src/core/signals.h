@@ -5,7 +5,8 @@
 // heap workspace while it runs, so a SIGTERM handled on a thread inside it writes that frame into the
 // heap: freed-chunk aborts, or (worse) a finite garbage gradient that trains and checkpoints a wrong model
 // (oneDNN issue #4845, fixed upstream in PR #4855, not in 2.6.3). Measured here: a burst of SIGTERMs to one
-// rank of a 4-process run corrupted 12 of 40 runs; with the signals routed, 0 of 60 (docs/train.md).
+// rank of a 4-process run corrupted 12 of 40 runs, to a 2-thread single process 2 of 30; with the signals
+// routed, 0 of 80 and 0 of 30 (docs/train.md "Checkpoints").
 //
 // route_stop_signals() blocks both signals in the calling thread, which every thread started after it
 // inherits, and starts one thread that has them unblocked and only waits: the process's handlers (the

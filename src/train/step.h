@@ -97,7 +97,7 @@ void download_state(model::DeviceTraining& dt, dist::ShardedParams& master, mode
 double apply_device_update(model::DeviceTraining& dt, AdamWConfig& acfg, const Schedule& sched, double clip,
                            int64_t s);
 
-// The gradient-norm spike guard (recipe key guard.grad_norm_spike; docs/train.md "Guards"): a step whose
+// The gradient-norm spike guard (recipe key guard.grad_norm_spike, docs/train.md's key table): a step whose
 // global gradient norm is finite but more than `factor` times the median of the last kWindow applied steps'
 // norms is stopped like a non-finite one. Corrupted memory (a signal frame written into oneDNN's heap
 // workspace gave a norm of 3.4e+29 where 2.85 was right) is finite: the NaN guard let it through, AdamW

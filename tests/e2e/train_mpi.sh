@@ -2,8 +2,8 @@
 # `mpirun -np N olmosft train`: the tiny Olmo 3 fixture trained on 1, 2 and 4 processes, data parallel and
 # ZeRO-3, gives the same per-step losses, gradient norms and final weights as the single-process run, bit for
 # bit (8 leaves of 1 row per step; docs/dist.md); the hybrid fixture likewise in ZeRO-3 on 2 processes.
-# A burst of SIGTERMs to ONE rank of 4 stops every rank after the same step with one checkpoint (exit 143); resuming it
-# on 2 processes in the other mode continues exactly as the uninterrupted run. A SIGKILLed rank ends the job
+# A burst of SIGTERMs to ONE rank of 4 stops every rank after the same step with one checkpoint (exit 143);
+# resuming it on 2 processes in the other mode continues exactly as the uninterrupted run. A SIGKILLed rank ends the job
 # non-zero within seconds. device: xla on 2 processes (data parallel, the state on each device) within 1e-5
 # of 1 process. Skips (visibly) when mpirun is not installed.
 set -u
