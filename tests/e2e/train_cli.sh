@@ -61,6 +61,18 @@ check "end-of-run checks and export" "grep -q '^CHECK trained_eos count=' '$dir/
 "$bin" train "$dir/recipe.yaml" run_name=pre >"$dir/pre.out" 2>"$dir/pre.err" &
 pid=$!
 for _ in $(seq 1 600); do grep -q '^LOSS-PARTS step=2 ' "$dir/pre.out" 2>/dev/null && break; sleep 0.1; done
+# The stop signals are taken on one thread of their own (core/signals.h): the main thread (and every thread
+# started after it blocked them) blocks SIGTERM (bit 15 of SigBlk); the routed thread does not, nor do
+# threads a library started before main (Debian's pthread OpenBLAS starts its pool when it loads).
+unblocked=0 main_blocks=0 seen=0
+for st in /proc/"$pid"/task/*/status; do
+  m=$(awk '/^SigBlk:/{print $2}' "$st" 2>/dev/null)
+  [ -n "$m" ] || continue
+  seen=1
+  if (((0x$m & 0x4000) == 0)); then unblocked=$((unblocked + 1)); elif [ "$st" == /proc/$pid/task/$pid/status ]; then main_blocks=1; fi
+done
+check "the trainer's main thread blocks SIGTERM and another thread takes it (or the run had finished)" \
+  "[ $seen -eq 0 ] || { [ $unblocked -ge 1 ] && [ $main_blocks -eq 1 ]; }"
 kill -TERM "$pid"
 wait "$pid"; rc=$?
 check "SIGTERM: exit 143 (or 0 if it had already finished)" "[ $rc -eq 143 ] || [ $rc -eq 0 ]"
