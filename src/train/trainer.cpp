@@ -193,6 +193,7 @@ class Run {
   TrainResult finish();
   void save(int64_t step) {
     sync_from_device(step);
+    carried_["grad_norms"] = grad_guard_.to_json();  // the guard's history, for a resume
     ckpt_->save(step, carried_);
     saved_step_ = step;
   }
@@ -386,7 +387,6 @@ bool Run::step(const StepContext& ctx, int64_t s) {
                                 " is more than guard.grad_norm_spike x the recent median");
   }
   grad_guard_.add(gnorm);
-  carried_["grad_norms"] = grad_guard_.to_json();
   StepReport r;
   r.lr = dt_ ? apply_device_update(*dt_, acfg_, sched_, clip_, s)
              : apply_update(master, acfg_, sched_, clip_, s, gnorm);
