@@ -13,6 +13,7 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -157,16 +158,37 @@ std::string read(const std::string& path) {
   return ss.str();
 }
 
-// q, k, v, dout (f32) -> cuDNN's out, dq, dk, dv (and the module's text).
-std::string cudnn_module(int64_t window) {
+// The packed fixture's M (tests/reference/jax_cudnn_attention.py) and its batch's documents per row.
+constexpr int64_t kM = 4;
+const std::vector<std::vector<int32_t>> kPackedRows{{100, 60, 90}, {200}};
+
+// q, k, v, dout (f32) [, seqlen, offsets, seg when M > 0: the packed form] -> cuDNN's out, dq, dk, dv (and
+// the module's text).
+std::string cudnn_module(int64_t window, int64_t M = 0) {
   HloBuilder b;
   const Value q = b.argument({F32, {B, T, H, D}}), k = b.argument({F32, {B, T, Hkv, D}}),
               v = b.argument({F32, {B, T, Hkv, D}}), dout = b.argument({F32, {B, T, H, D}});
+  std::optional<ops::CudnnPacking> p;
+  if (M > 0)
+    p = ops::CudnnPacking{b.argument({ElementType::kS32, {B, M}}),
+                          b.argument({ElementType::kS32, {B, M + 1}}),
+                          b.argument({ElementType::kS32, {B, T}})};
   const ops::AttentionOptions o{kScale, window, 64};
-  const auto f = ops::attention_forward_cudnn(b, q, k, v, o);
-  const auto g = ops::attention_backward_cudnn(b, q, k, v, f.out, f.lse, dout, o);
+  const auto f = ops::attention_forward_cudnn(b, q, k, v, o, p ? &*p : nullptr);
+  const auto g = ops::attention_backward_cudnn(b, q, k, v, f.out, f.lse, dout, o, p ? &*p : nullptr);
   b.returns({f.out, g.dq, g.dk, g.dv});
   return b.module();
+}
+
+// Segment ids [B, T] of rows holding these documents (ids 0, 1, ... per row), then padding (-1).
+std::vector<int32_t> packed_segments(const std::vector<std::vector<int32_t>>& rows) {
+  std::vector<int32_t> seg(static_cast<size_t>(B * T), -1);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    int64_t t = 0;
+    for (size_t doc = 0; doc < rows[r].size(); ++doc)
+      for (int32_t i = 0; i < rows[r][doc]; ++i) seg[size_t(int64_t(r) * T + t++)] = int32_t(doc);
+  }
+  return seg;
 }
 
 void expect_same(const Call& got, const Call& want, const std::string& what) {
@@ -196,6 +218,94 @@ TEST(XlaCudnnAttention, EmitsTheCallsJaxLowersTo) {
   EXPECT_NE(c128.find("\"fmha_scale\": 0.08838834764831843,"), std::string::npos) << c128;
   EXPECT_NE(ops::cudnn_fmha_config(1, 1, 8, {1.0, 0, 64}, false).find("\"fmha_scale\": 1.0,"),
             std::string::npos);
+}
+
+// Packed rows: the calls JAX's cuDNN dot_product_attention lowers to with segment lengths and offsets (mask
+// PADDING_CAUSAL, max_seg_per_batch 4, four s32 operands more, statistics [B * M, H, T]).
+TEST(XlaCudnnAttention, EmitsThePackedCallsJaxLowersTo) {
+  for (int64_t window : {int64_t(0), int64_t(128)}) {
+    const std::string json =
+        read(std::string(OLMOSFT_GOLDEN_DIR) + "/xla/cudnn_fmha/packed_w" + std::to_string(window) + ".json");
+    const std::string module = cudnn_module(window, kM);
+    for (const char* target : {kFwd, kBwd}) {
+      const Call want = fixture_call(json, target), got = emitted_call(module, target);
+      ASSERT_NE(want.config.find("PADDING_CAUSAL"), std::string::npos) << target;
+      expect_same(got, want, std::string(target) + " packed, window " + std::to_string(window));
+    }
+  }
+}
+
+// The host's lengths and offsets are what JAX's _fix_seqlen_offsets gives cuDNN for the same batch (the
+// key/value offsets with the upstream GQA fix: the key heads' stride), and the graph's multiplication by a
+// token's stride, run on XLA's CPU plugin, gives JAX's element offsets.
+TEST(XlaCudnnAttention, PackedRowsAreJaxsSegmentsAndOffsets) {
+  const std::string json = read(std::string(OLMOSFT_GOLDEN_DIR) + "/xla/cudnn_fmha/packed_offsets.json");
+  auto want = [&](const char* key) {
+    std::vector<int64_t> flat;
+    for (const auto& row : int_lists(list_after(json, key, 0, json.size())))
+      flat.insert(flat.end(), row.begin(), row.end());
+    return flat;
+  };
+  const std::vector<int32_t> seg = packed_segments(kPackedRows);
+  EXPECT_EQ(ops::cudnn_documents_per_row(seg.data(), B, T), 3);
+  const ops::CudnnPackedRows p = ops::cudnn_packed_rows(seg.data(), B, T, kM);
+  const std::vector<int64_t> seqlen(p.seqlen.begin(), p.seqlen.end()),
+      tokens(p.offsets.begin(), p.offsets.end());
+  EXPECT_EQ(seqlen, want("q_seqlen"));
+  EXPECT_EQ(seqlen, want("kv_seqlen"));
+  std::vector<int64_t> q_elements, kv_elements;
+  for (int64_t x : tokens) {
+    q_elements.push_back(x * H * D);
+    kv_elements.push_back(x * Hkv * D);
+  }
+  EXPECT_EQ(q_elements, want("q_offsets"));
+  EXPECT_EQ(kv_elements, want("kv_offsets"));
+  OLMOSFT_CPU_PLUGIN_ONLY();
+  HloBuilder b;
+  const Value off = b.argument({ElementType::kS32, {B, kM + 1}});
+  const ops::CudnnElementOffsets e = ops::cudnn_element_offsets(b, off, H, Hkv, D);
+  b.returns({e.q, e.kv});
+  Client& c = testutil::test_client(1);
+  Executable exe = c.compile(b.module());
+  Buffer in = c.to_device(p.offsets.data(), {ElementType::kS32, {B, kM + 1}});
+  std::vector<Buffer*> ptrs{&in};
+  const std::vector<Buffer> out = exe.execute(ptrs);
+  const auto gq = out[0].to_host<int32_t>(), gkv = out[1].to_host<int32_t>();
+  EXPECT_EQ(std::vector<int64_t>(gq.begin(), gq.end()), want("q_offsets"));
+  EXPECT_EQ(std::vector<int64_t>(gkv.begin(), gkv.end()), want("kv_offsets"));
+}
+
+TEST(XlaCudnnAttention, RefusesBatchesThePackedFormCannotExpress) {
+  std::vector<int32_t> seg = packed_segments({{10, 10, 10}, {5}});
+  seg[25] = 0;  // row 0: document 0 again inside document 2
+  EXPECT_NE(testutil::error_of([&] {
+              ops::cudnn_documents_per_row(seg.data(), B, T);
+            }).find("row 0 token 25: document 0 starts a second time"),
+            std::string::npos);
+  seg = packed_segments({{10, 10, 10, 10, 10}, {5}});
+  EXPECT_NE(
+      testutil::error_of([&] {
+        ops::cudnn_packed_rows(seg.data(), B, T, 4);
+      }).find("a row holds 5 documents, more than the program's packed form takes (max_seg_per_batch 4)"),
+      std::string::npos);
+  auto build = [](std::vector<int64_t> qd, int64_t M, int64_t seg_T) {
+    HloBuilder b;
+    std::vector<int64_t> kd = qd;
+    kd[2] = 1;
+    const Value q = b.argument({F32, qd}), k = b.argument({F32, kd}), v = b.argument({F32, kd});
+    const ops::CudnnPacking p{b.argument({ElementType::kS32, {qd[0], M}}),
+                              b.argument({ElementType::kS32, {qd[0], M + 1}}),
+                              b.argument({ElementType::kS32, {qd[0], seg_T}})};
+    ops::attention_forward_cudnn(b, q, k, v, {0.1, 0, 64}, &p);
+  };
+  auto emit = [&](std::vector<int64_t> qd, int64_t M, int64_t seg_T) {
+    return testutil::error_of([&] { build(qd, M, seg_T); });
+  };
+  EXPECT_NO_THROW(build({2, 8, 4, 64}, 2, 8));
+  EXPECT_NO_THROW(build({1, 65536, 32, 128}, 8, 65536));  // the runbook's row per device: 2^28 elements
+  EXPECT_NE(emit({2, 8, 4, 64}, 1, 8).find("M >= 2"), std::string::npos);
+  EXPECT_NE(emit({2, 8, 4, 64}, 2, 9).find("seg [2, 8]"), std::string::npos);
+  EXPECT_NE(emit({16, 65536, 32, 128}, 8, 65536).find("exceeds 2^31 - 1"), std::string::npos);
 }
 
 TEST(XlaCudnnAttention, RefusesShapesCudnnDoesNotRun) {
@@ -230,10 +340,11 @@ TEST(XlaCudnnAttention, CpuPluginParsesTheModuleAndRefusesTheCall) {
   EXPECT_EQ(msg.find("parse"), std::string::npos) << msg;
 }
 
-// On a GPU: cuDNN against the blockwise f32 attention on the same bf16-rounded q, k, v and dout. Tolerance
-// 2e-2 of each tensor's scale: cuDNN returns bf16 (half an ulp, 2^-9 relative, per element) and rounds the
-// probabilities to bf16 before the P V and dS products (2^-9 each, summed over up to T keys with a random
-// sign).
+// On a GPU: cuDNN against the blockwise f32 attention on the same bf16-rounded q, k, v and dout, rows of one
+// document (the plain form) and packed rows with padding (the packed form, M 4). Tolerance 2e-2 of each
+// tensor's scale: cuDNN returns bf16 (half an ulp, 2^-9 relative, per element) and rounds the probabilities
+// to bf16 before the P V and dS products (2^-9 each, summed over up to T keys with a random sign). Padding
+// tokens: 0 in both (set by the packed form, computed by the blockwise attention).
 TEST(XlaCudnnAttention, MatchesBlockwiseAttentionOnTheGpu) {
   const std::string plugin = testutil::test_plugin();
   if (plugin != "cuda" && plugin.find("cuda") == std::string::npos)
@@ -249,38 +360,51 @@ TEST(XlaCudnnAttention, MatchesBlockwiseAttentionOnTheGpu) {
   };
   const auto q = rounded(B * T * H * D), k = rounded(B * T * Hkv * D), v = rounded(B * T * Hkv * D),
              dout = rounded(B * T * H * D);
-  const std::vector<int32_t> seg(static_cast<size_t>(B * T), 0);
-  for (int64_t window : {int64_t(0), int64_t(128)}) {
-    const ops::AttentionOptions o{kScale, window, 64};
-    HloBuilder b;
-    const Value aq = b.argument({F32, {B, T, H, D}}), ak = b.argument({F32, {B, T, Hkv, D}}),
-                av = b.argument({F32, {B, T, Hkv, D}}), ado = b.argument({F32, {B, T, H, D}}),
-                as = b.argument({ElementType::kS32, {B, T}});
-    const auto cf = ops::attention_forward_cudnn(b, aq, ak, av, o);
-    const auto cb = ops::attention_backward_cudnn(b, aq, ak, av, cf.out, cf.lse, ado, o);
-    const auto rf = ops::attention_forward(b, aq, ak, av, as, o);
-    const auto rb = ops::attention_backward(b, aq, ak, av, as, rf.out, rf.lse, ado, o);
-    b.returns({cf.out, cb.dq, cb.dk, cb.dv, rf.out, rb.dq, rb.dk, rb.dv});
-    Executable exe = c.compile(b.module());
-    std::vector<Buffer> in;
-    in.push_back(c.to_device(q.data(), {F32, {B, T, H, D}}));
-    in.push_back(c.to_device(k.data(), {F32, {B, T, Hkv, D}}));
-    in.push_back(c.to_device(v.data(), {F32, {B, T, Hkv, D}}));
-    in.push_back(c.to_device(dout.data(), {F32, {B, T, H, D}}));
-    in.push_back(c.to_device(seg.data(), {ElementType::kS32, {B, T}}));
-    std::vector<Buffer*> ptrs;
-    for (Buffer& x : in) ptrs.push_back(&x);
-    std::vector<Buffer> out = exe.execute(ptrs);
-    const char* names[] = {"out", "dq", "dk", "dv"};
-    for (size_t i = 0; i < 4; ++i) {
-      const auto got = out[i].to_host<float>(), want = out[i + 4].to_host<float>();
-      double scale = 1e-30, err = 0;
-      for (float w : want) scale = std::max(scale, double(std::fabs(w)));
-      for (size_t j = 0; j < got.size(); ++j)
-        err = std::max(err, std::fabs(double(got[j]) - want[j]) / scale);
-      std::cout << "cuDNN vs blockwise " << names[i] << " (window " << window << "): max error " << err
-                << " of the scale " << scale << "\n";
-      EXPECT_LE(err, 2e-2) << names[i] << " window " << window;
+  for (const int64_t M : {int64_t(0), kM})
+    for (const int64_t window : {int64_t(0), int64_t(128)}) {
+      const std::vector<int32_t> seg =
+          M == 0 ? std::vector<int32_t>(static_cast<size_t>(B * T), 0) : packed_segments(kPackedRows);
+      const ops::AttentionOptions o{kScale, window, 64};
+      HloBuilder b;
+      const Value aq = b.argument({F32, {B, T, H, D}}), ak = b.argument({F32, {B, T, Hkv, D}}),
+                  av = b.argument({F32, {B, T, Hkv, D}}), ado = b.argument({F32, {B, T, H, D}}),
+                  as = b.argument({ElementType::kS32, {B, T}});
+      std::optional<ops::CudnnPacking> p;
+      ops::CudnnPackedRows rows;
+      if (M > 0) {
+        p = ops::CudnnPacking{b.argument({ElementType::kS32, {B, M}}),
+                              b.argument({ElementType::kS32, {B, M + 1}}), as};
+        rows = ops::cudnn_packed_rows(seg.data(), B, T, M);
+      }
+      const auto cf = ops::attention_forward_cudnn(b, aq, ak, av, o, p ? &*p : nullptr);
+      const auto cb = ops::attention_backward_cudnn(b, aq, ak, av, cf.out, cf.lse, ado, o, p ? &*p : nullptr);
+      const auto rf = ops::attention_forward(b, aq, ak, av, as, o);
+      const auto rb = ops::attention_backward(b, aq, ak, av, as, rf.out, rf.lse, ado, o);
+      b.returns({cf.out, cb.dq, cb.dk, cb.dv, rf.out, rb.dq, rb.dk, rb.dv});
+      Executable exe = c.compile(b.module());
+      std::vector<Buffer> in;
+      in.push_back(c.to_device(q.data(), {F32, {B, T, H, D}}));
+      in.push_back(c.to_device(k.data(), {F32, {B, T, Hkv, D}}));
+      in.push_back(c.to_device(v.data(), {F32, {B, T, Hkv, D}}));
+      in.push_back(c.to_device(dout.data(), {F32, {B, T, H, D}}));
+      in.push_back(c.to_device(seg.data(), {ElementType::kS32, {B, T}}));
+      if (M > 0) {
+        in.push_back(c.to_device(rows.seqlen.data(), {ElementType::kS32, {B, M}}));
+        in.push_back(c.to_device(rows.offsets.data(), {ElementType::kS32, {B, M + 1}}));
+      }
+      std::vector<Buffer*> ptrs;
+      for (Buffer& x : in) ptrs.push_back(&x);
+      std::vector<Buffer> out = exe.execute(ptrs);
+      const char* names[] = {"out", "dq", "dk", "dv"};
+      for (size_t i = 0; i < 4; ++i) {
+        const auto got = out[i].to_host<float>(), want = out[i + 4].to_host<float>();
+        double scale = 1e-30, err = 0;
+        for (float w : want) scale = std::max(scale, double(std::fabs(w)));
+        for (size_t j = 0; j < got.size(); ++j)
+          err = std::max(err, std::fabs(double(got[j]) - want[j]) / scale);
+        std::cout << "cuDNN vs blockwise " << names[i] << " (" << (M ? "packed" : "one document per row")
+                  << ", window " << window << "): max error " << err << " of the scale " << scale << "\n";
+        EXPECT_LE(err, 2e-2) << names[i] << " packed " << M << " window " << window;
+      }
     }
-  }
 }
