@@ -17,6 +17,9 @@
 #                 __cudnn$fmhaSoftmax[Backward] in JAX's form; xla_cudnn_attention_test checks them against
 #                 the blockwise attention on the GPU first). JAX reached 0.438 MFU at 8,192 with cuDNN, 0.206
 #                 without: the goal of 0.40 needs this path.
+#   7b4-8k-cudnn-packed  the 8,192-token step with 4 documents of 2,048 tokens per row (`--docs-per-row 4`):
+#                 cuDNN's packed form (PADDING_CAUSAL with segment lengths and offsets), how SFT rows are
+#                 packed; its FLOPs count the shorter documents' attention
 #
 #   here, once:  scripts/install-deps.sh && scripts/accel-check.sh --stage
 #                (deps/xla/include: the PJRT C API header; deps/googletest; deps/xla-steps: the exports)
@@ -43,7 +46,9 @@ stage() {  # here, with the CPU build: googletest's source and the exported step
     "$bin" xla export --config olmo3-7b --layers 4 --seq 65536 --bf16 --out "$steps/7b4-64k" &&
     "$bin" xla export --config olmo3-7b --layers 4 --seq 8192 --bf16 --attention cudnn --out "$steps/7b4-8k-cudnn" &&
     "$bin" xla export --config olmo3-7b --layers 4 --seq 65536 --bf16 --attention cudnn \
-      --out "$steps/7b4-64k-cudnn" || return 1
+      --out "$steps/7b4-64k-cudnn" &&
+    "$bin" xla export --config olmo3-7b --layers 4 --seq 8192 --bf16 --attention cudnn --docs-per-row 4 \
+      --out "$steps/7b4-8k-cudnn-packed" || return 1
   du -sh "$steps"
 }
 if [[ "${1:-}" == "--stage" ]]; then
@@ -112,7 +117,8 @@ run_steps() {
   local name=$1 peak=${PEAK_TFLOPS:-989} d
   [[ -d $steps ]] || { echo "accel-check: no $steps (run scripts/accel-check.sh --stage here and carry it)"; return 1; }
   local status=0
-  for d in "$steps"/fixture-f32 "$steps"/7b4-8k "$steps"/7b4-8k-cudnn "$steps"/7b4-64k "$steps"/7b4-64k-cudnn; do
+  for d in "$steps"/fixture-f32 "$steps"/7b4-8k "$steps"/7b4-8k-cudnn "$steps"/7b4-8k-cudnn-packed "$steps"/7b4-64k \
+    "$steps"/7b4-64k-cudnn; do
     [[ -f $d/manifest.txt ]] || { echo "accel-check: $d missing"; status=1; continue; }
     if [[ $plugin == cpu && $d != *fixture* ]]; then echo "== $d: skipped on the CPU plugin (7B-shaped)"; continue; fi
     [[ $d == *cudnn* && $plugin != cuda ]] && { echo "== $d: skipped (cuDNN's attention: CUDA plugin only)"; continue; }

@@ -33,6 +33,7 @@
 #include "model/decoder_xla.h"
 #include "model/hf_dir.h"
 #include "train/flops.h"
+#include "xla/ops_attention_cudnn.h"
 #include "xla/pjrt.h"
 
 namespace {
@@ -43,7 +44,7 @@ using olmosft::model::XlaStepTensor;
 
 struct Args {
   std::string config, model, batch_file, out, attention = "blockwise";
-  int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0;
+  int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0, docs = 1;
   double lm_z = 1e-4;
   bool bf16 = false, expect = false, f32_trig = false;
 };
@@ -63,11 +64,14 @@ int64_t numel(const std::vector<int64_t>& d) {
 
 // The batch arguments: from the file's arrays (input_ids, segment_ids, position_ids, targets, loss_mask as
 // the fixtures write them), derived and checked as XlaDecoder does (model::xla_step_batch); without a file,
-// one document per row of generated tokens (the manifest's ids and positions), of which only the
-// log-positions are computed here (a scalable-softmax model's logpos argument).
+// --docs-per-row documents of equal length per row of generated tokens (the manifest's ids; segments and
+// positions as files when a row holds several documents), of which only the segments, positions and
+// log-positions are computed here. With --attention cudnn, the packed form's arrays when the rows need it.
 struct BatchArrays {
   olmosft::model::XlaStepBatch b;
   bool from_file = false;
+  int64_t cudnn_segments = 0;  // model::cudnn_segments (0: the plain form or blockwise attention)
+  olmosft::xla::ops::CudnnPackedRows cudnn;
 };
 
 BatchArrays read_batch(const Args& a, const olmosft::model::ModelConfig& m) {
@@ -93,6 +97,8 @@ BatchArrays read_batch(const Args& a, const olmosft::model::ModelConfig& m) {
     const std::vector<int32_t> mask = ints("loss_mask");
     trained.assign(mask.begin(), mask.end());
     out.from_file = true;
+  } else {
+    for (int64_t i = 0; i < N; ++i) seg[size_t(i)] = int32_t((i % a.seq) / (a.seq / a.docs));
   }
   const olmosft::model::Batch b{
       a.batch,        a.seq,         tokens.data(), seg.data(), pos.empty() ? nullptr : pos.data(),
@@ -101,6 +107,11 @@ BatchArrays read_batch(const Args& a, const olmosft::model::ModelConfig& m) {
     out.b = olmosft::model::xla_step_batch(m, olmosft::model::DecoderOptions{}, b);
   } catch (const olmosft::Error& e) {  // a bad batch file: name it
     throw olmosft::Error(a.batch_file + ": " + e.what());
+  }
+  if (a.attention == "cudnn") {
+    out.cudnn_segments = olmosft::model::cudnn_segments(out.b.seg, a.batch, a.seq);
+    if (out.cudnn_segments > 0)
+      out.cudnn = olmosft::xla::ops::cudnn_packed_rows(out.b.seg.data(), a.batch, a.seq, out.cudnn_segments);
   }
   return out;
 }
@@ -114,10 +125,8 @@ void write_raw(const fs::path& p, const T* data, int64_t n) {
 // The manifest's `arg` lines and data files; `host` receives every argument's bytes when the step is also run
 // here (--expect).
 std::string argument_lines(const Args& a, const olmosft::model::ModelConfig& m, const XlaStepProgram& p,
-                           const fs::path& dir, std::vector<std::vector<char>>* host) {
+                           const BatchArrays& ba, const fs::path& dir, std::vector<std::vector<char>>* host) {
   std::ostringstream os;
-  const BatchArrays ba = read_batch(a, m);
-  if (a.attention == "cudnn") olmosft::model::check_cudnn_rows(ba.b.seg, a.batch, a.seq);
   const olmosft::model::XlaStepBatch& hb = ba.b;
   std::unique_ptr<olmosft::model::HfModel> weights;
   if (!a.model.empty())
@@ -142,8 +151,14 @@ std::string argument_lines(const Args& a, const olmosft::model::ModelConfig& m, 
       std::vector<float> w(size_t(numel(t.dims)));
       weights->read_f32(t.name, 0, int64_t(w.size()), w.data());  // fp32 whatever the stored dtype
       store(w.data(), int64_t(w.size()));
-    } else if (auto it = batch.find(t.name); it != batch.end() && ba.from_file) {
+    } else if (auto it = batch.find(t.name);
+               it != batch.end() && (ba.from_file || (a.docs > 1 && it->second != &hb.tokens &&
+                                                      it->second != &hb.targets && it->second != &hb.mask))) {
       store(it->second->data(), N);
+    } else if (t.name == "cudnn_seqlen") {
+      store(ba.cudnn.seqlen.data(), int64_t(ba.cudnn.seqlen.size()));
+    } else if (t.name == "cudnn_offsets") {
+      store(ba.cudnn.offsets.data(), int64_t(ba.cudnn.offsets.size()));
     } else if (t.name == "logpos") {  // from the file's batch, or the generated one's positions
       store(hb.logpos.data(), N);
     } else if (t.name == "grad_scale") {
@@ -225,8 +240,11 @@ int xla_export_main(int argc, char** argv) {
   app.add_option("--lm-z", a.lm_z, "z-loss coefficient")->capture_default_str();
   app.add_option("--attention-block", a.block, "queries / keys per attention block (default: the backend's)");
   app.add_option("--attention", a.attention,
-                 "blockwise (every plugin) or cudnn (cuDNN's fused attention: XLA's CUDA plugin only, one "
-                 "document per row)")
+                 "blockwise (every plugin) or cudnn (cuDNN's fused attention: XLA's CUDA plugin only; its "
+                 "packed form for rows of several documents)")
+      ->capture_default_str();
+  app.add_option("--docs-per-row", a.docs,
+                 "without --batch-file: documents of equal length per generated row (dividing --seq)")
       ->capture_default_str();
   app.add_flag("--expect", a.expect,
                "run the step here on XLA's CPU plugin and write its results as expected");
@@ -235,6 +253,9 @@ int xla_export_main(int argc, char** argv) {
     OLMO_CHECK(a.batch >= 1 && a.seq >= 1, "--batch and --seq must be >= 1");
     OLMO_CHECK(a.model.empty() || a.layers == 0, "--layers keeps random weights only (not with --model)");
     OLMO_CHECK(a.block >= 0 && a.vocab_tile >= 0, "--attention-block and --vocab-tile must be >= 0");
+    OLMO_CHECK(a.docs >= 1 && a.seq % a.docs == 0, "--docs-per-row must be >= 1 and divide --seq ", a.seq,
+               ", got ", a.docs);
+    OLMO_CHECK(a.docs == 1 || a.batch_file.empty(), "--docs-per-row is for generated rows, not --batch-file");
     olmosft::model::ModelConfig m;
     if (!a.model.empty()) {
       m = olmosft::model::load_config((fs::path(a.model) / "config.json").string());
@@ -251,11 +272,12 @@ int xla_export_main(int argc, char** argv) {
     olmosft::model::LossConfig loss;
     loss.vocab_tile = a.vocab_tile;
     loss.weight[olmosft::model::kLossLmZ] = a.lm_z;
-    const XlaStepProgram p = olmosft::model::xla_step_program(m, xo, a.batch, a.seq, loss);
+    const BatchArrays ba = read_batch(a, m);
+    const XlaStepProgram p = olmosft::model::xla_step_program(m, xo, a.batch, a.seq, loss, ba.cudnn_segments);
     const fs::path dir(a.out);
     fs::create_directories(dir / "data");
     std::vector<std::vector<char>> host;
-    const std::string args = argument_lines(a, m, p, dir, a.expect ? &host : nullptr);
+    const std::string args = argument_lines(a, m, p, ba, dir, a.expect ? &host : nullptr);
     std::string results;
     if (a.expect) {
       results = expected_lines(p, host, dir);
@@ -263,8 +285,9 @@ int xla_export_main(int argc, char** argv) {
       for (const auto& t : p.results)
         results += "result " + t.name + " " + t.dtype + " " + dims_text(t.dims) + "\n";
     }
-    // FLOPs as the trainer counts them (every position trained: the program computes every token's logits)
-    std::vector<int32_t> tok(size_t(a.batch * a.seq), 0), seg(tok.size(), 0), tgt(tok.size(), 0);
+    // FLOPs as the trainer counts them (the batch's documents; every position trained: the program computes
+    // every token's logits)
+    std::vector<int32_t> tok(size_t(a.batch * a.seq), 0), seg = ba.b.seg, tgt(tok.size(), 0);
     std::vector<uint8_t> tr(tok.size(), 1);
     olmosft::model::Batch fb{a.batch, a.seq, tok.data(), seg.data(), nullptr, tgt.data(), tr.data()};
     const double flops = olmosft::train::FlopModel(m).count(fb).total();

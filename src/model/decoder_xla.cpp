@@ -1,6 +1,7 @@
 // The decoder on XLA (see decoder_xla.h): the layer list emitted as one StableHLO program per batch shape.
 #include "model/decoder_xla.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "model/unit_emit.h"
 #include "xla/hlo_builder.h"
 #include "xla/ops_adamw.h"
+#include "xla/ops_attention_cudnn.h"
 #include "xla/ops_dense.h"
 #include "xla/pjrt.h"
 
@@ -29,12 +31,14 @@ struct StepKey {
   bool accumulate = false;  // the gradient sums so far are arguments, donated into the results (device state)
   double lm_z = 0, moe_lb = 0, router_z = 0;  // the loss weights (the MoE ones read by its backward)
   int64_t vocab_tile = 0;
+  int64_t cudnn_segments = 0;  // cuDNN's packed attention form with this M (cudnn_segments); 0: not packed
   auto operator<=>(const StepKey&) const = default;
 };
 
 static StepKey step_key(int64_t B, int64_t T, const LossConfig& loss, bool backward, bool logits,
-                        bool logprobs, bool accumulate = false) {
+                        bool logprobs, bool accumulate = false, int64_t cudnn_segments = 0) {
   StepKey k{B, T, backward, logits, logprobs, accumulate};
+  k.cudnn_segments = cudnn_segments;
   k.lm_z = loss.weight[kLossLmZ];
   k.moe_lb = loss.weight[kLossMoeLb];
   k.router_z = loss.weight[kLossRouterZ];
@@ -73,7 +77,7 @@ void check_dropless(const ModelConfig& c, const LossConfig& loss) {
 
 // The program's arguments after the parameters (registry order), in this order.
 struct BatchArgs {
-  std::optional<Value> tokens, seg, pos, logpos, targets, mask, scale, aux;
+  std::optional<Value> tokens, seg, pos, logpos, targets, mask, cudnn_seqlen, cudnn_offsets, scale, aux;
 };
 
 XlaStepTensor step_tensor(std::string name, const TensorType& t) {
@@ -99,6 +103,10 @@ BatchArgs batch_arguments(StepArgs& args, const ModelConfig& c, const StepKey& k
   if (uses_ssmax(c)) a.logpos = args.add("logpos", TensorType{ElementType::kF32, {N}});
   a.targets = args.add("targets", TensorType{ElementType::kS32, {N}});
   a.mask = args.add("mask", TensorType{ElementType::kS32, {N}});
+  if (const int64_t M = k.cudnn_segments; M > 0) {  // xla::ops::cudnn_packed_rows' arrays
+    a.cudnn_seqlen = args.add("cudnn_seqlen", TensorType{ElementType::kS32, {k.B, M}});
+    a.cudnn_offsets = args.add("cudnn_offsets", TensorType{ElementType::kS32, {k.B, M + 1}});
+  }
   if (k.backward) a.scale = args.add("grad_scale", TensorType{ElementType::kF32, {}});
   if (k.backward && !moe_layers(c).empty()) a.aux = args.add("aux_scale", TensorType{ElementType::kF32, {}});
   return a;
@@ -124,6 +132,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
   e.operands = xo.bf16 ? xla::ops::Operands::kBF16 : xla::ops::Operands::kF32;
   e.attention_block = xo.attention_block;
   e.attention_cudnn = xo.attention == XlaAttention::kCudnn;
+  if (a.cudnn_seqlen) e.cudnn_packed = xla::ops::CudnnPacking{*a.cudnn_seqlen, *a.cudnn_offsets, *a.seg};
   if (uses_rope(u.layers))
     for (int r : {static_cast<int>(RopeKind::Full), static_cast<int>(RopeKind::Sliding)})
       e.rope[r] = xla::ops::rope_tables(b, *a.pos, xla::ops::rope_inv_freq_constant(b, u.rope[r].inv_freq),
@@ -244,20 +253,19 @@ XlaAttention parse_xla_attention(const std::string& text, const std::string& whe
 
 const char* xla_attention_name(XlaAttention a) { return a == XlaAttention::kCudnn ? "cudnn" : "blockwise"; }
 
-void check_cudnn_rows(const std::vector<int32_t>& seg, int64_t B, int64_t T) {
-  OLMO_CHECK(static_cast<int64_t>(seg.size()) == B * T, "check_cudnn_rows: ", seg.size(),
-             " segment ids for [", B, ", ", T, "]");
-  for (int64_t r = 0; r < B; ++r) {
+int64_t cudnn_segments(const std::vector<int32_t>& seg, int64_t B, int64_t T) {
+  OLMO_CHECK(static_cast<int64_t>(seg.size()) == B * T, "cudnn_segments: ", seg.size(), " segment ids for [",
+             B, ", ", T, "]");
+  const int64_t docs = xla::ops::cudnn_documents_per_row(seg.data(), B, T);
+  bool plain = docs <= 1;  // every row: one document from its first token, then padding (or only padding)
+  for (int64_t r = 0; plain && r < B; ++r) {
     const int32_t* s = seg.data() + r * T;
-    int64_t t = 0;
-    while (t < T && s[t] == s[0] && s[0] >= 0) ++t;
-    while (t < T && s[t] < 0) ++t;
-    OLMO_CHECK(t == T, "xla.attention cudnn: row ", r,
-               " of the batch is not one document followed by padding ", "(token ", t, " has segment ", s[t],
-               ", the row starts with segment ", s[0],
-               "); cuDNN's fused attention is emitted for one document per row: use xla.attention blockwise, "
-               "or rows of one document");
+    plain = s[0] >= 0 || std::all_of(s, s + T, [](int32_t x) { return x < 0; });
   }
+  if (plain) return 0;
+  int64_t M = 2;
+  while (M < docs) M *= 2;
+  return M;
 }
 
 struct XlaDecoder::Impl {
@@ -298,28 +306,34 @@ size_t XlaDecoder::device_count() const { return impl_->client.device_count(); }
 namespace {
 
 // What xla_step_module / xla_step_program check before emitting (what XlaDecoder checks when built).
-void check_step(const ModelConfig& c, const LossConfig& loss, int64_t B, int64_t T) {
+void check_step(const ModelConfig& c, const LossConfig& loss, int64_t B, int64_t T, const XlaOptions& xo,
+                int64_t cudnn_segments) {
   check_emitted(c);
   check_dropless(c, loss);
   OLMO_CHECK(B > 0 && T > 0, c.model_type_name, ": batch must have B > 0 and T > 0 (got B=", B, ", T=", T,
              ")");
+  OLMO_CHECK(cudnn_segments == 0 || (xo.attention == XlaAttention::kCudnn && cudnn_segments >= 2),
+             "cuDNN's packed attention form: cudnn_segments must be 0 or >= 2 with xla.attention cudnn, got ",
+             cudnn_segments, " with ", xla_attention_name(xo.attention));
 }
 
 }  // namespace
 
 std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
-                            const LossConfig& loss, bool backward, bool logits, bool logprobs) {
-  check_step(c, loss, B, T);
+                            const LossConfig& loss, bool backward, bool logits, bool logprobs,
+                            int64_t cudnn_segments) {
+  check_step(c, loss, B, T, xo, cudnn_segments);
   const DecoderUnits units(c, DecoderOptions{});
-  return emit_step(c, units, xo, loss, step_key(B, T, loss, backward, logits, logprobs));
+  return emit_step(c, units, xo, loss,
+                   step_key(B, T, loss, backward, logits, logprobs, false, cudnn_segments));
 }
 
 XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
-                                const LossConfig& loss) {
-  check_step(c, loss, B, T);
+                                const LossConfig& loss, int64_t cudnn_segments) {
+  check_step(c, loss, B, T, xo, cudnn_segments);
   const DecoderUnits units(c, DecoderOptions{});
   XlaStepProgram p;
-  p.text = emit_step(c, units, xo, loss, step_key(B, T, loss, true, false, false), &p);
+  p.text = emit_step(c, units, xo, loss, step_key(B, T, loss, true, false, false, false, cudnn_segments), &p);
   return p;
 }
 
@@ -348,11 +362,12 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
              ", T=", batch.T, ")");
   OLMO_CHECK(batch.tokens != nullptr, who, ": batch has no tokens");
   const XlaStepBatch hb = xla_step_batch(config_, opts_, batch);
-  if (xo_.attention == XlaAttention::kCudnn) check_cudnn_rows(hb.seg, batch.B, batch.T);
+  const int64_t M = xo_.attention == XlaAttention::kCudnn ? cudnn_segments(hb.seg, batch.B, batch.T) : 0;
   Impl& im = *impl_;
   const bool on_device = !im.p.empty(), accumulate = backward && !im.g.empty();
   xla::Executable& exe = program(
-      step_key(batch.B, batch.T, loss, backward, logits != nullptr, logprobs != nullptr, accumulate), loss);
+      step_key(batch.B, batch.T, loss, backward, logits != nullptr, logprobs != nullptr, accumulate, M),
+      loss);
   std::optional<AddSeconds> phase{std::in_place, &stats_.upload_seconds};  // upload, execute, download
   const xla::Client& cl = im.client;
   std::vector<xla::Buffer> args;  // the host's parameters (no device state), then the batch
@@ -370,6 +385,11 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
   if (uses_ssmax(config_)) args.push_back(cl.to_device(std::span<const float>(hb.logpos), {N}));
   args.push_back(cl.to_device(std::span<const int32_t>(hb.targets), {N}));
   args.push_back(cl.to_device(std::span<const int32_t>(hb.mask), {N}));
+  if (M > 0) {
+    const xla::ops::CudnnPackedRows rows = xla::ops::cudnn_packed_rows(hb.seg.data(), batch.B, batch.T, M);
+    args.push_back(cl.to_device(std::span<const int32_t>(rows.seqlen), {batch.B, M}));
+    args.push_back(cl.to_device(std::span<const int32_t>(rows.offsets), {batch.B, M + 1}));
+  }
   const float scale = static_cast<float>(grad_scale);
   if (backward) args.push_back(cl.to_device(std::span<const float>(&scale, 1), {}));
   const float aux = static_cast<float>(aux_scale);

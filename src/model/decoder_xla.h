@@ -39,8 +39,8 @@ struct XlaOptions {
   bool bf16 = false;             // bf16 operands in every GEMM with f32 accumulation (compute.dtype bf16)
   int64_t attention_block = 64;  // queries / keys per block of the blockwise attention
   // xla.attention: the blockwise attention every plugin runs (segments, padding, windows), or cuDNN's fused
-  // attention (xla/ops_attention_cudnn.h: CUDA plugin only, bf16 operands, one document per row: checked per
-  // batch by check_cudnn_rows).
+  // attention (xla/ops_attention_cudnn.h: CUDA plugin only, bf16 operands; rows of several documents take its
+  // packed form, cudnn_segments).
   XlaAttention attention = XlaAttention::kBlockwise;
   // RoPE's cos / sin evaluated in f64 and rounded once, as the CPU kernels (bit-exact tables); false for
   // devices without f64 (TPU): f32 trigonometry, about 1e-7 relative.
@@ -51,9 +51,11 @@ struct XlaOptions {
 // backward when BACKWARD; logits [N, V] and log-probs [N] outputs when asked). Needs no plugin: the
 // ahead-of-time compile for a topology (xla/pjrt.h) and the tests read it. Arguments and results:
 // docs/xla.md "The decoder on XLA". Throws like XlaDecoder's constructor for a layer it does not emit.
+// CUDNN_SEGMENTS: cuDNN's packed attention form with that M (cudnn_segments of the batch; xla.attention
+// cudnn).
 std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
-                            const LossConfig& loss, bool backward, bool logits = false,
-                            bool logprobs = false);
+                            const LossConfig& loss, bool backward, bool logits = false, bool logprobs = false,
+                            int64_t cudnn_segments = 0);
 
 // What the backend did so far (tests, logs).
 struct XlaRunStats {
@@ -70,9 +72,10 @@ struct XlaRunStats {
 struct StepKey;  // decoder_xla.cpp: what one compiled step program is for
 
 // A step program with the names and types of its arguments and results, in order: the parameters (HF
-// names, registry order), tokens, segments, positions, [logpos], targets, mask, grad_scale, [aux_scale: MoE
-// models]; results ce_sum, z_sum, count, [moe_stats.<layer> per MoE layer], grad.<HF name>... For running the
-// exact program elsewhere (scripts/accel-check.sh).
+// names, registry order), tokens, segments, positions, [logpos], targets, mask, [cudnn_seqlen, cudnn_offsets:
+// cuDNN's packed form, xla::ops::cudnn_packed_rows], grad_scale, [aux_scale: MoE models]; results ce_sum,
+// z_sum, count, [moe_stats.<layer> per MoE layer], grad.<HF name>... For running the exact program elsewhere
+// (scripts/accel-check.sh).
 struct XlaStepTensor {
   std::string name;
   std::string dtype;  // "f32" or "s32"
@@ -84,7 +87,7 @@ struct XlaStepProgram {
 };
 // The forward + backward step (no logits, no gradient sums as arguments).
 XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
-                                const LossConfig& loss);
+                                const LossConfig& loss, int64_t cudnn_segments = 0);
 
 // The batch arguments of a step program (tokens, segments, positions, logpos, targets, mask), derived from a
 // batch as on the CPU backend: batch_token_arrays' segments, positions and log-positions and
@@ -95,9 +98,11 @@ struct XlaStepBatch {
   std::vector<float> logpos;
 };
 XlaStepBatch xla_step_batch(const ModelConfig& c, const DecoderOptions& o, const Batch& b);
-// What cuDNN's fused attention (XlaAttention::kCudnn) computes right: every row of SEG ([B, T], -1 =
-// padding) holds one document, then only padding. Throws naming the first row that packs more.
-void check_cudnn_rows(const std::vector<int32_t>& seg, int64_t B, int64_t T);
+// Which form of cuDNN's fused attention (XlaAttention::kCudnn) a batch's SEG ([B, T], -1 = padding) takes:
+// 0 when every row is one document from its first token then padding (or only padding): the plain causal
+// form; otherwise the packed form's M, the most documents in a row rounded up to a power of two (>= 2), so
+// that few programs are compiled. Throws naming the row and token where a document id starts a second run.
+int64_t cudnn_segments(const std::vector<int32_t>& seg, int64_t B, int64_t T);
 
 class XlaDecoder : public CausalLM, public DeviceTraining {
  public:

@@ -227,6 +227,10 @@ xla::ops::AttentionOptions emit_attention_options(const Emit& e, int64_t window)
   return o;
 }
 
+const xla::ops::CudnnPacking* cudnn_packing(const Emit& e) {
+  return e.cudnn_packed ? &*e.cudnn_packed : nullptr;
+}
+
 // The SSMax factor logpos[i] * scale[h] as [N, H] (the CPU's f32 product), broadcast over head_dim.
 xla::Value ssmax_factor(Emit& e, const xla::Value& sc, int64_t H, int64_t D) {
   auto& b = e.b;
@@ -267,9 +271,9 @@ xla::Value AttentionUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s)
   s.kin = b.reshape(kn, {e.B, e.T, Hkv, D});
   s.vin = b.reshape(v_, {e.B, e.T, Hkv, D});
   const ops::AttentionOptions ao = emit_attention_options(e, window);
-  const ops::AttentionForward af = e.attention_cudnn
-                                       ? ops::attention_forward_cudnn(b, *s.qin, *s.kin, *s.vin, ao)
-                                       : ops::attention_forward(b, *s.qin, *s.kin, *s.vin, *e.seg, ao);
+  const ops::AttentionForward af =
+      e.attention_cudnn ? ops::attention_forward_cudnn(b, *s.qin, *s.kin, *s.vin, ao, cudnn_packing(e))
+                        : ops::attention_forward(b, *s.qin, *s.kin, *s.vin, *e.seg, ao);
   s.out = af.out;
   s.lse = af.lse;
   xla::Value og = b.reshape(af.out, {N, H * D});
@@ -304,7 +308,8 @@ xla::Value AttentionUnit::emit_backward(Emit& e, const xla::Value& x, const Emit
   const xla::Value dout = b.reshape(dO, {e.B, e.T, H, D});
   const ops::AttentionBackward ab =
       e.attention_cudnn
-          ? ops::attention_backward_cudnn(b, *s.qin, *s.kin, *s.vin, *s.out, *s.lse, dout, ao)
+          ? ops::attention_backward_cudnn(b, *s.qin, *s.kin, *s.vin, *s.out, *s.lse, dout, ao,
+                                          cudnn_packing(e))
           : ops::attention_backward(b, *s.qin, *s.kin, *s.vin, *e.seg, *s.out, *s.lse, dout, ao);
   xla::Value dqn = b.reshape(ab.dq, {N, H, D}), dkn = b.reshape(ab.dk, {N, Hkv, D});
   if (ssmax_scale >= 0) {                                              // qin = qn * logpos[i] * sc[h]

@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "xla/hlo_builder.h"
+#include "xla/ops_attention_cudnn.h"
 #include "xla/ops_dense.h"
 
 namespace olmosft::model::unit {
@@ -38,6 +39,8 @@ struct Emit {
   xla::ops::Operands operands = xla::ops::Operands::kF32;
   int64_t attention_block = 64;  // keys / queries per block of the blockwise attention
   bool attention_cudnn = false;  // cuDNN's fused attention (xla/ops_attention_cudnn.h) instead of blockwise
+  std::optional<xla::ops::CudnnPacking>
+      cudnn_packed;  // its packed form's arguments (rows of several documents)
   // Per MoE layer in layer order, appended by MoeUnit::emit_forward: f32 [3] = load-balance loss, router
   // z-loss (both unweighted), required_buffer_factor (moe::MoeStats; dropless, so no dropped count).
   std::vector<xla::Value> moe_stats;

@@ -70,8 +70,13 @@ check "--attention cudnn writes cuDNN's forward and backward custom call per lay
   "[ $rc -eq 0 ] && [ \$(grep -c 'call_target_name = \"__cudnn\$fmhaSoftmax\"' '$dir/cudnn/step.mlir') -eq 2 ] && [ \$(grep -c 'call_target_name = \"__cudnn\$fmhaSoftmaxBackward\"' '$dir/cudnn/step.mlir') -eq 2 ] && grep -q ' attention cudnn$' '$dir/cudnn/manifest.txt'"
 "$bin" xla export --model "$G/model/olmo3_tiny" --batch-file "$G/model/olmo3_tiny/batch.safetensors" --batch 2 \
   --seq 128 --attention cudnn --out "$dir/cudnn_packed" >/dev/null 2>"$dir/cudnn_packed.err"; rc=$?
-check "--attention cudnn refuses the fixture's packed rows (several documents per row), naming the row (exit 2)" \
-  "[ $rc -eq 2 ] && grep -q 'xla.attention cudnn: row 0 of the batch is not one document followed by padding' '$dir/cudnn_packed.err'"
+ints() { od -An -v -td4 "$1" | tr -s ' ' '\n' | grep -v '^$'; }
+check "--attention cudnn takes the fixture's packed rows (several documents per row) in cuDNN's packed form: its lengths cover every document token, offsets in tokens from the batch's start" \
+  "[ $rc -eq 0 ] && grep -q '^arg cudnn_seqlen s32 2,[0-9]* file ' '$dir/cudnn_packed/manifest.txt' && grep -q 'PADDING_CAUSAL' '$dir/cudnn_packed/step.mlir' && [ \$(ints '$dir/cudnn_packed/data/arg.cudnn_seqlen.bin' | awk '{s+=\$1} END {print s}') -eq \$(ints '$dir/cudnn_packed/data/arg.segments.bin' | awk '\$1>=0' | wc -l) ] && [ \$(ints '$dir/cudnn_packed/data/arg.cudnn_offsets.bin' | head -1) -eq 0 ]"
+"$bin" xla export --config olmo3-tiny --layers 1 --seq 64 --docs-per-row 4 --bf16 --attention cudnn \
+  --out "$dir/cudnn_docs" >/dev/null 2>"$dir/cudnn_docs.err"; rc=$?
+check "--docs-per-row 4: generated rows of 4 documents, cuDNN's packed form with max_seg_per_batch 4, lengths 16" \
+  "[ $rc -eq 0 ] && grep -q 'max_seg_per_batch\\\\22: 4' '$dir/cudnn_docs/step.mlir' && [ \"\$(ints '$dir/cudnn_docs/data/arg.cudnn_seqlen.bin' | sort -u)\" = 16 ] && [ \"\$(ints '$dir/cudnn_docs/data/arg.cudnn_offsets.bin' | tr '\\n' ' ')\" = '0 16 32 48 64 ' ]"
 "$bin" xla export --config olmo3-tiny --seq 64 --attention flash --out "$dir/flash" >/dev/null 2>"$dir/flash.err"; rc=$?
 check "--attention with an unknown value is refused (exit 2)" "[ $rc -eq 2 ] && grep -q \"expected blockwise or cudnn, got 'flash'\" '$dir/flash.err'"
 finish

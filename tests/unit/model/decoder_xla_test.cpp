@@ -661,10 +661,10 @@ TEST(DecoderXla, MoeCapacityIsRefusedAndTheStepIsDescribed) {
 }
 
 // xla.attention cudnn: each attention layer's forward and backward become cuDNN's two custom calls (their
-// form is checked against JAX in xla_cudnn_attention_test; only XLA's CUDA plugin runs them); a batch that
-// packs documents into a row, which that form cannot mask, is refused (check_cudnn_rows: XlaDecoder runs it
-// on each batch before anything is compiled), and so is a decoder on the CPU plugin.
-TEST(DecoderXla, CudnnAttentionIsEmittedPerLayerAndPackedRowsAreRefused) {
+// form is checked against JAX in xla_cudnn_attention_test; only XLA's CUDA plugin runs them), in the plain
+// form for rows of one document and in the packed form (cudnn_segments: XlaDecoder derives M from each batch)
+// for rows of several; a decoder on the CPU plugin is refused.
+TEST(DecoderXla, CudnnAttentionIsEmittedPerLayerInEitherForm) {
   XlaOptions xo;
   xo.attention = XlaAttention::kCudnn;
   xo.bf16 = true;
@@ -679,24 +679,43 @@ TEST(DecoderXla, CudnnAttentionIsEmittedPerLayerAndPackedRowsAreRefused) {
   const std::string step = xla_step_module(c, xo, 2, 128, fixture_loss(), true);
   EXPECT_EQ(count(step, fwd), c.num_hidden_layers);
   EXPECT_EQ(count(step, bwd), c.num_hidden_layers);
+  EXPECT_EQ(count(step, "PADDING_CAUSAL"), 0);
   EXPECT_EQ(count(xla_step_module(c, xo, 2, 128, fixture_loss(), false), bwd), 0);
   EXPECT_EQ(count(xla_step_module(c, XlaOptions{}, 2, 128, fixture_loss(), true), "__cudnn"), 0);
 
-  check_cudnn_rows({0, 0, 0, -1, 7, 7, 7, 7, -1, -1, -1, -1}, 3, 4);  // one document (+ padding) per row
-  const std::string two = olmosft::xla::testutil::error_of([] {
-    check_cudnn_rows({3, 3, 3, 3, 0, 0, 1, -1}, 2, 4);
+  // The packed form: every call packed with M 4, the arrays arguments right after the mask (where
+  // XlaDecoder::run passes them).
+  const std::string packed = xla_step_module(c, xo, 2, 128, fixture_loss(), true, false, false, 4);
+  EXPECT_EQ(count(packed, fwd), c.num_hidden_layers);
+  EXPECT_EQ(count(packed, bwd), c.num_hidden_layers);
+  EXPECT_EQ(count(packed, "PADDING_CAUSAL"), 2 * c.num_hidden_layers);
+  EXPECT_EQ(count(packed, "max_seg_per_batch\\22: 4"), 2 * c.num_hidden_layers);
+  const XlaStepProgram p = xla_step_program(c, xo, 2, 128, fixture_loss(), 4);
+  size_t mask = 0;
+  while (mask < p.arguments.size() && p.arguments[mask].name != "mask") ++mask;
+  ASSERT_LT(mask + 3, p.arguments.size());
+  EXPECT_EQ(p.arguments[mask + 1].name, "cudnn_seqlen");
+  EXPECT_EQ(p.arguments[mask + 1].dims, (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(p.arguments[mask + 2].name, "cudnn_offsets");
+  EXPECT_EQ(p.arguments[mask + 2].dims, (std::vector<int64_t>{2, 5}));
+  EXPECT_EQ(p.arguments[mask + 3].name, "grad_scale");
+  EXPECT_NE(olmosft::xla::testutil::error_of([&] {
+              xla_step_module(c, XlaOptions{}, 2, 128, fixture_loss(), true, false, false, 4);
+            }).find("cudnn_segments must be 0 or >= 2 with xla.attention cudnn, got 4 with blockwise"),
+            std::string::npos);
+
+  // Which form a batch takes: plain for one document (+ padding) per row, else M a power of two >= 2.
+  EXPECT_EQ(cudnn_segments({0, 0, 0, -1, 7, 7, 7, 7, -1, -1, -1, -1}, 3, 4), 0);
+  EXPECT_EQ(cudnn_segments({3, 3, 3, 3, 0, 0, 1, -1}, 2, 4), 2);
+  EXPECT_EQ(cudnn_segments({-1, 0, 0, 0}, 1, 4), 2);  // a document after padding: only the packed form
+  EXPECT_EQ(cudnn_segments({0, 1, 2, 3, 4, 5, 6, -1}, 1, 8), 8);
+  const std::string split = olmosft::xla::testutil::error_of([] {
+    cudnn_segments({0, 0, 0, 0, 4, 0, 4, 4}, 2, 4);
   });
-  EXPECT_NE(two.find("row 1 of the batch is not one document followed by padding (token 2 has segment 1"),
-            std::string::npos)
-      << two;
-  const std::string lead = olmosft::xla::testutil::error_of([] { check_cudnn_rows({-1, 0, 0, 0}, 1, 4); });
-  EXPECT_NE(lead.find("row 0 of the batch is not one document"), std::string::npos) << lead;
+  EXPECT_NE(split.find("row 1 token 2: document 4 starts a second time"), std::string::npos) << split;
   const Batch fb = fx().make(false);  // the fixture packs several documents per row
   const std::vector<int32_t> fixture_seg(fb.segments, fb.segments + fb.B * fb.T);
-  const std::string packed =
-      olmosft::xla::testutil::error_of([&] { check_cudnn_rows(fixture_seg, fb.B, fb.T); });
-  EXPECT_NE(packed.find("xla.attention cudnn: row 0 of the batch is not one document"), std::string::npos)
-      << packed;
+  EXPECT_GE(cudnn_segments(fixture_seg, fb.B, fb.T), 2);
   const std::string cpu = olmosft::xla::testutil::error_of([&] { XlaDecoder d(c, xo); });
   EXPECT_NE(
       cpu.find("cuDNN's fused attention runs on XLA's CUDA plugin only; xla.plugin cpu is platform cpu"),
