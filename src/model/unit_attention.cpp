@@ -224,6 +224,7 @@ xla::ops::AttentionOptions emit_attention_options(const Emit& e, int64_t window)
   o.scale = attention_config(e.c, e.B, e.T, window).scale;
   o.window = window;
   o.block = e.attention_block;
+  o.operands = e.operands;  // compute.dtype bf16: the attention's products too (cuDNN's always are)
   return o;
 }
 

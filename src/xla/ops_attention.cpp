@@ -20,10 +20,11 @@ struct Dims {
 // The operands in the loops' layouts: heads first, GQA groups split out, tokens padded to whole blocks
 // (segment -1 after T, so the padding is masked like any padding token).
 struct Prep : Dims {
-  Value qs;    // [Hkv, G, Tp, D]: scale * q
-  Value kp;    // [Hkv, Tp, D]
-  Value vp;    // [Hkv, Tp, Dv]
-  Value segp;  // [Tp]
+  Value qs;           // [Hkv, G, Tp, D]: scale * q
+  Value kp;           // [Hkv, Tp, D]
+  Value vp;           // [Hkv, Tp, Dv]
+  Value segp;         // [Tp]
+  bool bf16 = false;  // qs, kp, vp are bf16 and every product takes bf16 operands (f32 result)
 };
 
 Value pad_tokens(HloBuilder& b, const Dims& p, const Value& x) {
@@ -79,7 +80,19 @@ Prep prepare(HloBuilder& b, const Value& q, const Value& k, const Value& v, cons
   p.nb = (p.T + p.B - 1) / p.B;
   p.Tp = p.nb * p.B;
   const Value qs = b.mul(to_groups(b, p, q), full(b, {p.Hkv, p.G, p.Tp, p.D}, double(float(o.scale))));
-  return Prep{p, qs, to_heads(b, p, k), to_heads(b, p, v), pad_tokens(b, p, seg)};
+  const bool bf16 = o.operands == Operands::kBF16;
+  auto in = [&](const Value& x) { return bf16 ? b.convert(x, ElementType::kBF16) : x; };
+  return Prep{p, in(qs), in(to_heads(b, p, k)), in(to_heads(b, p, v)), pad_tokens(b, p, seg), bf16};
+}
+
+// A product of the loops: f32 operands (HIGHEST precision), or with P.bf16 bf16 operands (an f32 operand,
+// P or dS, rounded here) accumulated in f32.
+Value product(HloBuilder& b, const Prep& p, const Value& x, const Value& y, const DotDims& dims) {
+  if (!p.bf16) return b.dot_general(x, y, dims);
+  auto in = [&](const Value& v) {
+    return v.type().type == ElementType::kBF16 ? v : b.convert(v, ElementType::kBF16);
+  };
+  return b.dot_general(in(x), in(y), dims, ElementType::kF32);
 }
 
 Value i32(HloBuilder& b, int64_t v) { return b.scalar(kS32, double(v)); }
@@ -141,7 +154,7 @@ struct Running {
 Running online_step(HloBuilder& b, const Prep& p, const Value& qb, const Value& kb, const Value& vb,
                     const Value& mask, const Running& r) {
   const std::vector<int64_t> rows{p.Hkv, p.G, p.B}, sdims{p.Hkv, p.G, p.B, p.B}, odims{p.Hkv, p.G, p.B, p.Dv};
-  const Value s = b.dot_general(qb, kb, {{0}, {0}, {3}, {2}});  // [Hkv, G, B, B]
+  const Value s = product(b, p, qb, kb, {{0}, {0}, {3}, {2}});  // [Hkv, G, B, B]
   const Value m_new = b.max(r.m, b.reduce_max(b.select(mask, s, full(b, sdims, kNegInf)), {3}));
   const Value no_key = b.compare(m_new, full(b, rows, kNegInf), Compare::kEq);
   const Value m_safe = b.select(no_key, full(b, rows, 0.0), m_new);
@@ -149,7 +162,7 @@ Running online_step(HloBuilder& b, const Prep& p, const Value& qb, const Value& 
   const Value alpha = b.select(b.compare(r.m, full(b, rows, kNegInf), Compare::kEq), full(b, rows, 0.0),
                                b.exp(b.sub(r.m, m_safe)));
   const Value l = b.add(b.mul(r.l, alpha), b.reduce_sum(pr, {3}));
-  const Value pv = b.dot_general(pr, vb, {{0}, {0}, {3}, {1}});  // [Hkv, G, B, Dv]
+  const Value pv = product(b, p, pr, vb, {{0}, {0}, {3}, {1}});  // [Hkv, G, B, Dv]
   return {m_new, l, b.add(b.mul(r.acc, bcast(b, alpha, odims, {0, 1, 2})), pv)};
 }
 
@@ -199,7 +212,7 @@ AttentionForward row_forward(HloBuilder& b, const Value& q, const Value& k, cons
 
 // The backward's per-query inputs in the loops' layout: dout, D_i = rowsum(dO * O) and lse (0 for padding).
 struct BackInputs {
-  Value dog;  // [Hkv, G, Tp, Dv]
+  Value dog;  // [Hkv, G, Tp, Dv] (bf16 with Prep::bf16: only products read it)
   Value di;   // [Hkv, G, Tp]
   Value lse;  // [Hkv, G, Tp]
 };
@@ -214,7 +227,7 @@ BackInputs back_inputs(HloBuilder& b, const Prep& p, const Value& out, const Val
   if (p.Tp > p.T) lr = b.concatenate({lr, full(b, {p.Hkv, p.G, p.Tp - p.T}, 0.0)}, 2);
   const Value lse_safe =
       b.select(b.compare(lr, full(b, rows, kNegInf), Compare::kEq), full(b, rows, 0.0), lr);
-  return {dog, di, lse_safe};
+  return {p.bf16 ? b.convert(dog, ElementType::kBF16) : dog, di, lse_safe};
 }
 
 // FlashAttention-2's order: key blocks in a loop; for each, a while loop over the query blocks that can see
@@ -244,16 +257,16 @@ AttentionBackward row_backward(HloBuilder& b, const Value& q, const Value& k, co
         [&](HloBuilder& b, const std::vector<Value>& a) {
           const Value qs = b.mul(a[0], i32(b, p.B));
           const Value qblk = q_rows(b, p, p.qs, qs), dob = q_rows(b, p, in.dog, qs);
-          const Value s = b.dot_general(qblk, kblk, {{0}, {0}, {3}, {2}});  // [Hkv, G, B, B]
+          const Value s = product(b, p, qblk, kblk, {{0}, {0}, {3}, {2}});  // [Hkv, G, B, B]
           const Value pr = b.select(block_mask(b, p, qs, ks, o.window),
                                     b.exp(b.sub(s, bcast(b, q_rows(b, p, in.lse, qs), sdims, {0, 1, 2}))),
                                     full(b, sdims, 0.0));
-          const Value dv = b.add(a[2], b.dot_general(pr, dob, {{0}, {0}, {1, 2}, {1, 2}}));  // [Hkv, B, Dv]
-          const Value dp = b.dot_general(dob, vblk, {{0}, {0}, {3}, {2}});                   // [Hkv, G, B, B]
+          const Value dv = b.add(a[2], product(b, p, pr, dob, {{0}, {0}, {1, 2}, {1, 2}}));  // [Hkv, B, Dv]
+          const Value dp = product(b, p, dob, vblk, {{0}, {0}, {3}, {2}});                   // [Hkv, G, B, B]
           const Value ds = b.mul(pr, b.sub(dp, bcast(b, q_rows(b, p, in.di, qs), sdims, {0, 1, 2})));
           const Value dk =
-              b.add(a[1], b.dot_general(ds, qblk, {{0}, {0}, {1, 2}, {1, 2}}));  // scale included
-          const Value dqb = b.add(q_rows(b, p, a[3], qs), b.dot_general(ds, kblk, {{0}, {0}, {3}, {1}}));
+              b.add(a[1], product(b, p, ds, qblk, {{0}, {0}, {1, 2}, {1, 2}}));  // scale included
+          const Value dqb = b.add(q_rows(b, p, a[3], qs), product(b, p, ds, kblk, {{0}, {0}, {3}, {1}}));
           const Value z = i32(b, 0);
           return std::vector<Value>{b.add(a[0], i32(b, 1)), dk, dv,
                                     b.dynamic_update_slice(a[3], dqb, {z, z, qs, z})};

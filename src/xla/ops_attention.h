@@ -17,7 +17,10 @@
 // computed; masks inside a block handle the rest (documents, padding). Memory: the inputs, the outputs and a
 // dq accumulator (linear in T) plus the [H, block, block] scores and probabilities of one step: never T x T.
 // T need not be a multiple of block (the tokens are padded with segment -1 inside the graph). All arithmetic
-// is f32.
+// is f32; with `operands` kBF16 (compute.dtype bf16) the five products take bf16 operands with f32
+// accumulation, as cuDNN's flash attention does: scale * q, k, v and dout rounded once (nearest even), the
+// probabilities P and the score gradients dS rounded before the products that read them (P V, P^T dO,
+// dS K, dS^T q); maxima, exponentials, sums and lse stay f32.
 //
 // Shapes: q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv] (f32), seg [T] (s32); H a multiple of Hkv (kv head j
 // serves q heads j*G .. j*G+G-1); out [T, H, Dv], lse [H, T]. With a leading batch dimension (q [B, T, H, D],
@@ -27,13 +30,15 @@
 #include <cstdint>
 
 #include "xla/hlo_builder.h"
+#include "xla/ops_dense.h"
 
 namespace olmosft::xla::ops {
 
 struct AttentionOptions {
-  double scale = 0.0;  // softmax scale (the model passes D^-0.5); must be finite
-  int64_t window = 0;  // sliding window W; <= 0: full causal
-  int64_t block = 64;  // keys per block (as kernels' kAttnBlockK)
+  double scale = 0.0;                  // softmax scale (the model passes D^-0.5); must be finite
+  int64_t window = 0;                  // sliding window W; <= 0: full causal
+  int64_t block = 64;                  // keys per block (as kernels' kAttnBlockK)
+  Operands operands = Operands::kF32;  // kBF16: the products' operands rounded to bf16 (blockwise only)
 };
 
 struct AttentionForward {

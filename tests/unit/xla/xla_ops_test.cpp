@@ -338,6 +338,66 @@ TEST(XlaOps, BlockwiseAttentionMatchesTheCpuKernelAndFloat64) {
   }
 }
 
+// Operands kBF16 (compute.dtype bf16): the same packed rows, inputs already bf16 (so rounding them changes
+// nothing, and D = 16 makes the scale 1/4 exact), against float64 on those inputs. What remains is the
+// rounding of P and dS to bf16 before their products (2^-9 relative per element, summed over up to a
+// document's keys with random signs): measured 7.2e-4..2.7e-3 of each tensor's scale, allowed 1e-2 (the
+// f32 path: 2e-7); at least 1e-4, so a path that forgot to round P and dS fails. lse has no rounded product
+// after q k^T (exact in f32 from bf16 inputs), so it stays at f32 accuracy. Every product of the graph takes
+// bf16 operands (no f32 product at HIGHEST precision is left).
+TEST(XlaOps, BlockwiseAttentionWithBf16OperandsStaysNearFloat64) {
+  const int64_t T = 100, H = 4, Hkv = 2, D = 16, Dv = 12;
+  const std::vector<int32_t> seg = attn_test::segments({30, 41, -3, 18, -8});
+  auto rounded = [](const std::vector<double>& x) {
+    std::vector<float> r;
+    for (double v : x) r.push_back(bf16_to_f32(f32_to_bf16(float(v))));
+    return r;
+  };
+  const auto q = rounded(attn_test::randn(T * H * D, 1)), k = rounded(attn_test::randn(T * Hkv * D, 2)),
+             v = rounded(attn_test::randn(T * Hkv * Dv, 3)), dout = rounded(attn_test::randn(T * H * Dv, 4));
+  for (int64_t window : {int64_t(0), int64_t(24)}) {
+    AttentionConfig c;
+    c.seq = T;
+    c.heads = H;
+    c.kv_heads = Hkv;
+    c.head_dim = D;
+    c.v_head_dim = Dv;
+    c.window = window;
+    c.scale = 0.25;
+    ops::AttentionOptions o{c.scale, window, 16};
+    o.operands = ops::Operands::kBF16;
+    const auto graph = [&](HloBuilder& b, const std::vector<Value>& a) {
+      const auto f = ops::attention_forward(b, a[0], a[1], a[2], a[3], o);
+      const auto g = ops::attention_backward(b, a[0], a[1], a[2], a[3], f.out, f.lse, a[4], o);
+      return std::vector<Value>{f.out, f.lse, g.dq, g.dk, g.dv};
+    };
+    const std::vector<Arg> args{arg(q, {T, H, D}), arg(k, {T, Hkv, D}), arg(v, {T, Hkv, Dv}), arg(seg, {T}),
+                                arg(dout, {T, H, Dv})};
+    auto out = run(args, graph);
+    HloBuilder mb;
+    std::vector<Value> in;
+    for (const Arg& a : args) in.push_back(mb.argument(a.type));
+    mb.returns(graph(mb, in));
+    const std::string module = mb.module();
+    EXPECT_EQ(module.find("HIGHEST"), std::string::npos) << "an f32 product is left";
+    size_t bf16_products = 0;
+    for (size_t i = 0; (i = module.find("stablehlo.dot_general", i)) != std::string::npos; ++i)
+      bf16_products += module.substr(i, module.find('\n', i) - i).find("bf16>, tensor<") != std::string::npos;
+    EXPECT_EQ(bf16_products, 7u) << "q k^T and P V forward; q k^T, P^T dO, dO V^T, dS^T q, dS k backward";
+    const auto ref64 = attn_test::naive(c, to_double(q), to_double(k), to_double(v), seg, to_double(dout));
+    const std::string w = " (bf16 operands, window " + std::to_string(window) + ")";
+    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+    const std::vector<double>* r64[] = {&ref64.o, &ref64.lse, &ref64.dq, &ref64.dk, &ref64.dv};
+    for (int i = 0; i < 5; ++i) {
+      const double err = expect_close(out[size_t(i)].to_host<float>(), *r64[i], i == 1 ? 2e-5 : 1e-2,
+                                      std::string("attention ") + names[i] + w + " vs float64");
+      if (i != 1) {
+        EXPECT_GT(err, 1e-4) << names[i] << w << ": P and dS not rounded to bf16?";
+      }
+    }
+  }
+}
+
 // Two packed rows ([B, T, ...]: the CPU kernel's layouts), with different documents (ids repeating across
 // rows) and padding, GQA and a window, against the CPU kernel with batch 2 and the naive float64 reference.
 TEST(XlaOps, BatchedAttentionMatchesTheCpuKernelAndFloat64) {
