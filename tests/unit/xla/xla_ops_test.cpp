@@ -294,6 +294,21 @@ TEST(XlaOps, RopeAndYarnMatchTheCpuKernel) {
   }
 }
 
+// The CPU kernel's (and the float64 reference's) attention shape.
+static AttentionConfig attention_config(int64_t batch, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                                        int64_t Dv, int64_t window, double scale) {
+  AttentionConfig c;
+  c.batch = batch;
+  c.seq = T;
+  c.heads = H;
+  c.kv_heads = Hkv;
+  c.head_dim = D;
+  c.v_head_dim = Dv;
+  c.window = window;
+  c.scale = scale;
+  return c;
+}
+
 // Packed rows with several documents and padding (in the middle and at the end), GQA (H = 2 Hkv), Dv != D,
 // full causal and sliding windows (wider and narrower than a block), T not a multiple of the block: out, lse,
 // dq, dk, dv against the CPU kernel (float) and the naive float64 reference of attn_util.h (a materialised T
@@ -307,14 +322,7 @@ TEST(XlaOps, BlockwiseAttentionMatchesTheCpuKernelAndFloat64) {
   const auto q = attn_test::cast<float>(qd), k = attn_test::cast<float>(kd), v = attn_test::cast<float>(vd),
              dout = attn_test::cast<float>(dod);
   for (int64_t window : {int64_t(0), int64_t(24), int64_t(5)}) {
-    AttentionConfig c;
-    c.seq = T;
-    c.heads = H;
-    c.kv_heads = Hkv;
-    c.head_dim = D;
-    c.v_head_dim = Dv;
-    c.window = window;
-    c.scale = 1.0 / std::sqrt(double(D));
+    const AttentionConfig c = attention_config(1, T, H, Hkv, D, Dv, window, 1.0 / std::sqrt(double(D)));
     const ops::AttentionOptions o{c.scale, window, 16};
     auto out = run(
         {arg(q, {T, H, D}), arg(k, {T, Hkv, D}), arg(v, {T, Hkv, Dv}), arg(seg, {T}), arg(dout, {T, H, Dv})},
@@ -356,14 +364,7 @@ TEST(XlaOps, BlockwiseAttentionWithBf16OperandsStaysNearFloat64) {
   const auto q = rounded(attn_test::randn(T * H * D, 1)), k = rounded(attn_test::randn(T * Hkv * D, 2)),
              v = rounded(attn_test::randn(T * Hkv * Dv, 3)), dout = rounded(attn_test::randn(T * H * Dv, 4));
   for (int64_t window : {int64_t(0), int64_t(24)}) {
-    AttentionConfig c;
-    c.seq = T;
-    c.heads = H;
-    c.kv_heads = Hkv;
-    c.head_dim = D;
-    c.v_head_dim = Dv;
-    c.window = window;
-    c.scale = 0.25;
+    const AttentionConfig c = attention_config(1, T, H, Hkv, D, Dv, window, 0.25);
     ops::AttentionOptions o{c.scale, window, 16};
     o.operands = ops::Operands::kBF16;
     const auto graph = [&](HloBuilder& b, const std::vector<Value>& a) {
@@ -410,15 +411,7 @@ TEST(XlaOps, BatchedAttentionMatchesTheCpuKernelAndFloat64) {
              k = attn_test::cast<float>(attn_test::randn(B * T * Hkv * D, 6)),
              v = attn_test::cast<float>(attn_test::randn(B * T * Hkv * Dv, 7)),
              dout = attn_test::cast<float>(attn_test::randn(B * T * H * Dv, 8));
-  AttentionConfig c;
-  c.batch = B;
-  c.seq = T;
-  c.heads = H;
-  c.kv_heads = Hkv;
-  c.head_dim = D;
-  c.v_head_dim = Dv;
-  c.window = 12;
-  c.scale = 1.0 / std::sqrt(double(D));
+  const AttentionConfig c = attention_config(B, T, H, Hkv, D, Dv, 12, 1.0 / std::sqrt(double(D)));
   const ops::AttentionOptions o{c.scale, c.window, 16};
   auto out = run({arg(q, {B, T, H, D}), arg(k, {B, T, Hkv, D}), arg(v, {B, T, Hkv, Dv}), arg(seg, {B, T}),
                   arg(dout, {B, T, H, Dv})},
