@@ -18,7 +18,6 @@ COPY . .
 RUN rm -rf build deps/venv deps/venv-reference deps/dolma2 \
  && scripts/install-deps.sh \
  && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DOLMOSFT_NATIVE=OFF -DOLMOSFT_WERROR=OFF \
-      -DOLMOSFT_CUDA=OFF \
  && cmake --build build --target olmosft \
  && rm -rf /var/lib/apt/lists/*
 # XLA's PJRT plugins: the CPU plugin and libtpu as install-deps.sh unpacks them (sha256-pinned in

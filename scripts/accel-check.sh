@@ -34,8 +34,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 steps=deps/xla-steps
 
-stage() {  # here, with the CPU build: googletest's source and the exported steps
-  scripts/gpu-check.sh --stage || return 1
+stage() {  # here, with the CPU build: googletest's source (the GPU image lacks it) and the exported steps
+  local src=${OLMOSFT_GTEST_SOURCE:-/usr/src/googletest}
+  [[ -f $src/CMakeLists.txt ]] || { echo "accel-check --stage: no GoogleTest source at $src"; return 1; }
+  rm -rf deps/googletest && cp -r "$src" deps/googletest || return 1
   local bin=${OLMOSFT_BIN:-build/olmosft}
   [[ -x $bin ]] || { echo "accel-check --stage: $bin not built (make build)"; return 1; }
   rm -rf "$steps" && mkdir -p "$steps"

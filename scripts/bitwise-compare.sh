@@ -34,6 +34,7 @@ else
     [ -e "$work/base/deps/$(basename "$d")" ] || ln -s "$d" "$work/base/deps/$(basename "$d")"
   done
   echo "bitwise-compare: building the base (cmake, $(nproc) jobs)"
+  # OLMOSFT_CUDA=OFF: a base from before src/cuda was removed (issue #29) would otherwise build it with nvcc
   cmake -S "$work/base" -B "$base_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOLMOSFT_CUDA=OFF >/dev/null || exit 2
   cmake --build "$base_build" -j "$(nproc)" --target olmosft model_bitwise_test >"$work/base-build.log" 2>&1 ||
     { tail -20 "$work/base-build.log"; echo "bitwise-compare: the base does not build"; exit 2; }

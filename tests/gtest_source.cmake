@@ -1,5 +1,5 @@
-# GoogleTest for the standalone accelerator builds (tests/cuda, tests/xla-accel), whose machines may lack an
-# installed one: a source tree given as -DOLMOSFT_GTEST_SOURCE=DIR (scripts/gpu-check.sh --stage copies one to
+# GoogleTest for the standalone accelerator build (tests/xla-accel), whose machines may lack an installed
+# one: a source tree given as -DOLMOSFT_GTEST_SOURCE=DIR (scripts/accel-check.sh --stage copies one to
 # deps/googletest), else an installed GoogleTest. Include it before the project's -Werror options.
 set(OLMOSFT_GTEST_SOURCE "" CACHE PATH "GoogleTest source tree (e.g. a copy of /usr/src/googletest)")
 if(OLMOSFT_GTEST_SOURCE)

@@ -265,6 +265,30 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   return parse_recipe(ss.str(), path, overrides);
 }
 
+namespace {
+
+// device=xla with an accelerator's plugin: one device per process for now (docs/xla.md).
+std::vector<std::string> xla_on_accelerators(const Recipe& r, const std::string& what) {
+  const SliceSpec& s = r.cluster.slice;
+  const bool tpu = s.kind == SliceSpec::Kind::Tpu;
+  const std::string& plugin = r.train.xla.plugin;
+  OLMO_CHECK(plugin != (tpu ? "cuda" : "tpu"), r.origin, ": key 'xla.plugin': ", plugin, " on ",
+             tpu ? "TPU slice " : "GPU nodes ", s.text, " (",
+             tpu ? "TPU chips need xla.plugin: tpu" : "NVIDIA GPUs need xla.plugin: cuda", ")");
+  OLMO_CHECK(r.train.dist.mode == "dp", r.origin, ": key 'dist.mode': ", r.train.dist.mode,
+             " with device=xla (the XLA backend holds every parameter on each process: dist.mode dp)");
+  const int per = s.devices_per_host;
+  std::string w = "WARNING: device=xla on the " + what + ": each pod runs one olmosft process on one " +
+                  (tpu ? "TPU chip" : "GPU") + " of its host (the XLA backend has no sharded programs yet, " +
+                  "docs/xla.md)";
+  if (per > 1)
+    w += ", so " + std::to_string(per - 1) + " of each pod's " + std::to_string(per) + " stay idle";
+  if (s.hosts > 1) w += "; the pods do not form one training job yet (no multi-host launcher)";
+  return {w + "."};
+}
+
+}  // namespace
+
 std::vector<std::string> accelerator_warnings(const Recipe& r) {
   const SliceSpec& s = r.cluster.slice;
   const bool tpu = s.kind == SliceSpec::Kind::Tpu;
@@ -274,21 +298,24 @@ std::vector<std::string> accelerator_warnings(const Recipe& r) {
              " (device=cuda needs NVIDIA GPU nodes: cluster.accelerator)");
   if (r.train.device == "cuda") {
     return {
-        "WARNING: device=cuda: this olmosft build trains on CPU only (no CUDA training backend yet, issue "
-        "#15). These manifests are what a CUDA build needs for the " +
+        "WARNING: device=cuda: olmosft has no hand-written CUDA backend (GPUs train with device: xla and "
+        "xla.plugin: cuda). These manifests are the GPU JobSet for the " +
         what +
-        "; run with this build's image, every pod would fail at preflight with 'device=cuda: this "
-        "build has no CUDA training backend yet'."};
+        "; run with this image, every pod would fail at preflight with 'device=cuda: olmosft has no "
+        "hand-written CUDA backend'."};
   }
+  if (r.train.device == "xla" && r.train.xla.plugin != "cpu") return xla_on_accelerators(r, what);
+  // The hosts' CPUs: device=cpu, or device=xla on XLA's CPU plugin.
+  const std::string on_cpu = r.train.device == "xla" ? "device=xla with xla.plugin=cpu" : "device=cpu";
   OLMO_CHECK(r.cluster.allow_cpu_on_accelerator_hosts, r.origin, ": key 'cluster.",
              tpu ? "slice" : "accelerator", "': ", s.text, " (", s.devices(),
-             tpu ? " TPU chips, " : " GPUs, ", s.hosts, " pods): this olmosft build ",
-             tpu ? "cannot use TPUs" : "trains on CPU only (device=cpu)",
-             ": its pods would train on the hosts' CPUs and leave the accelerators idle. Set "
-             "cluster.allow_cpu_on_accelerator_hosts=true to render it anyway",
-             tpu ? "" : ", or device: cuda for the manifests a CUDA build needs");
-  return {"WARNING: CPU TRAINING ON ACCELERATOR HOSTS: this olmosft build " +
-          std::string(tpu ? "cannot use TPUs" : "trains on CPU only (device=cpu)") + ": the " + what +
+             tpu ? " TPU chips, " : " GPUs, ", s.hosts, " pods): ", on_cpu,
+             " would train on the hosts' CPUs and leave the accelerators idle. Set device: xla with "
+             "xla.plugin: ",
+             tpu ? "tpu" : "cuda",
+             " to train on them (one per pod for now), or cluster.allow_cpu_on_accelerator_hosts=true to "
+             "render it anyway");
+  return {"WARNING: CPU TRAINING ON ACCELERATOR HOSTS: " + on_cpu + ": the " + what +
           " stay idle and every pod trains on its host's CPUs "
           "(cluster.allow_cpu_on_accelerator_hosts=true)."};
 }

@@ -117,12 +117,13 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
 // r.train.batch (devices and the derived numbers). Called by parse_recipe; exposed for tests.
 void check_fits(Recipe& r);
 
-// What this build's pods would really do on the slice, said plainly (issue #15): it trains on CPUs only.
-// Throws for accelerators it would leave idle (a TPU slice; GPU nodes with device=cpu) unless
-// cluster.allow_cpu_on_accelerator_hosts, and for device=cuda on a TPU slice; returns the warning lines
-// `k8s render`/`launch` print (and the JobSet carries): CPU training on accelerator hosts, or device=cuda,
-// which this build's pods refuse at preflight. Called by render(), not by parse_recipe (`k8s watch` reads the
-// recipes of runs rendered before these rules).
+// What this build's pods would really do on the slice, said plainly. Throws for accelerators they would leave
+// idle (device=cpu, or device=xla on XLA's CPU plugin) unless cluster.allow_cpu_on_accelerator_hosts, for
+// device=cuda on a TPU slice, for device=xla with the other accelerator's plugin or without dist.mode dp;
+// returns the warning lines `k8s render`/`launch` print (and the JobSet carries): CPU training on accelerator
+// hosts, device=cuda (refused by the pods at preflight), or device=xla (one device per pod, no multi-host
+// job yet). Called by render(), not by parse_recipe (`k8s watch` reads the recipes of runs rendered before
+// these rules).
 std::vector<std::string> accelerator_warnings(const Recipe& r);
 
 }  // namespace olmosft::cluster

@@ -10,9 +10,17 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/adamw_config.h"  // AdamWConfig
-
 namespace olmosft {
+
+// AdamW's hyperparameters, with torch.optim.AdamW's defaults.
+struct AdamWConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  // Throws olmosft::Error naming the bad field.
+  void validate() const;
+};
 
 template <typename T>
 struct AdamWParam {

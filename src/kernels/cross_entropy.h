@@ -23,9 +23,23 @@
 #include <cstdint>
 
 #include "core/tensor.h"
-#include "kernels/cross_entropy_config.h"  // XentConfig, XentStats
 
 namespace olmosft {
+
+// The kernels' configuration and result; each field's meaning is in the comment above.
+struct XentConfig {
+  int64_t valid_vocab = 0;     // rows of W in the softmax (<= V_rows); required
+  double z_loss = 0.0;         // z-loss coefficient (e.g. 1e-5); used by the backward
+  int64_t vocab_chunk = 4096;  // vocab columns per tile; 0 = whole vocab
+  int64_t row_block = 1024;    // trained tokens per tile; 0 = all
+  int32_t ignore_index = -100;
+};
+
+struct XentStats {
+  double ce_sum = 0;  // sum over trained tokens of (lse - logit[target])
+  double z_sum = 0;   // sum over trained tokens of lse^2 (not multiplied by z_loss)
+  int64_t count = 0;  // trained tokens
+};
 
 // lse: [N] output, the per-token logsumexp (0 for untrained tokens), needed by the backward.
 template <typename T>

@@ -255,8 +255,8 @@ std::vector<Recipe::Change> Recipe::diff(const Recipe& before, const Recipe& aft
 void require_device_supported(const TrainConfig& c) {
   OLMO_CHECK(
       c.device != "cuda", c.source,
-      ": device=cuda: this build has no CUDA training backend yet (issue #15); set device: cpu to train "
-      "on the CPUs (docs/cuda.md says what exists for CUDA so far)");
+      ": device=cuda: olmosft has no hand-written CUDA backend; train on NVIDIA GPUs with device: xla and "
+      "xla.plugin: cuda (XLA's CUDA plugin, docs/xla.md), or on the CPUs with device: cpu");
   OLMO_CHECK(c.device != "xla" || c.dist.mode == "dp", c.source, ": device=xla needs dist.mode dp (the XLA ",
              "backend holds every parameter on each process; got dist.mode ", c.dist.mode, ")");
 }

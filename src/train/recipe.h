@@ -77,12 +77,11 @@ struct TrainConfig {
   std::set<std::string> given;  // keys set in the file or an override (not defaults)
   std::string run_name, output_dir;
   int64_t seed = 0;
-  std::string device = "cpu";  // cpu | xla | cuda (cuda is refused by require_device_supported in this build)
+  std::string device = "cpu";  // cpu | xla | cuda (cuda is refused by require_device_supported)
   struct Xla {
-    std::string plugin = "cpu";  // xla.plugin: cpu | cuda | tpu | a PJRT plugin path (device: xla)
-    int64_t cpu_devices = 1;     // xla.cpu_devices: devices XLA's CPU plugin creates
-    std::string attention =
-        "blockwise";  // xla.attention: blockwise | cudnn (CUDA plugin, one document per row)
+    std::string plugin = "cpu";           // xla.plugin: cpu | cuda | tpu | a PJRT plugin path (device: xla)
+    int64_t cpu_devices = 1;              // xla.cpu_devices: devices XLA's CPU plugin creates
+    std::string attention = "blockwise";  // xla.attention: blockwise | cudnn (CUDA plugin)
   } xla;
   std::string tokenizer;
   struct Model {
@@ -187,8 +186,8 @@ class Recipe {
 // require_device_supported; `k8s render` passes false and reports the device itself (it renders GPU JobSets
 // for a device=cuda recipe, saying plainly that this build's pods would refuse it).
 void require_run_inputs(const TrainConfig& c, bool model_from_recipe = true, bool check_device = true);
-// Refuses a device this build cannot train on (device=cuda: no CUDA training backend yet, issue #15), before
-// any compute. Throws olmosft::Error naming the recipe and the key.
+// Refuses a device this build cannot train on (device=cuda: no hand-written CUDA backend; GPUs train through
+// device=xla with xla.plugin=cuda), before any compute. Throws olmosft::Error naming the recipe and the key.
 void require_device_supported(const TrainConfig& c);
 
 // True for keys a resumed run may change (OnResume::Operational in the schema, and the cluster and mesh

@@ -154,8 +154,8 @@ std::vector<RecipeKey> run_keys() {
       choice_key(
           "device", "cpu",
           "compute backend: cpu (the CPU kernels), xla (the same decoder emitted as StableHLO and run by "
-          "the PJRT plugin xla.plugin; dense Olmo 3 layers, docs/xla.md), or cuda (refused: no CUDA "
-          "training backend, issue #15)",
+          "the PJRT plugin xla.plugin; dense Olmo 3 layers, docs/xla.md), or cuda (refused: GPUs train "
+          "with device: xla and xla.plugin: cuda)",
           kMath, {"cpu", "xla", "cuda"}, OLMOSFT_FIELD(device)),
       text_key(
           "xla.plugin", "cpu",

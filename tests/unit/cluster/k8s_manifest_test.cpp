@@ -85,8 +85,8 @@ TEST(K8sManifest, RunbookRecipeMatchesSettings) {
   // This build cannot use the TPUs: the recipe says it accepts CPU training there, and the JobSet says so.
   EXPECT_EQ(
       js["metadata"]["annotations"]["olmosft.io/warning"].as<std::string>().rfind(
-          "WARNING: CPU TRAINING ON ACCELERATOR HOSTS: this olmosft build cannot use TPUs: the 128 TPU chips "
-          "of tpu-v4-4x4x8 (32 pods) stay idle",
+          "WARNING: CPU TRAINING ON ACCELERATOR HOSTS: device=cpu: the 128 TPU chips of tpu-v4-4x4x8 (32 "
+          "pods) stay idle",
           0),
       0u);
   EXPECT_EQ(js["spec"]["failurePolicy"]["maxRestarts"].as<int>(), 3);
@@ -180,7 +180,7 @@ TEST(K8sManifest, GpuRecipeMatchesSettings) {
   EXPECT_EQ(js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"].as<std::string>(), "post-training");
   EXPECT_FALSE(js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"]);  // GPU: none
   EXPECT_EQ(js["metadata"]["annotations"]["olmosft.io/warning"].as<std::string>().rfind(
-                "WARNING: device=cuda: this olmosft build trains on CPU only", 0),
+                "WARNING: device=cuda: olmosft has no hand-written CUDA backend", 0),
             0u);
   EXPECT_EQ(js["spec"]["failurePolicy"]["restartStrategy"].as<std::string>(), "BlockingRecreate");
   EXPECT_EQ(js["spec"]["successPolicy"]["targetReplicatedJobs"][0].as<std::string>(), "node");
@@ -283,7 +283,7 @@ TEST(K8sManifest, CliRenderRefusesBeforeWriting) {
       rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("32 pods x 4 chips = 128 devices"), std::string::npos) << out;
-  EXPECT_NE(out.find("\nWARNING: CPU TRAINING ON ACCELERATOR HOSTS: this olmosft build cannot use TPUs"),
+  EXPECT_NE(out.find("\nWARNING: CPU TRAINING ON ACCELERATOR HOSTS: device=cpu: the 128 TPU chips"),
             std::string::npos)
       << out;
   EXPECT_TRUE(fs::exists(dir / "m" / "2-jobset.yaml"));
@@ -305,7 +305,8 @@ TEST(K8sManifest, CliRenderRefusesBeforeWriting) {
                 " cluster.allow_cpu_on_accelerator_hosts=false --out " + (dir / "t").string(),
             rc);
   EXPECT_NE(rc, 0);
-  EXPECT_NE(out.find("this olmosft build cannot use TPUs: its pods would train on the hosts' CPUs"),
+  EXPECT_NE(out.find("device=cpu would train on the hosts' CPUs and leave the accelerators idle. Set "
+                     "device: xla with xla.plugin: tpu to train on them"),
             std::string::npos)
       << out;
   EXPECT_FALSE(fs::exists(dir / "t"));
@@ -319,8 +320,8 @@ TEST(K8sManifest, CliRenderRefusesBeforeWriting) {
             std::string::npos)
       << out;
   EXPECT_NE(
-      out.find("\nWARNING: device=cuda: this olmosft build trains on CPU only (no CUDA training backend "
-               "yet, issue #15)"),
+      out.find("\nWARNING: device=cuda: olmosft has no hand-written CUDA backend (GPUs train with device: "
+               "xla and xla.plugin: cuda)"),
       std::string::npos)
       << out;
   EXPECT_TRUE(fs::exists(dir / "g" / "2-jobset.yaml"));

@@ -257,8 +257,8 @@ TEST(K8sGpu, AcceleratorKeysAndDeviceHonesty) {
   EXPECT_FALSE(r.cluster.host_network);
   const std::vector<std::string> w = accelerator_warnings(r);
   ASSERT_EQ(w.size(), 1u);
-  EXPECT_EQ(w[0].rfind("WARNING: device=cuda: this olmosft build trains on CPU only (no CUDA training "
-                       "backend yet, issue #15). These manifests are what a CUDA build needs for the "
+  EXPECT_EQ(w[0].rfind("WARNING: device=cuda: olmosft has no hand-written CUDA backend (GPUs train with "
+                       "device: xla and xla.plugin: cuda). These manifests are the GPU JobSet for the "
                        "16 GPUs of gpu-h200-2x8 (2 pods)",
                        0),
             0u)
@@ -279,9 +279,9 @@ TEST(K8sGpu, AcceleratorKeysAndDeviceHonesty) {
   std::string e =
       error_of([&] { accelerator_warnings(parse_recipe(kBase, "r.yaml", with({"device=cpu"}))); });
   EXPECT_EQ(
-      e.rfind("r.yaml: key 'cluster.accelerator': gpu-h200-2x8 (16 GPUs, 2 pods): "
-              "this olmosft build trains on CPU only (device=cpu): its pods would train on the hosts' CPUs "
-              "and leave the accelerators idle. Set cluster.allow_cpu_on_accelerator_hosts=true",
+      e.rfind("r.yaml: key 'cluster.accelerator': gpu-h200-2x8 (16 GPUs, 2 pods): device=cpu would train on "
+              "the hosts' CPUs and leave the accelerators idle. Set device: xla with xla.plugin: cuda to "
+              "train on them (one per pod for now), or cluster.allow_cpu_on_accelerator_hosts=true",
               0),
       0u)
       << e;
@@ -317,21 +317,75 @@ TEST(K8sGpu, AcceleratorKeysAndDeviceHonesty) {
 
 // Issue #15 item 5: this build cannot use a TPU. A TPU slice is refused unless the recipe accepts CPU
 // training on the TPU hosts, and then every render says so; device=cuda on a TPU slice is refused outright.
+// device=xla with the slice's plugin trains on its accelerators, one device per pod for now (docs/xla.md):
+// rendered with a warning that says so, without cluster.allow_cpu_on_accelerator_hosts.
+TEST(K8sGpu, XlaOnAcceleratorsSaysOneDevicePerPod) {
+  const std::vector<std::string> tpu = {"cluster.allow_cpu_on_accelerator_hosts=false", "device=xla",
+                                        "xla.plugin=tpu"};
+  std::vector<std::string> w = accelerator_warnings(parse_recipe(kBase, "r.yaml", tpu));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0],
+            "WARNING: device=xla on the 128 TPU chips of tpu-v4-4x4x8 (32 pods): each pod runs one olmosft "
+            "process on one TPU chip of its host (the XLA backend has no sharded programs yet, docs/xla.md), "
+            "so 3 of each pod's 4 stay idle; the pods do not form one training job yet (no multi-host "
+            "launcher).");
+  auto with = [](std::vector<std::string> ov, std::vector<std::string> extra) {
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    return ov;
+  };
+  // A plugin path is taken as the slice's own; one GPU node has no multi-host clause.
+  EXPECT_EQ(accelerator_warnings(parse_recipe(kBase, "r.yaml", with(tpu, {"xla.plugin=/opt/tpu/libtpu.so"}))),
+            w);
+  const std::vector<std::string> gpu = {"cluster.slice=",
+                                        "cluster.allow_cpu_on_accelerator_hosts=false",
+                                        "cluster.accelerator=nvidia-h200-141gb",
+                                        "cluster.nodes=1",
+                                        "per_device_batch=1",
+                                        "global_batch=8",
+                                        "device=xla",
+                                        "xla.plugin=cuda"};
+  w = accelerator_warnings(parse_recipe(kBase, "r.yaml", gpu));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(
+      w[0],
+      "WARNING: device=xla on the 8 GPUs of gpu-h200-1x8 (1 pods): each pod runs one olmosft process on "
+      "one GPU of its host (the XLA backend has no sharded programs yet, docs/xla.md), so 7 of each "
+      "pod's 8 stay idle.");
+  // The other accelerator's plugin, a sharded dist.mode, and XLA's CPU plugin are refused, naming the key.
+  std::string e =
+      error_of([&] { accelerator_warnings(parse_recipe(kBase, "r.yaml", with(tpu, {"xla.plugin=cuda"}))); });
+  EXPECT_EQ(e, "r.yaml: key 'xla.plugin': cuda on TPU slice tpu-v4-4x4x8 (TPU chips need xla.plugin: tpu)");
+  e = error_of([&] { accelerator_warnings(parse_recipe(kBase, "r.yaml", with(gpu, {"xla.plugin=tpu"}))); });
+  EXPECT_EQ(e, "r.yaml: key 'xla.plugin': tpu on GPU nodes gpu-h200-1x8 (NVIDIA GPUs need xla.plugin: cuda)");
+  e = error_of([&] { accelerator_warnings(parse_recipe(kBase, "r.yaml", with(tpu, {"dist.mode=zero3"}))); });
+  EXPECT_EQ(
+      e.rfind("r.yaml: key 'dist.mode': zero3 with device=xla (the XLA backend holds every parameter", 0), 0u)
+      << e;
+  e = error_of([&] { accelerator_warnings(parse_recipe(kBase, "r.yaml", with(tpu, {"xla.plugin=cpu"}))); });
+  EXPECT_EQ(e.rfind("r.yaml: key 'cluster.slice': tpu-v4-4x4x8 (128 TPU chips, 32 pods): device=xla with "
+                    "xla.plugin=cpu would train on the hosts' CPUs and leave the accelerators idle",
+                    0),
+            0u)
+      << e;
+  EXPECT_EQ(render(parse_recipe(kBase, "r.yaml", tpu), {"x"}).warnings[0].rfind("WARNING: device=xla on", 0),
+            0u);
+}
+
 TEST(K8sGpu, TpuSliceIsHonest) {
   std::string e = error_of([] {
     accelerator_warnings(parse_recipe(kBase, "r.yaml", {"cluster.allow_cpu_on_accelerator_hosts=false"}));
   });
   EXPECT_EQ(e,
-            "r.yaml: key 'cluster.slice': tpu-v4-4x4x8 (128 TPU chips, 32 pods): this olmosft build cannot "
-            "use TPUs: its pods would train on the hosts' CPUs and leave the accelerators "
-            "idle. Set cluster.allow_cpu_on_accelerator_hosts=true to render it anyway");
+            "r.yaml: key 'cluster.slice': tpu-v4-4x4x8 (128 TPU chips, 32 pods): device=cpu would train on "
+            "the hosts' CPUs and leave the accelerators idle. Set device: xla with xla.plugin: tpu to train "
+            "on them (one per pod for now), or cluster.allow_cpu_on_accelerator_hosts=true to render it "
+            "anyway");
   Recipe r = parse_recipe(kBase, "r.yaml", {});
   ASSERT_EQ(accelerator_warnings(r).size(), 1u);
-  EXPECT_EQ(
-      accelerator_warnings(r)[0],
-      "WARNING: CPU TRAINING ON ACCELERATOR HOSTS: this olmosft build cannot use TPUs: the 128 TPU chips of "
-      "tpu-v4-4x4x8 (32 pods) stay idle and every pod trains on its host's CPUs "
-      "(cluster.allow_cpu_on_accelerator_hosts=true).");
+  EXPECT_EQ(accelerator_warnings(r)[0],
+            "WARNING: CPU TRAINING ON ACCELERATOR HOSTS: device=cpu: the 128 TPU chips of "
+            "tpu-v4-4x4x8 (32 pods) stay idle and every pod trains on its host's CPUs "
+            "(cluster.allow_cpu_on_accelerator_hosts=true).");
   e = error_of([] { accelerator_warnings(parse_recipe(kBase, "r.yaml", {"device=cuda"})); });
   EXPECT_EQ(e,
             "r.yaml: key 'device': cuda on TPU slice tpu-v4-4x4x8 (device=cuda needs NVIDIA GPU nodes: "
@@ -340,7 +394,7 @@ TEST(K8sGpu, TpuSliceIsHonest) {
   // rules of a run rendered before these rules (its ConfigMap has no allow_cpu_on_accelerator_hosts).
   Recipe old = parse_recipe(kBase, "r.yaml", {"cluster.allow_cpu_on_accelerator_hosts=false"});
   EXPECT_TRUE(old.cluster.stop_rules.nan_loss);
-  EXPECT_NE(error_of([&] { render(old, {"x"}); }).find("this olmosft build cannot use TPUs"),
+  EXPECT_NE(error_of([&] { render(old, {"x"}); }).find("device=cpu would train on the hosts' CPUs"),
             std::string::npos);
   EXPECT_EQ(render(r, {"x"}).warnings, accelerator_warnings(r));
 }

@@ -184,8 +184,9 @@ TEST(Recipe, FieldsAreRangeCheckedWithTheKeyNamed) {
             std::string::npos);
 }
 
-// Issue #15: `device: cpu|cuda`. This build has no CUDA training backend, so device=cuda is read (a k8s
-// render of a GPU recipe needs it) but refused by the run's preflight, before any file is opened.
+// `device: cpu|xla|cuda`. olmosft has no hand-written CUDA backend (GPUs train through device=xla), so
+// device=cuda is read (a k8s render of a GPU recipe needs it) but refused by the run's preflight, before any
+// file is opened.
 TEST(Recipe, DeviceKeyAndCudaRefusal) {
   EXPECT_EQ(Recipe::parse("steps: 3\n", "t.yaml").config().device, "cpu");  // the default
   TrainConfig c = Recipe::parse("steps: 3\ndevice: cuda\n", "gpu.yaml").config();
@@ -214,7 +215,8 @@ TEST(Recipe, DeviceKeyAndCudaRefusal) {
   c.data.path = "/nonexistent/data";  // never opened: the device is refused first
   c.model.init = "/nonexistent/hf";
   const std::string want =
-      "gpu.yaml: device=cuda: this build has no CUDA training backend yet (issue #15); set device: cpu";
+      "gpu.yaml: device=cuda: olmosft has no hand-written CUDA backend; train on NVIDIA GPUs with device: "
+      "xla and xla.plugin: cuda";
   e = error_of([&] { require_device_supported(c); });
   EXPECT_EQ(e.rfind(want, 0), 0u) << e;
   e = error_of([&] { require_run_inputs(c); });
@@ -245,8 +247,7 @@ TEST(Recipe, TrainCliRefusesCudaBeforeAnyCompute) {
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   const int rc = ::pclose(p);
   EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << rc << "\n" << out;
-  EXPECT_NE(out.find(yaml + ": device=cuda: this build has no CUDA training backend yet (issue #15)"),
-            std::string::npos)
+  EXPECT_NE(out.find(yaml + ": device=cuda: olmosft has no hand-written CUDA backend"), std::string::npos)
       << out;
   EXPECT_EQ(out.find("/nonexistent"), std::string::npos) << "a file was looked at first:\n" << out;
   EXPECT_FALSE(std::filesystem::exists(dir)) << "the run wrote into " << dir;
