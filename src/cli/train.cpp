@@ -61,6 +61,7 @@ int train_main(int argc, char** argv) {
     // this plan instead of making its own (rank 0 prints its warnings).
     std::ostringstream quiet;
     const olmosft::train::RunPlan plan = olmosft::train::plan_run(cfg, comm->rank() == 0 ? std::cerr : quiet);
+    olmosft::require_one_process_per_accelerator_host(cfg, olmosft::train::local_processes(comm->size()));
     // The memory plan from config.json alone (train/plan.h): a run that cannot fit is refused here, before
     // any weight is read.
     olmosft::require_run_inputs(cfg);

@@ -261,6 +261,14 @@ void require_device_supported(const TrainConfig& c) {
              "backend holds every parameter on each process; got dist.mode ", c.dist.mode, ")");
 }
 
+void require_one_process_per_accelerator_host(const TrainConfig& c, int64_t local_processes) {
+  OLMO_CHECK(c.device != "xla" || c.xla.plugin == "cpu" || local_processes <= 1, c.source,
+             ": device=xla with xla.plugin ", c.xla.plugin, ": ", local_processes,
+             " processes on this host would share its accelerators (each PJRT client opens all of them and "
+             "computes on the first); start one process per host (the XLA backend has no sharded programs "
+             "yet, docs/xla.md)");
+}
+
 void require_run_inputs(const TrainConfig& c, bool model_from_recipe, bool check_device) {
   if (check_device) require_device_supported(c);
   OLMO_CHECK(!c.data.path.empty(), c.source,

@@ -189,6 +189,11 @@ void require_run_inputs(const TrainConfig& c, bool model_from_recipe = true, boo
 // Refuses a device this build cannot train on (device=cuda: no hand-written CUDA backend; GPUs train through
 // device=xla with xla.plugin=cuda), before any compute. Throws olmosft::Error naming the recipe and the key.
 void require_device_supported(const TrainConfig& c);
+// device=xla on an accelerator (xla.plugin not cpu) with LOCAL_PROCESSES > 1 processes on this host is
+// refused: each process's PJRT client would open all of the host's accelerators (XLA's CUDA plugin
+// preallocates on each) and compute on the first. One process per host until the XLA programs are sharded
+// (docs/xla.md).
+void require_one_process_per_accelerator_host(const TrainConfig& c, int64_t local_processes);
 
 // True for keys a resumed run may change (OnResume::Operational in the schema, and the cluster and mesh
 // sections).

@@ -88,6 +88,13 @@ check "device xla on 2 processes: the state on each device (DEVICE-STATE), 3 ste
    paste <(ce_of xla1) <(ce_of xla2) <(ce_of ref) | awk '{ n++; d = \$2 - \$4; if (d < 0) d = -d; e = \$6 - \$2; if (e < 0) e = -e
      if (d / \$2 > 1e-5 || e / \$2 > 1e-5) bad++ } END { exit !(n == 3 && bad == 0) }'"
 
+# device: xla on an accelerator's plugin with 2 processes on this host: refused before any compute (each
+# PJRT client would open all of the host's accelerators); the plugin is never loaded, so none is needed here.
+mpi 2 train "$dir/recipe.yaml" run_name=xla-acc device=xla xla.plugin=tpu >"$dir/xla-acc.out" 2>"$dir/xla-acc.err"; rc=$?
+check "device xla with xla.plugin tpu on 2 processes of one host: refused, naming the recipe, nothing run" \
+  "[ $rc -ne 0 ] && grep -q 'recipe.yaml: device=xla with xla.plugin tpu: 2 processes on this host would share' '$dir/xla-acc.err' &&
+   ! grep -q '^LOSS-PARTS' '$dir/xla-acc.out'"
+
 # The hybrid (KDA + MoE): MoE loss parts included.
 hy=(model.init="$G/model/olmo3moe_tiny" loss.moe_lb=0.01 loss.router_z=0.001 steps=2)
 "$bin" train "$dir/recipe.yaml" run_name=href "${hy[@]}" >"$dir/href.out" 2>"$dir/href.err"; rc1=$?

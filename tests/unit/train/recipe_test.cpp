@@ -226,6 +226,19 @@ TEST(Recipe, DeviceKeyAndCudaRefusal) {
   EXPECT_EQ(error_of([&] { require_run_inputs(c, true, /*check_device=*/false); }), "");
   c.device = "cpu";
   EXPECT_EQ(error_of([&] { require_device_supported(c); }), "");
+  // device=xla on an accelerator: one process per host (each client would open all of its devices).
+  EXPECT_EQ(error_of([&] { require_one_process_per_accelerator_host(c, 8); }), "");  // cpu
+  c.device = "xla";
+  EXPECT_EQ(error_of([&] { require_one_process_per_accelerator_host(c, 8); }), "");  // XLA's CPU plugin
+  c.xla.plugin = "cuda";
+  EXPECT_EQ(error_of([&] { require_one_process_per_accelerator_host(c, 1); }), "");
+  EXPECT_EQ(
+      error_of([&] { require_one_process_per_accelerator_host(c, 8); }),
+      "gpu.yaml: device=xla with xla.plugin cuda: 8 processes on this host would share its accelerators "
+      "(each PJRT client opens all of them and computes on the first); start one process per host (the "
+      "XLA backend has no sharded programs yet, docs/xla.md)");
+  c.xla.plugin = "/opt/pjrt/libtpu.so";
+  EXPECT_NE(error_of([&] { require_one_process_per_accelerator_host(c, 2); }), "");
   // The device changes the numbers (bf16 compute on a GPU): not a key a resumed run may change silently.
   EXPECT_FALSE(recipe_key_operational("device"));
 }
