@@ -79,20 +79,69 @@ void HloBuilder::returns(const std::vector<Value>& results) {
   returned_ = true;
 }
 
+void HloBuilder::partitions(int64_t n) {
+  OLMO_CHECK(n >= 1, "hlo_builder: partitions must be >= 1, got ", n);
+  partitions_ = n;
+}
+
+void HloBuilder::shard_argument(const Value& argument, const std::string& sharding) {
+  const std::string& name = argument.name_;
+  OLMO_CHECK(name.rfind("%arg", 0) == 0 && argument.region_ == regions_[0].id,
+             "hlo_builder: shard_argument of ", name, ", which is not a function argument");
+  arg_sharding_[std::stoul(name.substr(4))] = sharding;
+}
+
+void HloBuilder::shard_result(size_t index, const std::string& sharding) {
+  result_sharding_[index] = sharding;
+}
+
+std::string sharding_replicated() { return "{replicated}"; }
+
+std::string sharding_tiled(const std::vector<int64_t>& tiles) {
+  int64_t n = 1;
+  std::string dims, devices;
+  for (int64_t t : tiles) {
+    OLMO_CHECK(t >= 1, "hlo_builder: sharding_tiled: a dimension split into ", t, " parts");
+    dims += (dims.empty() ? "" : ",") + std::to_string(t);
+    n *= t;
+  }
+  for (int64_t d = 0; d < n; ++d) devices += (d ? "," : "") + std::to_string(d);
+  return "{devices=[" + dims + "]" + devices + "}";
+}
+
 std::string HloBuilder::module() const {
   OLMO_CHECK(returned_, "hlo_builder: module() before returns()");
-  std::string s = "module @" + module_name_ + " {\n  func.func public @main(";
+  for (const auto& [i, sh] : result_sharding_)
+    OLMO_CHECK(i < results_.size(), "hlo_builder: shard_result ", i, " of ", results_.size(), " results");
+  auto attrs = [](std::vector<std::string> a) {
+    std::string out;
+    for (const std::string& x : a)
+      if (!x.empty()) out += (out.empty() ? "" : ", ") + x;
+    return out.empty() ? out : " {" + out + "}";
+  };
+  auto sharding = [](const std::map<size_t, std::string>& m, size_t i) {
+    auto it = m.find(i);
+    return it == m.end() ? std::string() : "mhlo.sharding = \"" + it->second + "\"";
+  };
+  std::string s = "module @" + module_name_;
+  if (partitions_ > 1)
+    s += " attributes {mhlo.num_partitions = " + std::to_string(partitions_) +
+         " : i32, mhlo.num_replicas = 1 : i32}";
+  s += " {\n  func.func public @main(";
   for (size_t i = 0; i < args_.size(); ++i) {
     s += (i ? ", " : "") + std::string("%arg") + std::to_string(i) + ": " + args_[i].first.mlir();
-    if (args_[i].second) s += " {tf.aliasing_output = " + std::to_string(*args_[i].second) + " : i32}";
+    s += attrs({args_[i].second ? "tf.aliasing_output = " + std::to_string(*args_[i].second) + " : i32" : "",
+                sharding(arg_sharding_, i)});
   }
   std::vector<TensorType> rt;
-  std::string names;
-  for (const Value& v : results_) {
+  std::string names, results;
+  for (size_t i = 0; i < results_.size(); ++i) {
+    const Value& v = results_[i];
     rt.push_back(v.type_);
     names += (names.empty() ? "" : ", ") + v.name_;
+    results += (i ? ", " : "") + v.type_.mlir() + attrs({sharding(result_sharding_, i)});
   }
-  s += ") -> (" + mlir::types_list(rt) + ") {\n" + regions_[0].text;
+  s += ") -> (" + results + ") {\n" + regions_[0].text;
   s += "    \"func.return\"(" + names + ") : (" + mlir::types_list(rt) + ") -> ()\n  }\n}\n";
   return s;
 }

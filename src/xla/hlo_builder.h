@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -66,6 +67,15 @@ class HloBuilder {
   Value argument(const TensorType& type, std::optional<int> alias_output = std::nullopt);
   // The function's results (once, at the top level).
   void returns(const std::vector<Value>& results);
+
+  // SPMD (XLA's partitioner; docs/xla.md "SPMD"): the module is one program for N devices
+  // (mhlo.num_partitions; compile it with CompileOptions num_partitions N and use_spmd_partitioning). An
+  // argument or result may then carry its layout over the devices as an HloSharding text (mhlo.sharding):
+  // sharding_replicated(), or sharding_tiled(TILES) that splits dimension i into TILES[i] parts. Unmarked
+  // ones are the partitioner's choice.
+  void partitions(int64_t n);
+  void shard_argument(const Value& argument, const std::string& sharding);
+  void shard_result(size_t index, const std::string& sharding);
   // The whole module's text; needs returns().
   std::string module() const;
 
@@ -166,8 +176,16 @@ class HloBuilder {
   std::vector<Region> regions_;  // open regions, ids unique in the process; [0] is the function body
   std::vector<std::pair<TensorType, std::optional<int>>> args_;
   std::vector<Value> results_;
+  int64_t partitions_ = 1;
+  std::map<size_t, std::string> arg_sharding_, result_sharding_;
   bool returned_ = false;
   std::string body_;
 };
+
+// HloSharding texts for HloBuilder::shard_argument / shard_result: a full copy on every device, or the
+// array split into TILES[i] equal parts along dimension i over prod(TILES) devices in order
+// ({devices=[2,1]0,1}).
+std::string sharding_replicated();
+std::string sharding_tiled(const std::vector<int64_t>& tiles);
 
 }  // namespace olmosft::xla

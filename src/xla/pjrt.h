@@ -156,6 +156,12 @@ class Executable {
   // other argument is passed as not donatable, so it survives even if the module marks it. Donated buffers
   // are consumed afterwards (Buffer::consumed()).
   std::vector<Buffer> execute(std::span<Buffer* const> args, std::span<const size_t> donate = {});
+  // Runs a program compiled for ARGS.size() devices (CompileOptions::num_partitions, an SPMD program) on the
+  // client's first ARGS.size() addressable devices: ARGS[d] are device d's arguments (its shards, each on
+  // device d), result[d] its outputs (its shards of each result; a replicated result has a full copy on
+  // every device). DONATE as for execute(), for every device.
+  std::vector<std::vector<Buffer>> execute_partitioned(std::span<const std::vector<Buffer*>> args,
+                                                       std::span<const size_t> donate = {});
   // The compiled program's memory needs (PJRT_Executable_GetCompiledMemoryStats of its PJRT_Executable).
   MemoryStats memory_stats() const;
 

@@ -153,59 +153,92 @@ void Executable::release() noexcept {
 }
 
 std::vector<Buffer> Executable::execute(std::span<Buffer* const> args, std::span<const size_t> donate) {
+  const std::vector<Buffer*> one(args.begin(), args.end());
+  return std::move(execute_partitioned(std::span<const std::vector<Buffer*>>(&one, 1), donate)[0]);
+}
+
+namespace {
+
+// Takes ownership of every non-null output handle (destroying them all if owning one throws).
+std::vector<std::vector<Buffer>> own_outputs(const std::shared_ptr<ClientState>& client,
+                                             std::vector<std::vector<PJRT_Buffer*>>& outputs) {
+  std::vector<std::vector<Buffer>> result(outputs.size());
+  for (size_t d = 0; d < outputs.size(); ++d) {
+    for (size_t i = 0; i < outputs[d].size(); ++i) {
+      PJRT_Buffer* b = std::exchange(outputs[d][i], nullptr);
+      if (b == nullptr) continue;
+      try {
+        result[d].emplace_back(client, b);
+      } catch (...) {
+        for (auto& rest : outputs)
+          for (PJRT_Buffer* r : rest) destroy_buffer(*client->plugin, r);
+        throw;
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+std::vector<std::vector<Buffer>> Executable::execute_partitioned(std::span<const std::vector<Buffer*>> args,
+                                                                 std::span<const size_t> donate) {
   OLMO_CHECK(exe_ != nullptr, "xla: execute on an empty (moved-from) executable");
+  OLMO_CHECK(!args.empty(), "xla: execute: no device's arguments");
   const Plugin& plugin = *client_->plugin;
-  std::vector<PJRT_Buffer*> handles;
-  for (size_t i = 0; i < args.size(); ++i) {
-    OLMO_CHECK(args[i] != nullptr, "xla: execute: argument ", i, " is null");
-    handles.push_back(args[i]->handle());
-    OLMO_CHECK(args[i]->client_ == client_, "xla: execute: argument ", i, " (", args[i]->type_.mlir(),
-               ") belongs to another PJRT client than the executable");
+  const size_t n = args.front().size();
+  std::vector<std::vector<PJRT_Buffer*>> handles(args.size());
+  for (size_t d = 0; d < args.size(); ++d) {
+    OLMO_CHECK(args[d].size() == n, "xla: execute: device ", d, " has ", args[d].size(),
+               " arguments, device 0 ", n);
+    for (size_t i = 0; i < n; ++i) {
+      const Buffer* a = args[d][i];
+      OLMO_CHECK(a != nullptr, "xla: execute: argument ", i, " of device ", d, " is null");
+      handles[d].push_back(a->handle());
+      OLMO_CHECK(a->client_ == client_, "xla: execute: argument ", i, " (", a->type_.mlir(),
+                 ") belongs to another PJRT client than the executable");
+    }
   }
   std::vector<int64_t> keep;  // every argument not listed in DONATE
-  for (size_t i = 0; i < args.size(); ++i)
+  for (size_t i = 0; i < n; ++i)
     if (std::find(donate.begin(), donate.end(), i) == donate.end()) keep.push_back(static_cast<int64_t>(i));
-  for (size_t d : donate)
-    OLMO_CHECK(d < args.size(), "xla: execute: donated argument ", d, " of ", args.size(), " arguments");
+  for (size_t d : donate) OLMO_CHECK(d < n, "xla: execute: donated argument ", d, " of ", n, " arguments");
 
   auto options = OLMO_PJRT_ARGS(PJRT_ExecuteOptions);
   options.non_donatable_input_indices = keep.data();
   options.num_non_donatable_input_indices = keep.size();
-  std::vector<PJRT_Buffer*> outputs(num_outputs_, nullptr);
-  PJRT_Buffer* const* arg_list = handles.data();
-  PJRT_Buffer** out_list = outputs.data();
-  PJRT_Event* done = nullptr;
+  std::vector<std::vector<PJRT_Buffer*>> outputs(args.size(),
+                                                 std::vector<PJRT_Buffer*>(num_outputs_, nullptr));
+  std::vector<PJRT_Buffer* const*> arg_lists;
+  std::vector<PJRT_Buffer**> out_lists;
+  for (size_t d = 0; d < args.size(); ++d) {
+    arg_lists.push_back(handles[d].data());
+    out_lists.push_back(outputs[d].data());
+  }
+  std::vector<PJRT_Event*> done(args.size(), nullptr);
   auto ex = OLMO_PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
   ex.executable = exe_;
   ex.options = &options;
-  ex.argument_lists = &arg_list;
-  ex.num_devices = 1;
-  ex.num_args = handles.size();
-  ex.output_lists = &out_list;
-  ex.device_complete_events = &done;
+  ex.argument_lists = arg_lists.data();
+  ex.num_devices = args.size();
+  ex.num_args = n;
+  ex.output_lists = out_lists.data();
+  ex.device_complete_events = done.data();
   OLMO_PJRT_CALL(plugin, PJRT_LoadedExecutable_Execute, ex);
-  Event done_event(plugin, done);
-  std::vector<Buffer> result;  // owned before anything else can throw
-  result.reserve(outputs.size());
-  std::vector<PJRT_Buffer*> unowned = outputs;
-  for (size_t i = 0; i < unowned.size(); ++i) {
-    PJRT_Buffer* b = std::exchange(unowned[i], nullptr);
-    if (b == nullptr) continue;
-    try {
-      result.emplace_back(client_, b);
-    } catch (...) {
-      for (PJRT_Buffer* rest : unowned) destroy_buffer(plugin, rest);
-      throw;
+  std::vector<std::unique_ptr<Event>> events;
+  for (PJRT_Event* e : done) events.push_back(std::make_unique<Event>(plugin, e));
+  std::vector<std::vector<Buffer>> result = own_outputs(client_, outputs);  // owned before anything can throw
+  for (auto& e : events) e->await("PJRT_LoadedExecutable_Execute");
+  for (size_t d = 0; d < result.size(); ++d)
+    OLMO_CHECK(result[d].size() == num_outputs_, "xla: execute returned ", result[d].size(), " of ",
+               num_outputs_, " outputs on device ", d);
+  for (size_t d = 0; d < args.size(); ++d) {
+    for (size_t i : donate) {
+      auto del = OLMO_PJRT_ARGS(PJRT_Buffer_IsDeleted_Args);
+      del.buffer = handles[d][i];
+      OLMO_PJRT_CALL(plugin, PJRT_Buffer_IsDeleted, del);
+      if (del.is_deleted) args[d][i]->mark_consumed();
     }
-  }
-  done_event.await("PJRT_LoadedExecutable_Execute");
-  OLMO_CHECK(result.size() == num_outputs_, "xla: execute returned ", result.size(), " of ", num_outputs_,
-             " outputs");
-  for (size_t d : donate) {
-    auto del = OLMO_PJRT_ARGS(PJRT_Buffer_IsDeleted_Args);
-    del.buffer = handles[d];
-    OLMO_PJRT_CALL(plugin, PJRT_Buffer_IsDeleted, del);
-    if (del.is_deleted) args[d]->mark_consumed();
   }
   return result;
 }
