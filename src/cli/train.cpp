@@ -34,6 +34,7 @@ std::unique_ptr<olmosft::model::CausalLM> build_model(const olmosft::TrainConfig
   olmosft::model::XlaOptions xo;  // device: xla (docs/xla.md)
   xo.plugin = c.xla.plugin;
   xo.cpu_devices = c.xla.cpu_devices;
+  xo.devices = c.xla.devices;
   xo.attention = olmosft::model::parse_xla_attention(c.xla.attention, "xla.attention");
   xo.bf16 = c.compute.gemm.compute == olmosft::ComputeDtype::BF16;
   return olmosft::model::make_model_unallocated(mc, [&](const olmosft::model::ModelConfig& m) {
@@ -53,15 +54,20 @@ int train_main(int argc, char** argv) {
   const bool multi = comm->size() > 1;
   auto body = [&] {
     olmosft::Recipe r = olmosft::Recipe::load(path, overrides);
-    // devices = processes on CPU: under mpirun an unset `devices` becomes the process count.
-    if (multi)
-      r.set_default("devices", std::to_string(comm->size()), "mpirun -np " + std::to_string(comm->size()));
+    // devices = processes on CPU, times xla.devices on XLA: under mpirun or with xla.devices an unset
+    // `devices` becomes that count.
+    const olmosft::TrainConfig first = r.config();
+    const int64_t per_process = first.device == "xla" ? first.xla.devices : 1;
+    if (multi || per_process > 1)
+      r.set_default(
+          "devices", std::to_string(comm->size() * per_process),
+          "mpirun -np " + std::to_string(comm->size()) + " x xla.devices " + std::to_string(per_process));
     const olmosft::TrainConfig cfg = r.config();
     // Batch arithmetic, dataset and tokenizer checks before the model is even loaded; run_training uses
     // this plan instead of making its own (rank 0 prints its warnings).
     std::ostringstream quiet;
     const olmosft::train::RunPlan plan = olmosft::train::plan_run(cfg, comm->rank() == 0 ? std::cerr : quiet);
-    olmosft::require_one_process_per_accelerator_host(cfg, olmosft::train::local_processes(comm->size()));
+    olmosft::require_xla_layout(cfg, comm->size(), olmosft::train::local_processes(comm->size()));
     // The memory plan from config.json alone (train/plan.h): a run that cannot fit is refused here, before
     // any weight is read.
     olmosft::require_run_inputs(cfg);

@@ -277,12 +277,14 @@ std::vector<std::string> xla_on_accelerators(const Recipe& r, const std::string&
              tpu ? "TPU chips need xla.plugin: tpu" : "NVIDIA GPUs need xla.plugin: cuda", ")");
   OLMO_CHECK(r.train.dist.mode == "dp", r.origin, ": key 'dist.mode': ", r.train.dist.mode,
              " with device=xla (the XLA backend holds every parameter on each process: dist.mode dp)");
-  const int per = s.devices_per_host;
-  std::string w = "WARNING: device=xla on the " + what + ": each pod runs one olmosft process on one " +
-                  (tpu ? "TPU chip" : "GPU") + " of its host (the XLA backend has no sharded programs yet, " +
-                  "docs/xla.md)";
-  if (per > 1)
-    w += ", so " + std::to_string(per - 1) + " of each pod's " + std::to_string(per) + " stay idle";
+  const int64_t per = s.devices_per_host, used = r.train.xla.devices;
+  const char* unit = tpu ? " TPU chips" : " GPUs";
+  OLMO_CHECK(used <= per, r.origin, ": key 'xla.devices': ", used, " but the pods of ", s.text, " have ", per,
+             unit, " each");
+  std::string w = "WARNING: device=xla on the " + what + ": each pod runs one olmosft process on " +
+                  std::to_string(used) + " of its host's " + std::to_string(per) + unit +
+                  " (xla.devices: one data-parallel SPMD program; no sharded parameters yet, docs/xla.md)";
+  if (used < per) w += ", so " + std::to_string(per - used) + " of them stay idle";
   if (s.hosts > 1) w += "; the pods do not form one training job yet (no multi-host launcher)";
   return {w + "."};
 }
@@ -313,7 +315,7 @@ std::vector<std::string> accelerator_warnings(const Recipe& r) {
              " would train on the hosts' CPUs and leave the accelerators idle. Set device: xla with "
              "xla.plugin: ",
              tpu ? "tpu" : "cuda",
-             " to train on them (one per pod for now), or cluster.allow_cpu_on_accelerator_hosts=true to "
+             " to train on them (xla.devices of them per pod), or cluster.allow_cpu_on_accelerator_hosts=true to "
              "render it anyway");
   return {"WARNING: CPU TRAINING ON ACCELERATOR HOSTS: " + on_cpu + ": the " + what +
           " stay idle and every pod trains on its host's CPUs "

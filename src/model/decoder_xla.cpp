@@ -32,13 +32,16 @@ struct StepKey {
   double lm_z = 0, moe_lb = 0, router_z = 0;  // the loss weights (the MoE ones read by its backward)
   int64_t vocab_tile = 0;
   int64_t cudnn_segments = 0;  // cuDNN's packed attention form with this M (cudnn_segments); 0: not packed
+  int64_t parts = 1;           // devices of the SPMD program (XlaOptions::devices)
   auto operator<=>(const StepKey&) const = default;
 };
 
 static StepKey step_key(int64_t B, int64_t T, const LossConfig& loss, bool backward, bool logits,
-                        bool logprobs, bool accumulate = false, int64_t cudnn_segments = 0) {
+                        bool logprobs, bool accumulate = false, int64_t cudnn_segments = 0,
+                        int64_t parts = 1) {
   StepKey k{B, T, backward, logits, logprobs, accumulate};
   k.cudnn_segments = cudnn_segments;
+  k.parts = parts;
   k.lm_z = loss.weight[kLossLmZ];
   k.moe_lb = loss.weight[kLossMoeLb];
   k.router_z = loss.weight[kLossRouterZ];
@@ -84,25 +87,48 @@ XlaStepTensor step_tensor(std::string name, const TensorType& t) {
   return {std::move(name), t.type == ElementType::kS32 ? "s32" : "f32", t.dims};
 }
 
-// The step's arguments as they are made, named for XlaStepProgram (sig null: not recorded).
+// An SPMD layout over PARTS devices: T's dimension 0 split evenly (a batch's rows), or (ROWS false) a copy
+// on every device.
+std::string spmd_layout(const TensorType& t, int64_t parts, bool rows) {
+  if (!rows) return xla::sharding_replicated();
+  std::vector<int64_t> tiles(t.dims.size(), 1);
+  tiles.at(0) = parts;
+  return xla::sharding_tiled(tiles);
+}
+
+// The step's arguments as they are made, named for XlaStepProgram (sig null: not recorded); with PARTS > 1
+// each gets its SPMD layout (ROWS: split by rows, else replicated).
 struct StepArgs {
   xla::HloBuilder& b;
   XlaStepProgram* sig;
-  Value add(const std::string& name, const TensorType& t, std::optional<int> alias = std::nullopt) {
+  int64_t parts = 1;
+  Value add(const std::string& name, const TensorType& t, std::optional<int> alias = std::nullopt,
+            bool rows = false) {
     if (sig != nullptr) sig->arguments.push_back(step_tensor(name, t));
-    return b.argument(t, alias);
+    Value v = b.argument(t, alias);
+    if (parts > 1) b.shard_argument(v, spmd_layout(t, parts, rows));
+    return v;
   }
 };
+
+// A program whose every argument and result is replicated over PARTS devices (each computes all of it).
+void replicate_all(xla::HloBuilder& b, const std::vector<Value>& args, size_t results, int64_t parts) {
+  if (parts <= 1) return;
+  b.partitions(parts);
+  for (const Value& a : args) b.shard_argument(a, xla::sharding_replicated());
+  for (size_t i = 0; i < results; ++i) b.shard_result(i, xla::sharding_replicated());
+}
 
 BatchArgs batch_arguments(StepArgs& args, const ModelConfig& c, const StepKey& k) {
   const int64_t N = k.B * k.T;
   BatchArgs a;
-  a.tokens = args.add("tokens", TensorType{ElementType::kS32, {N}});
-  a.seg = args.add("segments", TensorType{ElementType::kS32, {k.B, k.T}});
-  a.pos = args.add("positions", TensorType{ElementType::kS32, {N}});
-  if (uses_ssmax(c)) a.logpos = args.add("logpos", TensorType{ElementType::kF32, {N}});
-  a.targets = args.add("targets", TensorType{ElementType::kS32, {N}});
-  a.mask = args.add("mask", TensorType{ElementType::kS32, {N}});
+  // the batch's arrays, split by rows over an SPMD program's devices (the flat [N] ones row-major)
+  a.tokens = args.add("tokens", TensorType{ElementType::kS32, {N}}, std::nullopt, true);
+  a.seg = args.add("segments", TensorType{ElementType::kS32, {k.B, k.T}}, std::nullopt, true);
+  a.pos = args.add("positions", TensorType{ElementType::kS32, {N}}, std::nullopt, true);
+  if (uses_ssmax(c)) a.logpos = args.add("logpos", TensorType{ElementType::kF32, {N}}, std::nullopt, true);
+  a.targets = args.add("targets", TensorType{ElementType::kS32, {N}}, std::nullopt, true);
+  a.mask = args.add("mask", TensorType{ElementType::kS32, {N}}, std::nullopt, true);
   if (const int64_t M = k.cudnn_segments; M > 0) {  // xla::ops::cudnn_packed_rows' arrays
     a.cudnn_seqlen = args.add("cudnn_seqlen", TensorType{ElementType::kS32, {k.B, M}});
     a.cudnn_offsets = args.add("cudnn_offsets", TensorType{ElementType::kS32, {k.B, M + 1}});
@@ -118,7 +144,7 @@ BatchArgs batch_arguments(StepArgs& args, const ModelConfig& c, const StepKey& k
 std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOptions& xo,
                       const LossConfig& loss, const StepKey& k, XlaStepProgram* sig = nullptr) {
   xla::HloBuilder b("olmosft_step");
-  StepArgs args{b, sig};
+  StepArgs args{b, sig, k.parts};
   const std::vector<ParamSpec> reg = param_registry(c);
   std::vector<Value> w;
   for (const ParamSpec& p : reg) w.push_back(args.add(p.name, TensorType{ElementType::kF32, p.shape}));
@@ -171,15 +197,23 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
     if (sig != nullptr) sig->results.push_back(step_tensor(name, v.type()));
   }
   b.returns(values);
+  if (k.parts > 1) {  // logits and log-probs come back split by rows as the batch; the rest replicated
+    b.partitions(k.parts);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const std::string& name = results[i].first;
+      b.shard_result(i, spmd_layout(values[i].type(), k.parts, name == "logits" || name == "logprobs"));
+    }
+  }
   return b.module();
 }
 
 // The global norm of the gradient sums: one f32 scalar (the CPU sums its squares in double).
-std::string emit_grad_norm(const std::vector<ParamSpec>& reg) {
+std::string emit_grad_norm(const std::vector<ParamSpec>& reg, int64_t parts) {
   xla::HloBuilder b("olmosft_grad_norm");
   std::vector<Value> g;
   for (const ParamSpec& p : reg) g.push_back(b.argument(TensorType{ElementType::kF32, p.shape}));
   b.returns({xla::ops::clip_grad_norm(b, g, 0.0).norm});
+  replicate_all(b, g, 1, parts);
   return b.module();
 }
 
@@ -191,8 +225,8 @@ struct UpdateKey {
 
 // Clip + AdamW over every parameter: arguments p_i (donated into result i), g_i, m_i (-> result P + i), v_i
 // (-> 2P + i), then the f32 [3] scalars of ops::adamw_scalars; results the new p, m and v.
-std::string emit_update(const std::vector<ParamSpec>& reg, const std::vector<bool>& decay,
-                        const UpdateKey& k) {
+std::string emit_update(const std::vector<ParamSpec>& reg, const std::vector<bool>& decay, const UpdateKey& k,
+                        int64_t parts) {
   xla::HloBuilder b("olmosft_update");
   const int P = static_cast<int>(reg.size());
   std::vector<Value> p, g, m, v;
@@ -216,6 +250,10 @@ std::string emit_update(const std::vector<ParamSpec>& reg, const std::vector<boo
   for (const auto& n : next) results.push_back(n.m);
   for (const auto& n : next) results.push_back(n.v);
   b.returns(results);
+  std::vector<Value> all = p;
+  for (const auto* group : {&g, &m, &v}) all.insert(all.end(), group->begin(), group->end());
+  all.push_back(scalars);
+  replicate_all(b, all, results.size(), parts);
   return b.module();
 }
 
@@ -274,14 +312,22 @@ struct XlaDecoder::Impl {
   std::map<StepKey, xla::Executable> programs;
   std::optional<xla::Executable> norm;
   std::map<UpdateKey, xla::Executable> updates;
-  // Device training state (DeviceTraining): empty until upload(); g empty while no step has a gradient sum.
-  std::vector<xla::Buffer> p, m, v, g;
+  // Device training state (DeviceTraining), [device][tensor] (a replica per device of the SPMD programs):
+  // empty until upload(); g empty while no step has a gradient sum.
+  std::vector<std::vector<xla::Buffer>> p, m, v, g;
   Impl(const ModelConfig& c, const DecoderOptions& o, const XlaOptions& xo)
       : units(c, o), client(xla::Client::create(xo.plugin, client_options(xo))) {}
   static xla::ClientOptions client_options(const XlaOptions& xo) {
     xla::ClientOptions co;
-    if (xo.plugin == "cpu") co.cpu_device_count = xo.cpu_devices;
+    if (xo.plugin == "cpu") co.cpu_device_count = std::max(xo.cpu_devices, xo.devices);
     return co;
+  }
+  // HOST (row-major DIMS) copied to each device: the same array on every one.
+  std::vector<xla::Buffer> replicas(std::span<const float> host, const std::vector<int64_t>& dims,
+                                    int64_t devices) const {
+    std::vector<xla::Buffer> out;
+    for (int64_t d = 0; d < devices; ++d) out.push_back(client.to_device(host, dims, size_t(d)));
+    return out;
   }
 };
 
@@ -290,8 +336,15 @@ XlaDecoder::XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const Decoder
   check_emitted(c);
   OLMO_CHECK(xo.attention_block > 0, "xla: attention_block must be > 0, got ", xo.attention_block);
   OLMO_CHECK(xo.cpu_devices > 0, "xla.cpu_devices must be > 0, got ", xo.cpu_devices);
+  OLMO_CHECK(xo.devices > 0, "xla.devices must be > 0, got ", xo.devices);
+  OLMO_CHECK(xo.devices == 1 || xo.attention != XlaAttention::kCudnn, "xla.attention cudnn with xla.devices ",
+             xo.devices,
+             ": cuDNN's custom calls are not partitioned over devices yet (use xla.devices 1, or "
+             "xla.attention blockwise)");
   params_ = allocate_params(c);
   impl_ = std::make_unique<Impl>(c, opts, xo);
+  OLMO_CHECK(size_t(xo.devices) <= impl_->client.device_count(), "xla.devices ", xo.devices, ": the plugin ",
+             xo.plugin, " has ", impl_->client.device_count(), " addressable devices");
   const std::string platform = impl_->client.platform_name();
   OLMO_CHECK(xo.attention != XlaAttention::kCudnn || (platform != "cpu" && platform != "tpu"),
              "xla.attention cudnn: cuDNN's fused attention runs on XLA's CUDA plugin only; xla.plugin ",
@@ -315,6 +368,8 @@ void check_step(const ModelConfig& c, const LossConfig& loss, int64_t B, int64_t
   OLMO_CHECK(cudnn_segments == 0 || (xo.attention == XlaAttention::kCudnn && cudnn_segments >= 2),
              "cuDNN's packed attention form: cudnn_segments must be 0 or >= 2 with xla.attention cudnn, got ",
              cudnn_segments, " with ", xla_attention_name(xo.attention));
+  OLMO_CHECK(xo.devices >= 1 && B % xo.devices == 0, c.model_type_name, ": xla.devices ", xo.devices,
+             " splits each micro-batch's rows evenly over the devices; B=", B, " rows is not a multiple");
 }
 
 }  // namespace
@@ -325,7 +380,7 @@ std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t 
   check_step(c, loss, B, T, xo, cudnn_segments);
   const DecoderUnits units(c, DecoderOptions{});
   return emit_step(c, units, xo, loss,
-                   step_key(B, T, loss, backward, logits, logprobs, false, cudnn_segments));
+                   step_key(B, T, loss, backward, logits, logprobs, false, cudnn_segments, xo.devices));
 }
 
 XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
@@ -333,13 +388,17 @@ XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int6
   check_step(c, loss, B, T, xo, cudnn_segments);
   const DecoderUnits units(c, DecoderOptions{});
   XlaStepProgram p;
-  p.text = emit_step(c, units, xo, loss, step_key(B, T, loss, true, false, false, false, cudnn_segments), &p);
+  p.text = emit_step(c, units, xo, loss,
+                     step_key(B, T, loss, true, false, false, false, cudnn_segments, xo.devices), &p);
   return p;
 }
 
 xla::Executable XlaDecoder::compile(const std::string& text) {
   const auto t0 = std::chrono::steady_clock::now();
-  xla::Executable exe = impl_->client.compile(text);
+  xla::CompileOptions co;  // every program is one SPMD program over xla.devices
+  co.num_partitions = xo_.devices;
+  co.use_spmd_partitioning = xo_.devices > 1;
+  xla::Executable exe = impl_->client.compile(text, co);
   stats_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stats_.module_bytes = text.size();
   ++stats_.compiles;
@@ -353,6 +412,57 @@ xla::Executable& XlaDecoder::program(const StepKey& key, const LossConfig& loss)
       .first->second;
 }
 
+namespace {
+
+// Rows of padding (token 0, segment -1: no document, untrained) after the B rows of HB, up to TO rows.
+void pad_rows(XlaStepBatch& hb, int64_t T, int64_t to) {
+  const size_t n = static_cast<size_t>(to * T);
+  hb.tokens.resize(n, 0);
+  hb.seg.resize(n, -1);
+  hb.pos.resize(n, 0);
+  if (!hb.logpos.empty()) hb.logpos.resize(n, 0.0f);
+  hb.targets.resize(n, 0);
+  hb.mask.resize(n, 0);
+}
+
+// Row group D of D_COUNT of a row-major array of B rows (A.size() / B elements each).
+template <typename T>
+std::span<const T> row_group(const std::vector<T>& a, int64_t d, int64_t d_count) {
+  const size_t n = a.size() / size_t(d_count);
+  return std::span<const T>(a.data() + size_t(d) * n, n);
+}
+
+}  // namespace
+
+// The step's arguments after the parameters, for each device (its rows of the batch; the scalars on each).
+std::vector<std::vector<xla::Buffer>> XlaDecoder::batch_buffers(const XlaStepBatch& hb, int64_t B, int64_t T,
+                                                                int64_t M, bool backward, double grad_scale,
+                                                                double aux_scale) const {
+  const int64_t D = xo_.devices, Bd = B / D, Nd = Bd * T;
+  const xla::Client& cl = impl_->client;
+  std::vector<std::vector<xla::Buffer>> out(static_cast<size_t>(D));
+  for (int64_t d = 0; d < D; ++d) {
+    std::vector<xla::Buffer>& a = out[size_t(d)];
+    const size_t dev = size_t(d);
+    a.push_back(cl.to_device(row_group(hb.tokens, d, D), {Nd}, dev));
+    a.push_back(cl.to_device(row_group(hb.seg, d, D), {Bd, T}, dev));
+    a.push_back(cl.to_device(row_group(hb.pos, d, D), {Nd}, dev));
+    if (uses_ssmax(config_)) a.push_back(cl.to_device(row_group(hb.logpos, d, D), {Nd}, dev));
+    a.push_back(cl.to_device(row_group(hb.targets, d, D), {Nd}, dev));
+    a.push_back(cl.to_device(row_group(hb.mask, d, D), {Nd}, dev));
+    if (M > 0) {  // one device (the constructor refuses cuDNN's attention with xla.devices > 1)
+      const xla::ops::CudnnPackedRows rows = xla::ops::cudnn_packed_rows(hb.seg.data(), B, T, M);
+      a.push_back(cl.to_device(std::span<const int32_t>(rows.seqlen), {B, M}, dev));
+      a.push_back(cl.to_device(std::span<const int32_t>(rows.offsets), {B, M + 1}, dev));
+    }
+    const float scale = static_cast<float>(grad_scale), aux = static_cast<float>(aux_scale);
+    if (backward) a.push_back(cl.to_device(std::span<const float>(&scale, 1), {}, dev));
+    if (backward && !moe_layers(config_).empty())
+      a.push_back(cl.to_device(std::span<const float>(&aux, 1), {}, dev));
+  }
+  return out;
+}
+
 LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double grad_scale, double aux_scale,
                           bool backward, float* logits, float* logprobs) {
   const std::string& who = config_.model_type_name;
@@ -361,60 +471,50 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
   OLMO_CHECK(batch.B > 0 && batch.T > 0, who, ": batch must have B > 0 and T > 0 (got B=", batch.B,
              ", T=", batch.T, ")");
   OLMO_CHECK(batch.tokens != nullptr, who, ": batch has no tokens");
-  const XlaStepBatch hb = xla_step_batch(config_, opts_, batch);
-  const int64_t M = xo_.attention == XlaAttention::kCudnn ? cudnn_segments(hb.seg, batch.B, batch.T) : 0;
+  // xla.devices split the rows evenly: a batch of another row count (an evaluation's single row) is padded
+  // with rows of padding, which add nothing to the loss parts and whose outputs are dropped.
+  const int64_t D = xo_.devices, B = (batch.B + D - 1) / D * D, T = batch.T;
+  XlaStepBatch hb = xla_step_batch(config_, opts_, batch);
+  if (B != batch.B) pad_rows(hb, T, B);
+  const int64_t M = xo_.attention == XlaAttention::kCudnn ? cudnn_segments(hb.seg, B, T) : 0;
   Impl& im = *impl_;
   const bool on_device = !im.p.empty(), accumulate = backward && !im.g.empty();
-  xla::Executable& exe = program(
-      step_key(batch.B, batch.T, loss, backward, logits != nullptr, logprobs != nullptr, accumulate, M),
-      loss);
-  std::optional<AddSeconds> phase{std::in_place, &stats_.upload_seconds};  // upload, execute, download
-  const xla::Client& cl = im.client;
-  std::vector<xla::Buffer> args;  // the host's parameters (no device state), then the batch
+  xla::Executable& exe =
+      program(step_key(B, T, loss, backward, logits != nullptr, logprobs != nullptr, accumulate, M, D), loss);
+  std::optional<AddSeconds> phase{std::in_place, &stats_.upload_seconds};     // upload, execute, download
+  std::vector<std::vector<xla::Buffer>> host_params(static_cast<size_t>(D));  // the host's (no device state)
   if (!on_device)
     for (const Param& p : params_) {
       OLMO_CHECK(p.value.defined(), who, ": the XLA backend needs every parameter on this process; ", p.name,
                  " is not (dist.mode zero3 is not supported with device: xla)");
-      args.push_back(cl.to_device(std::span<const float>(p.value.data<float>(), size_t(p.value.numel())),
-                                  p.value.shape()));
+      std::vector<xla::Buffer> r = im.replicas(
+          std::span<const float>(p.value.data<float>(), size_t(p.value.numel())), p.value.shape(), D);
+      for (int64_t d = 0; d < D; ++d) host_params[size_t(d)].push_back(std::move(r[size_t(d)]));
     }
-  const int64_t N = batch.B * batch.T;
-  args.push_back(cl.to_device(std::span<const int32_t>(hb.tokens), {N}));
-  args.push_back(cl.to_device(std::span<const int32_t>(hb.seg), {batch.B, batch.T}));
-  args.push_back(cl.to_device(std::span<const int32_t>(hb.pos), {N}));
-  if (uses_ssmax(config_)) args.push_back(cl.to_device(std::span<const float>(hb.logpos), {N}));
-  args.push_back(cl.to_device(std::span<const int32_t>(hb.targets), {N}));
-  args.push_back(cl.to_device(std::span<const int32_t>(hb.mask), {N}));
-  if (M > 0) {
-    const xla::ops::CudnnPackedRows rows = xla::ops::cudnn_packed_rows(hb.seg.data(), batch.B, batch.T, M);
-    args.push_back(cl.to_device(std::span<const int32_t>(rows.seqlen), {batch.B, M}));
-    args.push_back(cl.to_device(std::span<const int32_t>(rows.offsets), {batch.B, M + 1}));
-  }
-  const float scale = static_cast<float>(grad_scale);
-  if (backward) args.push_back(cl.to_device(std::span<const float>(&scale, 1), {}));
-  const float aux = static_cast<float>(aux_scale);
-  if (backward && !moe.empty()) args.push_back(cl.to_device(std::span<const float>(&aux, 1), {}));
-  std::vector<xla::Buffer*> ptrs;
-  if (on_device)
-    for (auto& b : im.p) ptrs.push_back(&b);
-  for (auto& a : args) ptrs.push_back(&a);
+  std::vector<std::vector<xla::Buffer>> args = batch_buffers(hb, B, T, M, backward, grad_scale, aux_scale);
+  std::vector<std::vector<xla::Buffer*>> ptrs(static_cast<size_t>(D));
   std::vector<size_t> donate;
-  if (accumulate)
-    for (auto& g : im.g) {
-      donate.push_back(ptrs.size());
-      ptrs.push_back(&g);
+  for (size_t d = 0; d < size_t(D); ++d) {
+    for (auto& b : on_device ? im.p[d] : host_params[d]) ptrs[d].push_back(&b);
+    for (auto& a : args[d]) ptrs[d].push_back(&a);
+    if (!accumulate) continue;
+    for (auto& g : im.g[d]) {
+      if (d == 0) donate.push_back(ptrs[d].size());
+      ptrs[d].push_back(&g);
     }
+  }
   phase.emplace(&stats_.execute_seconds);
-  std::vector<xla::Buffer> out = exe.execute(ptrs, donate);
+  std::vector<std::vector<xla::Buffer>> out = exe.execute_partitioned(ptrs, donate);
   phase.emplace(&stats_.download_seconds);
   ++stats_.executions;
   LossParts lp;
-  lp.sum[kLossCe] = out[0].to_host<float>()[0];
-  lp.sum[kLossLmZ] = out[1].to_host<float>()[0];
-  lp.tokens = out[2].to_host<int32_t>()[0];
+  const std::vector<xla::Buffer>& o0 = out[0];  // replicated results: device 0's copy
+  lp.sum[kLossCe] = o0[0].to_host<float>()[0];
+  lp.sum[kLossLmZ] = o0[1].to_host<float>()[0];
+  lp.tokens = o0[2].to_host<int32_t>()[0];
   size_t r = 3;
   for (int64_t l : moe) {  // as Block::ffn_forward on the CPU
-    const std::vector<float> st = out[r++].to_host<float>();
+    const std::vector<float> st = o0[r++].to_host<float>();
     MoeLayerStats ms;
     ms.layer = l;
     ms.lb_loss = st[0];
@@ -425,15 +525,27 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
     lp.sum[kLossRouterZ] += loss.weight[kLossRouterZ] * ms.router_z;
     lp.moe_layers.push_back(ms);
   }
-  if (logits != nullptr) out[r++].to_host(logits, size_t(N * config_.vocab_size) * sizeof(float));
-  if (logprobs != nullptr) out[r++].to_host(logprobs, size_t(N) * sizeof(float));
+  // split results: each device's rows, in device order, without the padding rows
+  const int64_t Nd = B * T / D, keep = batch.B * T;
+  auto gather = [&](size_t result, float* dst, int64_t width) {
+    std::vector<float> all(static_cast<size_t>(B * T * width));
+    for (int64_t d = 0; d < D; ++d)
+      out[size_t(d)][result].to_host(all.data() + d * Nd * width, size_t(Nd * width) * sizeof(float));
+    std::copy(all.begin(), all.begin() + keep * width, dst);
+  };
+  if (logits != nullptr) gather(r++, logits, config_.vocab_size);
+  if (logprobs != nullptr) gather(r++, logprobs, 1);
   if (!backward) return lp;
-  if (on_device) {  // the sum stays on the device (DeviceTraining)
-    im.g.assign(std::make_move_iterator(out.begin() + long(r)), std::make_move_iterator(out.end()));
+  if (on_device) {  // the sum stays on the devices (DeviceTraining)
+    im.g.clear();
+    im.g.resize(size_t(D));
+    for (size_t d = 0; d < size_t(D); ++d)
+      im.g[d].assign(std::make_move_iterator(out[d].begin() + long(r)),
+                     std::make_move_iterator(out[d].end()));
     return lp;
   }
   for (Param& p : params_) {
-    const std::vector<float> g = out[r++].to_host<float>();
+    const std::vector<float> g = o0[r++].to_host<float>();
     float* dst = p.grad.data<float>();
     for (size_t j = 0; j < g.size(); ++j) dst[j] += g[j];
   }
@@ -448,13 +560,19 @@ void XlaDecoder::upload(const std::vector<const float*>& values, const std::vect
   OLMO_CHECK(values.size() == P && exp_avg.size() == P && exp_avg_sq.size() == P, config_.model_type_name,
              ": upload needs ", P, " tensors of values and of each moment");
   Impl& im = *impl_;
-  im.p.clear(), im.m.clear(), im.v.clear(), im.g.clear();
+  const size_t D = size_t(xo_.devices);
+  for (auto* state : {&im.p, &im.m, &im.v}) {
+    state->clear();
+    state->resize(D);
+  }
+  im.g.clear();
   const std::vector<ParamSpec> reg = param_registry(config_);
   for (size_t i = 0; i < P; ++i) {
     const size_t n = static_cast<size_t>(shape_numel(reg[i].shape));
-    im.p.push_back(im.client.to_device(std::span<const float>(values[i], n), reg[i].shape));
-    im.m.push_back(im.client.to_device(std::span<const float>(exp_avg[i], n), reg[i].shape));
-    im.v.push_back(im.client.to_device(std::span<const float>(exp_avg_sq[i], n), reg[i].shape));
+    for (auto [host, state] : {std::pair{values[i], &im.p}, {exp_avg[i], &im.m}, {exp_avg_sq[i], &im.v}}) {
+      std::vector<xla::Buffer> r = im.replicas(std::span<const float>(host, n), reg[i].shape, xo_.devices);
+      for (size_t d = 0; d < D; ++d) (*state)[d].push_back(std::move(r[d]));
+    }
   }
 }
 
@@ -465,11 +583,11 @@ void XlaDecoder::download(const std::vector<float*>& values, const std::vector<f
   OLMO_CHECK(!im.p.empty(), config_.model_type_name, ": download before upload (no device state)");
   OLMO_CHECK(values.size() == P && exp_avg.size() == P && exp_avg_sq.size() == P, config_.model_type_name,
              ": download needs ", P, " tensors of values and of each moment");
-  for (size_t i = 0; i < P; ++i) {
-    const size_t bytes = im.p[i].type().bytes();
-    im.p[i].to_host(values[i], bytes);
-    im.m[i].to_host(exp_avg[i], bytes);
-    im.v[i].to_host(exp_avg_sq[i], bytes);
+  for (size_t i = 0; i < P; ++i) {  // the replicas are equal: device 0's
+    const size_t bytes = im.p[0][i].type().bytes();
+    im.p[0][i].to_host(values[i], bytes);
+    im.m[0][i].to_host(exp_avg[i], bytes);
+    im.v[0][i].to_host(exp_avg_sq[i], bytes);
   }
 }
 
@@ -477,21 +595,24 @@ void XlaDecoder::all_reduce_grads(const std::function<void(float* data, int64_t 
   Impl& im = *impl_;
   OLMO_CHECK(!im.g.empty(), config_.model_type_name, ": all_reduce_grads with no gradient sum on the device");
   std::vector<float> host;
-  for (xla::Buffer& g : im.g) {
-    host.resize(static_cast<size_t>(g.type().elements()));
-    g.to_host(host.data(), host.size() * sizeof(float));
+  for (size_t i = 0; i < im.g[0].size(); ++i) {
+    const xla::Buffer& g0 = im.g[0][i];
+    host.resize(static_cast<size_t>(g0.type().elements()));
+    g0.to_host(host.data(), host.size() * sizeof(float));
     sum(host.data(), static_cast<int64_t>(host.size()));
-    g = im.client.to_device(std::span<const float>(host), g.type().dims);
+    std::vector<xla::Buffer> r = im.replicas(std::span<const float>(host), g0.type().dims, xo_.devices);
+    for (size_t d = 0; d < im.g.size(); ++d) im.g[d][i] = std::move(r[d]);
   }
 }
 
 double XlaDecoder::grad_norm() {
   Impl& im = *impl_;
   OLMO_CHECK(!im.g.empty(), config_.model_type_name, ": grad_norm with no gradient sum on the device");
-  if (!im.norm) im.norm = compile(emit_grad_norm(param_registry(config_)));
-  std::vector<xla::Buffer*> ptrs;
-  for (auto& g : im.g) ptrs.push_back(&g);
-  return im.norm->execute(ptrs)[0].to_host<float>()[0];
+  if (!im.norm) im.norm = compile(emit_grad_norm(param_registry(config_), xo_.devices));
+  std::vector<std::vector<xla::Buffer*>> ptrs(im.g.size());
+  for (size_t d = 0; d < im.g.size(); ++d)
+    for (auto& g : im.g[d]) ptrs[d].push_back(&g);
+  return im.norm->execute_partitioned(ptrs)[0][0].to_host<float>()[0];
 }
 
 void XlaDecoder::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step) {
@@ -502,29 +623,33 @@ void XlaDecoder::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t 
   if (it == im.updates.end()) {
     std::vector<bool> decay;
     for (const Param& p : params_) decay.push_back(p.decay);
-    it = im.updates.emplace(key, compile(emit_update(param_registry(config_), decay, key))).first;
+    it =
+        im.updates.emplace(key, compile(emit_update(param_registry(config_), decay, key, xo_.devices))).first;
   }
   xla::ops::AdamWOptions o;
   o.lr = cfg.lr;
   o.beta1 = cfg.beta1, o.beta2 = cfg.beta2, o.eps = cfg.eps, o.weight_decay = cfg.weight_decay;
   const std::array<float, 3> sc = xla::ops::adamw_scalars(o, step);
-  xla::Buffer scalars = im.client.to_device(std::span<const float>(sc.data(), 3), {3});
-  const size_t P = params_.size();
-  std::vector<xla::Buffer*> ptrs;
+  const size_t P = params_.size(), D = im.p.size();
+  std::vector<xla::Buffer> scalars = im.replicas(std::span<const float>(sc.data(), 3), {3}, xo_.devices);
+  std::vector<std::vector<xla::Buffer*>> ptrs(D);
   std::vector<size_t> donate;
-  for (auto* group : {&im.p, &im.g, &im.m, &im.v})
-    for (auto& b : *group) {
-      if (group != &im.g) donate.push_back(ptrs.size());
-      ptrs.push_back(&b);
-    }
-  ptrs.push_back(&scalars);
-  std::vector<xla::Buffer> out = it->second.execute(ptrs, donate);
-  im.g.clear();  // consumed: the next step starts a new sum
-  for (size_t i = 0; i < P; ++i) {
-    im.p[i] = std::move(out[i]);
-    im.m[i] = std::move(out[P + i]);
-    im.v[i] = std::move(out[2 * P + i]);
+  for (size_t d = 0; d < D; ++d) {
+    for (auto* group : {&im.p[d], &im.g[d], &im.m[d], &im.v[d]})
+      for (auto& b : *group) {
+        if (d == 0 && group != &im.g[d]) donate.push_back(ptrs[d].size());
+        ptrs[d].push_back(&b);
+      }
+    ptrs[d].push_back(&scalars[d]);
   }
+  std::vector<std::vector<xla::Buffer>> out = it->second.execute_partitioned(ptrs, donate);
+  im.g.clear();  // consumed: the next step starts a new sum
+  for (size_t d = 0; d < D; ++d)
+    for (size_t i = 0; i < P; ++i) {
+      im.p[d][i] = std::move(out[d][i]);
+      im.m[d][i] = std::move(out[d][P + i]);
+      im.v[d][i] = std::move(out[d][2 * P + i]);
+    }
 }
 
 LossParts XlaDecoder::forward_backward(const Batch& batch, const LossConfig& loss, double grad_scale,

@@ -23,8 +23,9 @@
 #include "model/model.h"
 
 namespace olmosft::xla {
+class Buffer;
 class Executable;
-}
+}  // namespace olmosft::xla
 
 namespace olmosft::model {
 
@@ -34,8 +35,12 @@ XlaAttention parse_xla_attention(const std::string& text, const std::string& whe
 const char* xla_attention_name(XlaAttention a);
 
 struct XlaOptions {
-  std::string plugin = "cpu";    // xla.plugin: cpu | cuda | tpu | a plugin path (xla/pjrt.h Plugin::load)
-  int64_t cpu_devices = 1;       // devices XLA's CPU plugin creates (the step runs on the first); CPU only
+  std::string plugin = "cpu";  // xla.plugin: cpu | cuda | tpu | a plugin path (xla/pjrt.h Plugin::load)
+  int64_t cpu_devices = 1;     // devices XLA's CPU plugin creates (at least `devices`); CPU only
+  // xla.devices: the addressable devices every program runs on, as one SPMD program (XLA's partitioner):
+  // data parallel, each micro-batch's rows split evenly over them (B a multiple of devices), parameters,
+  // gradient sums and moments replicated on each. Sums are not bit-identical to one device's.
+  int64_t devices = 1;
   bool bf16 = false;             // bf16 operands in every GEMM with f32 accumulation (compute.dtype bf16)
   int64_t attention_block = 64;  // queries / keys per block of the blockwise attention
   // xla.attention: the blockwise attention every plugin runs (segments, padding, windows), or cuDNN's fused
@@ -143,6 +148,9 @@ class XlaDecoder : public CausalLM, public DeviceTraining {
   xla::Executable compile(const std::string& text);                      // counted in stats_
   LossParts run(const Batch& batch, const LossConfig& loss, double grad_scale, double aux_scale,
                 bool backward, float* logits, float* logprobs);
+  std::vector<std::vector<xla::Buffer>> batch_buffers(const XlaStepBatch& hb, int64_t B, int64_t T, int64_t M,
+                                                      bool backward, double grad_scale,
+                                                      double aux_scale) const;
   ModelConfig config_;
   DecoderOptions opts_;
   XlaOptions xo_;

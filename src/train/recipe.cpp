@@ -261,12 +261,16 @@ void require_device_supported(const TrainConfig& c) {
              "backend holds every parameter on each process; got dist.mode ", c.dist.mode, ")");
 }
 
-void require_one_process_per_accelerator_host(const TrainConfig& c, int64_t local_processes) {
-  OLMO_CHECK(c.device != "xla" || c.xla.plugin == "cpu" || local_processes <= 1, c.source,
-             ": device=xla with xla.plugin ", c.xla.plugin, ": ", local_processes,
-             " processes on this host would share its accelerators (each PJRT client opens all of them and "
-             "computes on the first); start one process per host (the XLA backend has no sharded programs "
-             "yet, docs/xla.md)");
+void require_xla_layout(const TrainConfig& c, int64_t world, int64_t local_processes) {
+  if (c.device != "xla") return;
+  const int64_t rows = c.batch.slots / std::max<int64_t>(world, 1);
+  OLMO_CHECK(rows % c.xla.devices == 0, c.source, ": xla.devices ", c.xla.devices,
+             " splits each process's rows per micro-step evenly; devices x per_device_batch / processes = ",
+             rows, " is not a multiple (per_device_batch counts rows per XLA device)");
+  OLMO_CHECK(c.xla.plugin == "cpu" || local_processes <= 1, c.source, ": device=xla with xla.plugin ",
+             c.xla.plugin, ": ", local_processes,
+             " processes on this host would share its accelerators (each PJRT client opens all of them); "
+             "start one process per host, with xla.devices for how many of them it trains on (docs/xla.md)");
 }
 
 void require_run_inputs(const TrainConfig& c, bool model_from_recipe, bool check_device) {

@@ -81,6 +81,7 @@ struct TrainConfig {
   struct Xla {
     std::string plugin = "cpu";           // xla.plugin: cpu | cuda | tpu | a PJRT plugin path (device: xla)
     int64_t cpu_devices = 1;              // xla.cpu_devices: devices XLA's CPU plugin creates
+    int64_t devices = 1;                  // xla.devices: devices of the SPMD step (data parallel)
     std::string attention = "blockwise";  // xla.attention: blockwise | cudnn (CUDA plugin)
   } xla;
   std::string tokenizer;
@@ -189,11 +190,11 @@ void require_run_inputs(const TrainConfig& c, bool model_from_recipe = true, boo
 // Refuses a device this build cannot train on (device=cuda: no hand-written CUDA backend; GPUs train through
 // device=xla with xla.plugin=cuda), before any compute. Throws olmosft::Error naming the recipe and the key.
 void require_device_supported(const TrainConfig& c);
-// device=xla on an accelerator (xla.plugin not cpu) with LOCAL_PROCESSES > 1 processes on this host is
-// refused: each process's PJRT client would open all of the host's accelerators (XLA's CUDA plugin
-// preallocates on each) and compute on the first. One process per host until the XLA programs are sharded
-// (docs/xla.md).
-void require_one_process_per_accelerator_host(const TrainConfig& c, int64_t local_processes);
+// device=xla's layout over WORLD processes, LOCAL_PROCESSES of them on this host (docs/xla.md): on an
+// accelerator (xla.plugin not cpu) one process per host (each process's PJRT client would open all of the
+// host's accelerators, XLA's CUDA plugin preallocating on each); each process's rows per micro-step
+// (devices x per_device_batch / WORLD) a multiple of xla.devices, which split them. Throws naming the recipe.
+void require_xla_layout(const TrainConfig& c, int64_t world, int64_t local_processes);
 
 // True for keys a resumed run may change (OnResume::Operational in the schema, and the cluster and mesh
 // sections).

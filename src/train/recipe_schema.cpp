@@ -154,7 +154,7 @@ std::vector<RecipeKey> run_keys() {
       choice_key(
           "device", "cpu",
           "compute backend: cpu (the CPU kernels), xla (the same decoder emitted as StableHLO and run by "
-          "the PJRT plugin xla.plugin; dense Olmo 3 layers, docs/xla.md), or cuda (refused: GPUs train "
+          "the PJRT plugin xla.plugin; docs/xla.md), or cuda (refused: GPUs train "
           "with device: xla and xla.plugin: cuda)",
           kMath, {"cpu", "xla", "cuda"}, OLMOSFT_FIELD(device)),
       text_key(
@@ -165,13 +165,17 @@ std::vector<RecipeKey> run_keys() {
       choice_key(
           "xla.attention", "blockwise",
           "device: xla: blockwise (the attention every plugin runs: packed documents, padding, windows) "
-          "or cudnn (cuDNN's fused attention as a custom call: xla.plugin cuda only, bf16 operands, rows "
-          "of one document each; docs/xla.md)",
+          "or cudnn (cuDNN's fused attention as custom calls: xla.plugin cuda only, bf16 operands; "
+          "docs/xla.md)",
           kMath, {"blockwise", "cudnn"}, OLMOSFT_FIELD(xla.attention)),
       int_key("xla.cpu_devices", "1",
-              "device: xla with xla.plugin cpu: devices XLA's CPU plugin creates (the "
-              "step runs on the first)",
+              "device: xla with xla.plugin cpu: devices XLA's CPU plugin creates (at least xla.devices)",
               kOps, 1, "", OLMOSFT_FIELD(xla.cpu_devices)),
+      int_key("xla.devices", "1",
+              "device: xla: the plugin's devices each process trains on, as one SPMD program (XLA's "
+              "partitioner): each micro-batch's rows split evenly over them (per_device_batch rows a "
+              "multiple), parameters and optimizer state replicated; docs/xla.md",
+              kMath, 1, "", OLMOSFT_FIELD(xla.devices)),
       text_key("tokenizer", "", "HF tokenizer directory; must match the one the dataset was built with",
                kMath, OLMOSFT_FIELD(tokenizer)),
       text_key("data.path", "", "packed dataset directory written by `olmosft data build`", kMath,
@@ -191,7 +195,8 @@ std::vector<RecipeKey> batch_keys() {
                  kOps, kPositive, OLMOSFT_FIELD(batch.per_device_batch)),
       int_key(
           "devices", "1",
-          "devices taking part (CPU: processes; TPU: chips); under mpirun it must equal -np (defaults to it)",
+          "devices taking part (CPU: processes; device xla: processes x xla.devices); under mpirun it must "
+          "equal that (defaults to it)",
           kOps, 1, "", OLMOSFT_FIELD(batch.devices)),
       choice_key("dist.mode", "dp",
                  "multi-process mode: dp (replicated weights, all-reduced gradients) or zero3 (weights, "

@@ -266,9 +266,13 @@ void Run::preflight() {
   // across ranks; zero3: across ranks per round of N leaves, then the rounds pairwise on each shard), the
   // loss parts per leaf in leaf order: per-step losses and updates do not depend on N.
   mode_ = dist::parse_mode(cfg_.dist.mode);
-  OLMO_CHECK(world_ == 1 || d.devices == world_, src, ": devices=", d.devices, " but ", world_,
-             " processes were started (mpirun -np ", world_, "); set devices=", world_,
-             " (`olmosft train` sets it to the process count when the recipe leaves it unset)");
+  // devices = processes, times xla.devices on XLA (each process's devices split its rows)
+  const int64_t per_process = cfg_.device == "xla" ? cfg_.xla.devices : 1;
+  OLMO_CHECK(world_ == 1 || d.devices == world_ * per_process, src, ": devices=", d.devices, " but ", world_,
+             " processes were started (mpirun -np ", world_, ")",
+             per_process > 1 ? " with xla.devices " + std::to_string(per_process) : std::string(),
+             "; set devices=", world_ * per_process,
+             " (`olmosft train` sets it when the recipe leaves it unset)");
   OLMO_CHECK(d.slots % world_ == 0, src, ": rows per micro-step devices x per_device_batch = ", d.slots,
              " is not divisible by the ", world_,
              " processes (per_device_batch must be a whole number of rows)");

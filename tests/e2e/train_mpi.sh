@@ -88,6 +88,13 @@ check "device xla on 2 processes: the state on each device (DEVICE-STATE), 3 ste
    paste <(ce_of xla1) <(ce_of xla2) <(ce_of ref) | awk '{ n++; d = \$2 - \$4; if (d < 0) d = -d; e = \$6 - \$2; if (e < 0) e = -e
      if (d / \$2 > 1e-5 || e / \$2 > 1e-5) bad++ } END { exit !(n == 3 && bad == 0) }'"
 
+# device: xla with 2 processes x xla.devices 2 (devices defaults to 4; each process's 2 rows per micro-step one
+# per XLA device): the same batches, CE within 1e-5 of the 1-process 1-device run.
+mpi 2 train "$dir/recipe.yaml" run_name=xla22 device=xla xla.devices=2 >"$dir/xla22.out" 2>"$dir/xla22.err"; rc=$?
+check "device xla on 2 processes x xla.devices 2: 3 steps within 1e-5 of 1 process" \
+  "[ $rc -eq 0 ] && grep -q 'devices=4 ' '$dir/xla22.out' && paste <(ce_of xla1) <(ce_of xla22) | awk '{ n++; d = \$2 - \$4; if (d < 0) d = -d
+     if (d / \$2 > 1e-5) bad++ } END { exit !(n == 3 && bad == 0) }'"
+
 # device: xla on an accelerator's plugin with 2 processes on this host: refused before any compute (each
 # PJRT client would open all of the host's accelerators); the plugin is never loaded, so none is needed here.
 mpi 2 train "$dir/recipe.yaml" run_name=xla-acc device=xla xla.plugin=tpu >"$dir/xla-acc.out" 2>"$dir/xla-acc.err"; rc=$?

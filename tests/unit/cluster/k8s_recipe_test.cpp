@@ -281,7 +281,7 @@ TEST(K8sGpu, AcceleratorKeysAndDeviceHonesty) {
   EXPECT_EQ(
       e.rfind("r.yaml: key 'cluster.accelerator': gpu-h200-2x8 (16 GPUs, 2 pods): device=cpu would train on "
               "the hosts' CPUs and leave the accelerators idle. Set device: xla with xla.plugin: cuda to "
-              "train on them (one per pod for now), or cluster.allow_cpu_on_accelerator_hosts=true",
+              "train on them (xla.devices of them per pod), or cluster.allow_cpu_on_accelerator_hosts=true",
               0),
       0u)
       << e;
@@ -319,16 +319,16 @@ TEST(K8sGpu, AcceleratorKeysAndDeviceHonesty) {
 // training on the TPU hosts, and then every render says so; device=cuda on a TPU slice is refused outright.
 // device=xla with the slice's plugin trains on its accelerators, one device per pod for now (docs/xla.md):
 // rendered with a warning that says so, without cluster.allow_cpu_on_accelerator_hosts.
-TEST(K8sGpu, XlaOnAcceleratorsSaysOneDevicePerPod) {
+TEST(K8sGpu, XlaOnAcceleratorsSaysWhatEachPodUses) {
   const std::vector<std::string> tpu = {"cluster.allow_cpu_on_accelerator_hosts=false", "device=xla",
                                         "xla.plugin=tpu"};
   std::vector<std::string> w = accelerator_warnings(parse_recipe(kBase, "r.yaml", tpu));
   ASSERT_EQ(w.size(), 1u);
   EXPECT_EQ(w[0],
             "WARNING: device=xla on the 128 TPU chips of tpu-v4-4x4x8 (32 pods): each pod runs one olmosft "
-            "process on one TPU chip of its host (the XLA backend has no sharded programs yet, docs/xla.md), "
-            "so 3 of each pod's 4 stay idle; the pods do not form one training job yet (no multi-host "
-            "launcher).");
+            "process on 1 of its host's 4 TPU chips (xla.devices: one data-parallel SPMD program; no sharded "
+            "parameters yet, docs/xla.md), so 3 of them stay idle; the pods do not form one training job yet "
+            "(no multi-host launcher).");
   auto with = [](std::vector<std::string> ov, std::vector<std::string> extra) {
     ov.insert(ov.end(), extra.begin(), extra.end());
     return ov;
@@ -349,8 +349,16 @@ TEST(K8sGpu, XlaOnAcceleratorsSaysOneDevicePerPod) {
   EXPECT_EQ(
       w[0],
       "WARNING: device=xla on the 8 GPUs of gpu-h200-1x8 (1 pods): each pod runs one olmosft process on "
-      "one GPU of its host (the XLA backend has no sharded programs yet, docs/xla.md), so 7 of each "
-      "pod's 8 stay idle.");
+      "1 of its host's 8 GPUs (xla.devices: one data-parallel SPMD program; no sharded parameters yet, "
+      "docs/xla.md), so 7 of them stay idle.");
+  // xla.devices: all of a host's devices in one program; more than a host has is refused.
+  w = accelerator_warnings(parse_recipe(kBase, "r.yaml", with(gpu, {"xla.devices=8"})));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].find("stay idle"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("on 8 of its host's 8 GPUs"), std::string::npos) << w[0];
+  EXPECT_EQ(
+      error_of([&] { accelerator_warnings(parse_recipe(kBase, "r.yaml", with(gpu, {"xla.devices=16"}))); }),
+      "r.yaml: key 'xla.devices': 16 but the pods of gpu-h200-1x8 have 8 GPUs each");
   // The other accelerator's plugin, a sharded dist.mode, and XLA's CPU plugin are refused, naming the key.
   std::string e =
       error_of([&] { accelerator_warnings(parse_recipe(kBase, "r.yaml", with(tpu, {"xla.plugin=cuda"}))); });
@@ -378,7 +386,7 @@ TEST(K8sGpu, TpuSliceIsHonest) {
   EXPECT_EQ(e,
             "r.yaml: key 'cluster.slice': tpu-v4-4x4x8 (128 TPU chips, 32 pods): device=cpu would train on "
             "the hosts' CPUs and leave the accelerators idle. Set device: xla with xla.plugin: tpu to train "
-            "on them (one per pod for now), or cluster.allow_cpu_on_accelerator_hosts=true to render it "
+            "on them (xla.devices of them per pod), or cluster.allow_cpu_on_accelerator_hosts=true to render it "
             "anyway");
   Recipe r = parse_recipe(kBase, "r.yaml", {});
   ASSERT_EQ(accelerator_warnings(r).size(), 1u);

@@ -288,6 +288,111 @@ TEST(DecoderXla, DeviceTrainingStateMatchesTheHostOptimizer) {
     for (int64_t k = 0; k < p.grad.numel(); ++k) ASSERT_EQ(p.grad.data<float>()[k], 0.0f) << p.name;
 }
 
+// xla.devices 2: every program is one SPMD program over the CPU plugin's two devices (XLA's partitioner):
+// the batch's rows split, one per device; parameters, gradient sums and moments replicated on each; the
+// partitioner adds the cross-device sums. Two fp32 summation orders, so the numbers equal one device's within
+// the same-run bound (1e-5), not bit for bit; logits come back in row order.
+TEST(DecoderXla, TwoDevicesSplitTheRowsAndMatchOneDevice) {
+  const auto& F = fx();
+  XlaOptions two;
+  two.devices = 2;
+  auto one = load_xla(), spmd = load_xla(two);
+  const Batch b = F.make();
+  ASSERT_EQ(b.B, 2);
+  const std::string text = xla_step_module(one->config(), two, b.B, b.T, fixture_loss(), true);
+  EXPECT_NE(text.find("mhlo.num_partitions = 2 : i32"), std::string::npos);
+  const std::string seg =
+      "tensor<2x" + std::to_string(b.T) + "xi32> {mhlo.sharding = \"{devices=[2,1]0,1}\"}";
+  EXPECT_NE(text.find(seg), std::string::npos) << "the segments split by rows";
+  EXPECT_EQ(text.find("{replicated}") == std::string::npos, false) << "parameters and results replicated";
+  using olmosft::xla::testutil::error_of;
+  EXPECT_NE(error_of([&] { xla_step_module(one->config(), two, 1, b.T, fixture_loss(), true); })
+                .find("xla.devices 2 splits each micro-batch's rows evenly over the devices; B=1 rows is not "
+                      "a multiple"),
+            std::string::npos);
+  XlaOptions cudnn = two;
+  cudnn.attention = XlaAttention::kCudnn;
+  EXPECT_NE(error_of([&] { load_xla(cudnn); }).find("cuDNN's custom calls are not partitioned"),
+            std::string::npos);
+
+  // forward: the logits of both rows, in row order
+  const int64_t NV = b.B * b.T * one->config().vocab_size;
+  std::vector<float> l1(static_cast<size_t>(NV)), l2(static_cast<size_t>(NV));
+  const LossParts f1 = one->forward(b, fixture_loss(), l1.data(), nullptr);
+  const LossParts f2 = spmd->forward(b, fixture_loss(), l2.data(), nullptr);
+  EXPECT_LT(rel(f2.sum[kLossCe], f1.sum[kLossCe]), kSameRunTol);
+  EXPECT_EQ(f2.tokens, f1.tokens);
+  const double logit_diff = scaled_diff(l2.data(), l1.data(), NV);
+  EXPECT_LT(logit_diff, kSameRunTol);
+  // one row (an evaluation's): padded with a row of padding on the second device, its outputs dropped
+  Batch first_row = b;
+  first_row.B = 1;
+  std::fill(l2.begin(), l2.end(), -1.0f);
+  const LossParts r1 = one->forward(first_row, fixture_loss(), l1.data(), nullptr);
+  const LossParts r2 = spmd->forward(first_row, fixture_loss(), l2.data(), nullptr);
+  EXPECT_LT(rel(r2.sum[kLossCe], r1.sum[kLossCe]), kSameRunTol);
+  EXPECT_EQ(r2.tokens, r1.tokens);
+  EXPECT_LT(scaled_diff(l2.data(), l1.data(), NV / 2), kSameRunTol);
+  EXPECT_EQ(l2[size_t(NV / 2)], -1.0f) << "nothing written past the row";
+  // the host path: gradients added into Param::grad
+  const double scale = 1.0 / double(F.trained());
+  one->forward_backward(b, fixture_loss(), scale, 1.0);
+  spmd->forward_backward(b, fixture_loss(), scale, 1.0);
+  double worst = 0;
+  for (size_t i = 0; i < one->params().size(); ++i) {
+    const Tensor& g1 = one->params()[i].grad;
+    worst = std::max(worst, scaled_diff(spmd->params()[i].grad.data<float>(), g1.data<float>(), g1.numel()));
+  }
+  std::printf("two devices vs one: logits %.3g, gradients %.3g of scale\n", logit_diff, worst);
+  EXPECT_LT(worst, kSameRunTol);
+
+  // device training: 3 steps of 2 leaves, clip + AdamW on the devices
+  const size_t P = one->params().size();
+  std::vector<std::vector<float>> zeros(P), s1(3 * P), s2(3 * P);
+  std::vector<const float*> v1, v2, z;
+  for (size_t i = 0; i < P; ++i) {
+    zeros[i].assign(size_t(one->params()[i].value.numel()), 0.0f);
+    v1.push_back(one->params()[i].value.data<float>()), v2.push_back(spmd->params()[i].value.data<float>());
+    z.push_back(zeros[i].data());
+  }
+  one->upload(v1, z, z);
+  spmd->upload(v2, z, z);
+  AdamWConfig ac;
+  ac.lr = 1e-3;
+  for (int64_t t = 1; t <= 3; ++t) {
+    for (int leaf = 0; leaf < 2; ++leaf) {
+      const LossParts a = one->forward_backward(b, fixture_loss(), scale / 2, 1.0);
+      const LossParts d = spmd->forward_backward(b, fixture_loss(), scale / 2, 1.0);
+      EXPECT_LT(rel(d.sum[kLossCe], a.sum[kLossCe]), kSameRunTol) << "step " << t;
+    }
+    const double n1 = one->grad_norm(), n2 = spmd->grad_norm();
+    EXPECT_LT(rel(n2, n1), 1e-5) << "step " << t;
+    one->clip_and_step(ac, 0.5, t);
+    spmd->clip_and_step(ac, 0.5, t);
+  }
+  auto state = [&](XlaDecoder& m, std::vector<std::vector<float>>& out) {
+    std::vector<float*> p, e, q;
+    for (size_t i = 0; i < P; ++i) {
+      for (size_t k : {i, P + i, 2 * P + i}) out[k].assign(zeros[i].size(), 0.0f);
+      p.push_back(out[i].data()), e.push_back(out[P + i].data()), q.push_back(out[2 * P + i].data());
+    }
+    m.download(p, e, q);
+  };
+  state(*one, s1);
+  state(*spmd, s2);
+  double wp = 0, wm = 0;  // parameters in LR units (AdamW normalises each update), moments of their scale
+  for (size_t i = 0; i < P; ++i) {
+    for (size_t k = 0; k < s1[i].size(); ++k)
+      wp = std::max(wp, std::fabs(double(s2[i][k]) - s1[i][k]) / (3 * ac.lr));
+    wm = std::max(wm, scaled_diff(s2[P + i].data(), s1[P + i].data(), int64_t(s1[P + i].size())));
+  }
+  std::printf("two devices vs one after 3 AdamW steps: params %.3g of 3 LR, exp_avg %.3g\n", wp, wm);
+  EXPECT_LT(wp, 1e-2);
+  EXPECT_LT(wm, 1e-4);
+  // forward (also the padded row), the step (host path and first leaf), the accumulating step, norm, update
+  EXPECT_EQ(spmd->stats().compiles, 5);
+}
+
 // compute.dtype bf16 on XLA: every GEMM's operands rounded to bf16, f32 accumulation, the attention's
 // products too. The numerics policy's step-1 bound (docs/numerics.md): the relative CE difference from fp32
 // is above 0 (the rounding happens) and below u (2 G + 1), u = 2^-8, G = the bf16 products on the longest

@@ -227,18 +227,26 @@ TEST(Recipe, DeviceKeyAndCudaRefusal) {
   c.device = "cpu";
   EXPECT_EQ(error_of([&] { require_device_supported(c); }), "");
   // device=xla on an accelerator: one process per host (each client would open all of its devices).
-  EXPECT_EQ(error_of([&] { require_one_process_per_accelerator_host(c, 8); }), "");  // cpu
+  EXPECT_EQ(error_of([&] { require_xla_layout(c, 1, 8); }), "");  // cpu
   c.device = "xla";
-  EXPECT_EQ(error_of([&] { require_one_process_per_accelerator_host(c, 8); }), "");  // XLA's CPU plugin
+  EXPECT_EQ(error_of([&] { require_xla_layout(c, 1, 8); }), "");  // XLA's CPU plugin
   c.xla.plugin = "cuda";
-  EXPECT_EQ(error_of([&] { require_one_process_per_accelerator_host(c, 1); }), "");
+  EXPECT_EQ(error_of([&] { require_xla_layout(c, 1, 1); }), "");
   EXPECT_EQ(
-      error_of([&] { require_one_process_per_accelerator_host(c, 8); }),
+      error_of([&] { require_xla_layout(c, 1, 8); }),
       "gpu.yaml: device=xla with xla.plugin cuda: 8 processes on this host would share its accelerators "
-      "(each PJRT client opens all of them and computes on the first); start one process per host (the "
-      "XLA backend has no sharded programs yet, docs/xla.md)");
+      "(each PJRT client opens all of them); start one process per host, with xla.devices for how many of "
+      "them it trains on (docs/xla.md)");
   c.xla.plugin = "/opt/pjrt/libtpu.so";
-  EXPECT_NE(error_of([&] { require_one_process_per_accelerator_host(c, 2); }), "");
+  EXPECT_NE(error_of([&] { require_xla_layout(c, 1, 2); }), "");
+  // xla.devices splits each process's rows per micro-step (slots / processes) evenly.
+  c.xla.devices = 2;
+  c.batch.slots = 8;
+  EXPECT_EQ(error_of([&] { require_xla_layout(c, 2, 1); }), "");
+  EXPECT_EQ(
+      error_of([&] { require_xla_layout(c, 8, 1); }),
+      "gpu.yaml: xla.devices 2 splits each process's rows per micro-step evenly; devices x "
+      "per_device_batch / processes = 1 is not a multiple (per_device_batch counts rows per XLA device)");
   // The device changes the numbers (bf16 compute on a GPU): not a key a resumed run may change silently.
   EXPECT_FALSE(recipe_key_operational("device"));
 }
