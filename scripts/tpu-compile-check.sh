@@ -6,7 +6,8 @@
 # pinned in deps/pypi/files.txt), build olmosft if needed, then `olmosft xla compile` for
 #   (a) the tiny Olmo 3 fixture (tests/golden/model/olmo3_tiny) at T 256 and 4,096, f32 and bf16;
 #   (b) a 7B-shaped 4-layer Olmo 3 (Olmo-3-7B's shapes: d 4096, 32 heads, 32 KV heads x 128, FFN 11,008, vocab
-#       100,278; layers sliding, sliding, sliding, full) at T 8,192, bf16, one row.
+#       100,278; layers sliding, sliding, sliding, full) at T 8,192, bf16, one row; and the same as one
+#       data-parallel SPMD program over the 4 chips (--spmd 4, 4 rows, xla.devices).
 # Each prints one `XLA-AOT ...` line (compile seconds, argument / output / temp / code bytes, the chip's HBM)
 # and a human line; the XLA-AOT lines are collected in $OUT/tpu-compile-check.txt (default build/).
 #
@@ -79,6 +80,9 @@ compile tiny-T4096-bf16 --config "$tiny" --seq 4096 --bf16
 # config.json compiled is written next to the results, so the shapes are on record.
 compile 7b-shaped-4L-T8192-bf16 --config olmo3-7b --layers 4 --seq 8192 --bf16 \
   --save-model-config "$(dirname "$out")/olmo3-7b-4layers.config.json"
+# The same 7B-shaped step as one data-parallel SPMD program over the slice's 4 chips (xla.devices 4, one row
+# each): the partitioned program valid for the TPU compiler, its per-chip memory (parameters replicated).
+compile 7b-shaped-4L-T8192-bf16-spmd4 --config olmo3-7b --layers 4 --seq 8192 --bf16 --batch 4 --spmd 4
 
 echo "== summary ($out)"
 cat "$out"

@@ -62,7 +62,7 @@ struct Compiled {
 
 struct Args {
   std::string config, plugin = "tpu", topology, save_config;
-  int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0;
+  int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0, spmd = 1;
   bool bf16 = false, forward_only = false;
 };
 
@@ -71,7 +71,11 @@ Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_
   olmosft::model::XlaOptions xo;
   xo.plugin = a.plugin;
   xo.bf16 = a.bf16;
+  xo.devices = a.spmd;
   if (a.block > 0) xo.attention_block = a.block;
+  olmosft::xla::CompileOptions co;  // --spmd N: one SPMD program over N devices (xla.devices)
+  co.num_partitions = a.spmd;
+  co.use_spmd_partitioning = a.spmd > 1;
   olmosft::model::LossConfig loss;
   loss.vocab_tile = a.vocab_tile;
   Compiled c;
@@ -97,20 +101,20 @@ Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_
     xo.f64_trig = c.platform != "tpu";  // TPUs have no f64
     const std::string text = emit();
     const auto t0 = Clock::now();
-    const auto exe = olmosft::xla::compile_for_topology(topo, text);
+    const auto exe = olmosft::xla::compile_for_topology(topo, text, co);
     c.compile_s = seconds_since(t0);
     c.stats = exe.memory_stats();
     return c;
   }
-  // XLA's CPU plugin makes 4 devices by default; the step runs on one.
+  // XLA's CPU plugin makes 4 devices by default; the step runs on --spmd of them (one by default).
   const auto client = olmosft::xla::Client::create(
-      plugin, a.plugin == "cpu" ? olmosft::xla::ClientOptions{1} : olmosft::xla::ClientOptions{});
+      plugin, a.plugin == "cpu" ? olmosft::xla::ClientOptions{a.spmd} : olmosft::xla::ClientOptions{});
   c.platform = client.platform_name();
   c.devices = client.device_count();
   xo.f64_trig = c.platform != "tpu";
   const std::string text = emit();
   const auto t0 = Clock::now();
-  const auto exe = client.compile(text);
+  const auto exe = client.compile(text, co);
   c.compile_s = seconds_since(t0);
   c.stats = exe.memory_stats();
   return c;
@@ -124,21 +128,22 @@ void print(const Args& a, const olmosft::model::ModelConfig& m, const Compiled& 
   std::snprintf(secs, sizeof secs, "emit_s=%.2f compile_s=%.2f", emit_s, c.compile_s);
   std::snprintf(compile_s, sizeof compile_s, "%.1f", c.compile_s);
   std::cout << "XLA-AOT plugin=" << a.plugin << " platform=" << c.platform << " topology=" << topology
-            << " devices=" << c.devices << " layers=" << m.num_hidden_layers << " hidden=" << m.hidden_size
-            << " vocab=" << m.vocab_size << " B=" << a.batch << " T=" << a.seq << " bf16=" << int(a.bf16)
-            << " backward=" << int(!a.forward_only) << " module_bytes=" << module_bytes << " " << secs
-            << " argument_bytes=" << s.argument_bytes << " output_bytes=" << s.output_bytes
-            << " alias_bytes=" << s.alias_bytes << " temp_bytes=" << s.temp_bytes
-            << " generated_code_bytes=" << s.generated_code_bytes << " host_temp_bytes=" << s.host_temp_bytes
-            << " peak_bytes=" << s.peak_bytes << " total_bytes=" << s.total_bytes()
-            << " device_memory_bytes=" << c.device_memory << "\n";
+            << " devices=" << c.devices << " spmd=" << a.spmd << " layers=" << m.num_hidden_layers
+            << " hidden=" << m.hidden_size << " vocab=" << m.vocab_size << " B=" << a.batch << " T=" << a.seq
+            << " bf16=" << int(a.bf16) << " backward=" << int(!a.forward_only)
+            << " module_bytes=" << module_bytes << " " << secs << " argument_bytes=" << s.argument_bytes
+            << " output_bytes=" << s.output_bytes << " alias_bytes=" << s.alias_bytes
+            << " temp_bytes=" << s.temp_bytes << " generated_code_bytes=" << s.generated_code_bytes
+            << " host_temp_bytes=" << s.host_temp_bytes << " peak_bytes=" << s.peak_bytes
+            << " total_bytes=" << s.total_bytes() << " device_memory_bytes=" << c.device_memory << "\n";
   std::cout << "olmosft xla compile: " << m.model_type_name << " " << m.num_hidden_layers << " layers d "
             << m.hidden_size << " vocab " << m.vocab_size << ", "
             << (a.forward_only ? "forward" : "training step") << " B=" << a.batch << " T=" << a.seq
             << (a.bf16 ? " bf16" : " f32") << ", for " << c.platform << " "
             << (a.topology.empty() ? "(a client on this machine)" : a.topology) << " (" << c.devices << " x "
-            << (c.device_kind.empty() ? "device" : c.device_kind) << "): compiled in " << compile_s
-            << " s; per device " << gib(s.total_bytes());
+            << (c.device_kind.empty() ? "device" : c.device_kind) << ")"
+            << (a.spmd > 1 ? ", data parallel over " + std::to_string(a.spmd) + " of them" : std::string())
+            << ": compiled in " << compile_s << " s; per device " << gib(s.total_bytes());
   if (c.device_memory > 0) std::cout << " of " << gib(c.device_memory);
   std::cout << " (arguments " << gib(s.argument_bytes) << ", outputs " << gib(s.output_bytes)
             << ", temporaries " << gib(s.temp_bytes) << ", code " << gib(s.generated_code_bytes) << ")\n";
@@ -167,6 +172,10 @@ int xla_compile_main(int argc, char** argv) {
   app.add_flag("--forward-only", a.forward_only, "compile the forward (loss) only, no backward");
   app.add_option("--vocab-tile", a.vocab_tile, "vocabulary rows per cross-entropy tile (0: untiled)")
       ->capture_default_str();
+  app.add_option("--spmd", a.spmd,
+                 "one data-parallel SPMD program over N devices (xla.devices: rows split, parameters "
+                 "replicated); the memory printed is per device")
+      ->capture_default_str();
   app.add_option("--attention-block", a.block, "queries / keys per attention block (default: the backend's)");
   app.add_option("--save-model-config", a.save_config, "also write the compiled model's config.json here");
   return olmosft::cli::run_app(app, argc, argv, [&] {
@@ -175,6 +184,8 @@ int xla_compile_main(int argc, char** argv) {
     OLMO_CHECK(a.layers >= 0, "--layers must be >= 0, got ", a.layers);
     OLMO_CHECK(a.vocab_tile >= 0, "--vocab-tile must be >= 0, got ", a.vocab_tile);
     OLMO_CHECK(a.block >= 0, "--attention-block must be >= 0, got ", a.block);
+    OLMO_CHECK(a.spmd >= 1 && a.batch % a.spmd == 0, "--spmd ", a.spmd, " splits the --batch ", a.batch,
+               " rows evenly over the devices (expected >= 1 dividing it)");
     const bool tpu = is_libtpu(a.plugin);
     if (tpu && app.count("--topology") == 0) a.topology = "v4:2x2x1";
     if (tpu) {
