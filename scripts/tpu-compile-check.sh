@@ -7,7 +7,8 @@
 #   (a) the tiny Olmo 3 fixture (tests/golden/model/olmo3_tiny) at T 256 and 4,096, f32 and bf16;
 #   (b) a 7B-shaped 4-layer Olmo 3 (Olmo-3-7B's shapes: d 4096, 32 heads, 32 KV heads x 128, FFN 11,008, vocab
 #       100,278; layers sliding, sliding, sliding, full) at T 8,192, bf16, one row; and the same as one
-#       data-parallel SPMD program over the 4 chips (--spmd 4, 4 rows, xla.devices).
+#       data-parallel SPMD program over the 4 chips (--spmd 4, 4 rows, xla.devices), parameters replicated
+#       and split (--shard-params, xla.shard_params).
 # Each prints one `XLA-AOT ...` line (compile seconds, argument / output / temp / code bytes, the chip's HBM)
 # and a human line; the XLA-AOT lines are collected in $OUT/tpu-compile-check.txt (default build/).
 #
@@ -83,6 +84,10 @@ compile 7b-shaped-4L-T8192-bf16 --config olmo3-7b --layers 4 --seq 8192 --bf16 \
 # The same 7B-shaped step as one data-parallel SPMD program over the slice's 4 chips (xla.devices 4, one row
 # each): the partitioned program valid for the TPU compiler, its per-chip memory (parameters replicated).
 compile 7b-shaped-4L-T8192-bf16-spmd4 --config olmo3-7b --layers 4 --seq 8192 --bf16 --batch 4 --spmd 4
+# ... and with the parameters, gradients (and, in training, the moments) split over the 4 chips
+# (xla.shard_params): what FSDP saves per chip.
+compile 7b-shaped-4L-T8192-bf16-spmd4-sharded --config olmo3-7b --layers 4 --seq 8192 --bf16 --batch 4 --spmd 4 \
+  --shard-params
 
 echo "== summary ($out)"
 cat "$out"

@@ -63,7 +63,7 @@ struct Compiled {
 struct Args {
   std::string config, plugin = "tpu", topology, save_config;
   int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0, spmd = 1;
-  bool bf16 = false, forward_only = false;
+  bool bf16 = false, forward_only = false, shard_params = false;
 };
 
 Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_t* module_bytes,
@@ -72,6 +72,7 @@ Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_
   xo.plugin = a.plugin;
   xo.bf16 = a.bf16;
   xo.devices = a.spmd;
+  xo.shard_params = a.shard_params;
   if (a.block > 0) xo.attention_block = a.block;
   olmosft::xla::CompileOptions co;  // --spmd N: one SPMD program over N devices (xla.devices)
   co.num_partitions = a.spmd;
@@ -128,21 +129,24 @@ void print(const Args& a, const olmosft::model::ModelConfig& m, const Compiled& 
   std::snprintf(secs, sizeof secs, "emit_s=%.2f compile_s=%.2f", emit_s, c.compile_s);
   std::snprintf(compile_s, sizeof compile_s, "%.1f", c.compile_s);
   std::cout << "XLA-AOT plugin=" << a.plugin << " platform=" << c.platform << " topology=" << topology
-            << " devices=" << c.devices << " spmd=" << a.spmd << " layers=" << m.num_hidden_layers
-            << " hidden=" << m.hidden_size << " vocab=" << m.vocab_size << " B=" << a.batch << " T=" << a.seq
-            << " bf16=" << int(a.bf16) << " backward=" << int(!a.forward_only)
-            << " module_bytes=" << module_bytes << " " << secs << " argument_bytes=" << s.argument_bytes
-            << " output_bytes=" << s.output_bytes << " alias_bytes=" << s.alias_bytes
-            << " temp_bytes=" << s.temp_bytes << " generated_code_bytes=" << s.generated_code_bytes
-            << " host_temp_bytes=" << s.host_temp_bytes << " peak_bytes=" << s.peak_bytes
-            << " total_bytes=" << s.total_bytes() << " device_memory_bytes=" << c.device_memory << "\n";
+            << " devices=" << c.devices << " spmd=" << a.spmd << " shard_params=" << int(a.shard_params)
+            << " layers=" << m.num_hidden_layers << " hidden=" << m.hidden_size << " vocab=" << m.vocab_size
+            << " B=" << a.batch << " T=" << a.seq << " bf16=" << int(a.bf16)
+            << " backward=" << int(!a.forward_only) << " module_bytes=" << module_bytes << " " << secs
+            << " argument_bytes=" << s.argument_bytes << " output_bytes=" << s.output_bytes
+            << " alias_bytes=" << s.alias_bytes << " temp_bytes=" << s.temp_bytes
+            << " generated_code_bytes=" << s.generated_code_bytes << " host_temp_bytes=" << s.host_temp_bytes
+            << " peak_bytes=" << s.peak_bytes << " total_bytes=" << s.total_bytes()
+            << " device_memory_bytes=" << c.device_memory << "\n";
   std::cout << "olmosft xla compile: " << m.model_type_name << " " << m.num_hidden_layers << " layers d "
             << m.hidden_size << " vocab " << m.vocab_size << ", "
             << (a.forward_only ? "forward" : "training step") << " B=" << a.batch << " T=" << a.seq
             << (a.bf16 ? " bf16" : " f32") << ", for " << c.platform << " "
             << (a.topology.empty() ? "(a client on this machine)" : a.topology) << " (" << c.devices << " x "
             << (c.device_kind.empty() ? "device" : c.device_kind) << ")"
-            << (a.spmd > 1 ? ", data parallel over " + std::to_string(a.spmd) + " of them" : std::string())
+            << (a.spmd > 1 ? ", data parallel over " + std::to_string(a.spmd) + " of them" +
+                                 (a.shard_params ? ", parameters split" : "")
+                           : std::string())
             << ": compiled in " << compile_s << " s; per device " << gib(s.total_bytes());
   if (c.device_memory > 0) std::cout << " of " << gib(c.device_memory);
   std::cout << " (arguments " << gib(s.argument_bytes) << ", outputs " << gib(s.output_bytes)
@@ -176,6 +180,8 @@ int xla_compile_main(int argc, char** argv) {
                  "one data-parallel SPMD program over N devices (xla.devices: rows split, parameters "
                  "replicated); the memory printed is per device")
       ->capture_default_str();
+  app.add_flag("--shard-params", a.shard_params,
+               "with --spmd: parameters, gradients and moments split over the devices (xla.shard_params)");
   app.add_option("--attention-block", a.block, "queries / keys per attention block (default: the backend's)");
   app.add_option("--save-model-config", a.save_config, "also write the compiled model's config.json here");
   return olmosft::cli::run_app(app, argc, argv, [&] {

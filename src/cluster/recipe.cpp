@@ -283,7 +283,8 @@ std::vector<std::string> xla_on_accelerators(const Recipe& r, const std::string&
              unit, " each");
   std::string w = "WARNING: device=xla on the " + what + ": each pod runs one olmosft process on " +
                   std::to_string(used) + " of its host's " + std::to_string(per) + unit +
-                  " (xla.devices: one data-parallel SPMD program; no sharded parameters yet, docs/xla.md)";
+                  " (xla.devices: one data-parallel SPMD program, parameters " +
+                  (r.train.xla.shard_params ? "split over them" : "replicated") + ", docs/xla.md)";
   if (used < per) w += ", so " + std::to_string(per - used) + " of them stay idle";
   if (s.hosts > 1) w += "; the pods do not form one training job yet (no multi-host launcher)";
   return {w + "."};
@@ -309,14 +310,14 @@ std::vector<std::string> accelerator_warnings(const Recipe& r) {
   if (r.train.device == "xla" && r.train.xla.plugin != "cpu") return xla_on_accelerators(r, what);
   // The hosts' CPUs: device=cpu, or device=xla on XLA's CPU plugin.
   const std::string on_cpu = r.train.device == "xla" ? "device=xla with xla.plugin=cpu" : "device=cpu";
-  OLMO_CHECK(r.cluster.allow_cpu_on_accelerator_hosts, r.origin, ": key 'cluster.",
-             tpu ? "slice" : "accelerator", "': ", s.text, " (", s.devices(),
-             tpu ? " TPU chips, " : " GPUs, ", s.hosts, " pods): ", on_cpu,
-             " would train on the hosts' CPUs and leave the accelerators idle. Set device: xla with "
-             "xla.plugin: ",
-             tpu ? "tpu" : "cuda",
-             " to train on them (xla.devices of them per pod), or cluster.allow_cpu_on_accelerator_hosts=true to "
-             "render it anyway");
+  OLMO_CHECK(
+      r.cluster.allow_cpu_on_accelerator_hosts, r.origin, ": key 'cluster.", tpu ? "slice" : "accelerator",
+      "': ", s.text, " (", s.devices(), tpu ? " TPU chips, " : " GPUs, ", s.hosts, " pods): ", on_cpu,
+      " would train on the hosts' CPUs and leave the accelerators idle. Set device: xla with "
+      "xla.plugin: ",
+      tpu ? "tpu" : "cuda",
+      " to train on them (xla.devices of them per pod), or cluster.allow_cpu_on_accelerator_hosts=true to "
+      "render it anyway");
   return {"WARNING: CPU TRAINING ON ACCELERATOR HOSTS: " + on_cpu + ": the " + what +
           " stay idle and every pod trains on its host's CPUs "
           "(cluster.allow_cpu_on_accelerator_hosts=true)."};

@@ -33,6 +33,7 @@ struct StepKey {
   int64_t vocab_tile = 0;
   int64_t cudnn_segments = 0;  // cuDNN's packed attention form with this M (cudnn_segments); 0: not packed
   int64_t parts = 1;           // devices of the SPMD program (XlaOptions::devices)
+  bool shard = false;          // parameters and their gradients split over them (XlaOptions::shard_params)
   auto operator<=>(const StepKey&) const = default;
 };
 
@@ -46,6 +47,12 @@ static StepKey step_key(int64_t B, int64_t T, const LossConfig& loss, bool backw
   k.moe_lb = loss.weight[kLossMoeLb];
   k.router_z = loss.weight[kLossRouterZ];
   k.vocab_tile = loss.vocab_tile;
+  return k;
+}
+
+// K with the parameters' layout of XO (XlaOptions::shard_params).
+static StepKey sharded(StepKey k, const XlaOptions& xo) {
+  k.shard = xo.shard_params;
   return k;
 }
 
@@ -87,48 +94,62 @@ XlaStepTensor step_tensor(std::string name, const TensorType& t) {
   return {std::move(name), t.type == ElementType::kS32 ? "s32" : "f32", t.dims};
 }
 
-// An SPMD layout over PARTS devices: T's dimension 0 split evenly (a batch's rows), or (ROWS false) a copy
-// on every device.
-std::string spmd_layout(const TensorType& t, int64_t parts, bool rows) {
-  if (!rows) return xla::sharding_replicated();
+// An SPMD layout over PARTS devices: T's dimension DIM split evenly (0: a batch's rows), or (DIM < 0) a
+// copy on every device.
+std::string spmd_layout(const TensorType& t, int64_t parts, int dim) {
+  if (dim < 0) return xla::sharding_replicated();
   std::vector<int64_t> tiles(t.dims.size(), 1);
-  tiles.at(0) = parts;
+  tiles.at(size_t(dim)) = parts;
   return xla::sharding_tiled(tiles);
 }
 
 // The step's arguments as they are made, named for XlaStepProgram (sig null: not recorded); with PARTS > 1
-// each gets its SPMD layout (ROWS: split by rows, else replicated).
+// each gets its SPMD layout (DIM: the dimension split over the devices, -1: replicated).
 struct StepArgs {
   xla::HloBuilder& b;
   XlaStepProgram* sig;
   int64_t parts = 1;
   Value add(const std::string& name, const TensorType& t, std::optional<int> alias = std::nullopt,
-            bool rows = false) {
+            int dim = -1) {
     if (sig != nullptr) sig->arguments.push_back(step_tensor(name, t));
     Value v = b.argument(t, alias);
-    if (parts > 1) b.shard_argument(v, spmd_layout(t, parts, rows));
+    if (parts > 1) b.shard_argument(v, spmd_layout(t, parts, dim));
     return v;
   }
 };
 
-// A program whose every argument and result is replicated over PARTS devices (each computes all of it).
-void replicate_all(xla::HloBuilder& b, const std::vector<Value>& args, size_t results, int64_t parts) {
+// The dimension of a parameter of SHAPE split over PARTS devices (XlaOptions::shard_params): the first
+// one that divides evenly (a vocabulary of 100,278 rows splits by its columns); -1 when none does, or
+// without SHARD: each device holds all of it.
+int split_dim(const std::vector<int64_t>& shape, int64_t parts, bool shard) {
+  if (!shard || parts <= 1) return -1;
+  for (size_t k = 0; k < shape.size(); ++k)
+    if (shape[k] % parts == 0) return static_cast<int>(k);
+  return -1;
+}
+
+// The SPMD layouts of a program over PARTS devices: each argument and result split along its ARG_DIM /
+// RESULT_DIM entry (-1: replicated).
+void lay_out(xla::HloBuilder& b, const std::vector<Value>& args, const std::vector<int>& arg_dim,
+             const std::vector<Value>& results, const std::vector<int>& result_dim, int64_t parts) {
   if (parts <= 1) return;
   b.partitions(parts);
-  for (const Value& a : args) b.shard_argument(a, xla::sharding_replicated());
-  for (size_t i = 0; i < results; ++i) b.shard_result(i, xla::sharding_replicated());
+  for (size_t i = 0; i < args.size(); ++i)
+    b.shard_argument(args[i], spmd_layout(args[i].type(), parts, arg_dim[i]));
+  for (size_t i = 0; i < results.size(); ++i)
+    b.shard_result(i, spmd_layout(results[i].type(), parts, result_dim[i]));
 }
 
 BatchArgs batch_arguments(StepArgs& args, const ModelConfig& c, const StepKey& k) {
   const int64_t N = k.B * k.T;
   BatchArgs a;
   // the batch's arrays, split by rows over an SPMD program's devices (the flat [N] ones row-major)
-  a.tokens = args.add("tokens", TensorType{ElementType::kS32, {N}}, std::nullopt, true);
-  a.seg = args.add("segments", TensorType{ElementType::kS32, {k.B, k.T}}, std::nullopt, true);
-  a.pos = args.add("positions", TensorType{ElementType::kS32, {N}}, std::nullopt, true);
-  if (uses_ssmax(c)) a.logpos = args.add("logpos", TensorType{ElementType::kF32, {N}}, std::nullopt, true);
-  a.targets = args.add("targets", TensorType{ElementType::kS32, {N}}, std::nullopt, true);
-  a.mask = args.add("mask", TensorType{ElementType::kS32, {N}}, std::nullopt, true);
+  a.tokens = args.add("tokens", TensorType{ElementType::kS32, {N}}, std::nullopt, 0);
+  a.seg = args.add("segments", TensorType{ElementType::kS32, {k.B, k.T}}, std::nullopt, 0);
+  a.pos = args.add("positions", TensorType{ElementType::kS32, {N}}, std::nullopt, 0);
+  if (uses_ssmax(c)) a.logpos = args.add("logpos", TensorType{ElementType::kF32, {N}}, std::nullopt, 0);
+  a.targets = args.add("targets", TensorType{ElementType::kS32, {N}}, std::nullopt, 0);
+  a.mask = args.add("mask", TensorType{ElementType::kS32, {N}}, std::nullopt, 0);
   if (const int64_t M = k.cudnn_segments; M > 0) {  // xla::ops::cudnn_packed_rows' arrays
     a.cudnn_seqlen = args.add("cudnn_seqlen", TensorType{ElementType::kS32, {k.B, M}});
     a.cudnn_offsets = args.add("cudnn_offsets", TensorType{ElementType::kS32, {k.B, M + 1}});
@@ -147,7 +168,11 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
   StepArgs args{b, sig, k.parts};
   const std::vector<ParamSpec> reg = param_registry(c);
   std::vector<Value> w;
-  for (const ParamSpec& p : reg) w.push_back(args.add(p.name, TensorType{ElementType::kF32, p.shape}));
+  std::vector<int> split;  // per parameter: the dimension split over the devices (and its gradient's), or -1
+  for (const ParamSpec& p : reg) {
+    split.push_back(split_dim(p.shape, k.parts, k.shard));
+    w.push_back(args.add(p.name, TensorType{ElementType::kF32, p.shape}, std::nullopt, split.back()));
+  }
   const BatchArgs a = batch_arguments(args, c, k);
   unit::Emit e(b, c, loss, w, k.B, k.T);
   if (k.backward) e.g.resize(reg.size());
@@ -182,7 +207,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
     const int first_grad = static_cast<int>(results.size());
     if (k.accumulate)
       for (size_t i = 0; i < reg.size(); ++i)
-        sums.push_back(args.add("grad_sum." + reg[i].name, w[i].type(), first_grad + int(i)));
+        sums.push_back(args.add("grad_sum." + reg[i].name, w[i].type(), first_grad + int(i), split[i]));
     Value dh = u.head.emit_backward(e, h.back(), sh, *a.scale);
     for (size_t l = u.blocks.size(); l-- > 0;) dh = u.blocks[l].emit_backward(e, h[l], saved[l], dh);
     u.embed.emit_backward(e, se, dh);
@@ -197,23 +222,32 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
     if (sig != nullptr) sig->results.push_back(step_tensor(name, v.type()));
   }
   b.returns(values);
-  if (k.parts > 1) {  // logits and log-probs come back split by rows as the batch; the rest replicated
+  if (k.parts > 1) {  // logits and log-probs split by rows as the batch, gradients as their parameters
     b.partitions(k.parts);
+    const size_t first_grad = results.size() - (k.backward ? reg.size() : 0);
     for (size_t i = 0; i < results.size(); ++i) {
       const std::string& name = results[i].first;
-      b.shard_result(i, spmd_layout(values[i].type(), k.parts, name == "logits" || name == "logprobs"));
+      const int dim = name == "logits" || name == "logprobs" ? 0
+                      : i >= first_grad                      ? split[i - first_grad]
+                                                             : -1;
+      b.shard_result(i, spmd_layout(values[i].type(), k.parts, dim));
     }
   }
   return b.module();
 }
 
 // The global norm of the gradient sums: one f32 scalar (the CPU sums its squares in double).
-std::string emit_grad_norm(const std::vector<ParamSpec>& reg, int64_t parts) {
+std::string emit_grad_norm(const std::vector<ParamSpec>& reg, int64_t parts, bool shard) {
   xla::HloBuilder b("olmosft_grad_norm");
   std::vector<Value> g;
-  for (const ParamSpec& p : reg) g.push_back(b.argument(TensorType{ElementType::kF32, p.shape}));
-  b.returns({xla::ops::clip_grad_norm(b, g, 0.0).norm});
-  replicate_all(b, g, 1, parts);
+  std::vector<int> split;
+  for (const ParamSpec& p : reg) {
+    g.push_back(b.argument(TensorType{ElementType::kF32, p.shape}));
+    split.push_back(split_dim(p.shape, parts, shard));
+  }
+  const Value norm = xla::ops::clip_grad_norm(b, g, 0.0).norm;
+  b.returns({norm});
+  lay_out(b, g, split, {norm}, {-1}, parts);
   return b.module();
 }
 
@@ -226,7 +260,7 @@ struct UpdateKey {
 // Clip + AdamW over every parameter: arguments p_i (donated into result i), g_i, m_i (-> result P + i), v_i
 // (-> 2P + i), then the f32 [3] scalars of ops::adamw_scalars; results the new p, m and v.
 std::string emit_update(const std::vector<ParamSpec>& reg, const std::vector<bool>& decay, const UpdateKey& k,
-                        int64_t parts) {
+                        int64_t parts, bool shard) {
   xla::HloBuilder b("olmosft_update");
   const int P = static_cast<int>(reg.size());
   std::vector<Value> p, g, m, v;
@@ -253,7 +287,13 @@ std::string emit_update(const std::vector<ParamSpec>& reg, const std::vector<boo
   std::vector<Value> all = p;
   for (const auto* group : {&g, &m, &v}) all.insert(all.end(), group->begin(), group->end());
   all.push_back(scalars);
-  replicate_all(b, all, results.size(), parts);
+  std::vector<int> split;  // p, g, m, v each as the parameter; the scalars replicated
+  for (const ParamSpec& r : reg) split.push_back(split_dim(r.shape, parts, shard));
+  std::vector<int> arg_dim, result_dim;
+  for (int group = 0; group < 4; ++group) arg_dim.insert(arg_dim.end(), split.begin(), split.end());
+  arg_dim.push_back(-1);
+  for (int group = 0; group < 3; ++group) result_dim.insert(result_dim.end(), split.begin(), split.end());
+  lay_out(b, all, arg_dim, results, result_dim, parts);
   return b.module();
 }
 
@@ -322,11 +362,56 @@ struct XlaDecoder::Impl {
     if (xo.plugin == "cpu") co.cpu_device_count = std::max(xo.cpu_devices, xo.devices);
     return co;
   }
-  // HOST (row-major DIMS) copied to each device: the same array on every one.
-  std::vector<xla::Buffer> replicas(std::span<const float> host, const std::vector<int64_t>& dims,
-                                    int64_t devices) const {
+  std::vector<int> split;  // per parameter (registry order): its dimension split over the devices, or -1
+  // HOST (row-major DIMS) on each of DEVICES devices: all of it on every one (DIM < 0), or device d's part d
+  // of dimension DIM.
+  std::vector<xla::Buffer> place(std::span<const float> host, const std::vector<int64_t>& dims,
+                                 int64_t devices, int dim = -1) const {
     std::vector<xla::Buffer> out;
-    for (int64_t d = 0; d < devices; ++d) out.push_back(client.to_device(host, dims, size_t(d)));
+    if (dim < 0) {
+      for (int64_t d = 0; d < devices; ++d) out.push_back(client.to_device(host, dims, size_t(d)));
+      return out;
+    }
+    const Blocks k = blocks(dims, dim, devices);
+    std::vector<int64_t> part = dims;
+    part[size_t(dim)] /= devices;
+    std::vector<float> buf(k.outer * k.chunk);
+    for (int64_t d = 0; d < devices; ++d) {
+      for (size_t o = 0; o < k.outer; ++o)
+        std::copy_n(host.data() + o * k.row + size_t(d) * k.chunk, k.chunk, buf.data() + o * k.chunk);
+      out.push_back(client.to_device(std::span<const float>(buf), part, size_t(d)));
+    }
+    return out;
+  }
+  // The whole array back into DST from BUFS (one per device): device 0's copy (DIM < 0), or the parts of
+  // dimension DIM in device order.
+  static void fetch(const std::vector<const xla::Buffer*>& bufs, float* dst, int dim) {
+    if (dim < 0) return bufs[0]->to_host(dst, bufs[0]->type().bytes());
+    std::vector<int64_t> dims = bufs[0]->type().dims;
+    dims[size_t(dim)] *= static_cast<int64_t>(bufs.size());
+    const Blocks k = blocks(dims, dim, static_cast<int64_t>(bufs.size()));
+    std::vector<float> buf;
+    for (size_t d = 0; d < bufs.size(); ++d) {
+      buf = bufs[d]->to_host<float>();
+      for (size_t o = 0; o < k.outer; ++o)
+        std::copy_n(buf.data() + o * k.chunk, k.chunk, dst + o * k.row + d * k.chunk);
+    }
+  }
+  // A row-major array of DIMS seen as [outer][DEVICES parts of `chunk` contiguous elements] along DIM.
+  struct Blocks {
+    size_t outer = 1, chunk = 1, row = 1;
+  };
+  static Blocks blocks(const std::vector<int64_t>& dims, int dim, int64_t devices) {
+    Blocks k;
+    for (size_t i = 0; i < size_t(dim); ++i) k.outer *= size_t(dims[i]);
+    for (size_t i = size_t(dim); i < dims.size(); ++i) k.row *= size_t(dims[i]);
+    k.chunk = k.row / size_t(devices);
+    return k;
+  }
+  // Tensor I of STATE ([device][tensor]) from every device.
+  static std::vector<const xla::Buffer*> of(const std::vector<std::vector<xla::Buffer>>& state, size_t i) {
+    std::vector<const xla::Buffer*> out;
+    for (const auto& dev : state) out.push_back(&dev[i]);
     return out;
   }
 };
@@ -345,6 +430,8 @@ XlaDecoder::XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const Decoder
   impl_ = std::make_unique<Impl>(c, opts, xo);
   OLMO_CHECK(size_t(xo.devices) <= impl_->client.device_count(), "xla.devices ", xo.devices, ": the plugin ",
              xo.plugin, " has ", impl_->client.device_count(), " addressable devices");
+  for (const ParamSpec& p : param_registry(c))
+    impl_->split.push_back(split_dim(p.shape, xo.devices, xo.shard_params));
   const std::string platform = impl_->client.platform_name();
   OLMO_CHECK(xo.attention != XlaAttention::kCudnn || (platform != "cpu" && platform != "tpu"),
              "xla.attention cudnn: cuDNN's fused attention runs on XLA's CUDA plugin only; xla.plugin ",
@@ -379,8 +466,9 @@ std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t 
                             int64_t cudnn_segments) {
   check_step(c, loss, B, T, xo, cudnn_segments);
   const DecoderUnits units(c, DecoderOptions{});
-  return emit_step(c, units, xo, loss,
-                   step_key(B, T, loss, backward, logits, logprobs, false, cudnn_segments, xo.devices));
+  return emit_step(
+      c, units, xo, loss,
+      sharded(step_key(B, T, loss, backward, logits, logprobs, false, cudnn_segments, xo.devices), xo));
 }
 
 XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
@@ -388,8 +476,9 @@ XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int6
   check_step(c, loss, B, T, xo, cudnn_segments);
   const DecoderUnits units(c, DecoderOptions{});
   XlaStepProgram p;
-  p.text = emit_step(c, units, xo, loss,
-                     step_key(B, T, loss, true, false, false, false, cudnn_segments, xo.devices), &p);
+  p.text =
+      emit_step(c, units, xo, loss,
+                sharded(step_key(B, T, loss, true, false, false, false, cudnn_segments, xo.devices), xo), &p);
   return p;
 }
 
@@ -479,16 +568,19 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
   const int64_t M = xo_.attention == XlaAttention::kCudnn ? cudnn_segments(hb.seg, B, T) : 0;
   Impl& im = *impl_;
   const bool on_device = !im.p.empty(), accumulate = backward && !im.g.empty();
-  xla::Executable& exe =
-      program(step_key(B, T, loss, backward, logits != nullptr, logprobs != nullptr, accumulate, M, D), loss);
+  xla::Executable& exe = program(
+      sharded(step_key(B, T, loss, backward, logits != nullptr, logprobs != nullptr, accumulate, M, D), xo_),
+      loss);
   std::optional<AddSeconds> phase{std::in_place, &stats_.upload_seconds};     // upload, execute, download
   std::vector<std::vector<xla::Buffer>> host_params(static_cast<size_t>(D));  // the host's (no device state)
   if (!on_device)
-    for (const Param& p : params_) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Param& p = params_[i];
       OLMO_CHECK(p.value.defined(), who, ": the XLA backend needs every parameter on this process; ", p.name,
                  " is not (dist.mode zero3 is not supported with device: xla)");
-      std::vector<xla::Buffer> r = im.replicas(
-          std::span<const float>(p.value.data<float>(), size_t(p.value.numel())), p.value.shape(), D);
+      std::vector<xla::Buffer> r =
+          im.place(std::span<const float>(p.value.data<float>(), size_t(p.value.numel())), p.value.shape(), D,
+                   im.split[i]);
       for (int64_t d = 0; d < D; ++d) host_params[size_t(d)].push_back(std::move(r[size_t(d)]));
     }
   std::vector<std::vector<xla::Buffer>> args = batch_buffers(hb, B, T, M, backward, grad_scale, aux_scale);
@@ -544,8 +636,11 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
                      std::make_move_iterator(out[d].end()));
     return lp;
   }
-  for (Param& p : params_) {
-    const std::vector<float> g = o0[r++].to_host<float>();
+  std::vector<float> g;
+  for (size_t i = 0; i < params_.size(); ++i, ++r) {
+    Param& p = params_[i];
+    g.resize(static_cast<size_t>(p.grad.numel()));
+    Impl::fetch(Impl::of(out, r), g.data(), im.split[i]);
     float* dst = p.grad.data<float>();
     for (size_t j = 0; j < g.size(); ++j) dst[j] += g[j];
   }
@@ -570,7 +665,8 @@ void XlaDecoder::upload(const std::vector<const float*>& values, const std::vect
   for (size_t i = 0; i < P; ++i) {
     const size_t n = static_cast<size_t>(shape_numel(reg[i].shape));
     for (auto [host, state] : {std::pair{values[i], &im.p}, {exp_avg[i], &im.m}, {exp_avg_sq[i], &im.v}}) {
-      std::vector<xla::Buffer> r = im.replicas(std::span<const float>(host, n), reg[i].shape, xo_.devices);
+      std::vector<xla::Buffer> r =
+          im.place(std::span<const float>(host, n), reg[i].shape, xo_.devices, im.split[i]);
       for (size_t d = 0; d < D; ++d) (*state)[d].push_back(std::move(r[d]));
     }
   }
@@ -583,24 +679,24 @@ void XlaDecoder::download(const std::vector<float*>& values, const std::vector<f
   OLMO_CHECK(!im.p.empty(), config_.model_type_name, ": download before upload (no device state)");
   OLMO_CHECK(values.size() == P && exp_avg.size() == P && exp_avg_sq.size() == P, config_.model_type_name,
              ": download needs ", P, " tensors of values and of each moment");
-  for (size_t i = 0; i < P; ++i) {  // the replicas are equal: device 0's
-    const size_t bytes = im.p[0][i].type().bytes();
-    im.p[0][i].to_host(values[i], bytes);
-    im.m[0][i].to_host(exp_avg[i], bytes);
-    im.v[0][i].to_host(exp_avg_sq[i], bytes);
+  for (size_t i = 0; i < P; ++i) {  // replicated: device 0's copy; split: the parts in device order
+    Impl::fetch(Impl::of(im.p, i), values[i], im.split[i]);
+    Impl::fetch(Impl::of(im.m, i), exp_avg[i], im.split[i]);
+    Impl::fetch(Impl::of(im.v, i), exp_avg_sq[i], im.split[i]);
   }
 }
 
 void XlaDecoder::all_reduce_grads(const std::function<void(float* data, int64_t n)>& sum) {
   Impl& im = *impl_;
   OLMO_CHECK(!im.g.empty(), config_.model_type_name, ": all_reduce_grads with no gradient sum on the device");
+  const std::vector<ParamSpec> reg = param_registry(config_);
   std::vector<float> host;
-  for (size_t i = 0; i < im.g[0].size(); ++i) {
-    const xla::Buffer& g0 = im.g[0][i];
-    host.resize(static_cast<size_t>(g0.type().elements()));
-    g0.to_host(host.data(), host.size() * sizeof(float));
+  for (size_t i = 0; i < reg.size(); ++i) {
+    host.resize(static_cast<size_t>(shape_numel(reg[i].shape)));
+    Impl::fetch(Impl::of(im.g, i), host.data(), im.split[i]);
     sum(host.data(), static_cast<int64_t>(host.size()));
-    std::vector<xla::Buffer> r = im.replicas(std::span<const float>(host), g0.type().dims, xo_.devices);
+    std::vector<xla::Buffer> r =
+        im.place(std::span<const float>(host), reg[i].shape, xo_.devices, im.split[i]);
     for (size_t d = 0; d < im.g.size(); ++d) im.g[d][i] = std::move(r[d]);
   }
 }
@@ -608,7 +704,7 @@ void XlaDecoder::all_reduce_grads(const std::function<void(float* data, int64_t 
 double XlaDecoder::grad_norm() {
   Impl& im = *impl_;
   OLMO_CHECK(!im.g.empty(), config_.model_type_name, ": grad_norm with no gradient sum on the device");
-  if (!im.norm) im.norm = compile(emit_grad_norm(param_registry(config_), xo_.devices));
+  if (!im.norm) im.norm = compile(emit_grad_norm(param_registry(config_), xo_.devices, xo_.shard_params));
   std::vector<std::vector<xla::Buffer*>> ptrs(im.g.size());
   for (size_t d = 0; d < im.g.size(); ++d)
     for (auto& g : im.g[d]) ptrs[d].push_back(&g);
@@ -624,14 +720,17 @@ void XlaDecoder::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t 
     std::vector<bool> decay;
     for (const Param& p : params_) decay.push_back(p.decay);
     it =
-        im.updates.emplace(key, compile(emit_update(param_registry(config_), decay, key, xo_.devices))).first;
+        im.updates
+            .emplace(key,
+                     compile(emit_update(param_registry(config_), decay, key, xo_.devices, xo_.shard_params)))
+            .first;
   }
   xla::ops::AdamWOptions o;
   o.lr = cfg.lr;
   o.beta1 = cfg.beta1, o.beta2 = cfg.beta2, o.eps = cfg.eps, o.weight_decay = cfg.weight_decay;
   const std::array<float, 3> sc = xla::ops::adamw_scalars(o, step);
   const size_t P = params_.size(), D = im.p.size();
-  std::vector<xla::Buffer> scalars = im.replicas(std::span<const float>(sc.data(), 3), {3}, xo_.devices);
+  std::vector<xla::Buffer> scalars = im.place(std::span<const float>(sc.data(), 3), {3}, xo_.devices);
   std::vector<std::vector<xla::Buffer*>> ptrs(D);
   std::vector<size_t> donate;
   for (size_t d = 0; d < D; ++d) {

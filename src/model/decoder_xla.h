@@ -41,6 +41,10 @@ struct XlaOptions {
   // data parallel, each micro-batch's rows split evenly over them (B a multiple of devices), parameters,
   // gradient sums and moments replicated on each. Sums are not bit-identical to one device's.
   int64_t devices = 1;
+  // xla.shard_params: with devices > 1, each parameter, its gradient sum and its AdamW moments split along
+  // their first dimension over the devices (FSDP / ZeRO-3 inside the SPMD program: XLA's partitioner gathers
+  // what each op needs), when that dimension divides evenly; otherwise replicated.
+  bool shard_params = false;
   bool bf16 = false;             // bf16 operands in every GEMM with f32 accumulation (compute.dtype bf16)
   int64_t attention_block = 64;  // queries / keys per block of the blockwise attention
   // xla.attention: the blockwise attention every plugin runs (segments, padding, windows), or cuDNN's fused

@@ -82,6 +82,7 @@ struct TrainConfig {
     std::string plugin = "cpu";           // xla.plugin: cpu | cuda | tpu | a PJRT plugin path (device: xla)
     int64_t cpu_devices = 1;              // xla.cpu_devices: devices XLA's CPU plugin creates
     int64_t devices = 1;                  // xla.devices: devices of the SPMD step (data parallel)
+    bool shard_params = false;            // xla.shard_params: parameters and optimizer state split over them
     std::string attention = "blockwise";  // xla.attention: blockwise | cudnn (CUDA plugin)
   } xla;
   std::string tokenizer;

@@ -176,6 +176,11 @@ std::vector<RecipeKey> run_keys() {
               "partitioner): each micro-batch's rows split evenly over them (per_device_batch rows a "
               "multiple), parameters and optimizer state replicated; docs/xla.md",
               kMath, 1, "", OLMOSFT_FIELD(xla.devices)),
+      flag_key(
+          "xla.shard_params", "false",
+          "device: xla with xla.devices > 1: each parameter, its gradient sum and AdamW moments split along "
+          "their first dimension over the devices (FSDP inside the SPMD program) instead of a copy on each",
+          kMath, OLMOSFT_FIELD(xla.shard_params)),
       text_key("tokenizer", "", "HF tokenizer directory; must match the one the dataset was built with",
                kMath, OLMOSFT_FIELD(tokenizer)),
       text_key("data.path", "", "packed dataset directory written by `olmosft data build`", kMath,

@@ -73,6 +73,13 @@ check "xla.devices 2: 3 steps within 1e-5 of one device, the state on the device
    awk 'function r(a, b) { d = a - b; if (d < 0) d = -d; return d / b }
         { n++; if (\$1 != \$4 || r(\$5, \$2) > 1e-5 || r(\$6, \$3) > 1e-5) bad++ } END { exit !(n == 3 && bad == 0) }' '$dir/two.txt'"
 cat "$dir/two.txt"
+# ... and with the parameters, gradient sums and moments split over the two devices (xla.shard_params).
+run xla2s device=xla xla.devices=2 xla.shard_params=true per_device_batch=1; rc=$?
+paste <(parts "$dir/xla.out") <(parts "$dir/xla2s.out") >"$dir/two_sharded.txt"
+check "xla.devices 2 with xla.shard_params: 3 steps within 1e-5 of one device" \
+  "[ $rc -eq 0 ] && awk 'function r(a, b) { d = a - b; if (d < 0) d = -d; return d / b }
+        { n++; if (\$1 != \$4 || r(\$5, \$2) > 1e-5 || r(\$6, \$3) > 1e-5) bad++ } END { exit !(n == 3 && bad == 0) }' '$dir/two_sharded.txt'"
+cat "$dir/two_sharded.txt"
 
 # Resume across backends: 2 steps on the CPU, then step 3 on XLA from the CPU's step-2 checkpoint.
 "$bin" train "$dir/recipe.yaml" run_name=mixed device=cpu steps=2 lr_schedule_steps=3 >"$dir/mixed1.out" 2>&1

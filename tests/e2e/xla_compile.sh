@@ -18,7 +18,7 @@ out=$("$bin" xla compile --plugin cpu --config "$tiny" --seq 64 --batch 2 2>&1);
 line=$(grep '^XLA-AOT ' <<<"$out")
 check "a client compile on the CPU plugin exits 0 with one XLA-AOT line" "[ $rc -eq 0 ] && [ -n \"\$line\" ]"
 check "... naming plugin, platform, no topology, B and T" \
-  "grep -q 'plugin=cpu platform=cpu topology=none devices=1 spmd=1 layers=8 hidden=64 vocab=512 B=2 T=64 bf16=0 backward=1' <<<\"\$line\""
+  "grep -q 'plugin=cpu platform=cpu topology=none devices=1 spmd=1 shard_params=0 layers=8 hidden=64 vocab=512 B=2 T=64 bf16=0 backward=1' <<<\"\$line\""
 # The tiny model's parameters (f32): embedding and LM head 512 x 64 each, per layer q, k, v, o (64x64, 32x64,
 # 32x64, 64x64), q/k norms (64, 32), MLP 3 x 128 x 64 and two norms (64 each); the final norm (64). Plus the
 # batch: tokens, seg, pos, targets, mask (s32, 128 each) and grad_scale (f32).
@@ -47,6 +47,11 @@ out=$("$bin" xla compile --plugin cpu --config "$tiny" --batch 2 --seq 64 --spmd
 line=$(grep '^XLA-AOT ' <<<"$out")
 check "--spmd 2: two devices, per device the parameters + half the batch arrays" \
   "[ $rc -eq 0 ] && grep -q 'devices=2 spmd=2 ' <<<\"\$line\" && [ \"$(field argument_bytes "$line")\" = $((4 * params + 5 * 4 * 64 + 4)) ]"
+# --shard-params: the parameters split too (every first dimension of the fixture is even): half of them each.
+out=$("$bin" xla compile --plugin cpu --config "$tiny" --batch 2 --seq 64 --spmd 2 --shard-params 2>&1); rc=$?
+line=$(grep '^XLA-AOT ' <<<"$out")
+check "--spmd 2 --shard-params: per device half the parameters + half the batch arrays" \
+  "[ $rc -eq 0 ] && grep -q 'spmd=2 shard_params=1 ' <<<\"\$line\" && [ \"$(field argument_bytes "$line")\" = $((4 * params / 2 + 5 * 4 * 64 + 4)) ]"
 out=$("$bin" xla compile --plugin cpu --config "$tiny" --batch 3 --seq 64 --spmd 2 2>&1); rc=$?
 check "--spmd 2 with 3 rows exits 2 naming both flags" "[ $rc -eq 2 ] && grep -q -- '--spmd 2 splits the --batch 3 rows' <<<\"\$out\""
 

@@ -326,9 +326,9 @@ TEST(K8sGpu, XlaOnAcceleratorsSaysWhatEachPodUses) {
   ASSERT_EQ(w.size(), 1u);
   EXPECT_EQ(w[0],
             "WARNING: device=xla on the 128 TPU chips of tpu-v4-4x4x8 (32 pods): each pod runs one olmosft "
-            "process on 1 of its host's 4 TPU chips (xla.devices: one data-parallel SPMD program; no sharded "
-            "parameters yet, docs/xla.md), so 3 of them stay idle; the pods do not form one training job yet "
-            "(no multi-host launcher).");
+            "process on 1 of its host's 4 TPU chips (xla.devices: one data-parallel SPMD program, parameters "
+            "replicated, docs/xla.md), so 3 of them stay idle; the pods do not form one training job yet (no "
+            "multi-host launcher).");
   auto with = [](std::vector<std::string> ov, std::vector<std::string> extra) {
     ov.insert(ov.end(), extra.begin(), extra.end());
     return ov;
@@ -349,13 +349,17 @@ TEST(K8sGpu, XlaOnAcceleratorsSaysWhatEachPodUses) {
   EXPECT_EQ(
       w[0],
       "WARNING: device=xla on the 8 GPUs of gpu-h200-1x8 (1 pods): each pod runs one olmosft process on "
-      "1 of its host's 8 GPUs (xla.devices: one data-parallel SPMD program; no sharded parameters yet, "
+      "1 of its host's 8 GPUs (xla.devices: one data-parallel SPMD program, parameters replicated, "
       "docs/xla.md), so 7 of them stay idle.");
   // xla.devices: all of a host's devices in one program; more than a host has is refused.
   w = accelerator_warnings(parse_recipe(kBase, "r.yaml", with(gpu, {"xla.devices=8"})));
   ASSERT_EQ(w.size(), 1u);
   EXPECT_EQ(w[0].find("stay idle"), std::string::npos) << w[0];
   EXPECT_NE(w[0].find("on 8 of its host's 8 GPUs"), std::string::npos) << w[0];
+  w = accelerator_warnings(
+      parse_recipe(kBase, "r.yaml", with(gpu, {"xla.devices=8", "xla.shard_params=true"})));
+  EXPECT_NE(w.at(0).find("one data-parallel SPMD program, parameters split over them"), std::string::npos)
+      << w[0];
   EXPECT_EQ(
       error_of([&] { accelerator_warnings(parse_recipe(kBase, "r.yaml", with(gpu, {"xla.devices=16"}))); }),
       "r.yaml: key 'xla.devices': 16 but the pods of gpu-h200-1x8 have 8 GPUs each");
@@ -383,11 +387,12 @@ TEST(K8sGpu, TpuSliceIsHonest) {
   std::string e = error_of([] {
     accelerator_warnings(parse_recipe(kBase, "r.yaml", {"cluster.allow_cpu_on_accelerator_hosts=false"}));
   });
-  EXPECT_EQ(e,
-            "r.yaml: key 'cluster.slice': tpu-v4-4x4x8 (128 TPU chips, 32 pods): device=cpu would train on "
-            "the hosts' CPUs and leave the accelerators idle. Set device: xla with xla.plugin: tpu to train "
-            "on them (xla.devices of them per pod), or cluster.allow_cpu_on_accelerator_hosts=true to render it "
-            "anyway");
+  EXPECT_EQ(
+      e,
+      "r.yaml: key 'cluster.slice': tpu-v4-4x4x8 (128 TPU chips, 32 pods): device=cpu would train on "
+      "the hosts' CPUs and leave the accelerators idle. Set device: xla with xla.plugin: tpu to train "
+      "on them (xla.devices of them per pod), or cluster.allow_cpu_on_accelerator_hosts=true to render it "
+      "anyway");
   Recipe r = parse_recipe(kBase, "r.yaml", {});
   ASSERT_EQ(accelerator_warnings(r).size(), 1u);
   EXPECT_EQ(accelerator_warnings(r)[0],
