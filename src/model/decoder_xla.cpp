@@ -352,7 +352,7 @@ struct XlaDecoder::Impl {
   std::map<StepKey, xla::Executable> programs;
   std::optional<xla::Executable> norm;
   std::map<UpdateKey, xla::Executable> updates;
-  // Device training state (DeviceTraining), [device][tensor] (a replica per device of the SPMD programs):
+  // Device training state (DeviceTraining), [device][tensor] (each device's copy, or part: `split`):
   // empty until upload(); g empty while no step has a gradient sum.
   std::vector<std::vector<xla::Buffer>> p, m, v, g;
   Impl(const ModelConfig& c, const DecoderOptions& o, const XlaOptions& xo)
