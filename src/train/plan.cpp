@@ -545,11 +545,38 @@ int64_t local_processes(int64_t world) {
   return std::max<int64_t>(1, world);
 }
 
+namespace {
+
+// device: xla on an accelerator: the host holds what checkpoints, resume and the export read (the fp32
+// master, its gradients, the AdamW moments) and the runtime; the step's activations and workspaces are on
+// the device, sized by XLA when it compiles the step (`olmosft xla compile` prints them). P keeps only the
+// host's parts.
+MemoryPlan host_state_plan(MemoryPlan p) {
+  std::vector<PlanPart> kept;
+  p.step_peak = 0;
+  for (const PlanPart& part : p.parts)
+    if (part.name == "weights: fp32 master" || part.name == "gradients" || part.name == "AdamW moments" ||
+        part.name == "runtime") {
+      kept.push_back(part);
+      p.step_peak += part.bytes;
+    }
+  p.parts = kept;
+  p.fits = p.peak() <= p.budget;
+  p.change.clear();
+  p.change_note =
+      "device: xla keeps only the fp32 master, its gradients and the AdamW moments in host "
+      "memory (the step runs on the plugin's devices, sized by XLA: `olmosft xla compile`)";
+  return p;
+}
+
+}  // namespace
+
 MemoryPlan require_fit(const model::ModelConfig& m, const TrainConfig& cfg, int64_t local) {
   PlanOptions o;
   o.device = parse_device("cpu", local, cfg.source);
   o.threads = cfg.compute.threads;
   MemoryPlan p = make_plan(m, cfg, o);
+  if (cfg.device == "xla" && cfg.xla.plugin != "cpu") p = host_state_plan(p);
   OLMO_CHECK(p.fits, refusal(p), "\n(`olmosft plan ", cfg.source, "` prints the plan by part)");
   return p;
 }

@@ -80,7 +80,9 @@ std::string format_plan(const MemoryPlan& p);
 std::string refusal(const MemoryPlan& p);
 
 // The trainer's preflight: the plan of `cfg` for `m` on this machine's CPU shared by `local_processes`;
-// throws olmosft::Error with refusal() when it does not fit. Returns the plan.
+// throws olmosft::Error with refusal() when it does not fit. Returns the plan. With device: xla on an
+// accelerator (xla.plugin not cpu) only the host's parts are planned (the fp32 master, gradients, moments,
+// runtime): the step itself is on the device, where XLA sizes it at compile.
 MemoryPlan require_fit(const model::ModelConfig& m, const TrainConfig& cfg, int64_t local_processes);
 // One line for the trainer's log: "PREFLIGHT memory_plan peak_gib=... budget_gib=... per process (...)".
 std::string preflight_line(const MemoryPlan& p);

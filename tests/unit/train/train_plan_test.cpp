@@ -226,6 +226,23 @@ TEST(TrainPlan, RefusedPlanNamesTheFirstChangeThatFits) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("DOES NOT FIT"), std::string::npos) << e.what();
   }
+  // device: xla on an accelerator: the host holds only the fp32 master, gradients and moments (the step's
+  // activations are on the device): a small model whose 64 rows of 65,536 tokens fit no CPU fits the host.
+  const std::vector<std::string> wide = {"seq_len=65536", "global_batch=64", "per_device_batch=64"};
+  EXPECT_THROW(require_fit(preset("olmo3-small"), recipe(wide), 1), Error);
+  std::vector<std::string> xla = wide;
+  xla.insert(xla.end(), {"device=xla", "xla.plugin=cpu"});
+  EXPECT_THROW(require_fit(preset("olmo3-small"), recipe(xla), 1), Error) << "XLA's CPU plugin: host memory";
+  xla.back() = "xla.plugin=cuda";
+  const MemoryPlan host = require_fit(preset("olmo3-small"), recipe(xla), 1);
+  EXPECT_TRUE(host.fits);
+  std::vector<std::string> names;
+  double sum = 0;
+  for (const PlanPart& x : host.parts) names.push_back(x.name), sum += x.bytes;
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"weights: fp32 master", "gradients", "AdamW moments", "runtime"}));
+  EXPECT_DOUBLE_EQ(host.step_peak, sum);
+  EXPECT_GE(sum, 16.0 * double(host.params));  // 4 (master) + 4 (gradients, at least) + 8 (moments)
 }
 
 TEST(TrainPlan, BadInputIsAnError) {
