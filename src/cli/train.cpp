@@ -89,6 +89,13 @@ int train_main(int argc, char** argv) {
                 << std::endl;
     };
     xla_line();
+    if (xm != nullptr && comm->rank() == 0)  // one line per compiled program, before it first runs
+      xm->on_compile([devices = xm->xla_options().devices](const olmosft::model::XlaCompiled& c) {
+        std::cout << olmosft::train::format_xla_program({c.kind, c.B, c.T, devices, c.seconds,
+                                                         c.argument_bytes, c.output_bytes, c.alias_bytes,
+                                                         c.temp_bytes, c.total_bytes})
+                  << std::endl;
+      });
     olmosft::train::TrainResult res = olmosft::train::run_training(cfg, *m, opts);
     xla_line();
     if (res.exit_code != 0 && comm->rank() == 0)

@@ -482,22 +482,35 @@ XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int6
   return p;
 }
 
-xla::Executable XlaDecoder::compile(const std::string& text) {
+xla::Executable XlaDecoder::compile(const std::string& text, const char* kind, int64_t B, int64_t T) {
   const auto t0 = std::chrono::steady_clock::now();
   xla::CompileOptions co;  // every program is one SPMD program over xla.devices
   co.num_partitions = xo_.devices;
   co.use_spmd_partitioning = xo_.devices > 1;
   xla::Executable exe = impl_->client.compile(text, co);
-  stats_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.compile_seconds += seconds;
   stats_.module_bytes = text.size();
   ++stats_.compiles;
+  if (on_compile_) {
+    XlaCompiled c{kind, B, T, seconds};
+    try {
+      const xla::MemoryStats m = exe.memory_stats();
+      c.argument_bytes = m.argument_bytes, c.output_bytes = m.output_bytes, c.alias_bytes = m.alias_bytes;
+      c.temp_bytes = m.temp_bytes, c.total_bytes = m.total_bytes();
+    } catch (const Error&) {  // a plugin without the statistics: reported as 0
+    }
+    on_compile_(c);
+  }
   return exe;
 }
 
 xla::Executable& XlaDecoder::program(const StepKey& key, const LossConfig& loss) {
   auto it = impl_->programs.find(key);
   if (it != impl_->programs.end()) return it->second;
-  return impl_->programs.emplace(key, compile(emit_step(config_, impl_->units, xo_, loss, key)))
+  return impl_->programs
+      .emplace(key, compile(emit_step(config_, impl_->units, xo_, loss, key),
+                            key.backward ? "step" : "forward", key.B, key.T))
       .first->second;
 }
 
@@ -704,7 +717,8 @@ void XlaDecoder::all_reduce_grads(const std::function<void(float* data, int64_t 
 double XlaDecoder::grad_norm() {
   Impl& im = *impl_;
   OLMO_CHECK(!im.g.empty(), config_.model_type_name, ": grad_norm with no gradient sum on the device");
-  if (!im.norm) im.norm = compile(emit_grad_norm(param_registry(config_), xo_.devices, xo_.shard_params));
+  if (!im.norm)
+    im.norm = compile(emit_grad_norm(param_registry(config_), xo_.devices, xo_.shard_params), "norm");
   std::vector<std::vector<xla::Buffer*>> ptrs(im.g.size());
   for (size_t d = 0; d < im.g.size(); ++d)
     for (auto& g : im.g[d]) ptrs[d].push_back(&g);
@@ -719,11 +733,11 @@ void XlaDecoder::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t 
   if (it == im.updates.end()) {
     std::vector<bool> decay;
     for (const Param& p : params_) decay.push_back(p.decay);
-    it =
-        im.updates
-            .emplace(key,
-                     compile(emit_update(param_registry(config_), decay, key, xo_.devices, xo_.shard_params)))
-            .first;
+    it = im.updates
+             .emplace(key,
+                      compile(emit_update(param_registry(config_), decay, key, xo_.devices, xo_.shard_params),
+                              "update"))
+             .first;
   }
   xla::ops::AdamWOptions o;
   o.lr = cfg.lr;

@@ -78,6 +78,16 @@ struct XlaRunStats {
   double upload_seconds = 0, execute_seconds = 0, download_seconds = 0;
 };
 
+// One program the backend compiled (XlaDecoder::on_compile): what for (kind "step" (forward + backward) or
+// "forward" with its batch shape, "norm" or "update"), the compile seconds and XLA's memory statistics per
+// device (xla::MemoryStats; all 0 where the plugin reports none).
+struct XlaCompiled {
+  std::string kind;
+  int64_t B = 0, T = 0;
+  double seconds = 0;
+  int64_t argument_bytes = 0, output_bytes = 0, alias_bytes = 0, temp_bytes = 0, total_bytes = 0;
+};
+
 struct StepKey;  // decoder_xla.cpp: what one compiled step program is for
 
 // A step program with the names and types of its arguments and results, in order: the parameters (HF
@@ -142,6 +152,8 @@ class XlaDecoder : public CausalLM, public DeviceTraining {
   // parameters and moments donated; compiled once per (betas, eps, max_norm), the LR and step an argument.
   void clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t step) override;
   const XlaRunStats& stats() const { return stats_; }
+  // Called after each compile, before the program first runs (the trainer logs an XLA-PROGRAM line).
+  void on_compile(std::function<void(const XlaCompiled&)> f) { on_compile_ = std::move(f); }
   const XlaOptions& xla_options() const { return xo_; }
   std::string platform() const;  // the plugin's platform name (cpu, cuda, tpu)
   size_t device_count() const;   // its addressable devices
@@ -149,7 +161,8 @@ class XlaDecoder : public CausalLM, public DeviceTraining {
  private:
   struct Impl;
   xla::Executable& program(const StepKey& key, const LossConfig& loss);  // compiled once per key
-  xla::Executable compile(const std::string& text);                      // counted in stats_
+  // Counted in stats_, reported to on_compile_ as KIND with its batch shape B x T.
+  xla::Executable compile(const std::string& text, const char* kind, int64_t B = 0, int64_t T = 0);
   LossParts run(const Batch& batch, const LossConfig& loss, double grad_scale, double aux_scale,
                 bool backward, float* logits, float* logprobs);
   std::vector<std::vector<xla::Buffer>> batch_buffers(const XlaStepBatch& hb, int64_t B, int64_t T, int64_t M,
@@ -160,6 +173,7 @@ class XlaDecoder : public CausalLM, public DeviceTraining {
   XlaOptions xo_;
   std::vector<Param> params_;
   XlaRunStats stats_;
+  std::function<void(const XlaCompiled&)> on_compile_;
   std::unique_ptr<Impl> impl_;
 };
 

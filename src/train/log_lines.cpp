@@ -196,6 +196,26 @@ std::optional<XlaLine> parse_xla_line(const std::string& text) {
   return when(ok, l);
 }
 
+std::string format_xla_program(const XlaProgramLine& l) {
+  return "XLA-PROGRAM kind=" + l.kind + " B=" + std::to_string(l.B) + " T=" + std::to_string(l.T) +
+         " devices=" + std::to_string(l.devices) + " compile_s=" + f("%.3g", l.compile_s) +
+         " argument_bytes=" + std::to_string(l.argument_bytes) +
+         " output_bytes=" + std::to_string(l.output_bytes) + " alias_bytes=" + std::to_string(l.alias_bytes) +
+         " temp_bytes=" + std::to_string(l.temp_bytes) + " total_bytes=" + std::to_string(l.total_bytes);
+}
+
+std::optional<XlaProgramLine> parse_xla_program_line(const std::string& text) {
+  XlaProgramLine l;
+  Scan c(text, "XLA-PROGRAM ");
+  bool ok = c.lit("kind=") && c.word(l.kind) && c.lit(" B=") && c.i64(l.B) && c.lit(" T=") && c.i64(l.T) &&
+            c.lit(" devices=") && c.i64(l.devices) && c.lit(" compile_s=") && c.f64(l.compile_s) &&
+            c.lit(" argument_bytes=") && c.i64(l.argument_bytes) && c.lit(" output_bytes=") &&
+            c.i64(l.output_bytes) && c.lit(" alias_bytes=") && c.i64(l.alias_bytes) &&
+            c.lit(" temp_bytes=") && c.i64(l.temp_bytes) && c.lit(" total_bytes=") && c.i64(l.total_bytes) &&
+            c.done();
+  return when(ok, l);
+}
+
 // ---------------------------------------------------------------- DIST
 
 std::string format_dist(const DistLine& l) {

@@ -62,6 +62,20 @@ struct XlaLine {
 std::string format_xla(const XlaLine& l);
 std::optional<XlaLine> parse_xla_line(const std::string& text);
 
+// XLA-PROGRAM kind=step B=2 T=256 devices=1 compile_s=%.3g argument_bytes=A output_bytes=O alias_bytes=L
+// temp_bytes=M total_bytes=X: one per program the XLA backend compiles (kind step, forward, norm or update; B
+// and T 0 for the norm and update programs), printed before it first runs; bytes per device, XLA's own
+// statistics.
+struct XlaProgramLine {
+  std::string kind;
+  int64_t B = 0, T = 0, devices = 0;
+  double compile_s = 0;
+  int64_t argument_bytes = 0, output_bytes = 0, alias_bytes = 0, temp_bytes = 0, total_bytes = 0;
+  bool operator==(const XlaProgramLine&) const = default;
+};
+std::string format_xla_program(const XlaProgramLine& l);
+std::optional<XlaProgramLine> parse_xla_program_line(const std::string& text);
+
 // DIST mode=zero3 processes=4 comm=mpi gather=per-layer params=P sent_bytes_per_step_per_rank=a,b,c,d
 // minimum_bytes=M persistent_bytes_per_rank=... peak_transient_bytes_per_rank=... rss_bytes_per_rank=...
 // (one line; byte counts %.0f, one per rank, comma-separated).

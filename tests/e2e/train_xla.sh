@@ -56,6 +56,10 @@ grep '^XLA ' "$dir/xla.out"
 check "XLA lines: the CPU plugin at start, one backward program compiled and run 6 times by the end" \
   "grep -q '^XLA plugin=cpu platform=cpu devices=1 compiles=0 ' '$dir/xla.out' && tail -1 <(grep '^XLA ' '$dir/xla.out') | grep -Eq ' compiles=[1-9][0-9]* compile_s=[0-9.e+-]+ executions=([6-9]|[1-9][0-9]+)$'"
 check "the CPU run prints no XLA line" "! grep -q '^XLA ' '$dir/cpu.out'"
+check "one XLA-PROGRAM line per compiled program: the step (B=2 T=256, its memory), the norm and the update" \
+  "grep -Eq '^XLA-PROGRAM kind=step B=2 T=256 devices=1 compile_s=[0-9.e+-]+ argument_bytes=[1-9][0-9]* .* total_bytes=[1-9][0-9]*$' '$dir/xla.out' &&
+   [ \$(grep -c '^XLA-PROGRAM kind=norm B=0 T=0 ' '$dir/xla.out') -eq 1 ] && [ \$(grep -c '^XLA-PROGRAM kind=update ' '$dir/xla.out') -eq 1 ] &&
+   ! grep -q '^XLA-PROGRAM' '$dir/cpu.out'"
 paste <(parts "$dir/cpu.out") <(parts "$dir/xla.out") >"$dir/both.txt"
 cat "$dir/both.txt"
 check "3 steps on each backend, CE and lm_z within 1e-5 relative" \

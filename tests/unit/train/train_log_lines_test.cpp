@@ -75,6 +75,21 @@ TEST(LogLines, Xla) {
   EXPECT_FALSE(parse_xla_line("XLA plugin= platform=cpu devices=1 compiles=2 compile_s=1 executions=2"));
 }
 
+TEST(LogLines, XlaProgram) {
+  XlaProgramLine l{"step", 2, 256, 2, 1.5, 4000, 3000, 0, 12345, 19345};
+  const std::string t =
+      "XLA-PROGRAM kind=step B=2 T=256 devices=2 compile_s=1.5 argument_bytes=4000 output_bytes=3000 "
+      "alias_bytes=0 temp_bytes=12345 total_bytes=19345";
+  EXPECT_EQ(format_xla_program(l), t);
+  EXPECT_EQ(parse_xla_program_line(t), l);
+  EXPECT_EQ(parse_xla_program_line("2026-12-06T19:00:00Z " + t), l);
+  EXPECT_FALSE(parse_xla_program_line(t.substr(0, t.size() - 6)));
+  EXPECT_FALSE(
+      parse_xla_program_line("XLA-PROGRAM kind= B=2 T=256 devices=2 compile_s=1.5 argument_bytes=1 "
+                             "output_bytes=1 alias_bytes=0 temp_bytes=1 total_bytes=3"));
+  EXPECT_FALSE(parse_xla_line(t)) << "not an XLA line";
+}
+
 TEST(LogLines, Dist) {
   DistLine l{"zero3", 2, "mpi", "per-layer", 1234, {100, 200}, 150, {10, 20}, {1, 2}, {3e9, 4e9}};
   const std::string t =
