@@ -258,7 +258,8 @@ void require_device_supported(const TrainConfig& c) {
       ": device=cuda: olmosft has no hand-written CUDA backend; train on NVIDIA GPUs with device: xla and "
       "xla.plugin: cuda (XLA's CUDA plugin, docs/xla.md), or on the CPUs with device: cpu");
   OLMO_CHECK(c.device != "xla" || c.dist.mode == "dp", c.source, ": device=xla needs dist.mode dp (the XLA ",
-             "backend holds every parameter on each process; got dist.mode ", c.dist.mode, ")");
+             "backend holds every parameter in each process; xla.shard_params splits them over a process's ",
+             "devices; got dist.mode ", c.dist.mode, ")");
 }
 
 void require_xla_layout(const TrainConfig& c, int64_t world, int64_t local_processes) {
