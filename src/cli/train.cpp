@@ -57,8 +57,7 @@ int train_main(int argc, char** argv) {
     olmosft::Recipe r = olmosft::Recipe::load(path, overrides);
     // devices = processes on CPU, times xla.devices on XLA: under mpirun or with xla.devices an unset
     // `devices` becomes that count.
-    const olmosft::TrainConfig first = r.config();
-    const int64_t per_process = first.device == "xla" ? first.xla.devices : 1;
+    const int64_t per_process = olmosft::devices_per_process(r.config());
     if (multi || per_process > 1)
       r.set_default(
           "devices", std::to_string(comm->size() * per_process),

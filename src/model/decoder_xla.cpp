@@ -37,22 +37,17 @@ struct StepKey {
   auto operator<=>(const StepKey&) const = default;
 };
 
-static StepKey step_key(int64_t B, int64_t T, const LossConfig& loss, bool backward, bool logits,
-                        bool logprobs, bool accumulate = false, int64_t cudnn_segments = 0,
-                        int64_t parts = 1) {
+// The program for a [B, T] batch under LOSS, laid out over XO's devices (xla.devices, xla.shard_params).
+static StepKey step_key(int64_t B, int64_t T, const LossConfig& loss, const XlaOptions& xo, bool backward,
+                        bool logits, bool logprobs, bool accumulate = false, int64_t cudnn_segments = 0) {
   StepKey k{B, T, backward, logits, logprobs, accumulate};
   k.cudnn_segments = cudnn_segments;
-  k.parts = parts;
+  k.parts = xo.devices;
+  k.shard = xo.shard_params;
   k.lm_z = loss.weight[kLossLmZ];
   k.moe_lb = loss.weight[kLossMoeLb];
   k.router_z = loss.weight[kLossRouterZ];
   k.vocab_tile = loss.vocab_tile;
-  return k;
-}
-
-// K with the parameters' layout of XO (XlaOptions::shard_params).
-static StepKey sharded(StepKey k, const XlaOptions& xo) {
-  k.shard = xo.shard_params;
   return k;
 }
 
@@ -466,9 +461,8 @@ std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t 
                             int64_t cudnn_segments) {
   check_step(c, loss, B, T, xo, cudnn_segments);
   const DecoderUnits units(c, DecoderOptions{});
-  return emit_step(
-      c, units, xo, loss,
-      sharded(step_key(B, T, loss, backward, logits, logprobs, false, cudnn_segments, xo.devices), xo));
+  return emit_step(c, units, xo, loss,
+                   step_key(B, T, loss, xo, backward, logits, logprobs, false, cudnn_segments));
 }
 
 XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int64_t B, int64_t T,
@@ -477,8 +471,7 @@ XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int6
   const DecoderUnits units(c, DecoderOptions{});
   XlaStepProgram p;
   p.text =
-      emit_step(c, units, xo, loss,
-                sharded(step_key(B, T, loss, true, false, false, false, cudnn_segments, xo.devices), xo), &p);
+      emit_step(c, units, xo, loss, step_key(B, T, loss, xo, true, false, false, false, cudnn_segments), &p);
   return p;
 }
 
@@ -582,8 +575,7 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
   Impl& im = *impl_;
   const bool on_device = !im.p.empty(), accumulate = backward && !im.g.empty();
   xla::Executable& exe = program(
-      sharded(step_key(B, T, loss, backward, logits != nullptr, logprobs != nullptr, accumulate, M, D), xo_),
-      loss);
+      step_key(B, T, loss, xo_, backward, logits != nullptr, logprobs != nullptr, accumulate, M), loss);
   std::optional<AddSeconds> phase{std::in_place, &stats_.upload_seconds};     // upload, execute, download
   std::vector<std::vector<xla::Buffer>> host_params(static_cast<size_t>(D));  // the host's (no device state)
   if (!on_device)

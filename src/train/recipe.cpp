@@ -262,6 +262,8 @@ void require_device_supported(const TrainConfig& c) {
              "devices; got dist.mode ", c.dist.mode, ")");
 }
 
+int64_t devices_per_process(const TrainConfig& c) { return c.device == "xla" ? c.xla.devices : 1; }
+
 void require_xla_layout(const TrainConfig& c, int64_t world, int64_t local_processes) {
   if (c.device != "xla") return;
   const int64_t rows = c.batch.slots / std::max<int64_t>(world, 1);

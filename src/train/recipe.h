@@ -191,6 +191,8 @@ void require_run_inputs(const TrainConfig& c, bool model_from_recipe = true, boo
 // Refuses a device this build cannot train on (device=cuda: no hand-written CUDA backend; GPUs train through
 // device=xla with xla.plugin=cuda), before any compute. Throws olmosft::Error naming the recipe and the key.
 void require_device_supported(const TrainConfig& c);
+// The devices one process trains on: xla.devices with device xla, else 1 (`devices` = processes x this).
+int64_t devices_per_process(const TrainConfig& c);
 // device=xla's layout over WORLD processes, LOCAL_PROCESSES of them on this host (docs/xla.md): on an
 // accelerator (xla.plugin not cpu) one process per host (each process's PJRT client would open all of the
 // host's accelerators, XLA's CUDA plugin preallocating on each); each process's rows per micro-step

@@ -267,7 +267,7 @@ void Run::preflight() {
   // loss parts per leaf in leaf order: per-step losses and updates do not depend on N.
   mode_ = dist::parse_mode(cfg_.dist.mode);
   // devices = processes, times xla.devices on XLA (each process's devices split its rows)
-  const int64_t per_process = cfg_.device == "xla" ? cfg_.xla.devices : 1;
+  const int64_t per_process = devices_per_process(cfg_);
   OLMO_CHECK(world_ == 1 || d.devices == world_ * per_process, src, ": devices=", d.devices, " but ", world_,
              " processes were started (mpirun -np ", world_, ")",
              per_process > 1 ? " with xla.devices " + std::to_string(per_process) : std::string(),
