@@ -34,8 +34,7 @@ std::unique_ptr<olmosft::model::CausalLM> build_model(const olmosft::TrainConfig
   olmosft::model::XlaOptions xo;  // device: xla (docs/xla.md)
   xo.plugin = c.xla.plugin;
   xo.cpu_devices = c.xla.cpu_devices;
-  xo.devices = c.xla.devices;
-  xo.shard_params = c.xla.shard_params;
+  xo.mesh = olmosft::xla_mesh(c);
   xo.attention = olmosft::model::parse_xla_attention(c.xla.attention, "xla.attention");
   xo.bf16 = c.compute.gemm.compute == olmosft::ComputeDtype::BF16;
   return olmosft::model::make_model_unallocated(mc, [&](const olmosft::model::ModelConfig& m) {
@@ -61,7 +60,7 @@ int train_main(int argc, char** argv) {
     if (multi || per_process > 1)
       r.set_default(
           "devices", std::to_string(comm->size() * per_process),
-          "mpirun -np " + std::to_string(comm->size()) + " x xla.devices " + std::to_string(per_process));
+          "mpirun -np " + std::to_string(comm->size()) + " x the mesh's " + std::to_string(per_process));
     const olmosft::TrainConfig cfg = r.config();
     // Batch arithmetic, dataset and tokenizer checks before the model is even loaded; run_training uses
     // this plan instead of making its own (rank 0 prints its warnings).
@@ -89,7 +88,7 @@ int train_main(int argc, char** argv) {
     };
     xla_line();
     if (xm != nullptr && comm->rank() == 0)  // one line per compiled program, before it first runs
-      xm->on_compile([devices = xm->xla_options().devices](const olmosft::model::XlaCompiled& c) {
+      xm->on_compile([devices = xm->xla_options().devices()](const olmosft::model::XlaCompiled& c) {
         std::cout << olmosft::train::format_xla_program({c.kind, c.B, c.T, devices, c.seconds,
                                                          c.argument_bytes, c.output_bytes, c.alias_bytes,
                                                          c.temp_bytes, c.total_bytes})

@@ -4,11 +4,13 @@
 // the real TPU compiler: the program is known to be valid for TPU, and its per-chip memory known, before a
 // TPU is allocated (docs/xla.md "Ahead-of-time compile for a TPU topology"). Without one (XLA's CPU plugin
 // cannot describe a topology) the step is compiled by a client on this machine's devices.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "cli/verb.h"
 #include "core/error.h"
@@ -61,22 +63,56 @@ struct Compiled {
 };
 
 struct Args {
-  std::string config, plugin = "tpu", topology, save_config;
+  std::string config, plugin = "tpu", topology, save_config, mesh, save_module;
   int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0, spmd = 1;
   bool bf16 = false, forward_only = false, shard_params = false;
 };
+
+// The mesh as one token of a greppable line: data=1,fsdp=16,expert=1,context=8.
+std::string mesh_text(const olmosft::xla::Mesh& m) {
+  std::string t = m.text();
+  std::replace(t.begin(), t.end(), ' ', ',');
+  return t;
+}
+
+// --mesh data=N,fsdp=N,expert=N,context=N (any of them), or the older --spmd N [--shard-params].
+olmosft::xla::Mesh mesh_of(const Args& a) {
+  olmosft::xla::Mesh m;
+  if (a.mesh.empty()) {
+    (a.shard_params ? m.fsdp : m.data) = a.spmd;
+    return m;
+  }
+  OLMO_CHECK(a.spmd == 1 && !a.shard_params, "--mesh replaces --spmd and --shard-params: give only --mesh");
+  std::stringstream in(a.mesh);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t eq = item.find('=');
+    int64_t* axis = nullptr;
+    const std::string name = item.substr(0, eq);
+    for (auto [n, p] :
+         {std::pair{"data", &m.data}, {"fsdp", &m.fsdp}, {"expert", &m.expert}, {"context", &m.context}})
+      if (name == n) axis = p;
+    char* end = nullptr;
+    const long long v = eq == std::string::npos ? 0 : std::strtoll(item.c_str() + eq + 1, &end, 10);
+    OLMO_CHECK(axis != nullptr && v >= 1 && end != nullptr && *end == '\0',
+               "--mesh: expected "
+               "AXIS=N[,AXIS=N...] with AXIS data, fsdp, expert or context and N >= 1, got '",
+               item, "'");
+    *axis = v;
+  }
+  return m;
+}
 
 Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_t* module_bytes,
                       double* emit_s) {
   olmosft::model::XlaOptions xo;
   xo.plugin = a.plugin;
   xo.bf16 = a.bf16;
-  xo.devices = a.spmd;
-  xo.shard_params = a.shard_params;
+  xo.mesh = mesh_of(a);
   if (a.block > 0) xo.attention_block = a.block;
-  olmosft::xla::CompileOptions co;  // --spmd N: one SPMD program over N devices (xla.devices)
-  co.num_partitions = a.spmd;
-  co.use_spmd_partitioning = a.spmd > 1;
+  olmosft::xla::CompileOptions co;  // one SPMD program over the mesh's devices
+  co.num_partitions = xo.devices();
+  co.use_spmd_partitioning = xo.devices() > 1;
   olmosft::model::LossConfig loss;
   loss.vocab_tile = a.vocab_tile;
   Compiled c;
@@ -86,6 +122,7 @@ Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_
     std::string text = olmosft::model::xla_step_module(m, xo, a.batch, a.seq, loss, !a.forward_only);
     *emit_s = seconds_since(t0);
     *module_bytes = text.size();
+    if (!a.save_module.empty()) olmosft::io::write_file_atomic(a.save_module, text);
     return text;
   };
   if (!a.topology.empty()) {
@@ -109,7 +146,7 @@ Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_
   }
   // XLA's CPU plugin makes 4 devices by default; the step runs on --spmd of them (one by default).
   const auto client = olmosft::xla::Client::create(
-      plugin, a.plugin == "cpu" ? olmosft::xla::ClientOptions{a.spmd} : olmosft::xla::ClientOptions{});
+      plugin, a.plugin == "cpu" ? olmosft::xla::ClientOptions{xo.devices()} : olmosft::xla::ClientOptions{});
   c.platform = client.platform_name();
   c.devices = client.device_count();
   xo.f64_trig = c.platform != "tpu";
@@ -129,7 +166,8 @@ void print(const Args& a, const olmosft::model::ModelConfig& m, const Compiled& 
   std::snprintf(secs, sizeof secs, "emit_s=%.2f compile_s=%.2f", emit_s, c.compile_s);
   std::snprintf(compile_s, sizeof compile_s, "%.1f", c.compile_s);
   std::cout << "XLA-AOT plugin=" << a.plugin << " platform=" << c.platform << " topology=" << topology
-            << " devices=" << c.devices << " spmd=" << a.spmd << " shard_params=" << int(a.shard_params)
+            << " devices=" << c.devices << " spmd=" << mesh_of(a).devices()
+            << " shard_params=" << int(mesh_of(a).param_shards() > 1) << " mesh=" << mesh_text(mesh_of(a))
             << " layers=" << m.num_hidden_layers << " hidden=" << m.hidden_size << " vocab=" << m.vocab_size
             << " B=" << a.batch << " T=" << a.seq << " bf16=" << int(a.bf16)
             << " backward=" << int(!a.forward_only) << " module_bytes=" << module_bytes << " " << secs
@@ -144,9 +182,8 @@ void print(const Args& a, const olmosft::model::ModelConfig& m, const Compiled& 
             << (a.bf16 ? " bf16" : " f32") << ", for " << c.platform << " "
             << (a.topology.empty() ? "(a client on this machine)" : a.topology) << " (" << c.devices << " x "
             << (c.device_kind.empty() ? "device" : c.device_kind) << ")"
-            << (a.spmd > 1 ? ", data parallel over " + std::to_string(a.spmd) + " of them" +
-                                 (a.shard_params ? ", parameters split" : "")
-                           : std::string())
+            << (mesh_of(a).devices() > 1 ? ", one SPMD program over the mesh " + mesh_of(a).text()
+                                         : std::string())
             << ": compiled in " << compile_s << " s; per device " << gib(s.total_bytes());
   if (c.device_memory > 0) std::cout << " of " << gib(c.device_memory);
   std::cout << " (arguments " << gib(s.argument_bytes) << ", outputs " << gib(s.output_bytes)
@@ -182,16 +219,21 @@ int xla_compile_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--shard-params", a.shard_params,
                "with --spmd: parameters, gradients and moments split over the devices (xla.shard_params)");
+  app.add_option("--mesh", a.mesh,
+                 "the device mesh as the recipe's mesh.* keys, e.g. fsdp=16,context=8 (docs/xla.md \"The "
+                 "device mesh\"); replaces --spmd / --shard-params");
   app.add_option("--attention-block", a.block, "queries / keys per attention block (default: the backend's)");
   app.add_option("--save-model-config", a.save_config, "also write the compiled model's config.json here");
+  app.add_option("--save-module", a.save_module,
+                 "also write the step's StableHLO text here (before compiling)");
   return olmosft::cli::run_app(app, argc, argv, [&] {
     OLMO_CHECK(a.batch >= 1, "--batch must be >= 1, got ", a.batch);
     OLMO_CHECK(a.seq >= 1, "--seq must be >= 1, got ", a.seq);
     OLMO_CHECK(a.layers >= 0, "--layers must be >= 0, got ", a.layers);
     OLMO_CHECK(a.vocab_tile >= 0, "--vocab-tile must be >= 0, got ", a.vocab_tile);
     OLMO_CHECK(a.block >= 0, "--attention-block must be >= 0, got ", a.block);
-    OLMO_CHECK(a.spmd >= 1 && a.batch % a.spmd == 0, "--spmd ", a.spmd, " splits the --batch ", a.batch,
-               " rows evenly over the devices (expected >= 1 dividing it)");
+    OLMO_CHECK(a.spmd >= 1, "--spmd must be >= 1, got ", a.spmd);
+    mesh_of(a);  // a bad --mesh is refused before any plugin loads; the step refuses what does not split
     const bool tpu = is_libtpu(a.plugin);
     if (tpu && app.count("--topology") == 0) a.topology = "v4:2x2x1";
     if (tpu) {

@@ -32,18 +32,18 @@ struct StepKey {
   double lm_z = 0, moe_lb = 0, router_z = 0;  // the loss weights (the MoE ones read by its backward)
   int64_t vocab_tile = 0;
   int64_t cudnn_segments = 0;  // cuDNN's packed attention form with this M (cudnn_segments); 0: not packed
-  int64_t parts = 1;           // devices of the SPMD program (XlaOptions::devices)
-  bool shard = false;          // parameters and their gradients split over them (XlaOptions::shard_params)
+  xla::Mesh mesh;              // the devices of the SPMD program and how the batch and parameters split
   auto operator<=>(const StepKey&) const = default;
 };
 
-// The program for a [B, T] batch under LOSS, laid out over XO's devices (xla.devices, xla.shard_params).
+// The program for a [B, T] batch under LOSS, laid out over XO's mesh.
 static StepKey step_key(int64_t B, int64_t T, const LossConfig& loss, const XlaOptions& xo, bool backward,
                         bool logits, bool logprobs, bool accumulate = false, int64_t cudnn_segments = 0) {
-  StepKey k{B, T, backward, logits, logprobs, accumulate};
+  StepKey k;
+  k.B = B, k.T = T, k.backward = backward, k.logits = logits, k.logprobs = logprobs,
+  k.accumulate = accumulate;
   k.cudnn_segments = cudnn_segments;
-  k.parts = xo.devices;
-  k.shard = xo.shard_params;
+  k.mesh = xo.mesh;
   k.lm_z = loss.weight[kLossLmZ];
   k.moe_lb = loss.weight[kLossMoeLb];
   k.router_z = loss.weight[kLossRouterZ];
@@ -80,6 +80,23 @@ void check_dropless(const ModelConfig& c, const LossConfig& loss) {
              loss.moe_buffer_factor, "; only dropless, -1, is); use device: cpu");
 }
 
+// What a mesh needs of the model (names the axis): every axis >= 1; cuDNN's custom calls on one device; the
+// delta-rule mixers (KDA, Gated DeltaNet) run over whole rows, so no sequence split with them yet.
+void check_mesh(const ModelConfig& c, const XlaOptions& xo) {
+  for (xla::MeshAxis a : xla::kMeshAxes)
+    OLMO_CHECK(xo.mesh.size(a) >= 1, "mesh.", xla::mesh_axis_name(a), " must be >= 1, got ", xo.mesh.size(a));
+  OLMO_CHECK(xo.devices() == 1 || xo.attention != XlaAttention::kCudnn, "xla.attention cudnn on a mesh of ",
+             xo.devices(),
+             " devices: cuDNN's custom calls are not partitioned over devices yet (use one device, or "
+             "xla.attention blockwise)");
+  if (xo.mesh.seq_shards() == 1) return;
+  for (const LayerSpec& s : layer_specs(c))
+    OLMO_CHECK(s.mixer == unit::kMixer<unit::AttentionUnit>, c.model_type_name, ": mesh ", xo.mesh.text(),
+               " splits each row's tokens over ", xo.mesh.seq_shards(), " devices, but layer ", s.index,
+               " is a delta-rule mixer (KDA / Gated DeltaNet), which runs over whole rows on XLA for now; ",
+               "use mesh.context = mesh.expert = 1 for this model");
+}
+
 // The program's arguments after the parameters (registry order), in this order.
 struct BatchArgs {
   std::optional<Value> tokens, seg, pos, logpos, targets, mask, cudnn_seqlen, cudnn_offsets, scale, aux;
@@ -89,62 +106,60 @@ XlaStepTensor step_tensor(std::string name, const TensorType& t) {
   return {std::move(name), t.type == ElementType::kS32 ? "s32" : "f32", t.dims};
 }
 
-// An SPMD layout over PARTS devices: T's dimension DIM split evenly (0: a batch's rows), or (DIM < 0) a
-// copy on every device.
-std::string spmd_layout(const TensorType& t, int64_t parts, int dim) {
-  if (dim < 0) return xla::sharding_replicated();
-  std::vector<int64_t> tiles(t.dims.size(), 1);
-  tiles.at(size_t(dim)) = parts;
-  return xla::sharding_tiled(tiles);
+// How an argument or result splits over the mesh: a batch array (its first dimension: tokens in the
+// mesh's blocked order, or row tiles), a parameter (or its gradient, moments: param_sharding), or replicated.
+enum class Split { kReplicated, kTokens, kRowTiles, kParam };
+
+std::string layout(const xla::Mesh& m, const TensorType& t, Split s) {
+  if (s == Split::kParam) return xla::param_sharding(m, t.dims);
+  std::vector<xla::Logical> axes(t.dims.size(), xla::Logical::kNone);
+  if (s == Split::kTokens) axes.at(0) = xla::Logical::kTokens;
+  if (s == Split::kRowTiles) axes.at(0) = xla::Logical::kRowTiles;
+  return xla::mesh_sharding(m, t.dims, axes, "step argument " + t.mlir());
 }
 
-// The step's arguments as they are made, named for XlaStepProgram (sig null: not recorded); with PARTS > 1
-// each gets its SPMD layout (DIM: the dimension split over the devices, -1: replicated).
+// The step's arguments as they are made, named for XlaStepProgram (sig null: not recorded); over a mesh of
+// several devices each gets its layout.
 struct StepArgs {
   xla::HloBuilder& b;
   XlaStepProgram* sig;
-  int64_t parts = 1;
+  const xla::Mesh& mesh;
   Value add(const std::string& name, const TensorType& t, std::optional<int> alias = std::nullopt,
-            int dim = -1) {
+            Split split = Split::kReplicated) {
     if (sig != nullptr) sig->arguments.push_back(step_tensor(name, t));
     Value v = b.argument(t, alias);
-    if (parts > 1) b.shard_argument(v, spmd_layout(t, parts, dim));
+    if (mesh.devices() > 1) b.shard_argument(v, layout(mesh, t, split));
     return v;
   }
 };
 
-// The dimension of a parameter of SHAPE split over PARTS devices (XlaOptions::shard_params): the first
-// one that divides evenly (a vocabulary of 100,278 rows splits by its columns); -1 when none does, or
-// without SHARD: each device holds all of it.
-int split_dim(const std::vector<int64_t>& shape, int64_t parts, bool shard) {
-  if (!shard || parts <= 1) return -1;
-  for (size_t k = 0; k < shape.size(); ++k)
-    if (shape[k] % parts == 0) return static_cast<int>(k);
-  return -1;
-}
-
-// The SPMD layouts of a program over PARTS devices: each argument and result split along its ARG_DIM /
-// RESULT_DIM entry (-1: replicated).
-void lay_out(xla::HloBuilder& b, const std::vector<Value>& args, const std::vector<int>& arg_dim,
-             const std::vector<Value>& results, const std::vector<int>& result_dim, int64_t parts) {
-  if (parts <= 1) return;
-  b.partitions(parts);
+// The layouts of a program over MESH: each argument and result split as its ARG_SPLIT / RESULT_SPLIT entry.
+void lay_out(xla::HloBuilder& b, const std::vector<Value>& args, const std::vector<Split>& arg_split,
+             const std::vector<Value>& results, const std::vector<Split>& result_split,
+             const xla::Mesh& mesh) {
+  if (mesh.devices() <= 1) return;
+  b.partitions(mesh.devices());
   for (size_t i = 0; i < args.size(); ++i)
-    b.shard_argument(args[i], spmd_layout(args[i].type(), parts, arg_dim[i]));
+    b.shard_argument(args[i], layout(mesh, args[i].type(), arg_split[i]));
   for (size_t i = 0; i < results.size(); ++i)
-    b.shard_result(i, spmd_layout(results[i].type(), parts, result_dim[i]));
+    b.shard_result(i, layout(mesh, results[i].type(), result_split[i]));
 }
 
 BatchArgs batch_arguments(StepArgs& args, const ModelConfig& c, const StepKey& k) {
-  const int64_t N = k.B * k.T;
+  const int64_t N = k.B * k.T, C = k.mesh.seq_shards();
   BatchArgs a;
-  // the batch's arrays, split by rows over an SPMD program's devices (the flat [N] ones row-major)
-  a.tokens = args.add("tokens", TensorType{ElementType::kS32, {N}}, std::nullopt, 0);
-  a.seg = args.add("segments", TensorType{ElementType::kS32, {k.B, k.T}}, std::nullopt, 0);
-  a.pos = args.add("positions", TensorType{ElementType::kS32, {N}}, std::nullopt, 0);
-  if (uses_ssmax(c)) a.logpos = args.add("logpos", TensorType{ElementType::kF32, {N}}, std::nullopt, 0);
-  a.targets = args.add("targets", TensorType{ElementType::kS32, {N}}, std::nullopt, 0);
-  a.mask = args.add("mask", TensorType{ElementType::kS32, {N}}, std::nullopt, 0);
+  // the batch's arrays in the mesh's blocked token order (xla/mesh.h; the batch's own order on one device or
+  // without context parallelism), each device's tile on it; the segments as row tiles [B * C, T / C]
+  const auto flat = [&](const char* name, ElementType t) {
+    return args.add(name, TensorType{t, {N}}, std::nullopt, Split::kTokens);
+  };
+  a.tokens = flat("tokens", ElementType::kS32);
+  a.seg =
+      args.add("segments", TensorType{ElementType::kS32, {k.B * C, k.T / C}}, std::nullopt, Split::kRowTiles);
+  a.pos = flat("positions", ElementType::kS32);
+  if (uses_ssmax(c)) a.logpos = flat("logpos", ElementType::kF32);
+  a.targets = flat("targets", ElementType::kS32);
+  a.mask = flat("mask", ElementType::kS32);
   if (const int64_t M = k.cudnn_segments; M > 0) {  // xla::ops::cudnn_packed_rows' arrays
     a.cudnn_seqlen = args.add("cudnn_seqlen", TensorType{ElementType::kS32, {k.B, M}});
     a.cudnn_offsets = args.add("cudnn_offsets", TensorType{ElementType::kS32, {k.B, M + 1}});
@@ -160,16 +175,16 @@ BatchArgs batch_arguments(StepArgs& args, const ModelConfig& c, const StepKey& k
 std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOptions& xo,
                       const LossConfig& loss, const StepKey& k, XlaStepProgram* sig = nullptr) {
   xla::HloBuilder b("olmosft_step");
-  StepArgs args{b, sig, k.parts};
+  if (k.mesh.devices() > 1) b.partitions(k.mesh.devices());
+  StepArgs args{b, sig, k.mesh};
   const std::vector<ParamSpec> reg = param_registry(c);
   std::vector<Value> w;
-  std::vector<int> split;  // per parameter: the dimension split over the devices (and its gradient's), or -1
-  for (const ParamSpec& p : reg) {
-    split.push_back(split_dim(p.shape, k.parts, k.shard));
-    w.push_back(args.add(p.name, TensorType{ElementType::kF32, p.shape}, std::nullopt, split.back()));
-  }
+  for (const ParamSpec& p : reg)
+    w.push_back(args.add(p.name, TensorType{ElementType::kF32, p.shape}, std::nullopt, Split::kParam));
   const BatchArgs a = batch_arguments(args, c, k);
-  unit::Emit e(b, c, loss, w, k.B, k.T);
+  const int64_t C = k.mesh.seq_shards();  // the units see the token array as rows of [B * C, T / C]
+  unit::Emit e(b, c, loss, w, k.B * C, k.T / C);
+  if (k.mesh.devices() > 1) e.mesh = &k.mesh;
   if (k.backward) e.g.resize(reg.size());
   e.tokens = a.tokens;
   e.seg = a.seg;
@@ -202,7 +217,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
     const int first_grad = static_cast<int>(results.size());
     if (k.accumulate)
       for (size_t i = 0; i < reg.size(); ++i)
-        sums.push_back(args.add("grad_sum." + reg[i].name, w[i].type(), first_grad + int(i), split[i]));
+        sums.push_back(args.add("grad_sum." + reg[i].name, w[i].type(), first_grad + int(i), Split::kParam));
     Value dh = u.head.emit_backward(e, h.back(), sh, *a.scale);
     for (size_t l = u.blocks.size(); l-- > 0;) dh = u.blocks[l].emit_backward(e, h[l], saved[l], dh);
     u.embed.emit_backward(e, se, dh);
@@ -217,32 +232,27 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
     if (sig != nullptr) sig->results.push_back(step_tensor(name, v.type()));
   }
   b.returns(values);
-  if (k.parts > 1) {  // logits and log-probs split by rows as the batch, gradients as their parameters
-    b.partitions(k.parts);
+  if (k.mesh.devices() > 1) {  // logits and log-probs split as the tokens, gradients as their parameters
     const size_t first_grad = results.size() - (k.backward ? reg.size() : 0);
     for (size_t i = 0; i < results.size(); ++i) {
       const std::string& name = results[i].first;
-      const int dim = name == "logits" || name == "logprobs" ? 0
-                      : i >= first_grad                      ? split[i - first_grad]
-                                                             : -1;
-      b.shard_result(i, spmd_layout(values[i].type(), k.parts, dim));
+      const Split sp = name == "logits" || name == "logprobs" ? Split::kTokens
+                       : i >= first_grad                      ? Split::kParam
+                                                              : Split::kReplicated;
+      b.shard_result(i, layout(k.mesh, values[i].type(), sp));
     }
   }
   return b.module();
 }
 
 // The global norm of the gradient sums: one f32 scalar (the CPU sums its squares in double).
-std::string emit_grad_norm(const std::vector<ParamSpec>& reg, int64_t parts, bool shard) {
+std::string emit_grad_norm(const std::vector<ParamSpec>& reg, const xla::Mesh& mesh) {
   xla::HloBuilder b("olmosft_grad_norm");
   std::vector<Value> g;
-  std::vector<int> split;
-  for (const ParamSpec& p : reg) {
-    g.push_back(b.argument(TensorType{ElementType::kF32, p.shape}));
-    split.push_back(split_dim(p.shape, parts, shard));
-  }
+  for (const ParamSpec& p : reg) g.push_back(b.argument(TensorType{ElementType::kF32, p.shape}));
   const Value norm = xla::ops::clip_grad_norm(b, g, 0.0).norm;
   b.returns({norm});
-  lay_out(b, g, split, {norm}, {-1}, parts);
+  lay_out(b, g, std::vector<Split>(g.size(), Split::kParam), {norm}, {Split::kReplicated}, mesh);
   return b.module();
 }
 
@@ -255,7 +265,7 @@ struct UpdateKey {
 // Clip + AdamW over every parameter: arguments p_i (donated into result i), g_i, m_i (-> result P + i), v_i
 // (-> 2P + i), then the f32 [3] scalars of ops::adamw_scalars; results the new p, m and v.
 std::string emit_update(const std::vector<ParamSpec>& reg, const std::vector<bool>& decay, const UpdateKey& k,
-                        int64_t parts, bool shard) {
+                        const xla::Mesh& mesh) {
   xla::HloBuilder b("olmosft_update");
   const int P = static_cast<int>(reg.size());
   std::vector<Value> p, g, m, v;
@@ -282,13 +292,10 @@ std::string emit_update(const std::vector<ParamSpec>& reg, const std::vector<boo
   std::vector<Value> all = p;
   for (const auto* group : {&g, &m, &v}) all.insert(all.end(), group->begin(), group->end());
   all.push_back(scalars);
-  std::vector<int> split;  // p, g, m, v each as the parameter; the scalars replicated
-  for (const ParamSpec& r : reg) split.push_back(split_dim(r.shape, parts, shard));
-  std::vector<int> arg_dim, result_dim;
-  for (int group = 0; group < 4; ++group) arg_dim.insert(arg_dim.end(), split.begin(), split.end());
-  arg_dim.push_back(-1);
-  for (int group = 0; group < 3; ++group) result_dim.insert(result_dim.end(), split.begin(), split.end());
-  lay_out(b, all, arg_dim, results, result_dim, parts);
+  // p, g, m, v each as the parameter; the scalars replicated
+  std::vector<Split> arg_split(all.size(), Split::kParam), result_split(results.size(), Split::kParam);
+  arg_split.back() = Split::kReplicated;
+  lay_out(b, all, arg_split, results, result_split, mesh);
   return b.module();
 }
 
@@ -350,38 +357,42 @@ struct XlaDecoder::Impl {
   // Device training state (DeviceTraining), [device][tensor] (each device's copy, or part: `split`):
   // empty until upload(); g empty while no step has a gradient sum.
   std::vector<std::vector<xla::Buffer>> p, m, v, g;
+  xla::Mesh mesh;
   Impl(const ModelConfig& c, const DecoderOptions& o, const XlaOptions& xo)
-      : units(c, o), client(xla::Client::create(xo.plugin, client_options(xo))) {}
+      : units(c, o), client(xla::Client::create(xo.plugin, client_options(xo))), mesh(xo.mesh) {}
   static xla::ClientOptions client_options(const XlaOptions& xo) {
     xla::ClientOptions co;
-    if (xo.plugin == "cpu") co.cpu_device_count = std::max(xo.cpu_devices, xo.devices);
+    if (xo.plugin == "cpu") co.cpu_device_count = std::max(xo.cpu_devices, xo.devices());
     return co;
   }
-  std::vector<int> split;  // per parameter (registry order): its dimension split over the devices, or -1
-  // HOST (row-major DIMS) on each of DEVICES devices: all of it on every one (DIM < 0), or device d's part d
-  // of dimension DIM.
+  std::vector<int> split;  // per parameter (registry order): its dimension split over the mesh, or -1
+  // HOST (row-major DIMS) on each device of the mesh: all of it on every one (DIM < 0), or device d's part
+  // (xla::param_part) of dimension DIM split into the mesh's parameter shards.
   std::vector<xla::Buffer> place(std::span<const float> host, const std::vector<int64_t>& dims,
-                                 int64_t devices, int dim = -1) const {
+                                 int dim = -1) const {
     std::vector<xla::Buffer> out;
+    const int64_t D = mesh.devices(), S = mesh.param_shards();
     if (dim < 0) {
-      for (int64_t d = 0; d < devices; ++d) out.push_back(client.to_device(host, dims, size_t(d)));
+      for (int64_t d = 0; d < D; ++d) out.push_back(client.to_device(host, dims, size_t(d)));
       return out;
     }
-    const Blocks k = blocks(dims, dim, devices);
+    const Blocks k = blocks(dims, dim, S);
     std::vector<int64_t> part = dims;
-    part[size_t(dim)] /= devices;
+    part[size_t(dim)] /= S;
     std::vector<float> buf(k.outer * k.chunk);
-    for (int64_t d = 0; d < devices; ++d) {
+    for (int64_t d = 0; d < D; ++d) {
+      const size_t at = size_t(xla::param_part(mesh, d)) * k.chunk;
       for (size_t o = 0; o < k.outer; ++o)
-        std::copy_n(host.data() + o * k.row + size_t(d) * k.chunk, k.chunk, buf.data() + o * k.chunk);
+        std::copy_n(host.data() + o * k.row + at, k.chunk, buf.data() + o * k.chunk);
       out.push_back(client.to_device(std::span<const float>(buf), part, size_t(d)));
     }
     return out;
   }
   // The whole array back into DST from BUFS (one per device): device 0's copy (DIM < 0), or the parts of
-  // dimension DIM in device order.
-  static void fetch(const std::vector<const xla::Buffer*>& bufs, float* dst, int dim) {
-    if (dim < 0) return bufs[0]->to_host(dst, bufs[0]->type().bytes());
+  // dimension DIM, part p on device p (xla::param_part).
+  void fetch(const std::vector<const xla::Buffer*>& all, float* dst, int dim) const {
+    if (dim < 0) return all[0]->to_host(dst, all[0]->type().bytes());
+    const std::vector<const xla::Buffer*> bufs(all.begin(), all.begin() + mesh.param_shards());
     std::vector<int64_t> dims = bufs[0]->type().dims;
     dims[size_t(dim)] *= static_cast<int64_t>(bufs.size());
     const Blocks k = blocks(dims, dim, static_cast<int64_t>(bufs.size()));
@@ -416,17 +427,13 @@ XlaDecoder::XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const Decoder
   check_emitted(c);
   OLMO_CHECK(xo.attention_block > 0, "xla: attention_block must be > 0, got ", xo.attention_block);
   OLMO_CHECK(xo.cpu_devices > 0, "xla.cpu_devices must be > 0, got ", xo.cpu_devices);
-  OLMO_CHECK(xo.devices > 0, "xla.devices must be > 0, got ", xo.devices);
-  OLMO_CHECK(xo.devices == 1 || xo.attention != XlaAttention::kCudnn, "xla.attention cudnn with xla.devices ",
-             xo.devices,
-             ": cuDNN's custom calls are not partitioned over devices yet (use xla.devices 1, or "
-             "xla.attention blockwise)");
+  check_mesh(c, xo);
   params_ = allocate_params(c);
   impl_ = std::make_unique<Impl>(c, opts, xo);
-  OLMO_CHECK(size_t(xo.devices) <= impl_->client.device_count(), "xla.devices ", xo.devices, ": the plugin ",
-             xo.plugin, " has ", impl_->client.device_count(), " addressable devices");
-  for (const ParamSpec& p : param_registry(c))
-    impl_->split.push_back(split_dim(p.shape, xo.devices, xo.shard_params));
+  OLMO_CHECK(size_t(xo.devices()) <= impl_->client.device_count(), "mesh ", xo.mesh.text(), ": ",
+             xo.devices(), " devices, but the plugin ", xo.plugin, " has ", impl_->client.device_count(),
+             " addressable devices");
+  for (const ParamSpec& p : param_registry(c)) impl_->split.push_back(xla::param_split_dim(xo.mesh, p.shape));
   const std::string platform = impl_->client.platform_name();
   OLMO_CHECK(xo.attention != XlaAttention::kCudnn || (platform != "cpu" && platform != "tpu"),
              "xla.attention cudnn: cuDNN's fused attention runs on XLA's CUDA plugin only; xla.plugin ",
@@ -450,8 +457,14 @@ void check_step(const ModelConfig& c, const LossConfig& loss, int64_t B, int64_t
   OLMO_CHECK(cudnn_segments == 0 || (xo.attention == XlaAttention::kCudnn && cudnn_segments >= 2),
              "cuDNN's packed attention form: cudnn_segments must be 0 or >= 2 with xla.attention cudnn, got ",
              cudnn_segments, " with ", xla_attention_name(xo.attention));
-  OLMO_CHECK(xo.devices >= 1 && B % xo.devices == 0, c.model_type_name, ": xla.devices ", xo.devices,
-             " splits each micro-batch's rows evenly over the devices; B=", B, " rows is not a multiple");
+  check_mesh(c, xo);
+  const xla::Mesh& m = xo.mesh;
+  OLMO_CHECK(B % m.batch_shards() == 0, c.model_type_name, ": mesh ", m.text(),
+             " splits each micro-batch's rows evenly over data x fsdp = ", m.batch_shards(),
+             " devices; B=", B, " rows is not a multiple");
+  OLMO_CHECK(T % m.seq_shards() == 0, c.model_type_name, ": mesh ", m.text(),
+             " splits each row's tokens evenly over expert x context = ", m.seq_shards(), " devices; T=", T,
+             " is not a multiple");
 }
 
 }  // namespace
@@ -477,9 +490,9 @@ XlaStepProgram xla_step_program(const ModelConfig& c, const XlaOptions& xo, int6
 
 xla::Executable XlaDecoder::compile(const std::string& text, const char* kind, int64_t B, int64_t T) {
   const auto t0 = std::chrono::steady_clock::now();
-  xla::CompileOptions co;  // every program is one SPMD program over xla.devices
-  co.num_partitions = xo_.devices;
-  co.use_spmd_partitioning = xo_.devices > 1;
+  xla::CompileOptions co;  // every program is one SPMD program over the mesh's devices
+  co.num_partitions = xo_.devices();
+  co.use_spmd_partitioning = xo_.devices() > 1;
   xla::Executable exe = impl_->client.compile(text, co);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stats_.compile_seconds += seconds;
@@ -520,11 +533,26 @@ void pad_rows(XlaStepBatch& hb, int64_t T, int64_t to) {
   hb.mask.resize(n, 0);
 }
 
-// Row group D of D_COUNT of a row-major array of B rows (A.size() / B elements each).
-template <typename T>
-std::span<const T> row_group(const std::vector<T>& a, int64_t d, int64_t d_count) {
-  const size_t n = a.size() / size_t(d_count);
-  return std::span<const T>(a.data() + size_t(d) * n, n);
+// Device D's tile of a row-major [B, T] array over mesh M (its rows' pieces, row-major: xla/mesh.h's
+// blocked order), and its inverse: a tile's WIDTH values per token put back into ALL ([B * T, WIDTH]).
+template <typename X>
+std::vector<X> tile_of(const std::vector<X>& a, const xla::Mesh& m, int64_t d, int64_t B, int64_t T) {
+  const int64_t Bl = B / m.batch_shards(), Tl = T / m.seq_shards();
+  const int64_t r0 = xla::tile_row0(m, d, B), c0 = xla::tile_col0(m, d, T);
+  std::vector<X> t;
+  t.reserve(size_t(Bl * Tl));
+  for (int64_t r = 0; r < Bl; ++r) {
+    const auto from = a.begin() + (r0 + r) * T + c0;
+    t.insert(t.end(), from, from + Tl);
+  }
+  return t;
+}
+void untile(const std::vector<float>& tile, const xla::Mesh& m, int64_t d, int64_t B, int64_t T,
+            int64_t width, std::vector<float>& all) {
+  const int64_t Bl = B / m.batch_shards(), Tl = T / m.seq_shards();
+  const int64_t r0 = xla::tile_row0(m, d, B), c0 = xla::tile_col0(m, d, T);
+  for (int64_t r = 0; r < Bl; ++r)
+    std::copy_n(tile.begin() + r * Tl * width, Tl * width, all.begin() + ((r0 + r) * T + c0) * width);
 }
 
 }  // namespace
@@ -533,19 +561,24 @@ std::span<const T> row_group(const std::vector<T>& a, int64_t d, int64_t d_count
 std::vector<std::vector<xla::Buffer>> XlaDecoder::batch_buffers(const XlaStepBatch& hb, int64_t B, int64_t T,
                                                                 int64_t M, bool backward, double grad_scale,
                                                                 double aux_scale) const {
-  const int64_t D = xo_.devices, Bd = B / D, Nd = Bd * T;
+  const xla::Mesh& m = xo_.mesh;
+  const int64_t D = m.devices(), Bl = B / m.batch_shards(), Tl = T / m.seq_shards(), Nd = Bl * Tl;
   const xla::Client& cl = impl_->client;
   std::vector<std::vector<xla::Buffer>> out(static_cast<size_t>(D));
   for (int64_t d = 0; d < D; ++d) {
     std::vector<xla::Buffer>& a = out[size_t(d)];
     const size_t dev = size_t(d);
-    a.push_back(cl.to_device(row_group(hb.tokens, d, D), {Nd}, dev));
-    a.push_back(cl.to_device(row_group(hb.seg, d, D), {Bd, T}, dev));
-    a.push_back(cl.to_device(row_group(hb.pos, d, D), {Nd}, dev));
-    if (uses_ssmax(config_)) a.push_back(cl.to_device(row_group(hb.logpos, d, D), {Nd}, dev));
-    a.push_back(cl.to_device(row_group(hb.targets, d, D), {Nd}, dev));
-    a.push_back(cl.to_device(row_group(hb.mask, d, D), {Nd}, dev));
-    if (M > 0) {  // one device (the constructor refuses cuDNN's attention with xla.devices > 1)
+    auto put = [&](const auto& v, std::vector<int64_t> dims) {
+      const auto t = tile_of(v, m, d, B, T);
+      a.push_back(cl.to_device(std::span(t), dims, dev));
+    };
+    put(hb.tokens, {Nd});
+    put(hb.seg, {Bl, Tl});
+    put(hb.pos, {Nd});
+    if (uses_ssmax(config_)) put(hb.logpos, {Nd});
+    put(hb.targets, {Nd});
+    put(hb.mask, {Nd});
+    if (M > 0) {  // one device (check_mesh refuses cuDNN's attention on several)
       const xla::ops::CudnnPackedRows rows = xla::ops::cudnn_packed_rows(hb.seg.data(), B, T, M);
       a.push_back(cl.to_device(std::span<const int32_t>(rows.seqlen), {B, M}, dev));
       a.push_back(cl.to_device(std::span<const int32_t>(rows.offsets), {B, M + 1}, dev));
@@ -566,9 +599,9 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
   OLMO_CHECK(batch.B > 0 && batch.T > 0, who, ": batch must have B > 0 and T > 0 (got B=", batch.B,
              ", T=", batch.T, ")");
   OLMO_CHECK(batch.tokens != nullptr, who, ": batch has no tokens");
-  // xla.devices split the rows evenly: a batch of another row count (an evaluation's single row) is padded
-  // with rows of padding, which add nothing to the loss parts and whose outputs are dropped.
-  const int64_t D = xo_.devices, B = (batch.B + D - 1) / D * D, T = batch.T;
+  // The mesh splits the rows evenly over data x fsdp: a batch of another row count (an evaluation's single
+  // row) is padded with rows of padding, which add nothing to the loss parts and whose outputs are dropped.
+  const int64_t D = xo_.devices(), R = xo_.mesh.batch_shards(), B = (batch.B + R - 1) / R * R, T = batch.T;
   XlaStepBatch hb = xla_step_batch(config_, opts_, batch);
   if (B != batch.B) pad_rows(hb, T, B);
   const int64_t M = xo_.attention == XlaAttention::kCudnn ? cudnn_segments(hb.seg, B, T) : 0;
@@ -584,7 +617,7 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
       OLMO_CHECK(p.value.defined(), who, ": the XLA backend needs every parameter on this process; ", p.name,
                  " is not (dist.mode zero3 is not supported with device: xla)");
       std::vector<xla::Buffer> r =
-          im.place(std::span<const float>(p.value.data<float>(), size_t(p.value.numel())), p.value.shape(), D,
+          im.place(std::span<const float>(p.value.data<float>(), size_t(p.value.numel())), p.value.shape(),
                    im.split[i]);
       for (int64_t d = 0; d < D; ++d) host_params[size_t(d)].push_back(std::move(r[size_t(d)]));
     }
@@ -622,12 +655,12 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
     lp.sum[kLossRouterZ] += loss.weight[kLossRouterZ] * ms.router_z;
     lp.moe_layers.push_back(ms);
   }
-  // split results: each device's rows, in device order, without the padding rows
-  const int64_t Nd = B * T / D, keep = batch.B * T;
+  // split results: each device's tile back in its place, without the padding rows
+  const int64_t keep = batch.B * T;
   auto gather = [&](size_t result, float* dst, int64_t width) {
     std::vector<float> all(static_cast<size_t>(B * T * width));
     for (int64_t d = 0; d < D; ++d)
-      out[size_t(d)][result].to_host(all.data() + d * Nd * width, size_t(Nd * width) * sizeof(float));
+      untile(out[size_t(d)][result].to_host<float>(), xo_.mesh, d, B, T, width, all);
     std::copy(all.begin(), all.begin() + keep * width, dst);
   };
   if (logits != nullptr) gather(r++, logits, config_.vocab_size);
@@ -645,7 +678,7 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
   for (size_t i = 0; i < params_.size(); ++i, ++r) {
     Param& p = params_[i];
     g.resize(static_cast<size_t>(p.grad.numel()));
-    Impl::fetch(Impl::of(out, r), g.data(), im.split[i]);
+    im.fetch(Impl::of(out, r), g.data(), im.split[i]);
     float* dst = p.grad.data<float>();
     for (size_t j = 0; j < g.size(); ++j) dst[j] += g[j];
   }
@@ -660,7 +693,7 @@ void XlaDecoder::upload(const std::vector<const float*>& values, const std::vect
   OLMO_CHECK(values.size() == P && exp_avg.size() == P && exp_avg_sq.size() == P, config_.model_type_name,
              ": upload needs ", P, " tensors of values and of each moment");
   Impl& im = *impl_;
-  const size_t D = size_t(xo_.devices);
+  const size_t D = size_t(xo_.devices());
   for (auto* state : {&im.p, &im.m, &im.v}) {
     state->clear();
     state->resize(D);
@@ -670,8 +703,7 @@ void XlaDecoder::upload(const std::vector<const float*>& values, const std::vect
   for (size_t i = 0; i < P; ++i) {
     const size_t n = static_cast<size_t>(shape_numel(reg[i].shape));
     for (auto [host, state] : {std::pair{values[i], &im.p}, {exp_avg[i], &im.m}, {exp_avg_sq[i], &im.v}}) {
-      std::vector<xla::Buffer> r =
-          im.place(std::span<const float>(host, n), reg[i].shape, xo_.devices, im.split[i]);
+      std::vector<xla::Buffer> r = im.place(std::span<const float>(host, n), reg[i].shape, im.split[i]);
       for (size_t d = 0; d < D; ++d) (*state)[d].push_back(std::move(r[d]));
     }
   }
@@ -685,9 +717,9 @@ void XlaDecoder::download(const std::vector<float*>& values, const std::vector<f
   OLMO_CHECK(values.size() == P && exp_avg.size() == P && exp_avg_sq.size() == P, config_.model_type_name,
              ": download needs ", P, " tensors of values and of each moment");
   for (size_t i = 0; i < P; ++i) {  // replicated: device 0's copy; split: the parts in device order
-    Impl::fetch(Impl::of(im.p, i), values[i], im.split[i]);
-    Impl::fetch(Impl::of(im.m, i), exp_avg[i], im.split[i]);
-    Impl::fetch(Impl::of(im.v, i), exp_avg_sq[i], im.split[i]);
+    im.fetch(Impl::of(im.p, i), values[i], im.split[i]);
+    im.fetch(Impl::of(im.m, i), exp_avg[i], im.split[i]);
+    im.fetch(Impl::of(im.v, i), exp_avg_sq[i], im.split[i]);
   }
 }
 
@@ -698,10 +730,9 @@ void XlaDecoder::all_reduce_grads(const std::function<void(float* data, int64_t 
   std::vector<float> host;
   for (size_t i = 0; i < reg.size(); ++i) {
     host.resize(static_cast<size_t>(shape_numel(reg[i].shape)));
-    Impl::fetch(Impl::of(im.g, i), host.data(), im.split[i]);
+    im.fetch(Impl::of(im.g, i), host.data(), im.split[i]);
     sum(host.data(), static_cast<int64_t>(host.size()));
-    std::vector<xla::Buffer> r =
-        im.place(std::span<const float>(host), reg[i].shape, xo_.devices, im.split[i]);
+    std::vector<xla::Buffer> r = im.place(std::span<const float>(host), reg[i].shape, im.split[i]);
     for (size_t d = 0; d < im.g.size(); ++d) im.g[d][i] = std::move(r[d]);
   }
 }
@@ -709,8 +740,7 @@ void XlaDecoder::all_reduce_grads(const std::function<void(float* data, int64_t 
 double XlaDecoder::grad_norm() {
   Impl& im = *impl_;
   OLMO_CHECK(!im.g.empty(), config_.model_type_name, ": grad_norm with no gradient sum on the device");
-  if (!im.norm)
-    im.norm = compile(emit_grad_norm(param_registry(config_), xo_.devices, xo_.shard_params), "norm");
+  if (!im.norm) im.norm = compile(emit_grad_norm(param_registry(config_), xo_.mesh), "norm");
   std::vector<std::vector<xla::Buffer*>> ptrs(im.g.size());
   for (size_t d = 0; d < im.g.size(); ++d)
     for (auto& g : im.g[d]) ptrs[d].push_back(&g);
@@ -725,18 +755,16 @@ void XlaDecoder::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t 
   if (it == im.updates.end()) {
     std::vector<bool> decay;
     for (const Param& p : params_) decay.push_back(p.decay);
-    it = im.updates
-             .emplace(key,
-                      compile(emit_update(param_registry(config_), decay, key, xo_.devices, xo_.shard_params),
-                              "update"))
-             .first;
+    it =
+        im.updates.emplace(key, compile(emit_update(param_registry(config_), decay, key, xo_.mesh), "update"))
+            .first;
   }
   xla::ops::AdamWOptions o;
   o.lr = cfg.lr;
   o.beta1 = cfg.beta1, o.beta2 = cfg.beta2, o.eps = cfg.eps, o.weight_decay = cfg.weight_decay;
   const std::array<float, 3> sc = xla::ops::adamw_scalars(o, step);
   const size_t P = params_.size(), D = im.p.size();
-  std::vector<xla::Buffer> scalars = im.place(std::span<const float>(sc.data(), 3), {3}, xo_.devices);
+  std::vector<xla::Buffer> scalars = im.place(std::span<const float>(sc.data(), 3), {3});
   std::vector<std::vector<xla::Buffer*>> ptrs(D);
   std::vector<size_t> donate;
   for (size_t d = 0; d < D; ++d) {

@@ -21,6 +21,7 @@
 
 #include "model/decoder.h"
 #include "model/model.h"
+#include "xla/mesh.h"
 
 namespace olmosft::xla {
 class Buffer;
@@ -37,14 +38,14 @@ const char* xla_attention_name(XlaAttention a);
 struct XlaOptions {
   std::string plugin = "cpu";  // xla.plugin: cpu | cuda | tpu | a plugin path (xla/pjrt.h Plugin::load)
   int64_t cpu_devices = 1;     // devices XLA's CPU plugin creates (at least `devices`); CPU only
-  // xla.devices: the addressable devices every program runs on, as one SPMD program (XLA's partitioner):
-  // data parallel, each micro-batch's rows split evenly over them (B a multiple of devices), parameters,
-  // gradient sums and moments replicated on each. Sums are not bit-identical to one device's.
-  int64_t devices = 1;
-  // xla.shard_params: with devices > 1, each parameter, its gradient sum and its AdamW moments split along
-  // their first dimension over the devices (FSDP / ZeRO-3 inside the SPMD program: XLA's partitioner gathers
-  // what each op needs), when that dimension divides evenly; otherwise replicated.
-  bool shard_params = false;
+  // The device mesh every program runs on as one SPMD program (XLA's partitioner; recipe mesh.*, or
+  // xla.devices / xla.shard_params as {data: N} / {fsdp: N}; xla/mesh.h, docs/xla.md "The device mesh"):
+  // each micro-batch's rows split over data x fsdp, each row's tokens over expert x context (context
+  // parallelism: attention gathers a row's keys and values from its pieces), parameters, gradient sums and
+  // moments split over fsdp x expert x context along their first evenly dividing dimension (replicated over
+  // data). One device: {}. Sums are not bit-identical to one device's.
+  xla::Mesh mesh;
+  int64_t devices() const { return mesh.devices(); }
   bool bf16 = false;             // bf16 operands in every GEMM with f32 accumulation (compute.dtype bf16)
   int64_t attention_block = 64;  // queries / keys per block of the blockwise attention
   // xla.attention: the blockwise attention every plugin runs (segments, padding, windows), or cuDNN's fused

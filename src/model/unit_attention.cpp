@@ -225,6 +225,7 @@ xla::ops::AttentionOptions emit_attention_options(const Emit& e, int64_t window)
   o.window = window;
   o.block = e.attention_block;
   o.operands = e.operands;  // compute.dtype bf16: the attention's products too (cuDNN's always are)
+  o.mesh = e.mesh;          // rows split over devices: each attends its own queries against whole rows
   return o;
 }
 

@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "xla/hlo_builder.h"
+#include "xla/mesh.h"
 #include "xla/ops_attention_cudnn.h"
 #include "xla/ops_dense.h"
 
@@ -28,11 +29,15 @@ struct Emit {
   xla::HloBuilder& b;
   const ModelConfig& c;
   const LossConfig& loss;
-  std::vector<xla::Value> w;                    // parameter values, registry order, f32 registry shapes
-  std::vector<std::optional<xla::Value>> g;     // gradient sums per parameter (empty: forward only)
-  int64_t B = 0, T = 0, N = 0, d = 0;           // N = B * T tokens, d = hidden size
+  std::vector<xla::Value> w;                 // parameter values, registry order, f32 registry shapes
+  std::vector<std::optional<xla::Value>> g;  // gradient sums per parameter (empty: forward only)
+  // N = B * T tokens, d = hidden size. B and T lay the token array out as rows: the batch's [B, T], or over
+  // a mesh that splits rows (context parallelism) its row tiles [B * C, T / C] in the mesh's blocked order
+  // (xla/mesh.h): a mixer reshapes [N, ...] to [B, T, ...] and hands `mesh` to the ops that see whole rows.
+  int64_t B = 0, T = 0, N = 0, d = 0;
+  const xla::Mesh* mesh = nullptr;              // the program's device mesh (null: one device)
   std::optional<xla::Value> tokens;             // s32 [N]
-  std::optional<xla::Value> seg;                // s32 [B, T] document id, -1 = padding
+  std::optional<xla::Value> seg;                // s32 [B, T] document id, -1 = padding (rows as above)
   std::optional<xla::Value> logpos;             // f32 [N] log(position + 1) (scalable softmax only)
   std::optional<xla::ops::RopeTables> rope[3];  // per RopeKind: [N, head_dim / 2]
   std::optional<xla::Value> aux_scale;          // f32 scalar: the MoE auxiliary losses' gradient factor

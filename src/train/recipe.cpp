@@ -257,19 +257,55 @@ void require_device_supported(const TrainConfig& c) {
       c.device != "cuda", c.source,
       ": device=cuda: olmosft has no hand-written CUDA backend; train on NVIDIA GPUs with device: xla and "
       "xla.plugin: cuda (XLA's CUDA plugin, docs/xla.md), or on the CPUs with device: cpu");
-  OLMO_CHECK(c.device != "xla" || c.dist.mode == "dp", c.source, ": device=xla needs dist.mode dp (the XLA ",
-             "backend holds every parameter in each process; xla.shard_params splits them over a process's ",
-             "devices; got dist.mode ", c.dist.mode, ")");
+  OLMO_CHECK(
+      c.device != "xla" || c.dist.mode == "dp", c.source, ": device=xla needs dist.mode dp (the XLA ",
+      "backend holds every parameter in each process; the mesh (mesh.fsdp) splits them over a process's ",
+      "devices; got dist.mode ", c.dist.mode, ")");
 }
 
-int64_t devices_per_process(const TrainConfig& c) { return c.device == "xla" ? c.xla.devices : 1; }
+xla::Mesh xla_mesh(const TrainConfig& c) {
+  xla::Mesh m;
+  if (c.mesh.empty()) {  // the older spelling: xla.devices N, replicated ({data: N}) or split ({fsdp: N})
+    (c.xla.shard_params ? m.fsdp : m.data) = c.xla.devices;
+    return m;
+  }
+  std::string axes;
+  for (xla::MeshAxis a : xla::kMeshAxes)
+    axes += (axes.empty() ? "" : ", ") + std::string(xla::mesh_axis_name(a));
+  for (const auto& [k, v] : c.mesh) {
+    bool known = false;
+    for (xla::MeshAxis a : xla::kMeshAxes)
+      if (k == xla::mesh_axis_name(a)) {
+        known = true;
+        (a == xla::MeshAxis::kData     ? m.data
+         : a == xla::MeshAxis::kFsdp   ? m.fsdp
+         : a == xla::MeshAxis::kExpert ? m.expert
+                                       : m.context) = v;
+      }
+    OLMO_CHECK(known, c.source, ": key 'mesh.", k, "': device: xla knows the mesh axes ", axes,
+               " (docs/xla.md \"The device mesh\")");
+  }
+  OLMO_CHECK(!c.xla.shard_params, c.source,
+             ": xla.shard_params is the older spelling of a mesh; with mesh.* given, parameters split over "
+             "mesh.fsdp x mesh.expert x mesh.context (drop xla.shard_params)");
+  OLMO_CHECK(c.xla.devices == 1 || c.xla.devices == m.devices(), c.source, ": xla.devices ", c.xla.devices,
+             " but the mesh (", m.text(), ") has ", m.devices(), " devices (drop xla.devices)");
+  return m;
+}
+
+int64_t devices_per_process(const TrainConfig& c) { return c.device == "xla" ? xla_mesh(c).devices() : 1; }
 
 void require_xla_layout(const TrainConfig& c, int64_t world, int64_t local_processes) {
   if (c.device != "xla") return;
+  const xla::Mesh m = xla_mesh(c);
   const int64_t rows = c.batch.slots / std::max<int64_t>(world, 1);
-  OLMO_CHECK(rows % c.xla.devices == 0, c.source, ": xla.devices ", c.xla.devices,
-             " splits each process's rows per micro-step evenly; devices x per_device_batch / processes = ",
-             rows, " is not a multiple (per_device_batch counts rows per XLA device)");
+  OLMO_CHECK(rows % m.batch_shards() == 0, c.source, ": the mesh (", m.text(),
+             ") splits each process's rows per micro-step evenly over data x fsdp = ", m.batch_shards(),
+             " devices; devices x per_device_batch / processes = ", rows,
+             " is not a multiple (per_device_batch counts rows per XLA device)");
+  OLMO_CHECK(c.batch.seq_len % m.seq_shards() == 0, c.source, ": the mesh (", m.text(),
+             ") splits each row's tokens over expert x context = ", m.seq_shards(), " devices; seq_len ",
+             c.batch.seq_len, " is not a multiple");
   OLMO_CHECK(c.xla.plugin == "cpu" || local_processes <= 1, c.source, ": device=xla with xla.plugin ",
              c.xla.plugin, ": ", local_processes,
              " processes on this host would share its accelerators (each PJRT client opens all of them); "

@@ -14,6 +14,7 @@
 #include "kernels/gemm.h"
 #include "model/loss_terms.h"
 #include "model/memory_policy.h"
+#include "xla/mesh.h"
 
 namespace olmosft {
 
@@ -191,12 +192,17 @@ void require_run_inputs(const TrainConfig& c, bool model_from_recipe = true, boo
 // Refuses a device this build cannot train on (device=cuda: no hand-written CUDA backend; GPUs train through
 // device=xla with xla.plugin=cuda), before any compute. Throws olmosft::Error naming the recipe and the key.
 void require_device_supported(const TrainConfig& c);
-// The devices one process trains on: xla.devices with device xla, else 1 (`devices` = processes x this).
+// device: xla's device mesh (xla/mesh.h): mesh.{data,fsdp,expert,context} when any is given (other axis
+// names refused; xla.devices must then be 1 or their product, xla.shard_params false), else the older
+// spelling xla.devices N as {data: N}, or {fsdp: N} with xla.shard_params. Throws naming the recipe and key.
+xla::Mesh xla_mesh(const TrainConfig& c);
+// The devices one process trains on: the mesh's with device xla, else 1 (`devices` = processes x this).
 int64_t devices_per_process(const TrainConfig& c);
 // device=xla's layout over WORLD processes, LOCAL_PROCESSES of them on this host (docs/xla.md): on an
 // accelerator (xla.plugin not cpu) one process per host (each process's PJRT client would open all of the
 // host's accelerators, XLA's CUDA plugin preallocating on each); each process's rows per micro-step
-// (devices x per_device_batch / WORLD) a multiple of xla.devices, which split them. Throws naming the recipe.
+// (devices x per_device_batch / WORLD) a multiple of the mesh's data x fsdp, which split them, and seq_len
+// of its expert x context. Throws naming the recipe.
 void require_xla_layout(const TrainConfig& c, int64_t world, int64_t local_processes);
 
 // True for keys a resumed run may change (OnResume::Operational in the schema, and the cluster and mesh

@@ -45,6 +45,8 @@ HloBuilder::HloBuilder(std::string module_name) : module_name_(std::move(module_
   regions_.push_back(Region{g_next_region++, ""});
 }
 
+int HloBuilder::next_region_id() { return g_next_region++; }
+
 std::string HloBuilder::fresh() { return "%v" + std::to_string(next_value_++); }
 
 void HloBuilder::use(const Value& v, const char* op) const {
@@ -142,8 +144,9 @@ std::string HloBuilder::module() const {
     results += (i ? ", " : "") + v.type_.mlir() + attrs({sharding(result_sharding_, i)});
   }
   s += ") -> (" + results + ") {\n" + regions_[0].text;
-  s += "    \"func.return\"(" + names + ") : (" + mlir::types_list(rt) + ") -> ()\n  }\n}\n";
-  return s;
+  s += "    \"func.return\"(" + names + ") : (" + mlir::types_list(rt) + ") -> ()\n  }\n";
+  for (const std::string& f : functions_) s += f;
+  return s + "}\n";
 }
 
 std::vector<Value> HloBuilder::emit(const std::string& op, const std::vector<Value>& operands,

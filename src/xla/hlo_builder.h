@@ -50,6 +50,10 @@ struct CustomCallOptions {
   // the call's implementation reads and writes, e.g. cuDNN's attention results as {3, 1, 2, 0}. Empty: none
   // stated (XLA's default, row-major); otherwise both lists are given, one entry per operand and result.
   std::vector<std::vector<int64_t>> operand_layouts, result_layouts;
+  // An HloSharding text written as the call's mhlo.sharding (the partitioner's @Sharding,
+  // @SPMDFullToShardShape and @SPMDShardToFullShape calls; HloBuilder::constrain, full_to_shard,
+  // shard_to_full). Empty: none.
+  std::string sharding;
 };
 
 class HloBuilder {
@@ -150,6 +154,34 @@ class HloBuilder {
                                  const std::vector<TensorType>& results,
                                  const CustomCallOptions& options = {});
 
+  // ---- SPMD inside the program (hlo_builder_spmd.cpp; docs/xla.md "The device mesh") ----
+  // X laid out as SHARDING from here on (a sharding constraint: GSPMD's @Sharding call).
+  Value constrain(const Value& x, const std::string& sharding);
+  // A manual region, as JAX's shard_map lowers to GSPMD: X (the whole array, laid out as SHARDING, which must
+  // be tiled) becomes each device's own tile, LOCAL its type; inside, values are per device and only the
+  // collectives below cross devices. shard_to_full is the inverse: each device's tile X back into the whole
+  // array of type FULL, laid out as SHARDING.
+  Value full_to_shard(const Value& x, const std::string& sharding, const TensorType& local);
+  Value shard_to_full(const Value& x, const std::string& sharding, const TensorType& full);
+  // Collectives over GROUPS of device (partition) ids, each group in order (use_global_device_ids; one
+  // channel each): all_gather concatenates the group's tiles along DIM in group order; reduce_scatter sums
+  // them and leaves each device the part of DIM at its place in its group; all_reduce_sum sums them.
+  using DeviceGroups = std::vector<std::vector<int64_t>>;
+  Value all_gather(const Value& x, int64_t dim, const DeviceGroups& groups);
+  Value reduce_scatter(const Value& x, int64_t dim, const DeviceGroups& groups);
+  Value all_reduce_sum(const Value& x, const DeviceGroups& groups);
+  // A private function of the module built by BODY from arguments of ARGS's types, called here with ARGS
+  // (func.call): its body sees only its arguments (values from outside are refused), and the compiler's
+  // constant uniquing stays inside it. A manual region's body goes in one, as JAX's shard_map puts it:
+  // XLA's importer otherwise shares a constant between the region and the rest, and sharding propagation
+  // then spreads {manual} outside the region and aborts.
+  std::vector<Value> call(const std::string& name, const std::vector<Value>& args, const RegionFn& body);
+  // stablehlo.optimization_barrier: the values unchanged, but XLA may neither look through nor move work
+  // across it (recomputation kept from being merged back into the forward, as jax.checkpoint does).
+  std::vector<Value> optimization_barrier(const std::vector<Value>& xs);
+  // stablehlo.remainder (integer: C's %, the sign of the dividend).
+  Value rem(const Value& a, const Value& b) { return binary("remainder", a, b); }
+
  private:
   struct Region {
     int id;
@@ -170,6 +202,7 @@ class HloBuilder {
                      const std::vector<TensorType>& yield_types, const std::string& what);
   void use(const Value& v, const char* op) const;  // refuses a value from a closed region or another builder
   std::string fresh();
+  static int next_region_id();  // unique in the process
 
   std::string module_name_;
   int next_value_ = 0;
@@ -178,6 +211,8 @@ class HloBuilder {
   std::vector<Value> results_;
   int64_t partitions_ = 1;
   std::map<size_t, std::string> arg_sharding_, result_sharding_;
+  int64_t next_channel_ = 1;            // channel handles of the collectives
+  std::vector<std::string> functions_;  // the module's private functions (call), complete texts
   bool returned_ = false;
   std::string body_;
 };

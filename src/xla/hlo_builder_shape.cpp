@@ -307,6 +307,7 @@ std::vector<Value> HloBuilder::custom_call(const std::string& target, const std:
     attrs += ", operand_layouts = " + layouts_attr(target, "operand", o.operand_layouts, operand_types) +
              ", result_layouts = " + layouts_attr(target, "result", o.result_layouts, results);
   }
+  if (!o.sharding.empty()) attrs += ", mhlo.sharding = " + mlir::quoted(o.sharding);
   return emit("stablehlo.custom_call", operands, attrs, results);
 }
 

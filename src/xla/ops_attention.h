@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "xla/hlo_builder.h"
+#include "xla/mesh.h"
 #include "xla/ops_dense.h"
 
 namespace olmosft::xla::ops {
@@ -39,6 +40,10 @@ struct AttentionOptions {
   int64_t window = 0;                  // sliding window W; <= 0: full causal
   int64_t block = 64;                  // keys per block (as kernels' kAttnBlockK)
   Operands operands = Operands::kF32;  // kBF16: the products' operands rounded to bf16 (blockwise only)
+  // The program's device mesh (xla/mesh.h), or null: with more than one device the batched operands are row
+  // tiles [B * C, T / C, ...] in the mesh's blocked order, each device attends its own tiles' queries
+  // against their whole rows (context parallelism; ops_attention.cpp "over a device mesh").
+  const Mesh* mesh = nullptr;
 };
 
 struct AttentionForward {

@@ -18,7 +18,7 @@ out=$("$bin" xla compile --plugin cpu --config "$tiny" --seq 64 --batch 2 2>&1);
 line=$(grep '^XLA-AOT ' <<<"$out")
 check "a client compile on the CPU plugin exits 0 with one XLA-AOT line" "[ $rc -eq 0 ] && [ -n \"\$line\" ]"
 check "... naming plugin, platform, no topology, B and T" \
-  "grep -q 'plugin=cpu platform=cpu topology=none devices=1 spmd=1 shard_params=0 layers=8 hidden=64 vocab=512 B=2 T=64 bf16=0 backward=1' <<<\"\$line\""
+  "grep -q 'plugin=cpu platform=cpu topology=none devices=1 spmd=1 shard_params=0 mesh=data=1,fsdp=1,expert=1,context=1 layers=8 hidden=64 vocab=512 B=2 T=64 bf16=0 backward=1' <<<\"\$line\""
 # The tiny model's parameters (f32): embedding and LM head 512 x 64 each, per layer q, k, v, o (64x64, 32x64,
 # 32x64, 64x64), q/k norms (64, 32), MLP 3 x 128 x 64 and two norms (64 each); the final norm (64). Plus the
 # batch: tokens, seg, pos, targets, mask (s32, 128 each) and grad_scale (f32).

@@ -390,7 +390,7 @@ static void compare_two_devices(const XlaOptions& two, const char* what) {
 // each; the partitioner adds the cross-device sums.
 TEST(DecoderXla, TwoDevicesSplitTheRowsAndMatchOneDevice) {
   XlaOptions two;
-  two.devices = 2;
+  two.mesh.data = 2;
   const ModelConfig c = load_hf_dir(kDir).config;
   const Batch b = fx().make();
   const std::string text = xla_step_module(c, two, b.B, b.T, fixture_loss(), true);
@@ -402,7 +402,7 @@ TEST(DecoderXla, TwoDevicesSplitTheRowsAndMatchOneDevice) {
       << "the embedding replicated";
   using olmosft::xla::testutil::error_of;
   EXPECT_NE(error_of([&] { xla_step_module(c, two, 1, b.T, fixture_loss(), true); })
-                .find("xla.devices 2 splits each micro-batch's rows evenly over the devices; B=1 rows is not "
+                .find("splits each micro-batch's rows evenly over data x fsdp = 2 devices; B=1 rows is not "
                       "a multiple"),
             std::string::npos);
   XlaOptions cudnn = two;
@@ -417,8 +417,7 @@ TEST(DecoderXla, TwoDevicesSplitTheRowsAndMatchOneDevice) {
 // numbers, half the parameter bytes per device.
 TEST(DecoderXla, TwoDevicesWithShardedParametersMatchOneDevice) {
   XlaOptions two;
-  two.devices = 2;
-  two.shard_params = true;
+  two.mesh.fsdp = 2;
   const ModelConfig c = load_hf_dir(kDir).config;
   const Batch b = fx().make();
   const std::string text = xla_step_module(c, two, b.B, b.T, fixture_loss(), true);
@@ -438,8 +437,7 @@ TEST(DecoderXla, ShardedParametersSplitTheFirstDimensionThatDivides) {
   ModelConfig c = load_hf_dir(kDir).config;
   c.vocab_size = 510;
   XlaOptions four;
-  four.devices = 4;
-  four.shard_params = true;
+  four.mesh.fsdp = 4;
   const int64_t B = 4, T = 16;
   const std::string text = xla_step_module(c, four, B, T, fixture_loss(), true);
   EXPECT_NE(text.find("%arg0: tensor<510x64xf32> {mhlo.sharding = \"{devices=[1,4]0,1,2,3}\"}"),
