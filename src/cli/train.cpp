@@ -56,7 +56,7 @@ int train_main(int argc, char** argv) {
     olmosft::Recipe r = olmosft::Recipe::load(path, overrides);
     // devices = processes on CPU, times xla.devices on XLA: under mpirun or with xla.devices an unset
     // `devices` becomes that count.
-    const int64_t per_process = olmosft::devices_per_process(r.config());
+    const int64_t per_process = olmosft::devices_per_process(r.fields());
     if (multi || per_process > 1)
       r.set_default(
           "devices", std::to_string(comm->size() * per_process),

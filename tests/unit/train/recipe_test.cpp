@@ -245,8 +245,33 @@ TEST(Recipe, DeviceKeyAndCudaRefusal) {
   EXPECT_EQ(error_of([&] { require_xla_layout(c, 2, 1); }), "");
   EXPECT_EQ(
       error_of([&] { require_xla_layout(c, 8, 1); }),
-      "gpu.yaml: xla.devices 2 splits each process's rows per micro-step evenly; devices x "
-      "per_device_batch / processes = 1 is not a multiple (per_device_batch counts rows per XLA device)");
+      "gpu.yaml: the mesh (data=2 fsdp=1 expert=1 context=1) splits each process's rows per micro-step "
+      "evenly over data x fsdp = 2 devices; devices x per_device_batch / processes = 1 is not a multiple "
+      "(per_device_batch counts rows per XLA device)");
+  // The mesh keys: the older spelling maps onto them, other axis names and mixed spellings are refused, and
+  // a row's tokens must split over expert x context.
+  EXPECT_EQ(xla_mesh(c), (olmosft::xla::Mesh{.data = 2}));
+  c.xla.shard_params = true;
+  EXPECT_EQ(xla_mesh(c), (olmosft::xla::Mesh{.fsdp = 2}));
+  c.mesh = {{"fsdp", 2}, {"context", 4}};
+  EXPECT_NE(error_of([&] { xla_mesh(c); }).find("xla.shard_params is the older spelling of a mesh"),
+            std::string::npos);
+  c.xla.shard_params = false;
+  EXPECT_NE(error_of([&] {
+              xla_mesh(c);
+            }).find("xla.devices 2 but the mesh (data=1 fsdp=2 expert=1 context=4) has 8"),
+            std::string::npos);
+  c.xla.devices = 1;
+  EXPECT_EQ(xla_mesh(c), (olmosft::xla::Mesh{.fsdp = 2, .context = 4}));
+  EXPECT_EQ(devices_per_process(c), 8);
+  c.batch.seq_len = 30;
+  EXPECT_NE(error_of([&] { require_xla_layout(c, 1, 1); }).find("seq_len 30 is not a multiple"),
+            std::string::npos);
+  c.mesh = {{"tensor", 2}};
+  EXPECT_NE(error_of([&] {
+              xla_mesh(c);
+            }).find("key 'mesh.tensor': device: xla knows the mesh axes data, fsdp, expert, context"),
+            std::string::npos);
   // The device changes the numbers (bf16 compute on a GPU): not a key a resumed run may change silently.
   EXPECT_FALSE(recipe_key_operational("device"));
 }
