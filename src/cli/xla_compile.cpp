@@ -63,7 +63,7 @@ struct Compiled {
 };
 
 struct Args {
-  std::string config, plugin = "tpu", topology, save_config, mesh, save_module;
+  std::string config, plugin = "tpu", topology, save_config, mesh, save_module, remat = "none";
   int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0, spmd = 1;
   bool bf16 = false, forward_only = false, shard_params = false;
 };
@@ -109,6 +109,7 @@ Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_
   xo.plugin = a.plugin;
   xo.bf16 = a.bf16;
   xo.mesh = mesh_of(a);
+  xo.remat = olmosft::model::parse_remat(a.remat, "--remat");
   if (a.block > 0) xo.attention_block = a.block;
   olmosft::xla::CompileOptions co;  // one SPMD program over the mesh's devices
   co.num_partitions = xo.devices();
@@ -169,7 +170,7 @@ void print(const Args& a, const olmosft::model::ModelConfig& m, const Compiled& 
             << " devices=" << c.devices << " spmd=" << mesh_of(a).devices()
             << " shard_params=" << int(mesh_of(a).param_shards() > 1) << " mesh=" << mesh_text(mesh_of(a))
             << " layers=" << m.num_hidden_layers << " hidden=" << m.hidden_size << " vocab=" << m.vocab_size
-            << " B=" << a.batch << " T=" << a.seq << " bf16=" << int(a.bf16)
+            << " B=" << a.batch << " T=" << a.seq << " bf16=" << int(a.bf16) << " remat=" << a.remat
             << " backward=" << int(!a.forward_only) << " module_bytes=" << module_bytes << " " << secs
             << " argument_bytes=" << s.argument_bytes << " output_bytes=" << s.output_bytes
             << " alias_bytes=" << s.alias_bytes << " temp_bytes=" << s.temp_bytes
@@ -219,6 +220,8 @@ int xla_compile_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--shard-params", a.shard_params,
                "with --spmd: parameters, gradients and moments split over the devices (xla.shard_params)");
+  app.add_option("--remat", a.remat, "model.remat: none | attn | full (what the backward re-emits)")
+      ->capture_default_str();
   app.add_option("--mesh", a.mesh,
                  "the device mesh as the recipe's mesh.* keys, e.g. fsdp=16,context=8 (docs/xla.md \"The "
                  "device mesh\"); replaces --spmd / --shard-params");

@@ -33,6 +33,7 @@ struct StepKey {
   int64_t vocab_tile = 0;
   int64_t cudnn_segments = 0;  // cuDNN's packed attention form with this M (cudnn_segments); 0: not packed
   xla::Mesh mesh;              // the devices of the SPMD program and how the batch and parameters split
+  Remat remat = Remat::None;   // what the backward re-emits (XlaOptions::remat)
   auto operator<=>(const StepKey&) const = default;
 };
 
@@ -44,6 +45,7 @@ static StepKey step_key(int64_t B, int64_t T, const LossConfig& loss, const XlaO
   k.accumulate = accumulate;
   k.cudnn_segments = cudnn_segments;
   k.mesh = xo.mesh;
+  k.remat = xo.remat;
   k.lm_z = loss.weight[kLossLmZ];
   k.moe_lb = loss.weight[kLossMoeLb];
   k.router_z = loss.weight[kLossRouterZ];
@@ -185,6 +187,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
   const int64_t C = k.mesh.seq_shards();  // the units see the token array as rows of [B * C, T / C]
   unit::Emit e(b, c, loss, w, k.B * C, k.T / C);
   if (k.mesh.devices() > 1) e.mesh = &k.mesh;
+  e.remat = k.remat;
   if (k.backward) e.g.resize(reg.size());
   e.tokens = a.tokens;
   e.seg = a.seg;
@@ -219,7 +222,20 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
       for (size_t i = 0; i < reg.size(); ++i)
         sums.push_back(args.add("grad_sum." + reg[i].name, w[i].type(), first_grad + int(i), Split::kParam));
     Value dh = u.head.emit_backward(e, h.back(), sh, *a.scale);
-    for (size_t l = u.blocks.size(); l-- > 0;) dh = u.blocks[l].emit_backward(e, h[l], saved[l], dh);
+    for (size_t l = u.blocks.size(); l-- > 0;) {
+      if (k.remat != Remat::Full) {
+        dh = u.blocks[l].emit_backward(e, h[l], saved[l], dh);
+        continue;
+      }
+      // remat full: the block's forward again from its input, fenced with the incoming gradient (its MoE
+      // statistics were taken in the first forward)
+      const std::vector<Value> fenced = b.optimization_barrier({h[l], dh});
+      const size_t stats = e.moe_stats.size();
+      unit::Block::Emitted again;
+      u.blocks[l].emit_forward(e, fenced[0], again);
+      e.moe_stats.erase(e.moe_stats.begin() + long(stats), e.moe_stats.end());
+      dh = u.blocks[l].emit_backward(e, fenced[0], again, fenced[1]);
+    }
     u.embed.emit_backward(e, se, dh);
     for (size_t i = 0; i < reg.size(); ++i) {
       const Value g = e.g[i] ? *e.g[i] : b.constant(w[i].type(), 0.0);
@@ -441,6 +457,12 @@ XlaDecoder::XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const Decoder
 }
 
 XlaDecoder::~XlaDecoder() = default;
+
+bool XlaDecoder::set_memory_policy(const MemoryPolicy& policy) {
+  if (policy.saved != SavedDtype::F32) return false;
+  xo_.remat = policy.remat;
+  return true;
+}
 
 std::string XlaDecoder::platform() const { return impl_->client.platform_name(); }
 size_t XlaDecoder::device_count() const { return impl_->client.device_count(); }

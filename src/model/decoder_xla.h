@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "model/decoder.h"
+#include "model/memory_policy.h"
 #include "model/model.h"
 #include "xla/mesh.h"
 
@@ -46,6 +47,9 @@ struct XlaOptions {
   // data). One device: {}. Sums are not bit-identical to one device's.
   xla::Mesh mesh;
   int64_t devices() const { return mesh.devices(); }
+  // model.remat (none | attn | full; unit_emit.h Emit::remat): what the backward re-emits instead of
+  // reading the forward's values. XlaDecoder::set_memory_policy sets it.
+  Remat remat = Remat::None;
   bool bf16 = false;             // bf16 operands in every GEMM with f32 accumulation (compute.dtype bf16)
   int64_t attention_block = 64;  // queries / keys per block of the blockwise attention
   // xla.attention: the blockwise attention every plugin runs (segments, padding, windows), or cuDNN's fused
@@ -136,8 +140,8 @@ class XlaDecoder : public CausalLM, public DeviceTraining {
                              double aux_scale) override;
   // logits: a [N, vocab] output of the program (small inputs only, as for the CPU backend).
   LossParts forward(const Batch& batch, const LossConfig& loss, float* logits, float* logprobs) override;
-  // XLA plans the program's memory itself: only the default policy is accepted.
-  bool set_memory_policy(const MemoryPolicy& policy) override { return policy == MemoryPolicy{}; }
+  // model.remat (XlaOptions::remat: a program per policy); model.saved_dtype bf16 is not emitted (false).
+  bool set_memory_policy(const MemoryPolicy& policy) override;
   // Parameters, the step's gradient sum and the AdamW moments on the device (model.h DeviceTraining): the
   // trainer's path with one process. Before upload(), every call copies the host's parameters in and adds
   // the gradients into Param::grad.

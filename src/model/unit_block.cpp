@@ -333,12 +333,23 @@ xla::Value Block::emit_backward(Emit& e, const xla::Value& x, const Emitted& s, 
       spec.ffn == FfnKind::SwiGlu ? mlp.emit_backward(e, xf, s.mlp, df) : moe.emit_backward(e, xf, s.moe, df);
   const xla::Value dh = b.add(dy, spec.pre_norm ? norm_back(dxf, *s.h_mid, pre_ffn, s.rs_pre_ffn) : dxf);
   // h_mid = x + RMSNorm_post_attn(a) (or + a)
-  const xla::Value da = spec.post_norm ? norm_back(dh, *s.a, post_attn, s.rs_post_attn) : dh;
-  const xla::Value xm = spec.pre_norm ? *s.x1 : x;
+  xla::Value da = spec.post_norm ? norm_back(dh, *s.a, post_attn, s.rs_post_attn) : dh;
+  xla::Value xm = spec.pre_norm ? *s.x1 : x;
+  // remat attn: the mixer's forward again from its (fenced) input, its own intermediates dropped
+  const bool again = e.remat == Remat::Attn;
+  if (again) {
+    const std::vector<xla::Value> fenced = b.optimization_barrier({xm, da});
+    xm = fenced[0], da = fenced[1];
+  }
   const xla::Value dxm = std::visit(
       [&](const auto& u) -> xla::Value {
         using U = std::decay_t<decltype(u)>;
         if constexpr (EmitsXla<U>) {
+          if (again) {
+            typename U::Emitted fresh;
+            u.emit_forward(e, xm, fresh);
+            return u.emit_backward(e, xm, fresh, da);
+          }
           return u.emit_backward(e, xm, std::get<typename U::Emitted>(s.mixer), da);
         } else {
           check_emits(e.c, spec);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/memory_policy.h"
 #include "model/model.h"
 #include "xla/hlo_builder.h"
 #include "xla/mesh.h"
@@ -41,6 +42,11 @@ struct Emit {
   std::optional<xla::Value> logpos;             // f32 [N] log(position + 1) (scalable softmax only)
   std::optional<xla::ops::RopeTables> rope[3];  // per RopeKind: [N, head_dim / 2]
   std::optional<xla::Value> aux_scale;          // f32 scalar: the MoE auxiliary losses' gradient factor
+  // model.remat on XLA: attn makes Block::emit_backward re-emit the mixer's forward from its input before
+  // the mixer's backward; full makes the decoder re-emit each block's forward from the block's input (the
+  // inputs fenced by an optimization_barrier with the incoming gradient, as jax.checkpoint does, so XLA
+  // neither merges the recomputation back into the forward nor runs it before the gradient arrives).
+  Remat remat = Remat::None;
   xla::ops::Operands operands = xla::ops::Operands::kF32;
   int64_t attention_block = 64;  // keys / queries per block of the blockwise attention
   bool attention_cudnn = false;  // cuDNN's fused attention (xla/ops_attention_cudnn.h) instead of blockwise

@@ -100,6 +100,11 @@ for m in "mesh.context=4" "mesh.fsdp=2 mesh.context=2"; do
      awk 'function r(a, b) { d = a - b; if (d < 0) d = -d; return d / b }
           { n++; if (\$1 != \$4 || r(\$5, \$2) > 1e-6 || r(\$6, \$3) > 1e-5) bad++ } END { exit !(n == 3 && bad == 0) }' '$dir/$name.txt'"
 done
+# model.remat=full on XLA (each block's forward re-emitted in the backward): the same losses as without.
+run remat device=xla model.remat=full; rc=$?
+paste <(parts "$dir/xla.out") <(parts "$dir/remat.out") >"$dir/remat.txt"
+check "model.remat=full on XLA: 3 steps, CE and lm_z equal to the run without recomputation" \
+  "[ $rc -eq 0 ] && awk '{ n++; if (\$1 != \$4 || \$2 != \$5 || \$3 != \$6) bad++ } END { exit !(n == 3 && bad == 0) }' '$dir/remat.txt'"
 run cpbad device=xla mesh.context=3 global_batch=3 per_device_batch=1; rc=$?
 check "a mesh whose context axis does not divide seq_len is refused before any compute (exit 2)" \
   "[ $rc -eq 2 ] && grep -q 'seq_len 256 is not a multiple' '$dir/cpbad.err'"
