@@ -201,10 +201,13 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
     for (int r : {static_cast<int>(RopeKind::Full), static_cast<int>(RopeKind::Sliding)})
       e.rope[r] = xla::ops::rope_tables(b, *a.pos, xla::ops::rope_inv_freq_constant(b, u.rope[r].inv_freq),
                                         u.rope[r].attention_scaling, xo.f64_trig);
+  const auto tokens = [&](const Value& x) { return k.mesh.devices() > 1 ? b.constrain(x, layout(k.mesh, x.type(), Split::kTokens)) : x; };
+  if (k.mesh.param_shards() > 1)
+    for (size_t i = 0; i < e.w.size(); ++i) e.w[i] = b.constrain(w[i], xla::sharding_replicated());
   unit::EmbeddingUnit::Emitted se;
-  std::vector<Value> h{u.embed.emit_forward(e, se)};  // h[l]: layer l's input; h[L]: the final norm's
+  std::vector<Value> h{tokens(u.embed.emit_forward(e, se))};  // h[l]: layer l's input; h[L]: the final norm's
   std::vector<unit::Block::Emitted> saved(u.blocks.size());
-  for (size_t l = 0; l < u.blocks.size(); ++l) h.push_back(u.blocks[l].emit_forward(e, h[l], saved[l]));
+  for (size_t l = 0; l < u.blocks.size(); ++l) h.push_back(tokens(u.blocks[l].emit_forward(e, h[l], saved[l])));
   unit::LmHeadUnit::Emitted sh;
   const xla::ops::XentForward xf = u.head.emit_forward(e, h.back(), *a.targets, *a.mask, sh);
   std::vector<std::pair<std::string, Value>> results{
@@ -224,7 +227,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
     Value dh = u.head.emit_backward(e, h.back(), sh, *a.scale);
     for (size_t l = u.blocks.size(); l-- > 0;) {
       if (k.remat != Remat::Full) {
-        dh = u.blocks[l].emit_backward(e, h[l], saved[l], dh);
+        dh = tokens(u.blocks[l].emit_backward(e, h[l], saved[l], dh));
         continue;
       }
       // remat full: the block's forward again from its input, fenced with the incoming gradient (its MoE
@@ -234,7 +237,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
       unit::Block::Emitted again;
       u.blocks[l].emit_forward(e, fenced[0], again);
       e.moe_stats.erase(e.moe_stats.begin() + long(stats), e.moe_stats.end());
-      dh = u.blocks[l].emit_backward(e, fenced[0], again, fenced[1]);
+      dh = tokens(u.blocks[l].emit_backward(e, fenced[0], again, fenced[1]));
     }
     u.embed.emit_backward(e, se, dh);
     for (size_t i = 0; i < reg.size(); ++i) {
