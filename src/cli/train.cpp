@@ -35,6 +35,8 @@ std::unique_ptr<olmosft::model::CausalLM> build_model(const olmosft::TrainConfig
   xo.plugin = c.xla.plugin;
   xo.cpu_devices = c.xla.cpu_devices;
   xo.mesh = olmosft::xla_mesh(c);
+  xo.scan_layers = c.xla.scan_layers;
+  xo.remat = c.model.memory.remat;  // set_memory_policy sets it again (and checks it)
   xo.attention = olmosft::model::parse_xla_attention(c.xla.attention, "xla.attention");
   xo.bf16 = c.compute.gemm.compute == olmosft::ComputeDtype::BF16;
   return olmosft::model::make_model_unallocated(mc, [&](const olmosft::model::ModelConfig& m) {

@@ -65,7 +65,7 @@ struct Compiled {
 struct Args {
   std::string config, plugin = "tpu", topology, save_config, mesh, save_module, remat = "none";
   int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0, spmd = 1;
-  bool bf16 = false, forward_only = false, shard_params = false;
+  bool bf16 = false, forward_only = false, shard_params = false, scan = false;
 };
 
 // The mesh as one token of a greppable line: data=1,fsdp=16,expert=1,context=8.
@@ -110,6 +110,7 @@ Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_
   xo.bf16 = a.bf16;
   xo.mesh = mesh_of(a);
   xo.remat = olmosft::model::parse_remat(a.remat, "--remat");
+  xo.scan_layers = a.scan;
   if (a.block > 0) xo.attention_block = a.block;
   olmosft::xla::CompileOptions co;  // one SPMD program over the mesh's devices
   co.num_partitions = xo.devices();
@@ -171,12 +172,12 @@ void print(const Args& a, const olmosft::model::ModelConfig& m, const Compiled& 
             << " shard_params=" << int(mesh_of(a).param_shards() > 1) << " mesh=" << mesh_text(mesh_of(a))
             << " layers=" << m.num_hidden_layers << " hidden=" << m.hidden_size << " vocab=" << m.vocab_size
             << " B=" << a.batch << " T=" << a.seq << " bf16=" << int(a.bf16) << " remat=" << a.remat
-            << " backward=" << int(!a.forward_only) << " module_bytes=" << module_bytes << " " << secs
-            << " argument_bytes=" << s.argument_bytes << " output_bytes=" << s.output_bytes
-            << " alias_bytes=" << s.alias_bytes << " temp_bytes=" << s.temp_bytes
-            << " generated_code_bytes=" << s.generated_code_bytes << " host_temp_bytes=" << s.host_temp_bytes
-            << " peak_bytes=" << s.peak_bytes << " total_bytes=" << s.total_bytes()
-            << " device_memory_bytes=" << c.device_memory << "\n";
+            << " scan=" << int(a.scan) << " backward=" << int(!a.forward_only)
+            << " module_bytes=" << module_bytes << " " << secs << " argument_bytes=" << s.argument_bytes
+            << " output_bytes=" << s.output_bytes << " alias_bytes=" << s.alias_bytes
+            << " temp_bytes=" << s.temp_bytes << " generated_code_bytes=" << s.generated_code_bytes
+            << " host_temp_bytes=" << s.host_temp_bytes << " peak_bytes=" << s.peak_bytes
+            << " total_bytes=" << s.total_bytes() << " device_memory_bytes=" << c.device_memory << "\n";
   std::cout << "olmosft xla compile: " << m.model_type_name << " " << m.num_hidden_layers << " layers d "
             << m.hidden_size << " vocab " << m.vocab_size << ", "
             << (a.forward_only ? "forward" : "training step") << " B=" << a.batch << " T=" << a.seq
@@ -222,6 +223,8 @@ int xla_compile_main(int argc, char** argv) {
                "with --spmd: parameters, gradients and moments split over the devices (xla.shard_params)");
   app.add_option("--remat", a.remat, "model.remat: none | attn | full (what the backward re-emits)")
       ->capture_default_str();
+  app.add_flag("--scan-layers", a.scan,
+               "xla.scan_layers: the layers as a loop over their repeating group (needs --remat full)");
   app.add_option("--mesh", a.mesh,
                  "the device mesh as the recipe's mesh.* keys, e.g. fsdp=16,context=8 (docs/xla.md \"The "
                  "device mesh\"); replaces --spmd / --shard-params");

@@ -12,9 +12,11 @@
 
 #include "core/error.h"
 #include "model/decoder_units.h"
+#include "model/layer_pass.h"
 #include "model/layers.h"
 #include "model/params.h"
 #include "model/unit_emit.h"
+#include "model/xla_layout.h"
 #include "xla/hlo_builder.h"
 #include "xla/ops_adamw.h"
 #include "xla/ops_attention_cudnn.h"
@@ -34,6 +36,7 @@ struct StepKey {
   int64_t cudnn_segments = 0;  // cuDNN's packed attention form with this M (cudnn_segments); 0: not packed
   xla::Mesh mesh;              // the devices of the SPMD program and how the batch and parameters split
   Remat remat = Remat::None;   // what the backward re-emits (XlaOptions::remat)
+  bool scan = false;           // the layers as a loop over their repeating group (XlaOptions::scan_layers)
   auto operator<=>(const StepKey&) const = default;
 };
 
@@ -46,6 +49,7 @@ static StepKey step_key(int64_t B, int64_t T, const LossConfig& loss, const XlaO
   k.cudnn_segments = cudnn_segments;
   k.mesh = xo.mesh;
   k.remat = xo.remat;
+  k.scan = xo.scan_layers;
   k.lm_z = loss.weight[kLossLmZ];
   k.moe_lb = loss.weight[kLossMoeLb];
   k.router_z = loss.weight[kLossRouterZ];
@@ -106,18 +110,6 @@ struct BatchArgs {
 
 XlaStepTensor step_tensor(std::string name, const TensorType& t) {
   return {std::move(name), t.type == ElementType::kS32 ? "s32" : "f32", t.dims};
-}
-
-// How an argument or result splits over the mesh: a batch array (its first dimension: tokens in the
-// mesh's blocked order, or row tiles), a parameter (or its gradient, moments: param_sharding), or replicated.
-enum class Split { kReplicated, kTokens, kRowTiles, kParam };
-
-std::string layout(const xla::Mesh& m, const TensorType& t, Split s) {
-  if (s == Split::kParam) return xla::param_sharding(m, t.dims);
-  std::vector<xla::Logical> axes(t.dims.size(), xla::Logical::kNone);
-  if (s == Split::kTokens) axes.at(0) = xla::Logical::kTokens;
-  if (s == Split::kRowTiles) axes.at(0) = xla::Logical::kRowTiles;
-  return xla::mesh_sharding(m, t.dims, axes, "step argument " + t.mlir());
 }
 
 // The step's arguments as they are made, named for XlaStepProgram (sig null: not recorded); over a mesh of
@@ -201,15 +193,14 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
     for (int r : {static_cast<int>(RopeKind::Full), static_cast<int>(RopeKind::Sliding)})
       e.rope[r] = xla::ops::rope_tables(b, *a.pos, xla::ops::rope_inv_freq_constant(b, u.rope[r].inv_freq),
                                         u.rope[r].attention_scaling, xo.f64_trig);
-  const auto tokens = [&](const Value& x) { return k.mesh.devices() > 1 ? b.constrain(x, layout(k.mesh, x.type(), Split::kTokens)) : x; };
-  if (k.mesh.param_shards() > 1)
-    for (size_t i = 0; i < e.w.size(); ++i) e.w[i] = b.constrain(w[i], xla::sharding_replicated());
+  const ScanLayout lay = mesh_layout(b, k.mesh);
+  for (size_t i = 0; i < e.w.size(); ++i)  // gathered where used; a scanned pass stacks its layers' own
+    if (!k.scan || reg[i].layer < 0) e.w[i] = lay.gather(w[i]);
+  LayerPass layers(e, u, k.scan, lay);
   unit::EmbeddingUnit::Emitted se;
-  std::vector<Value> h{tokens(u.embed.emit_forward(e, se))};  // h[l]: layer l's input; h[L]: the final norm's
-  std::vector<unit::Block::Emitted> saved(u.blocks.size());
-  for (size_t l = 0; l < u.blocks.size(); ++l) h.push_back(tokens(u.blocks[l].emit_forward(e, h[l], saved[l])));
+  const Value h = layers.forward(lay.tokens(u.embed.emit_forward(e, se)));  // the final norm's input
   unit::LmHeadUnit::Emitted sh;
-  const xla::ops::XentForward xf = u.head.emit_forward(e, h.back(), *a.targets, *a.mask, sh);
+  const xla::ops::XentForward xf = u.head.emit_forward(e, h, *a.targets, *a.mask, sh);
   std::vector<std::pair<std::string, Value>> results{
       {"ce_sum", xf.ce_sum}, {"z_sum", xf.z_sum}, {"count", xf.count}};
   const std::vector<int64_t> moe = moe_layers(c);  // e.moe_stats: one per MoE layer, in layer order
@@ -224,21 +215,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
     if (k.accumulate)
       for (size_t i = 0; i < reg.size(); ++i)
         sums.push_back(args.add("grad_sum." + reg[i].name, w[i].type(), first_grad + int(i), Split::kParam));
-    Value dh = u.head.emit_backward(e, h.back(), sh, *a.scale);
-    for (size_t l = u.blocks.size(); l-- > 0;) {
-      if (k.remat != Remat::Full) {
-        dh = tokens(u.blocks[l].emit_backward(e, h[l], saved[l], dh));
-        continue;
-      }
-      // remat full: the block's forward again from its input, fenced with the incoming gradient (its MoE
-      // statistics were taken in the first forward)
-      const std::vector<Value> fenced = b.optimization_barrier({h[l], dh});
-      const size_t stats = e.moe_stats.size();
-      unit::Block::Emitted again;
-      u.blocks[l].emit_forward(e, fenced[0], again);
-      e.moe_stats.erase(e.moe_stats.begin() + long(stats), e.moe_stats.end());
-      dh = tokens(u.blocks[l].emit_backward(e, fenced[0], again, fenced[1]));
-    }
+    const Value dh = layers.backward(u.head.emit_backward(e, h, sh, *a.scale));
     u.embed.emit_backward(e, se, dh);
     for (size_t i = 0; i < reg.size(); ++i) {
       const Value g = e.g[i] ? *e.g[i] : b.constant(w[i].type(), 0.0);

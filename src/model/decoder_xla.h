@@ -50,6 +50,9 @@ struct XlaOptions {
   // model.remat (none | attn | full; unit_emit.h Emit::remat): what the backward re-emits instead of
   // reading the forward's values. XlaDecoder::set_memory_policy sets it.
   Remat remat = Remat::None;
+  // xla.scan_layers: the layers emitted once per repeating group as a loop over stacked weights (program
+  // size and compile time flat in depth; model/layer_pass.h); needs remat full.
+  bool scan_layers = false;
   bool bf16 = false;             // bf16 operands in every GEMM with f32 accumulation (compute.dtype bf16)
   int64_t attention_block = 64;  // queries / keys per block of the blockwise attention
   // xla.attention: the blockwise attention every plugin runs (segments, padding, windows), or cuDNN's fused

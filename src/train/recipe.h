@@ -84,6 +84,7 @@ struct TrainConfig {
     int64_t cpu_devices = 1;              // xla.cpu_devices: devices XLA's CPU plugin creates
     int64_t devices = 1;                  // xla.devices: devices of the SPMD step (data parallel)
     bool shard_params = false;            // xla.shard_params: parameters and optimizer state split over them
+    bool scan_layers = false;             // xla.scan_layers: the layers as a loop (model/layer_pass.h)
     std::string attention = "blockwise";  // xla.attention: blockwise | cudnn (CUDA plugin)
   } xla;
   std::string tokenizer;

@@ -172,15 +172,20 @@ std::vector<RecipeKey> run_keys() {
               "device: xla with xla.plugin cpu: devices XLA's CPU plugin creates (at least xla.devices)",
               kOps, 1, "", OLMOSFT_FIELD(xla.cpu_devices)),
       int_key("xla.devices", "1",
-              "device: xla: the plugin's devices each process trains on, as one SPMD program (XLA's "
-              "partitioner): each micro-batch's rows split evenly over them (per_device_batch rows a "
-              "multiple), parameters and optimizer state replicated; docs/xla.md",
+              "device: xla: the older spelling of mesh.data (or, with xla.shard_params, mesh.fsdp): the "
+              "plugin's devices each process trains on as one SPMD program, each micro-batch's rows split "
+              "over them; with mesh.* given it must be 1 or their product; docs/xla.md \"The device mesh\"",
               kMath, 1, "", OLMOSFT_FIELD(xla.devices)),
       flag_key(
           "xla.shard_params", "false",
-          "device: xla with xla.devices > 1: each parameter, its gradient sum and AdamW moments split along "
-          "their first dimension over the devices (FSDP inside the SPMD program) instead of a copy on each",
+          "device: xla: with xla.devices N, the mesh {fsdp: N} (parameters, gradient sums and AdamW moments "
+          "split) instead of {data: N}; refused with mesh.* (which splits them over fsdp x expert x context)",
           kMath, OLMOSFT_FIELD(xla.shard_params)),
+      flag_key(
+          "xla.scan_layers", "false",
+          "device: xla: the layers emitted once per repeating group as a loop over stacked weights (program "
+          "size and compile time flat in depth; needs model.remat full; no MoE layers yet); docs/xla.md",
+          kMath, OLMOSFT_FIELD(xla.scan_layers)),
       text_key("tokenizer", "", "HF tokenizer directory; must match the one the dataset was built with",
                kMath, OLMOSFT_FIELD(tokenizer)),
       text_key("data.path", "", "packed dataset directory written by `olmosft data build`", kMath,

@@ -1049,3 +1049,55 @@ TEST(DecoderXla, RematMatchesNoRecomputation) {
   check(
       "moe hybrid", [&] { return make_xla_decoder(c, XlaOptions{}, 7); }, mb.make(), lc, 1.0 / 17.0);
 }
+
+// xla.scan_layers (model/layer_pass.h): the fixture's 8 layers (a repeating group of sliding and full
+// attention layers) as a loop over stacked weights, forward and backward, against the unrolled program
+// (remat none): the same ops in another program structure, so fusion may round differently: CE within 1e-6
+// relative, gradients within 1e-6 of each tensor's scale (measured, printed). Its program text does not grow
+// with depth (32 layers as 8, unrolled 4x); refused without remat full and on MoE layers.
+TEST(DecoderXla, ScannedLayersMatchUnrolledAndStayFlatInDepth) {
+  XlaOptions scan;
+  scan.scan_layers = true;
+  scan.remat = Remat::Full;
+  auto base = load_xla(), scanned = load_xla(scan);
+  const Batch b = fx().make();
+  const double scale = 1.0 / double(fx().trained());
+  const LossParts p0 = base->forward_backward(b, fixture_loss(), scale, 1.0);
+  const LossParts p1 = scanned->forward_backward(b, fixture_loss(), scale, 1.0);
+  EXPECT_LT(rel(p1.sum[kLossCe], p0.sum[kLossCe]), 1e-6);
+  double worst = 0;
+  for (size_t i = 0; i < base->params().size(); ++i) {
+    const Tensor& g = base->params()[i].grad;
+    worst = std::max(worst, scaled_diff(scanned->params()[i].grad.data<float>(), g.data<float>(), g.numel()));
+  }
+  std::printf("scanned layers vs unrolled: CE %.3g relative, gradients %.3g of scale\n",
+              rel(p1.sum[kLossCe], p0.sum[kLossCe]), worst);
+  EXPECT_LT(worst, 1e-6);
+  ModelConfig c = load_hf_dir(kDir).config, deep = c;
+  deep.num_hidden_layers = 4 * c.num_hidden_layers;
+  deep.layer_types.clear();
+  for (int r = 0; r < 4; ++r)
+    deep.layer_types.insert(deep.layer_types.end(), c.layer_types.begin(), c.layer_types.end());
+  const size_t shallow_text = xla_step_module(c, scan, 2, 16, fixture_loss(), true).size();
+  const size_t deep_text = xla_step_module(deep, scan, 2, 16, fixture_loss(), true).size();
+  XlaOptions unrolled = scan;
+  unrolled.scan_layers = false;
+  const size_t deep_unrolled = xla_step_module(deep, unrolled, 2, 16, fixture_loss(), true).size();
+  std::printf("step text: %zu bytes for %lld layers scanned, %zu for %lld scanned, %zu unrolled\n",
+              shallow_text, (long long)c.num_hidden_layers, deep_text, (long long)deep.num_hidden_layers,
+              deep_unrolled);
+  EXPECT_LT(double(deep_text), 1.35 * double(shallow_text));  // only the stacking of the tensors grows
+  EXPECT_GT(double(deep_unrolled), 2.5 * double(deep_text));
+  using olmosft::xla::testutil::error_of;
+  XlaOptions no_remat = scan;
+  no_remat.remat = Remat::None;
+  EXPECT_NE(
+      error_of([&] {
+        xla_step_module(c, no_remat, 2, 16, fixture_loss(), true);
+      }).find("xla.scan_layers keeps only each layer's input for the backward: it needs model.remat full"),
+      std::string::npos);
+  EXPECT_NE(error_of([&] {
+              xla_step_module(moe_hybrid(), scan, 2, 16, LossConfig{}, true);
+            }).find("is a MoE layer"),
+            std::string::npos);
+}

@@ -1,0 +1,39 @@
+#include "model/xla_layout.h"
+
+namespace olmosft::model {
+
+std::string layout(const xla::Mesh& m, const xla::TensorType& t, Split s) {
+  if (s == Split::kParam) return xla::param_sharding(m, t.dims);
+  std::vector<xla::Logical> axes(t.dims.size(), xla::Logical::kNone);
+  if (s == Split::kTokens) axes.at(0) = xla::Logical::kTokens;
+  if (s == Split::kRowTiles) axes.at(0) = xla::Logical::kRowTiles;
+  return xla::mesh_sharding(m, t.dims, axes, "step value " + t.mlir());
+}
+
+ScanLayout mesh_layout(xla::HloBuilder& b, const xla::Mesh& mesh) {
+  const auto same = [](const xla::Value& x) { return x; };
+  if (mesh.devices() <= 1) return {same, same, same, same};
+  ScanLayout l;
+  l.tokens = [&b, mesh](const xla::Value& x) {
+    return b.constrain(x, layout(mesh, x.type(), Split::kTokens));
+  };
+  l.gather = mesh.param_shards() > 1
+                 ? std::function<xla::Value(const xla::Value&)>(
+                       [&b](const xla::Value& x) { return b.constrain(x, xla::sharding_replicated()); })
+                 : same;
+  l.inputs = [&b, mesh](const xla::Value& x) {  // [G, P, N, d]: the tokens split
+    return b.constrain(x, xla::mesh_sharding(mesh, x.type().dims,
+                                             {xla::Logical::kNone, xla::Logical::kNone, xla::Logical::kTokens,
+                                              xla::Logical::kNone},
+                                             "saved layer inputs"));
+  };
+  l.stacked = [&b, mesh](const xla::Value& x) {  // [G, ...]: each group's tensor split as the parameter
+    const std::vector<int64_t> inner(x.type().dims.begin() + 1, x.type().dims.end());
+    std::vector<xla::Logical> axes(x.type().dims.size(), xla::Logical::kNone);
+    if (const int k = xla::param_split_dim(mesh, inner); k >= 0) axes[size_t(k) + 1] = xla::Logical::kParam;
+    return b.constrain(x, xla::mesh_sharding(mesh, x.type().dims, axes, "stacked parameter"));
+  };
+  return l;
+}
+
+}  // namespace olmosft::model
