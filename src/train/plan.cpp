@@ -2,6 +2,7 @@
 #include "train/plan.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -588,6 +589,36 @@ model::ModelConfig recipe_model_config(const TrainConfig& cfg) {
              ": one of model.init (HF directory) or model.config "
              "(config.json) is required to plan the run");
   return model::load_config(cfg.model.config);
+}
+
+std::string preset_for_model_name(const std::string& dir) {
+  std::string n = dir;
+  while (!n.empty() && n.back() == '/') n.pop_back();
+  n = n.substr(n.find_last_of('/') == std::string::npos ? 0 : n.find_last_of('/') + 1);
+  std::string k;  // lower case, letters and digits only
+  for (char ch : n)
+    if (std::isalnum(static_cast<unsigned char>(ch))) k += char(std::tolower(static_cast<unsigned char>(ch)));
+  const auto has = [&](const char* x) { return k.find(x) != std::string::npos; };
+  if (has("olmo35small") || has("olmo3moesmall")) return "olmo3moe-small";
+  if (has("olmohybrid") && has("7b")) return "olmo-hybrid-7b";
+  if (has("olmo3") && has("7b") && !has("hybrid") && !has("moe")) return "olmo3-7b";
+  return "";
+}
+
+model::ModelConfig recipe_model_config_or_preset(const TrainConfig& cfg, std::string* note) {
+  try {
+    return recipe_model_config(cfg);
+  } catch (const Error& e) {
+    const std::string& init = cfg.model.init;
+    std::error_code ec;
+    if (init.empty() || std::filesystem::exists(init + "/config.json", ec)) throw;
+    const std::string preset = preset_for_model_name(init);
+    OLMO_CHECK(!preset.empty(), e.what(), " (no preset matches its name: give --model PRESET|config.json)");
+    if (note != nullptr)
+      *note = "plan: " + init + "/config.json cannot be read here; planning from the preset " + preset +
+              " (matched by its name; --model to choose another)";
+    return model::parse_config(model::preset_config_json(preset), "preset " + preset);
+  }
 }
 
 }  // namespace olmosft::train

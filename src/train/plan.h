@@ -91,6 +91,13 @@ int64_t local_processes(int64_t world);
 
 // The model config a recipe trains: model.init's config.json or model.config (never the weights).
 model::ModelConfig recipe_model_config(const TrainConfig& cfg);
+// The same, or, when model.init names a directory that cannot be read here (a cluster volume: the recipe is
+// planned on another machine), the preset whose name its directory's name matches (olmo35-small* and
+// olmo3moe-small*: olmo3moe-small; Olmo-3-*7B / olmo3-7b*: olmo3-7b; olmo-hybrid-7b*: olmo-hybrid-7b), with
+// *NOTE saying so. Throws recipe_model_config's error, plus the advice to pass --model, when none matches.
+model::ModelConfig recipe_model_config_or_preset(const TrainConfig& cfg, std::string* note);
+// The preset a model directory's name matches ("" for none): the rule above.
+std::string preset_for_model_name(const std::string& dir);
 
 // ---- formulas that other work changes (kept in one place each; docs/plan.md) -----------------------
 // Gradient bytes per rank. dp: the full-size accumulator plus the reduced copy kept between steps

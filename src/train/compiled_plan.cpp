@@ -1,0 +1,106 @@
+#include "train/compiled_plan.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/error.h"
+#include "model/decoder_xla.h"
+#include "model/params.h"
+#include "xla/pjrt.h"
+
+namespace olmosft::train {
+
+namespace {
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// tpu-v4:4x4x8 -> libtpu's v4:4x4x8; anything else is refused naming it.
+std::string libtpu_topology(const std::string& topology) {
+  const std::string pre = "tpu-";
+  OLMO_CHECK(
+      topology.rfind(pre, 0) == 0, "plan --compile: topology '", topology,
+      "': expected tpu-v4:XxYxZ (a TPU slice, compiled by libtpu); GPU clusters are not compiled by this "
+      "build yet");
+  const std::string t = topology.substr(pre.size());
+  xla::tpu_topology_options(t);  // refuses a generation or shape libtpu's options are not known for
+  return t;
+}
+
+}  // namespace
+
+CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, const std::string& topology) {
+  CompiledPlan p;
+  p.topology = topology;
+  const std::string t = libtpu_topology(topology);
+  // libtpu without a TPU: no metadata server to ask, no lock file (docs/xla.md "Environment")
+  setenv("TPU_SKIP_MDS_QUERY", "1", 0);
+  setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1", 0);
+  const xla::Topology topo = xla::Topology::create("tpu", t, xla::tpu_topology_options(t));
+  p.platform = topo.platform_name();
+  p.devices = static_cast<int64_t>(topo.device_count());
+  const auto kinds = topo.device_kinds();
+  p.device_kind = kinds.empty() ? "" : kinds[0];
+  const auto attrs = topo.attributes();
+  if (auto it = attrs.find("device_memory_bytes_limit"); it != attrs.end())
+    p.device_bytes = std::stoll(it->second);
+  model::XlaOptions xo;
+  xo.plugin = "tpu";
+  xo.mesh = xla_mesh(cfg);
+  OLMO_CHECK(xo.mesh.devices() == p.devices, cfg.source, ": the mesh (", xo.mesh.text(), ") has ",
+             xo.mesh.devices(), " devices, but ", topology, " has ", p.devices,
+             " (set mesh.* so that their product is the slice's chips)");
+  xo.remat = cfg.model.memory.remat;
+  xo.scan_layers = cfg.xla.scan_layers;
+  xo.bf16 = cfg.compute.gemm.compute == ComputeDtype::BF16;
+  xo.f64_trig = false;  // TPUs have no f64
+  p.mesh = xo.mesh;
+  p.B = cfg.batch.slots;
+  p.T = cfg.batch.seq_len;
+  const model::LossConfig loss{.weight = cfg.loss.weight,
+                               .moe_buffer_factor = cfg.moe.buffer_factor,
+                               .vocab_tile = cfg.compute.vocab_tile};
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string text = model::xla_step_module(m, xo, p.B, p.T, loss, true);
+  p.emit_s = since(t0);
+  xla::CompileOptions co;
+  co.num_partitions = p.devices;
+  co.use_spmd_partitioning = p.devices > 1;
+  t0 = std::chrono::steady_clock::now();
+  const xla::AotExecutable exe = xla::compile_for_topology(topo, text, co);
+  p.compile_s = since(t0);
+  const xla::MemoryStats s = exe.memory_stats();
+  p.argument_bytes = s.argument_bytes, p.output_bytes = s.output_bytes, p.alias_bytes = s.alias_bytes;
+  p.temp_bytes = s.temp_bytes, p.code_bytes = s.generated_code_bytes;
+  p.step_bytes = s.total_bytes();
+  int64_t moments = 0;  // two fp32 moments per parameter, split as the parameter
+  for (const model::ParamSpec& ps : model::param_registry(m)) {
+    const int64_t n = shape_numel(ps.shape);
+    moments += 2 * 4 * (xla::param_split_dim(xo.mesh, ps.shape) >= 0 ? n / xo.mesh.param_shards() : n);
+  }
+  p.moments_bytes = moments;
+  p.need_bytes = p.step_bytes + p.moments_bytes;
+  p.fits = p.device_bytes > 0 && p.need_bytes <= p.device_bytes;
+  return p;
+}
+
+std::string compiled_plan_line(const CompiledPlan& p, int64_t planned_bytes) {
+  std::string mesh = p.mesh.text();
+  std::replace(mesh.begin(), mesh.end(), ' ', ',');
+  std::ostringstream o;
+  o.precision(3);
+  o << std::fixed;
+  o << "PLAN compiled=yes topology=" << p.topology << " devices=" << p.devices << " mesh=" << mesh
+    << " B=" << p.B << " T=" << p.T << " argument_bytes=" << p.argument_bytes
+    << " output_bytes=" << p.output_bytes << " alias_bytes=" << p.alias_bytes
+    << " temp_bytes=" << p.temp_bytes << " code_bytes=" << p.code_bytes << " step_bytes=" << p.step_bytes
+    << " moments_bytes=" << p.moments_bytes << " need_bytes=" << p.need_bytes
+    << " device_bytes=" << p.device_bytes << " planned_bytes=" << planned_bytes
+    << " fits=" << (p.fits ? "yes" : "no") << " compile_s=" << p.compile_s << "\n";
+  return o.str();
+}
+
+}  // namespace olmosft::train

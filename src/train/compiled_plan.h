@@ -1,0 +1,43 @@
+// `olmosft plan --compile TOPOLOGY RECIPE` (docs/plan.md "Compiled plans"): the recipe's real step program
+// for the slice's mesh, compiled ahead of time by the accelerator's own compiler on this machine (libtpu for
+// a TPU slice; no device needed), and its per-device memory against the device's: what a run will need on
+// the device, measured by the compiler rather than estimated.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+#include "train/recipe.h"
+#include "xla/mesh.h"
+
+namespace olmosft::train {
+
+struct CompiledPlan {
+  std::string topology;  // as given: tpu-v4:4x4x8
+  std::string platform, device_kind;
+  int64_t devices = 0;
+  xla::Mesh mesh;
+  int64_t B = 0, T = 0;  // the micro-batch the program is for: rows over all devices, tokens per row
+  double emit_s = 0, compile_s = 0;
+  int64_t argument_bytes = 0, output_bytes = 0, alias_bytes = 0, temp_bytes = 0, code_bytes = 0;
+  int64_t step_bytes = 0;  // the step program's per-device total (arguments + outputs - alias + temp + code)
+  int64_t moments_bytes = 0;  // AdamW's two fp32 moments per device, resident beside the step
+  int64_t need_bytes = 0;     // step_bytes + moments_bytes
+  int64_t device_bytes = 0;   // the device's memory as its compiler states it
+  bool fits = false;
+};
+
+// Compiles CFG's step (its mesh, remat, scanned layers, compute dtype, loss settings; B = the rows of a
+// micro-step over all the slice's devices, T = seq_len) for TOPOLOGY: `tpu-v4:XxYxZ` through libtpu
+// (scripts/install-deps.sh --tpu). Throws naming the topology or key: another spelling, a mesh whose devices
+// are not the slice's, a program the compiler refuses (libtpu refuses one that cannot fit: then fits=false is
+// not reached, the compiler's message is).
+CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, const std::string& topology);
+
+// PLAN compiled=yes topology=... devices=... mesh=... B=... T=... argument_bytes=... output_bytes=...
+// temp_bytes=... code_bytes=... step_bytes=... moments_bytes=... need_bytes=... device_bytes=...
+// planned_bytes=... fits=yes|no compile_s=...: one greppable line (PLANNED: the planner's estimate of the
+// same device's bytes, 0 when it has none), and its parse for tests.
+std::string compiled_plan_line(const CompiledPlan& p, int64_t planned_bytes);
+
+}  // namespace olmosft::train
