@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DOLMOSFT_WERROR=ON
 
-.PHONY: all deps build test demo demo-xla bench reference fuzz format clean
+.PHONY: all deps build test test-tpu demo demo-xla bench reference fuzz format clean
 
 all: build
 
@@ -19,6 +19,11 @@ build: deps $(BUILD)/build.ninja
 # ctest, then the skip and hygiene checks (scripts/run-tests.sh, docs/testing.md).
 test: build
 	scripts/run-tests.sh $(BUILD) $(JOBS)
+
+# The TPU compile checks (libtpu, an opt-in install: install-deps.sh --tpu; scripts/tpu-compile-check.sh):
+# the steps and the 7B recipe compiled ahead of time for TPU v4 slices, outside make test (about 3 minutes).
+test-tpu: build
+	scripts/tpu-compile-check.sh
 
 demo: build
 	scripts/demo.sh $(BUILD) demo-out

@@ -8,7 +8,9 @@
 #   (b) a 7B-shaped 4-layer Olmo 3 (Olmo-3-7B's shapes: d 4096, 32 heads, 32 KV heads x 128, FFN 11,008, vocab
 #       100,278; layers sliding, sliding, sliding, full) at T 8,192, bf16, one row; and the same as one
 #       data-parallel SPMD program over the 4 chips (--spmd 4, 4 rows, xla.devices), parameters replicated
-#       and split (--shard-params, xla.shard_params).
+#       and split (--shard-params, xla.shard_params); and with model.remat full (--remat full);
+#   (c) the Olmo 3 7B recipe as written on v4:4x4x8 (128 chips) through `olmosft plan --compile`, which must
+#       fit, in under 2 minutes.
 # Each prints one `XLA-AOT ...` line (compile seconds, argument / output / temp / code bytes, the chip's HBM)
 # and a human line; the XLA-AOT lines are collected in $OUT/tpu-compile-check.txt (default build/).
 #
@@ -88,6 +90,31 @@ compile 7b-shaped-4L-T8192-bf16-spmd4 --config olmo3-7b --layers 4 --seq 8192 --
 # (xla.shard_params): what FSDP saves per chip.
 compile 7b-shaped-4L-T8192-bf16-spmd4-sharded --config olmo3-7b --layers 4 --seq 8192 --bf16 --batch 4 --spmd 4 \
   --shard-params
+
+# model.remat on TPU: the 7B-shaped step's temporaries without and with recomputation.
+compile 7b-shaped-4L-T8192-bf16-remat-full --config olmo3-7b --layers 4 --seq 8192 --bf16 --remat full
+
+# The Olmo 3 7B recipe as written (recipes/olmo3-7b-sft.yaml: 16 x 65,536 on v4:4x4x8's 128 chips, the runbook's
+# mesh fsdp 16 x context 8, remat full, scanned layers, bf16), through `olmosft plan --compile`: it must print
+# compiled=yes ... fits=yes (docs/plan.md "Compiled plans"), in under 2 minutes on 2 cores.
+echo "== plan --compile tpu-v4:4x4x8 recipes/olmo3-7b-sft.yaml"
+t0=$(date +%s)
+if "$bin" plan --compile tpu-v4:4x4x8 recipes/olmo3-7b-sft.yaml >"$tmp/stdout" 2>"$tmp/stderr"; then
+  grep -E '^PLAN compiled=|^compiled for' "$tmp/stdout"
+  grep '^PLAN compiled=' "$tmp/stdout" | sed "s/^/olmo3-7b-recipe-v4-4x4x8 /" >>"$out"
+  secs=$(($(date +%s) - t0))
+  echo "plan --compile took ${secs} s"
+  if ! grep -q '^PLAN compiled=yes .* fits=yes ' "$tmp/stdout" || ((secs > 120)); then
+    echo "tpu-compile-check: the 7B recipe does not fit or took over 120 s"
+    status=1
+  fi
+else
+  tail -n 20 "$tmp/stdout"
+  grep -v -E 'TPU_ACCELERATOR_TYPE|TPU_WORKER_HOSTNAMES|worker hostname|Source Location|libtpu_init_utils|InitGoogle' \
+    "$tmp/stderr" | tail -n 20
+  echo "tpu-compile-check: plan --compile of the 7B recipe FAILED"
+  status=1
+fi
 
 echo "== summary ($out)"
 cat "$out"

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "kernels/moe.h"
+#include "train/compiled_plan.h"
 #include "model/config.h"
 #include "model/decoder.h"
 #include "model/model.h"
@@ -286,4 +287,25 @@ TEST(TrainPlan, MoeWorkspaceBoundsFollowTheBufferFactor) {
   d.buffer_factor = -1;
   const moe::MoeWorkspace one = moe::moe_workspace_bytes(d, 1000, 1);
   EXPECT_GE(one.backward, size_t(1000) * (6 * 32 + 4 * 16) * 4);
+}
+
+// The preset a model directory's name matches when model.init cannot be read here (olmosft plan of the
+// runbook's recipes on a machine without the cluster's volume), and the compiled plan's greppable line.
+TEST(TrainPlan, ModelDirectoryNamesMatchTheirPresetAndTheCompiledLineReads) {
+  using olmosft::train::preset_for_model_name;
+  EXPECT_EQ(preset_for_model_name("/mnt/post-training/hf/olmo35-small-4t-emo"), "olmo3moe-small");
+  EXPECT_EQ(preset_for_model_name("/mnt/post-training/hf/Olmo-3-1025-7B/"), "olmo3-7b");
+  EXPECT_EQ(preset_for_model_name("/x/OLMo-Hybrid-7B"), "olmo-hybrid-7b");
+  EXPECT_EQ(preset_for_model_name("/x/olmo3-moe-7b"), "");  // a 7B MoE is no preset of ours
+  EXPECT_EQ(preset_for_model_name("/x/llama-7b"), "");
+  olmosft::train::CompiledPlan p;
+  p.topology = "tpu-v4:2x2x1";
+  p.devices = 4;
+  p.mesh.fsdp = 4;
+  p.B = 4, p.T = 1024, p.temp_bytes = 100, p.step_bytes = 300, p.moments_bytes = 20, p.need_bytes = 320;
+  p.device_bytes = 1000, p.fits = true, p.compile_s = 1.5;
+  EXPECT_EQ(olmosft::train::compiled_plan_line(p, 280),
+            "PLAN compiled=yes topology=tpu-v4:2x2x1 devices=4 mesh=data=1,fsdp=4,expert=1,context=1 B=4 T=1024 "
+            "argument_bytes=0 output_bytes=0 alias_bytes=0 temp_bytes=100 code_bytes=0 step_bytes=300 "
+            "moments_bytes=20 need_bytes=320 device_bytes=1000 planned_bytes=280 fits=yes compile_s=1.500\n");
 }
