@@ -18,7 +18,7 @@ out=$("$bin" xla compile --plugin cpu --config "$tiny" --seq 64 --batch 2 2>&1);
 line=$(grep '^XLA-AOT ' <<<"$out")
 check "a client compile on the CPU plugin exits 0 with one XLA-AOT line" "[ $rc -eq 0 ] && [ -n \"\$line\" ]"
 check "... naming plugin, platform, no topology, B and T" \
-  "grep -q 'plugin=cpu platform=cpu topology=none devices=1 spmd=1 shard_params=0 mesh=data=1,fsdp=1,expert=1,context=1 layers=8 hidden=64 vocab=512 B=2 T=64 bf16=0 backward=1' <<<\"\$line\""
+  "grep -q 'plugin=cpu platform=cpu topology=none devices=1 spmd=1 shard_params=0 mesh=data=1,fsdp=1,expert=1,context=1 layers=8 hidden=64 vocab=512 B=2 T=64 bf16=0 remat=none scan=0 backward=1' <<<\"\$line\""
 # The tiny model's parameters (f32): embedding and LM head 512 x 64 each, per layer q, k, v, o (64x64, 32x64,
 # 32x64, 64x64), q/k norms (64, 32), MLP 3 x 128 x 64 and two norms (64 each); the final norm (64). Plus the
 # batch: tokens, seg, pos, targets, mask (s32, 128 each) and grad_scale (f32).
@@ -37,7 +37,7 @@ check "a human line" "grep -q '^olmosft xla compile: olmo3 8 layers d 64 vocab 5
 out=$("$bin" xla compile --plugin cpu --config olmo3-tiny --layers 2 --seq 32 --forward-only --bf16 \
   --save-model-config "$dir/c.json" 2>&1); rc=$?
 check "a preset cut to 2 layers, forward only, bf16" \
-  "[ $rc -eq 0 ] && grep -q 'layers=2 .* bf16=1 backward=0' <<<\"\$out\""
+  "[ $rc -eq 0 ] && grep -q 'layers=2 .* bf16=1 remat=none scan=0 backward=0' <<<\"\$out\""
 check "... its config.json written with 2 layers and 2 layer types" \
   "python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); sys.exit(not(c[\"num_hidden_layers\"]==2 and len(c[\"layer_types\"])==2))' '$dir/c.json'"
 
@@ -53,7 +53,12 @@ line=$(grep '^XLA-AOT ' <<<"$out")
 check "--spmd 2 --shard-params: per device half the parameters + half the batch arrays" \
   "[ $rc -eq 0 ] && grep -q 'spmd=2 shard_params=1 ' <<<\"\$line\" && [ \"$(field argument_bytes "$line")\" = $((4 * params / 2 + 5 * 4 * 64 + 4)) ]"
 out=$("$bin" xla compile --plugin cpu --config "$tiny" --batch 3 --seq 64 --spmd 2 2>&1); rc=$?
-check "--spmd 2 with 3 rows exits 2 naming both flags" "[ $rc -eq 2 ] && grep -q -- '--spmd 2 splits the --batch 3 rows' <<<\"\$out\""
+check "--spmd 2 with 3 rows exits 2 naming the mesh and the rows" "[ $rc -eq 2 ] && grep -q -- 'mesh data=2 .* splits each micro-batch.s rows evenly over data x fsdp = 2 devices; B=3 rows is not a multiple' <<<\"\$out\""
+out=$("$bin" xla compile --plugin cpu --config "$tiny" --batch 2 --seq 64 --mesh context=2 --remat full --scan-layers 2>&1); rc=$?
+check "--mesh context=2 --remat full --scan-layers: a context-parallel scanned step compiles, the line says so" \
+  "[ $rc -eq 0 ] && grep -q 'devices=2 spmd=2 shard_params=1 mesh=data=1,fsdp=1,expert=1,context=2 .* remat=full scan=1 ' <<<\"\$out\""
+out=$("$bin" xla compile --plugin cpu --config "$tiny" --seq 64 --mesh tensor=2 2>&1); rc=$?
+check "--mesh with an unknown axis exits 2 naming the axes" "[ $rc -eq 2 ] && grep -q 'AXIS data, fsdp, expert or context' <<<\"\$out\""
 
 out=$("$bin" xla compile --plugin cpu --topology v4:2x2x1 --config "$tiny" --seq 64 2>&1); rc=$?
 check "a topology on the CPU plugin: exit 2 with the plugin's refusal and the call" \
