@@ -2,10 +2,7 @@
 // it fits (train/plan.h, docs/plan.md). Reads the recipe and the model's config.json only.
 #include "train/plan.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <iostream>
-#include <sstream>
 
 #include "cli/verb.h"
 #include "core/error.h"
@@ -14,28 +11,6 @@
 #include "train/flops.h"
 
 namespace {
-
-std::string gib(double bytes) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.2f", bytes / double(1ull << 30));
-  return b;
-}
-
-// The chips of a slice written tpu-v4:XxYxZ (its product), or 0 when the spelling is another.
-int64_t slice_chips(const std::string& topology) {
-  const size_t colon = topology.find(':');
-  if (colon == std::string::npos) return 0;
-  int64_t n = 1;
-  std::stringstream in(topology.substr(colon + 1));
-  std::string d;
-  while (std::getline(in, d, 'x')) {
-    char* end = nullptr;
-    const long long v = std::strtoll(d.c_str(), &end, 10);
-    if (d.empty() || *end != '\0' || v < 1) return 0;
-    n *= v;
-  }
-  return n;
-}
 
 int plan_main(int argc, char** argv) {
   CLI::App app{"Print a run's memory and compute plan per device and whether it fits (docs/plan.md)", "plan"};
@@ -67,7 +42,7 @@ int plan_main(int argc, char** argv) {
       "memory (a PLAN compiled=yes line; tpu-v4:XxYxZ through libtpu: scripts/install-deps.sh --tpu; "
       "devices defaults to the slice's chips; docs/plan.md \"Compiled plans\")");
   return olmosft::cli::run_app(app, argc, argv, [&] {
-    if (devices <= 0 && !compile.empty()) devices = slice_chips(compile);
+    if (devices <= 0 && !compile.empty()) devices = olmosft::train::slice_devices(compile);
     if (devices > 0) overrides.push_back("devices=" + std::to_string(devices));
     if (!compile.empty() && device == "cpu") device = "tpu-v4";
     const olmosft::TrainConfig cfg = olmosft::Recipe::load(path, overrides).config();
@@ -96,12 +71,7 @@ int plan_main(int argc, char** argv) {
     if (compile.empty()) return p.fits ? 0 : 1;
     const olmosft::train::CompiledPlan c = olmosft::train::compile_plan(m, cfg, compile);
     std::cout << olmosft::train::compiled_plan_line(c, int64_t(p.step_peak));
-    std::cout << "compiled for " << compile << " (" << c.devices << " x " << c.device_kind << ", mesh "
-              << c.mesh.text() << "): per device " << gib(c.need_bytes) << " GiB of " << gib(c.device_bytes)
-              << " (step " << gib(c.step_bytes) << ": temporaries " << gib(c.temp_bytes) << ", arguments "
-              << gib(c.argument_bytes) << ", outputs " << gib(c.output_bytes) << "; AdamW moments "
-              << gib(c.moments_bytes) << "), " << (c.fits ? "fits" : "does not fit") << "; compiled in "
-              << c.compile_s << " s; the planner's estimate " << gib(p.step_peak) << " GiB\n";
+    std::cout << olmosft::train::compiled_plan_summary(c, int64_t(p.step_peak));
     return c.fits ? 0 : 1;
   });
 }

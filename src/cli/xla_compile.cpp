@@ -36,13 +36,6 @@ bool is_libtpu(const std::string& plugin) {
   return file.starts_with("libtpu");
 }
 
-// libtpu on a machine without a TPU: skip the cloud metadata server (else it retries for over 10 minutes)
-// and the single-process lock file. Only where the caller has not set them.
-void libtpu_env() {
-  setenv("TPU_SKIP_MDS_QUERY", "1", 0);
-  setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1", 0);
-}
-
 // Bytes as GiB (MiB below 1 GiB, where the tiny models are).
 std::string gib(int64_t bytes) {
   char s[32];
@@ -68,13 +61,6 @@ struct Args {
   bool bf16 = false, forward_only = false, shard_params = false, scan = false;
 };
 
-// The mesh as one token of a greppable line: data=1,fsdp=16,expert=1,context=8.
-std::string mesh_text(const olmosft::xla::Mesh& m) {
-  std::string t = m.text();
-  std::replace(t.begin(), t.end(), ' ', ',');
-  return t;
-}
-
 // --mesh data=N,fsdp=N,expert=N,context=N (any of them), or the older --spmd N [--shard-params].
 olmosft::xla::Mesh mesh_of(const Args& a) {
   olmosft::xla::Mesh m;
@@ -87,18 +73,14 @@ olmosft::xla::Mesh mesh_of(const Args& a) {
   std::string item;
   while (std::getline(in, item, ',')) {
     const size_t eq = item.find('=');
-    int64_t* axis = nullptr;
-    const std::string name = item.substr(0, eq);
-    for (auto [n, p] :
-         {std::pair{"data", &m.data}, {"fsdp", &m.fsdp}, {"expert", &m.expert}, {"context", &m.context}})
-      if (name == n) axis = p;
+    const std::optional<olmosft::xla::MeshAxis> axis = olmosft::xla::mesh_axis_named(item.substr(0, eq));
     char* end = nullptr;
     const long long v = eq == std::string::npos ? 0 : std::strtoll(item.c_str() + eq + 1, &end, 10);
-    OLMO_CHECK(axis != nullptr && v >= 1 && end != nullptr && *end == '\0',
+    OLMO_CHECK(axis.has_value() && v >= 1 && end != nullptr && *end == '\0',
                "--mesh: expected "
                "AXIS=N[,AXIS=N...] with AXIS data, fsdp, expert or context and N >= 1, got '",
                item, "'");
-    *axis = v;
+    m.at(*axis) = v;
   }
   return m;
 }
@@ -169,7 +151,7 @@ void print(const Args& a, const olmosft::model::ModelConfig& m, const Compiled& 
   std::snprintf(compile_s, sizeof compile_s, "%.1f", c.compile_s);
   std::cout << "XLA-AOT plugin=" << a.plugin << " platform=" << c.platform << " topology=" << topology
             << " devices=" << c.devices << " spmd=" << mesh_of(a).devices()
-            << " shard_params=" << int(mesh_of(a).param_shards() > 1) << " mesh=" << mesh_text(mesh_of(a))
+            << " shard_params=" << int(mesh_of(a).param_shards() > 1) << " mesh=" << mesh_of(a).text(',')
             << " layers=" << m.num_hidden_layers << " hidden=" << m.hidden_size << " vocab=" << m.vocab_size
             << " B=" << a.batch << " T=" << a.seq << " bf16=" << int(a.bf16) << " remat=" << a.remat
             << " scan=" << int(a.scan) << " backward=" << int(!a.forward_only)
@@ -246,7 +228,7 @@ int xla_compile_main(int argc, char** argv) {
       OLMO_CHECK(!a.topology.empty(), "--plugin ", a.plugin,
                  " compiles for a topology: give --topology v4:XxYxZ");
       olmosft::xla::tpu_topology_options(a.topology);  // a bad --topology is refused before libtpu loads
-      libtpu_env();
+      olmosft::xla::libtpu_deviceless_env();
     }
     const olmosft::model::ModelConfig m =
         olmosft::model::config_from_path_or_preset(a.config, a.layers, "--layers");

@@ -193,7 +193,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
     for (int r : {static_cast<int>(RopeKind::Full), static_cast<int>(RopeKind::Sliding)})
       e.rope[r] = xla::ops::rope_tables(b, *a.pos, xla::ops::rope_inv_freq_constant(b, u.rope[r].inv_freq),
                                         u.rope[r].attention_scaling, xo.f64_trig);
-  const ScanLayout lay = mesh_layout(b, k.mesh);
+  const PassLayout lay = mesh_layout(b, k.mesh);
   for (size_t i = 0; i < e.w.size(); ++i)  // gathered where used; a scanned pass stacks its layers' own
     if (!k.scan || reg[i].layer < 0) e.w[i] = lay.gather(w[i]);
   LayerPass layers(e, u, k.scan, lay);
@@ -353,7 +353,7 @@ struct XlaDecoder::Impl {
   // Device training state (DeviceTraining), [device][tensor] (each device's copy, or part: `split`):
   // empty until upload(); g empty while no step has a gradient sum.
   std::vector<std::vector<xla::Buffer>> p, m, v, g;
-  xla::Mesh mesh;
+  const xla::Mesh& mesh;  // the decoder's (XlaOptions::mesh)
   Impl(const ModelConfig& c, const DecoderOptions& o, const XlaOptions& xo)
       : units(c, o), client(xla::Client::create(xo.plugin, client_options(xo))), mesh(xo.mesh) {}
   static xla::ClientOptions client_options(const XlaOptions& xo) {
@@ -425,7 +425,7 @@ XlaDecoder::XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const Decoder
   OLMO_CHECK(xo.cpu_devices > 0, "xla.cpu_devices must be > 0, got ", xo.cpu_devices);
   check_mesh(c, xo);
   params_ = allocate_params(c);
-  impl_ = std::make_unique<Impl>(c, opts, xo);
+  impl_ = std::make_unique<Impl>(c, opts, xo_);
   OLMO_CHECK(size_t(xo.devices()) <= impl_->client.device_count(), "mesh ", xo.mesh.text(), ": ",
              xo.devices(), " devices, but the plugin ", xo.plugin, " has ", impl_->client.device_count(),
              " addressable devices");

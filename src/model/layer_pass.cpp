@@ -36,7 +36,7 @@ Value slice_of(xla::HloBuilder& b, const Value& stacked, const Value& g) {
 
 // The group's weights at group G in e.w (the layers of the first group's slots), gathered.
 void use_group(unit::Emit& e, const LayerScan& s, const std::vector<std::vector<Value>>& stacked,
-               const Value& g, const ScanLayout& lay) {
+               const Value& g, const PassLayout& lay) {
   for (int64_t j = 0; j < s.period; ++j)
     for (size_t k = 0; k < s.params[size_t(j)].size(); ++k)
       e.w[size_t(s.params[size_t(j)][k])] = lay.gather(slice_of(e.b, stacked[size_t(j)][k], g));
@@ -73,7 +73,7 @@ LayerScan layer_scan(const ModelConfig& c) {
 }
 
 ScannedForward scanned_forward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s, const Value& h0,
-                               const ScanLayout& lay) {
+                               const PassLayout& lay) {
   xla::HloBuilder& b = e.b;
   const int64_t P = s.period, G = s.groups;
   std::vector<std::vector<Value>> stacked(
@@ -103,7 +103,7 @@ ScannedForward scanned_forward(unit::Emit& e, const DecoderUnits& u, const Layer
 }
 
 Value scanned_backward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s, const ScannedForward& f,
-                       const Value& dy, const ScanLayout& lay) {
+                       const Value& dy, const PassLayout& lay) {
   xla::HloBuilder& b = e.b;
   const int64_t P = s.period, G = s.groups;
   std::vector<Value> init{dy};
@@ -147,7 +147,7 @@ Value scanned_backward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s,
   return fin[0];
 }
 
-LayerPass::LayerPass(unit::Emit& e, const DecoderUnits& u, bool scan, ScanLayout lay)
+LayerPass::LayerPass(unit::Emit& e, const DecoderUnits& u, bool scan, PassLayout lay)
     : e_(e), u_(u), lay_(std::move(lay)) {
   if (scan) scan_ = layer_scan(e.c);
   OLMO_CHECK(

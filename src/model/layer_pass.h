@@ -39,28 +39,28 @@ struct ScannedForward {
 // device): TOKENS an activation [N, d], GATHER a weight where it is used (FSDP: the partitioner gathers the
 // weight, not the activations), INPUTS the saved layer inputs [G, P, N, d], STACKED a stacked parameter
 // [G, ...] (split as the parameter).
-struct ScanLayout {
+struct PassLayout {
   std::function<xla::Value(const xla::Value&)> tokens, gather;
   std::function<xla::Value(const xla::Value&)> inputs, stacked;
 };
 ScannedForward scanned_forward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s, const xla::Value& h0,
-                               const ScanLayout& lay);
+                               const PassLayout& lay);
 // The gradient w.r.t. the first layer's input; every layer tensor's gradient set in e.g.
 xla::Value scanned_backward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s, const ScannedForward& f,
-                            const xla::Value& dy, const ScanLayout& lay);
+                            const xla::Value& dy, const PassLayout& lay);
 
 // The layers' forward and backward in a step: E's weights (e.w) as the pass reads them (gathered, except
 // a scanned pass's layer tensors, which it stacks and gathers per group itself), REMAT as the step's policy.
 class LayerPass {
  public:
-  LayerPass(unit::Emit& e, const DecoderUnits& u, bool scan, ScanLayout lay);
+  LayerPass(unit::Emit& e, const DecoderUnits& u, bool scan, PassLayout lay);
   xla::Value forward(const xla::Value& h0);   // the last layer's output (once)
   xla::Value backward(const xla::Value& dy);  // the first layer's input gradient (after forward)
 
  private:
   unit::Emit& e_;
   const DecoderUnits& u_;
-  ScanLayout lay_;
+  PassLayout lay_;
   std::optional<LayerScan> scan_;
   std::vector<xla::Value> h_;  // unrolled: h_[l] layer l's input
   std::vector<unit::Block::Emitted> saved_;

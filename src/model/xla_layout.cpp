@@ -10,10 +10,10 @@ std::string layout(const xla::Mesh& m, const xla::TensorType& t, Split s) {
   return xla::mesh_sharding(m, t.dims, axes, "step value " + t.mlir());
 }
 
-ScanLayout mesh_layout(xla::HloBuilder& b, const xla::Mesh& mesh) {
+PassLayout mesh_layout(xla::HloBuilder& b, const xla::Mesh& mesh) {
   const auto same = [](const xla::Value& x) { return x; };
   if (mesh.devices() <= 1) return {same, same, same, same};
-  ScanLayout l;
+  PassLayout l;
   l.tokens = [&b, mesh](const xla::Value& x) {
     return b.constrain(x, layout(mesh, x.type(), Split::kTokens));
   };

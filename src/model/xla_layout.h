@@ -18,6 +18,6 @@ std::string layout(const xla::Mesh& m, const xla::TensorType& t, Split s);
 
 // The constraints of a step over MESH (identities on one device; GATHER an identity when parameters are
 // not split).
-ScanLayout mesh_layout(xla::HloBuilder& b, const xla::Mesh& mesh);
+PassLayout mesh_layout(xla::HloBuilder& b, const xla::Mesh& mesh);
 
 }  // namespace olmosft::model

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/decoder_xla.h"
 #include "model/params.h"
+#include "train/plan.h"
 #include "xla/pjrt.h"
 
 namespace olmosft::train {
@@ -26,19 +27,21 @@ std::string libtpu_topology(const std::string& topology) {
       "': expected tpu-v4:XxYxZ (a TPU slice, compiled by libtpu); GPU clusters are not compiled by this "
       "build yet");
   const std::string t = topology.substr(pre.size());
-  xla::tpu_topology_options(t);  // refuses a generation or shape libtpu's options are not known for
+  xla::tpu_topology_bounds(t);  // refuses a generation or shape libtpu's options are not known for
   return t;
 }
 
 }  // namespace
 
+int64_t slice_devices(const std::string& topology) {
+  return xla::tpu_topology_chips(libtpu_topology(topology));
+}
+
 CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, const std::string& topology) {
   CompiledPlan p;
   p.topology = topology;
   const std::string t = libtpu_topology(topology);
-  // libtpu without a TPU: no metadata server to ask, no lock file (docs/xla.md "Environment")
-  setenv("TPU_SKIP_MDS_QUERY", "1", 0);
-  setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1", 0);
+  xla::libtpu_deviceless_env();
   const xla::Topology topo = xla::Topology::create("tpu", t, xla::tpu_topology_options(t));
   p.platform = topo.platform_name();
   p.devices = static_cast<int64_t>(topo.device_count());
@@ -88,8 +91,7 @@ CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, c
 }
 
 std::string compiled_plan_line(const CompiledPlan& p, int64_t planned_bytes) {
-  std::string mesh = p.mesh.text();
-  std::replace(mesh.begin(), mesh.end(), ' ', ',');
+  const std::string mesh = p.mesh.text(',');
   std::ostringstream o;
   o.precision(3);
   o << std::fixed;
@@ -100,6 +102,19 @@ std::string compiled_plan_line(const CompiledPlan& p, int64_t planned_bytes) {
     << " moments_bytes=" << p.moments_bytes << " need_bytes=" << p.need_bytes
     << " device_bytes=" << p.device_bytes << " planned_bytes=" << planned_bytes
     << " fits=" << (p.fits ? "yes" : "no") << " compile_s=" << p.compile_s << "\n";
+  return o.str();
+}
+
+std::string compiled_plan_summary(const CompiledPlan& p, int64_t planned_bytes) {
+  std::ostringstream o;
+  o.precision(3);
+  o << "compiled for " << p.topology << " (" << p.devices << " x " << p.device_kind << ", mesh "
+    << p.mesh.text() << "): per device " << gib(double(p.need_bytes)) << " GiB of "
+    << gib(double(p.device_bytes)) << " (step " << gib(double(p.step_bytes)) << ": temporaries "
+    << gib(double(p.temp_bytes)) << ", arguments " << gib(double(p.argument_bytes)) << ", outputs "
+    << gib(double(p.output_bytes)) << "; AdamW moments " << gib(double(p.moments_bytes)) << "), "
+    << (p.fits ? "fits" : "does not fit") << "; compiled in " << p.compile_s << " s; the planner's estimate "
+    << gib(double(planned_bytes)) << " GiB\n";
   return o.str();
 }
 

@@ -33,11 +33,16 @@ struct CompiledPlan {
 // are not the slice's, a program the compiler refuses (libtpu refuses one that cannot fit: then fits=false is
 // not reached, the compiler's message is).
 CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, const std::string& topology);
+// The devices of TOPOLOGY (its chips), refused as compile_plan refuses its spelling.
+int64_t slice_devices(const std::string& topology);
 
 // PLAN compiled=yes topology=... devices=... mesh=... B=... T=... argument_bytes=... output_bytes=...
 // temp_bytes=... code_bytes=... step_bytes=... moments_bytes=... need_bytes=... device_bytes=...
 // planned_bytes=... fits=yes|no compile_s=...: one greppable line (PLANNED: the planner's estimate of the
 // same device's bytes, 0 when it has none), and its parse for tests.
 std::string compiled_plan_line(const CompiledPlan& p, int64_t planned_bytes);
+// The same for people: "compiled for tpu-v4:4x4x8 (128 x TPU v4, mesh ...): per device 12.62 GiB of 30.75
+// ...".
+std::string compiled_plan_summary(const CompiledPlan& p, int64_t planned_bytes);
 
 }  // namespace olmosft::train

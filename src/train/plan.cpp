@@ -27,6 +27,16 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+}  // namespace
+
+std::string gib(double bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(bytes < 0.1 * kGiB ? 4 : 2) << bytes / kGiB;
+  return os.str();
+}
+
+namespace {
+
 // The recipe's parameter groups as dist::ModelShards gathers them (docs/dist.md): the tensors before the
 // first block, one per block, the tensors after the last block. Sizes in elements.
 struct Units {
@@ -54,12 +64,6 @@ Units param_units(const model::ModelConfig& m) {
   u.largest = std::max(before, after);
   for (int64_t n : layer) u.largest = std::max(u.largest, n);
   return u;
-}
-
-std::string gib(double bytes) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(bytes < 0.1 * kGiB ? 4 : 2) << bytes / kGiB;
-  return os.str();
 }
 
 std::string num(double v) {

@@ -269,21 +269,11 @@ xla::Mesh xla_mesh(const TrainConfig& c) {
     (c.xla.shard_params ? m.fsdp : m.data) = c.xla.devices;
     return m;
   }
-  std::string axes;
-  for (xla::MeshAxis a : xla::kMeshAxes)
-    axes += (axes.empty() ? "" : ", ") + std::string(xla::mesh_axis_name(a));
   for (const auto& [k, v] : c.mesh) {
-    bool known = false;
-    for (xla::MeshAxis a : xla::kMeshAxes)
-      if (k == xla::mesh_axis_name(a)) {
-        known = true;
-        (a == xla::MeshAxis::kData     ? m.data
-         : a == xla::MeshAxis::kFsdp   ? m.fsdp
-         : a == xla::MeshAxis::kExpert ? m.expert
-                                       : m.context) = v;
-      }
-    OLMO_CHECK(known, c.source, ": key 'mesh.", k, "': device: xla knows the mesh axes ", axes,
-               " (docs/xla.md \"The device mesh\")");
+    const std::optional<xla::MeshAxis> a = xla::mesh_axis_named(k);
+    OLMO_CHECK(a.has_value(), c.source, ": key 'mesh.", k, "': device: xla knows the mesh axes ",
+               xla::mesh_axis_names(), " (docs/xla.md \"The device mesh\")");
+    m.at(*a) = v;
   }
   OLMO_CHECK(!c.xla.shard_params, c.source,
              ": xla.shard_params is the older spelling of a mesh; with mesh.* given, parameters split over "

@@ -20,7 +20,19 @@ const char* mesh_axis_name(MeshAxis a) {
   fail("mesh: unknown axis");
 }
 
-int64_t Mesh::size(MeshAxis a) const {
+std::optional<MeshAxis> mesh_axis_named(const std::string& name) {
+  for (MeshAxis a : kMeshAxes)
+    if (name == mesh_axis_name(a)) return a;
+  return std::nullopt;
+}
+
+std::string mesh_axis_names() {
+  std::string s;
+  for (MeshAxis a : kMeshAxes) s += (s.empty() ? "" : ", ") + std::string(mesh_axis_name(a));
+  return s;
+}
+
+int64_t& Mesh::at(MeshAxis a) {
   switch (a) {
     case MeshAxis::kData:
       return data;
@@ -34,10 +46,10 @@ int64_t Mesh::size(MeshAxis a) const {
   fail("mesh: unknown axis");
 }
 
-std::string Mesh::text() const {
+std::string Mesh::text(char sep) const {
   std::string s;
   for (MeshAxis a : kMeshAxes)
-    s += (s.empty() ? "" : " ") + std::string(mesh_axis_name(a)) + "=" + std::to_string(size(a));
+    s += (s.empty() ? "" : std::string(1, sep)) + mesh_axis_name(a) + "=" + std::to_string(size(a));
   return s;
 }
 

@@ -10,6 +10,7 @@
 // so the devices sharing one row's pieces are consecutive, in the row's token order.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,15 +22,20 @@ enum class MeshAxis { kData, kFsdp, kExpert, kContext };
 inline constexpr MeshAxis kMeshAxes[] = {MeshAxis::kData, MeshAxis::kFsdp, MeshAxis::kExpert,
                                          MeshAxis::kContext};
 const char* mesh_axis_name(MeshAxis a);  // "data", "fsdp", "expert", "context"
+// The axis of that name, or nullopt; and every name, comma-separated, for messages.
+std::optional<MeshAxis> mesh_axis_named(const std::string& name);
+std::string mesh_axis_names();
 
 struct Mesh {
   int64_t data = 1, fsdp = 1, expert = 1, context = 1;
-  int64_t size(MeshAxis a) const;
+  int64_t size(MeshAxis a) const { return const_cast<Mesh*>(this)->at(a); }
+  int64_t& at(MeshAxis a);
   int64_t devices() const { return data * fsdp * expert * context; }
   int64_t batch_shards() const { return data * fsdp; }              // R: a micro-batch's rows split R ways
   int64_t seq_shards() const { return expert * context; }           // C: each row's tokens split C ways
   int64_t param_shards() const { return fsdp * expert * context; }  // parameters split over these
-  std::string text() const;                                         // "data=1 fsdp=2 expert=1 context=4"
+  // "data=1 fsdp=2 expert=1 context=4"; with SEP ',' one token of a greppable line.
+  std::string text(char sep = ' ') const;
   auto operator<=>(const Mesh&) const = default;
 };
 

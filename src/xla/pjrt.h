@@ -267,5 +267,11 @@ AotExecutable compile_for_topology(const Topology& topology, std::string_view ml
 // "megacore", chips_per_host_bounds 2x2x1 (one host's chips), num_slices 1 and wrap 1 on every axis for a
 // torus (a slice of 4x4x4 chips or more), else 0. Throws for anything else, naming TOPOLOGY.
 std::vector<NamedValue> tpu_topology_options(std::string_view topology);
+// Its chip bounds [X, Y, Z] and their product (the slice's devices), refused as above.
+std::vector<int64_t> tpu_topology_bounds(std::string_view topology);
+int64_t tpu_topology_chips(std::string_view topology);
+// libtpu on a machine without a TPU: skip the cloud metadata server (else it retries for over 10 minutes)
+// and the single-process lock file (TPU_SKIP_MDS_QUERY, ALLOW_MULTIPLE_LIBTPU_LOAD), where not set already.
+void libtpu_deviceless_env();
 
 }  // namespace olmosft::xla

@@ -1,6 +1,7 @@
 // Ahead-of-time compile for a topology (PJRT_TopologyDescription_Create + the client-less PJRT_Compile), the
 // compiled memory statistics, typed named values, and libtpu's topology options.
 #include <charconv>
+#include <cstdlib>
 #include <sstream>
 #include <utility>
 
@@ -246,7 +247,7 @@ AotExecutable compile_for_topology(const Topology& topology, std::string_view ml
 
 // ------------------------------------------------------------------------------------ libtpu's topologies
 
-std::vector<NamedValue> tpu_topology_options(std::string_view topology) {
+std::vector<int64_t> tpu_topology_bounds(std::string_view topology) {
   const auto bad = [&](std::string_view why) {
     fail("xla: TPU topology `", topology, "`: ", why, " (expected v4:XxYxZ, e.g. v4:2x2x1)");
   };
@@ -269,6 +270,17 @@ std::vector<NamedValue> tpu_topology_options(std::string_view topology) {
   }
   if (bounds.size() != 3)
     bad(std::to_string(bounds.size()) + " axes, a " + std::string(gen) + " slice has 3");
+  return bounds;
+}
+
+int64_t tpu_topology_chips(std::string_view topology) {
+  int64_t n = 1;
+  for (int64_t b : tpu_topology_bounds(topology)) n *= b;
+  return n;
+}
+
+std::vector<NamedValue> tpu_topology_options(std::string_view topology) {
+  const std::vector<int64_t> bounds = tpu_topology_bounds(topology);
   // A host holds 2x2x1 chips of a v4 / v5p slice. A slice is a torus (wraparound links on every axis) once
   // it spans a whole 4x4x4 cube or more, else a mesh; MaxText's table of slices passes the same.
   const bool torus = bounds[0] >= 4 && bounds[1] >= 4 && bounds[2] >= 4;
@@ -277,6 +289,11 @@ std::vector<NamedValue> tpu_topology_options(std::string_view topology) {
           {"chips_per_host_bounds", per_host},
           {"num_slices", int64_t{1}},
           {"wrap", wrap}};
+}
+
+void libtpu_deviceless_env() {
+  setenv("TPU_SKIP_MDS_QUERY", "1", 0);
+  setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1", 0);
 }
 
 }  // namespace olmosft::xla

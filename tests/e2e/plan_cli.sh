@@ -34,6 +34,13 @@ done
 out=$("$bin" plan "$root/recipes/tiny-demo.yaml" model.init=/nonexistent/other-model 2>&1); rc=$?
 check "a model.init whose name matches no preset is refused naming the file and --model" \
   "[ $rc -eq 2 ] && grep -q 'cannot read /nonexistent/other-model/config.json.*give --model PRESET|config.json' <<<\"\$out\""
+# plan --compile refuses a spelling it cannot compile before any plugin loads (no libtpu needed here)
+out=$("$bin" plan --compile h100:2x8 "$root/recipes/olmo3-7b-sft.yaml" 2>&1); rc=$?
+check "plan --compile with another spelling exits 2 naming it" \
+  "[ $rc -eq 2 ] && grep -q \"topology 'h100:2x8': expected tpu-v4:XxYxZ\" <<<\"\$out\""
+out=$("$bin" plan --compile tpu-v4:4x4 "$root/recipes/olmo3-7b-sft.yaml" 2>&1); rc=$?
+check "plan --compile with a 2-axis v4 slice exits 2 naming it" \
+  "[ $rc -eq 2 ] && grep -q 'TPU topology .v4:4x4.: 2 axes, a v4 slice has 3' <<<\"\$out\""
 out=$("$bin" plan "$root/recipes/tiny-demo.yaml" --model olmo3-tiny --device h100 2>&1); rc=$?
 check "an unknown device exits 2 naming the choices" "[ $rc -eq 2 ] && grep -q \"unknown device 'h100'.*h200-141gb\" <<<\"\$out\""
 out=$("$bin" plan "$root/recipes/tiny-demo.yaml" --model olmo3-tiny devices=4 global_batch=2 per_device_batch=0.5 2>&1); rc=$?
