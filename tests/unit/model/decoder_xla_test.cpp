@@ -66,6 +66,16 @@ double scaled_diff(const float* a, const float* b, int64_t n) {
   return s > 0 ? m / s : m;
 }
 
+// The largest scaled_diff of GOT's gradients from WANT's over the parameters (the same registry).
+double worst_grad_diff(CausalLM& got, CausalLM& want) {
+  double worst = 0;
+  for (size_t i = 0; i < want.params().size(); ++i) {
+    const Tensor& g = want.params()[i].grad;
+    worst = std::max(worst, scaled_diff(got.params()[i].grad.data<float>(), g.data<float>(), g.numel()));
+  }
+  return worst;
+}
+
 double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
 
 }  // namespace
@@ -321,11 +331,7 @@ static void compare_to_one_device(const XlaOptions& two, const char* what) {
   const double scale = 1.0 / double(F.trained());
   one->forward_backward(b, fixture_loss(), scale, 1.0);
   spmd->forward_backward(b, fixture_loss(), scale, 1.0);
-  double worst = 0;
-  for (size_t i = 0; i < one->params().size(); ++i) {
-    const Tensor& g1 = one->params()[i].grad;
-    worst = std::max(worst, scaled_diff(spmd->params()[i].grad.data<float>(), g1.data<float>(), g1.numel()));
-  }
+  const double worst = worst_grad_diff(*spmd, *one);
   std::printf("%s vs one device: CE %.3g relative, logits %.3g, gradients %.3g of scale\n", what,
               rel(f2.sum[kLossCe], f1.sum[kLossCe]), logit_diff, worst);
   EXPECT_LT(worst, kSameRunTol);
@@ -474,11 +480,7 @@ TEST(DecoderXla, ContextParallelWindowsShorterThanAPieceMatchOneDevice) {
   const LossParts d = split->forward_backward(b, fixture_loss(), 0.01, 1.0);
   EXPECT_LT(rel(d.sum[kLossCe], a.sum[kLossCe]), 1e-6);
   EXPECT_EQ(d.tokens, a.tokens);
-  double worst = 0;
-  for (size_t i = 0; i < one->params().size(); ++i) {
-    const Tensor& g = one->params()[i].grad;
-    worst = std::max(worst, scaled_diff(split->params()[i].grad.data<float>(), g.data<float>(), g.numel()));
-  }
+  const double worst = worst_grad_diff(*split, *one);
   std::printf("context 4, windows of 5 in pieces of 8: CE %.3g relative, gradients %.3g of scale\n",
               rel(d.sum[kLossCe], a.sum[kLossCe]), worst);
   EXPECT_LT(worst, kSameRunTol);
@@ -514,11 +516,7 @@ TEST(DecoderXla, ShardedParametersSplitTheFirstDimensionThatDivides) {
   const LossParts a = one->forward_backward(b, fixture_loss(), scale, 1.0);
   const LossParts d = split->forward_backward(b, fixture_loss(), scale, 1.0);
   EXPECT_LT(rel(d.sum[kLossCe], a.sum[kLossCe]), kSameRunTol);
-  double worst = 0;
-  for (size_t i = 0; i < one->params().size(); ++i) {
-    const Tensor& g = one->params()[i].grad;
-    worst = std::max(worst, scaled_diff(split->params()[i].grad.data<float>(), g.data<float>(), g.numel()));
-  }
+  const double worst = worst_grad_diff(*split, *one);
   std::printf("4 devices, parameters split (the embedding by columns) vs one: gradients %.3g of scale\n",
               worst);
   EXPECT_LT(worst, kSameRunTol);
@@ -561,11 +559,7 @@ TEST(DecoderXla, Bf16OperandsStayWithinThePolicyBound) {
   const LossParts pa = a->forward_backward(b, fixture_loss(), scale, 1.0);
   const LossParts pb = b16->forward_backward(b, fixture_loss(), scale, 1.0);
   const double r = rel(pb.sum[kLossCe], pa.sum[kLossCe]), bound = std::ldexp(1.0, -8) * (2 * 49 + 1);
-  double gdiff = 0;
-  for (size_t i = 0; i < a->params().size(); ++i) {
-    const Tensor& ga = a->params()[i].grad;
-    gdiff = std::max(gdiff, scaled_diff(b16->params()[i].grad.data<float>(), ga.data<float>(), ga.numel()));
-  }
+  const double gdiff = worst_grad_diff(*b16, *a);
   std::printf("bf16 operands: CE relative difference %.3g (bound %.3g), gradients %.3g of their scale\n", r,
               bound, gdiff);
   EXPECT_GT(r, 0.0);
@@ -1065,11 +1059,7 @@ TEST(DecoderXla, ScannedLayersMatchUnrolledAndStayFlatInDepth) {
   const LossParts p0 = base->forward_backward(b, fixture_loss(), scale, 1.0);
   const LossParts p1 = scanned->forward_backward(b, fixture_loss(), scale, 1.0);
   EXPECT_LT(rel(p1.sum[kLossCe], p0.sum[kLossCe]), 1e-6);
-  double worst = 0;
-  for (size_t i = 0; i < base->params().size(); ++i) {
-    const Tensor& g = base->params()[i].grad;
-    worst = std::max(worst, scaled_diff(scanned->params()[i].grad.data<float>(), g.data<float>(), g.numel()));
-  }
+  const double worst = worst_grad_diff(*scanned, *base);
   std::printf("scanned layers vs unrolled: CE %.3g relative, gradients %.3g of scale\n",
               rel(p1.sum[kLossCe], p0.sum[kLossCe]), worst);
   EXPECT_LT(worst, 1e-6);
