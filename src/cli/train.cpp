@@ -36,6 +36,7 @@ std::unique_ptr<olmosft::model::CausalLM> build_model(const olmosft::TrainConfig
   xo.cpu_devices = c.xla.cpu_devices;
   xo.mesh = olmosft::xla_mesh(c);
   xo.scan_layers = c.xla.scan_layers;
+  xo.memory_limit_bytes = static_cast<int64_t>(c.xla.memory_limit_gib * 1073741824.0);
   xo.remat = c.model.memory.remat;  // set_memory_policy sets it again (and checks it)
   xo.attention = olmosft::model::parse_xla_attention(c.xla.attention, "xla.attention");
   xo.bf16 = c.compute.gemm.compute == olmosft::ComputeDtype::BF16;

@@ -500,17 +500,36 @@ xla::Executable XlaDecoder::compile(const std::string& text, const char* kind, i
   stats_.compile_seconds += seconds;
   stats_.module_bytes = text.size();
   ++stats_.compiles;
-  if (on_compile_) {
-    XlaCompiled c{kind, B, T, seconds};
-    try {
-      const xla::MemoryStats m = exe.memory_stats();
-      c.argument_bytes = m.argument_bytes, c.output_bytes = m.output_bytes, c.alias_bytes = m.alias_bytes;
-      c.temp_bytes = m.temp_bytes, c.total_bytes = m.total_bytes();
-    } catch (const Error&) {  // a plugin without the statistics: reported as 0
-    }
-    on_compile_(c);
+  XlaCompiled c{kind, B, T, seconds};
+  try {
+    const xla::MemoryStats m = exe.memory_stats();
+    c.argument_bytes = m.argument_bytes, c.output_bytes = m.output_bytes, c.alias_bytes = m.alias_bytes;
+    c.temp_bytes = m.temp_bytes, c.total_bytes = m.total_bytes();
+  } catch (const Error&) {  // a plugin without the statistics: reported as 0
   }
+  if (on_compile_) on_compile_(c);
+  check_fits(c);
   return exe;
+}
+
+void XlaDecoder::check_fits(const XlaCompiled& c) const {
+  const int64_t limit =
+      xo_.memory_limit_bytes > 0 ? xo_.memory_limit_bytes : impl_->client.device_memory_limit(0);
+  if (limit <= 0 || c.total_bytes <= 0) return;  // no limit known, or no statistics: nothing to compare
+  int64_t moments = 0;  // AdamW's moments on device 0 (DeviceTraining), resident beside every program
+  if (!impl_->m.empty())
+    for (size_t i = 0; i < impl_->m[0].size(); ++i)
+      moments += int64_t(impl_->m[0][i].type().bytes() + impl_->v[0][i].type().bytes());
+  const auto gib = [](int64_t b) { return std::to_string(double(b) / 1073741824.0).substr(0, 6); };
+  OLMO_CHECK(
+      c.total_bytes + moments <= limit, "DOES NOT FIT (compiled): the ", c.kind, " program for ", c.B, " x ",
+      c.T, " needs ", gib(c.total_bytes + moments), " GiB per device (arguments ", gib(c.argument_bytes),
+      ", outputs ", gib(c.output_bytes), ", aliased ", gib(c.alias_bytes), ", temporaries ",
+      gib(c.temp_bytes), ", AdamW moments ", gib(moments), ") but the device allows ", gib(limit), " GiB (",
+      xo_.memory_limit_bytes > 0 ? "xla.memory_limit_gib" : "its plugin's limit",
+      "); XLA's compiled figure wins over the planner's estimate. Fewer rows a device "
+      "(per_device_batch), model.remat=full with xla.scan_layers, or a larger mesh; "
+      "`olmosft plan --compile TOPOLOGY RECIPE` checks a slice before a launch (docs/xla.md \"Memory\")");
 }
 
 xla::Executable& XlaDecoder::program(const StepKey& key, const LossConfig& loss) {

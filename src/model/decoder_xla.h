@@ -62,6 +62,11 @@ struct XlaOptions {
   // RoPE's cos / sin evaluated in f64 and rounded once, as the CPU kernels (bit-exact tables); false for
   // devices without f64 (TPU): f32 trigonometry, about 1e-7 relative.
   bool f64_trig = true;
+  // xla.memory_limit_gib: the bytes per device each compiled program plus the AdamW moments resident beside
+  // it must fit; a program that does not is refused after its compile, before it runs (the compiled figure
+  // is the truth, not the planner's). 0: the device's limit (xla::Client::device_memory_limit; none on
+  // XLA's CPU plugin: no check).
+  int64_t memory_limit_bytes = 0;
 };
 
 // The StableHLO text of one step for a [B, T] batch of config C: what XlaDecoder compiles (forward, and the
@@ -171,6 +176,9 @@ class XlaDecoder : public CausalLM, public DeviceTraining {
   xla::Executable& program(const StepKey& key, const LossConfig& loss);  // compiled once per key
   // Counted in stats_, reported to on_compile_ as KIND with its batch shape B x T.
   xla::Executable compile(const std::string& text, const char* kind, int64_t B = 0, int64_t T = 0);
+  // Refuses C (throws "DOES NOT FIT (compiled): ...") when its total bytes plus the device's AdamW moments
+  // exceed XlaOptions::memory_limit_bytes or the device's limit.
+  void check_fits(const XlaCompiled& c) const;
   LossParts run(const Batch& batch, const LossConfig& loss, double grad_scale, double aux_scale,
                 bool backward, float* logits, float* logprobs);
   std::vector<std::vector<xla::Buffer>> batch_buffers(const XlaStepBatch& hb, int64_t B, int64_t T, int64_t M,

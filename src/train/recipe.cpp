@@ -288,7 +288,15 @@ int64_t devices_per_process(const TrainConfig& c) { return c.device == "xla" ? x
 void require_xla_layout(const TrainConfig& c, int64_t world, int64_t local_processes) {
   if (c.device != "xla") return;
   const xla::Mesh m = xla_mesh(c);
-  const int64_t rows = c.batch.slots / std::max<int64_t>(world, 1);
+  const int64_t procs = std::max<int64_t>(world, 1);
+  // per_device_batch counts rows per XLA device, so the micro-step's rows are devices x per_device_batch
+  // only when devices is the job's XLA devices: an explicit other count (the demo's `devices: 1` under a
+  // 4-device mesh) would silently change the accumulation.
+  OLMO_CHECK(c.batch.devices == procs * m.devices(), c.source, ": devices=", c.batch.devices,
+             " but the mesh (", m.text(), ") has ", m.devices(), " XLA devices per process x ", procs,
+             " process(es) = ", procs * m.devices(),
+             ": set devices to that (or leave it out: it defaults to it)");
+  const int64_t rows = c.batch.slots / procs;
   OLMO_CHECK(rows % m.batch_shards() == 0, c.source, ": the mesh (", m.text(),
              ") splits each process's rows per micro-step evenly over data x fsdp = ", m.batch_shards(),
              " devices; devices x per_device_batch / processes = ", rows,

@@ -85,6 +85,7 @@ struct TrainConfig {
     int64_t devices = 1;                  // xla.devices: devices of the SPMD step (data parallel)
     bool shard_params = false;            // xla.shard_params: parameters and optimizer state split over them
     bool scan_layers = false;             // xla.scan_layers: the layers as a loop (model/layer_pass.h)
+    double memory_limit_gib = 0;          // xla.memory_limit_gib: bytes a program may need (0: the device's)
     std::string attention = "blockwise";  // xla.attention: blockwise | cudnn (CUDA plugin)
   } xla;
   std::string tokenizer;

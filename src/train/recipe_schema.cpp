@@ -186,6 +186,12 @@ std::vector<RecipeKey> run_keys() {
           "device: xla: the layers emitted once per repeating group as a loop over stacked weights (program "
           "size and compile time flat in depth; needs model.remat full; no MoE layers yet); docs/xla.md",
           kMath, OLMOSFT_FIELD(xla.scan_layers)),
+      number_key(
+          "xla.memory_limit_gib", "0",
+          "device: xla: the memory per device a compiled program (with the AdamW moments beside it) must "
+          "fit, else the run is refused before it runs; 0: the device's own limit as its plugin reports "
+          "it (none for XLA's CPU plugin: no check); docs/xla.md \"Memory\"",
+          kOps, kNonNegative, OLMOSFT_FIELD(xla.memory_limit_gib)),
       text_key("tokenizer", "", "HF tokenizer directory; must match the one the dataset was built with",
                kMath, OLMOSFT_FIELD(tokenizer)),
       text_key("data.path", "", "packed dataset directory written by `olmosft data build`", kMath,

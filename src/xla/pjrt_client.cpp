@@ -324,6 +324,20 @@ std::vector<std::string> Client::device_descriptions() const {
   return out;
 }
 
+int64_t Client::device_memory_limit(size_t device) const {
+  OLMO_CHECK(device < state_->devices.size(), "xla: device ", device, " out of range: the client has ",
+             state_->devices.size(), " addressable devices");
+  const Plugin& p = *state_->plugin;
+  auto args = OLMO_PJRT_ARGS(PJRT_Device_MemoryStats_Args);
+  args.device = state_->devices[device];
+  try {
+    OLMO_PJRT_CALL(p, PJRT_Device_MemoryStats, args);
+  } catch (const Error&) {  // unimplemented (the CPU plugin) or absent from an older API table
+    return 0;
+  }
+  return args.bytes_limit_is_set ? args.bytes_limit : 0;
+}
+
 Buffer Client::to_device(const void* data, const TensorType& type, size_t device) const {
   OLMO_CHECK(device < state_->devices.size(), "xla: device ", device, " out of range: the client has ",
              state_->devices.size(), " addressable devices");

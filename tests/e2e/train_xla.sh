@@ -105,6 +105,13 @@ run remat device=xla model.remat=full; rc=$?
 paste <(parts "$dir/xla.out") <(parts "$dir/remat.out") >"$dir/remat.txt"
 check "model.remat=full on XLA: 3 steps, CE and lm_z equal to the run without recomputation" \
   "[ $rc -eq 0 ] && awk '{ n++; if (\$1 != \$4 || \$2 != \$5 || \$3 != \$6) bad++ } END { exit !(n == 3 && bad == 0) }' '$dir/remat.txt'"
+# The compiled figure decides (xla.memory_limit_gib, else the device's own limit): a program larger than the
+# limit is refused after its compile, before it runs (here the first, the start-of-run check's forward),
+# naming its parts.
+run toobig device=xla xla.memory_limit_gib=0.001; rc=$?
+check "a program over xla.memory_limit_gib is refused after its compile, before step 1 (exit 2)" \
+  "[ $rc -eq 2 ] && grep -q '^XLA-PROGRAM kind=' '$dir/toobig.out' && ! grep -q '^LOSS-PARTS' '$dir/toobig.out' &&
+   grep -Eq 'DOES NOT FIT \(compiled\): the (forward|step) program for [0-9]+ x 256 needs [0-9.]+ GiB per device \(arguments .* temporaries .* but the device allows 0.0010 GiB \(xla.memory_limit_gib\)' '$dir/toobig.err'"
 run cpbad device=xla mesh.context=3 global_batch=3 per_device_batch=1; rc=$?
 check "a mesh whose context axis does not divide seq_len is refused before any compute (exit 2)" \
   "[ $rc -eq 2 ] && grep -q 'seq_len 256 is not a multiple' '$dir/cpbad.err'"

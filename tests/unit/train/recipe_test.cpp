@@ -242,7 +242,14 @@ TEST(Recipe, DeviceKeyAndCudaRefusal) {
   // xla.devices splits each process's rows per micro-step (slots / processes) evenly.
   c.xla.devices = 2;
   c.batch.slots = 8;
+  // devices is the job's XLA devices (processes x the mesh's): another explicit count is refused.
+  EXPECT_EQ(
+      error_of([&] { require_xla_layout(c, 2, 1); }),
+      "gpu.yaml: devices=1 but the mesh (data=2 fsdp=1 expert=1 context=1) has 2 XLA devices per process x "
+      "2 process(es) = 4: set devices to that (or leave it out: it defaults to it)");
+  c.batch.devices = 4;
   EXPECT_EQ(error_of([&] { require_xla_layout(c, 2, 1); }), "");
+  c.batch.devices = 16;
   EXPECT_EQ(
       error_of([&] { require_xla_layout(c, 8, 1); }),
       "gpu.yaml: the mesh (data=2 fsdp=1 expert=1 context=1) splits each process's rows per micro-step "
@@ -265,6 +272,7 @@ TEST(Recipe, DeviceKeyAndCudaRefusal) {
   EXPECT_EQ(xla_mesh(c), (olmosft::xla::Mesh{.fsdp = 2, .context = 4}));
   EXPECT_EQ(devices_per_process(c), 8);
   c.batch.seq_len = 30;
+  c.batch.devices = 8;
   EXPECT_NE(error_of([&] { require_xla_layout(c, 1, 1); }).find("seq_len 30 is not a multiple"),
             std::string::npos);
   c.mesh = {{"tensor", 2}};
@@ -335,7 +343,8 @@ TEST(RecipeSchema, OneTableOfKeysWithReadersAndResumeRules) {
                                       "eval.heldout",
                                       "export.hf",
                                       "perf.peak_tflops",
-                                      "xla.cpu_devices"};
+                                      "xla.cpu_devices",
+                                      "xla.memory_limit_gib"};
   EXPECT_EQ(operational, want);
   EXPECT_TRUE(recipe_key_operational("cluster.queue"));
   EXPECT_TRUE(recipe_key_operational("mesh.fsdp"));
