@@ -40,11 +40,12 @@ int plan_main(int argc, char** argv) {
       "--compile", compile,
       "also compile the recipe's step for this slice ahead of time and print the compiled per-device "
       "memory (a PLAN compiled=yes line; tpu-v4:XxYxZ through libtpu: scripts/install-deps.sh --tpu; "
-      "devices defaults to the slice's chips; docs/plan.md \"Compiled plans\")");
+      "h100:HOSTSxGPUS, h200:..., b200:... through XLA's CUDA plugin without a GPU: --cuda; devices "
+      "defaults to the slice's chips or the cluster's GPUs; docs/plan.md \"Compiled plans\")");
   return olmosft::cli::run_app(app, argc, argv, [&] {
     if (devices <= 0 && !compile.empty()) devices = olmosft::train::slice_devices(compile);
     if (devices > 0) overrides.push_back("devices=" + std::to_string(devices));
-    if (!compile.empty() && device == "cpu") device = "tpu-v4";
+    if (!compile.empty() && device == "cpu") device = olmosft::train::planner_device(compile);
     const olmosft::TrainConfig cfg = olmosft::Recipe::load(path, overrides).config();
     olmosft::model::ModelConfig m;
     std::string note;

@@ -130,7 +130,8 @@ Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_
   }
   // XLA's CPU plugin makes 4 devices by default; the step runs on --spmd of them (one by default).
   const auto client = olmosft::xla::Client::create(
-      plugin, a.plugin == "cpu" ? olmosft::xla::ClientOptions{xo.devices()} : olmosft::xla::ClientOptions{});
+      plugin, a.plugin == "cpu" ? olmosft::xla::ClientOptions{.cpu_device_count = xo.devices()}
+                                : olmosft::xla::ClientOptions{});
   c.platform = client.platform_name();
   c.devices = client.device_count();
   xo.f64_trig = c.platform != "tpu";

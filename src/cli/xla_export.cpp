@@ -192,7 +192,7 @@ std::string argument_lines(const Args& a, const olmosft::model::ModelConfig& m, 
 // Runs the program here on XLA's CPU plugin and writes its results as the expected ones.
 std::string expected_lines(const XlaStepProgram& p, const std::vector<std::vector<char>>& host,
                            const fs::path& dir) {
-  auto client = olmosft::xla::Client::create("cpu", olmosft::xla::ClientOptions{1});
+  auto client = olmosft::xla::Client::create("cpu", olmosft::xla::ClientOptions{.cpu_device_count = 1});
   auto exe = client.compile(p.text);
   std::vector<olmosft::xla::Buffer> args;
   for (size_t i = 0; i < p.arguments.size(); ++i) {

@@ -17,6 +17,7 @@
 #include "model/params.h"
 #include "model/unit_emit.h"
 #include "model/xla_layout.h"
+#include "xla/cuda_target.h"
 #include "xla/hlo_builder.h"
 #include "xla/ops_adamw.h"
 #include "xla/ops_attention_cudnn.h"
@@ -359,6 +360,8 @@ struct XlaDecoder::Impl {
   static xla::ClientOptions client_options(const XlaOptions& xo) {
     xla::ClientOptions co;
     if (xo.plugin == "cpu") co.cpu_device_count = std::max(xo.cpu_devices, xo.devices());
+    // The share of each GPU XLA's allocator takes (the budget plan --compile checks against).
+    if (xo.plugin == "cuda") co.extra.push_back({"memory_fraction", float(xla::kCudaMemoryFraction)});
     return co;
   }
   std::vector<int> split;  // per parameter (registry order): its dimension split over the mesh, or -1

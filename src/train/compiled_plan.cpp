@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
 #include "model/decoder_xla.h"
 #include "model/params.h"
 #include "train/plan.h"
+#include "xla/cuda_target.h"
 #include "xla/pjrt.h"
 
 namespace olmosft::train {
@@ -19,39 +21,93 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// tpu-v4:4x4x8 -> libtpu's v4:4x4x8; anything else is refused naming it.
+// tpu-v4:4x4x8 -> libtpu's v4:4x4x8; empty for anything else.
 std::string libtpu_topology(const std::string& topology) {
   const std::string pre = "tpu-";
-  OLMO_CHECK(
-      topology.rfind(pre, 0) == 0, "plan --compile: topology '", topology,
-      "': expected tpu-v4:XxYxZ (a TPU slice, compiled by libtpu); GPU clusters are not compiled by this "
-      "build yet");
+  if (topology.rfind(pre, 0) != 0) return "";
   const std::string t = topology.substr(pre.size());
   xla::tpu_topology_bounds(t);  // refuses a generation or shape libtpu's options are not known for
   return t;
 }
 
+bool is_gpu_cluster(const std::string& topology) {
+  const size_t colon = topology.find(':');
+  if (colon == std::string::npos || topology.rfind("tpu-", 0) == 0) return false;
+  const std::string gpu = topology.substr(0, colon);
+  try {
+    xla::gpu_device_description(gpu);
+  } catch (const Error&) {
+    return false;
+  }
+  return true;
+}
+
+[[noreturn]] void unknown_topology(const std::string& topology) {
+  fail(
+      "plan --compile: topology '", topology,
+      "': expected tpu-v4:XxYxZ (a TPU slice, compiled by libtpu) or GPU:HOSTSxGPUS (a GPU cluster, compiled "
+      "by XLA's CUDA plugin; GPUs: ",
+      xla::gpu_names(), ")");
+}
+
+// The slice or cluster's topology, the plugin it is compiled by and the memory a device may use.
+struct Target {
+  std::string plugin;
+  std::optional<xla::Topology> topo;
+  int64_t device_bytes = 0;
+  bool f64 = true;
+};
+
+Target make_target(const std::string& topology) {
+  Target t;
+  if (const std::string tpu = libtpu_topology(topology); !tpu.empty()) {
+    xla::libtpu_deviceless_env();
+    t.plugin = "tpu";
+    t.topo = xla::Topology::create("tpu", tpu, xla::tpu_topology_options(tpu));
+    const auto attrs = t.topo->attributes();
+    if (auto it = attrs.find("device_memory_bytes_limit"); it != attrs.end())
+      t.device_bytes = std::stoll(it->second);
+    t.f64 = false;  // TPUs have no f64
+    return t;
+  }
+  if (!is_gpu_cluster(topology)) unknown_topology(topology);
+  const xla::GpuCluster c = xla::parse_gpu_cluster(topology);
+  const std::shared_ptr<const xla::Plugin> plugin = xla::Plugin::load("cuda");
+  const xla::GpuTarget g = xla::cuda_target(plugin->path(), c.gpu);
+  t.plugin = "cuda";
+  t.topo = xla::Topology::create(plugin, "cuda", xla::cuda_topology_options(g, c));
+  // What a run's client may allocate (xla::kCudaMemoryFraction, the create option XlaDecoder passes).
+  t.device_bytes = static_cast<int64_t>(double(g.memory_bytes) * xla::kCudaMemoryFraction);
+  return t;
+}
+
 }  // namespace
 
+std::string planner_device(const std::string& topology) {
+  if (!libtpu_topology(topology).empty()) return "tpu-v4";
+  if (!is_gpu_cluster(topology)) unknown_topology(topology);
+  const std::string gpu = xla::parse_gpu_cluster(topology).gpu;
+  return gpu == "h100" ? "h100-80gb" : gpu == "h200" ? "h200-141gb" : "b200-192gb";
+}
+
 int64_t slice_devices(const std::string& topology) {
-  return xla::tpu_topology_chips(libtpu_topology(topology));
+  if (const std::string tpu = libtpu_topology(topology); !tpu.empty()) return xla::tpu_topology_chips(tpu);
+  if (!is_gpu_cluster(topology)) unknown_topology(topology);
+  return xla::parse_gpu_cluster(topology).devices();
 }
 
 CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, const std::string& topology) {
   CompiledPlan p;
   p.topology = topology;
-  const std::string t = libtpu_topology(topology);
-  xla::libtpu_deviceless_env();
-  const xla::Topology topo = xla::Topology::create("tpu", t, xla::tpu_topology_options(t));
+  const Target target = make_target(topology);
+  const xla::Topology& topo = *target.topo;
   p.platform = topo.platform_name();
   p.devices = static_cast<int64_t>(topo.device_count());
   const auto kinds = topo.device_kinds();
   p.device_kind = kinds.empty() ? "" : kinds[0];
-  const auto attrs = topo.attributes();
-  if (auto it = attrs.find("device_memory_bytes_limit"); it != attrs.end())
-    p.device_bytes = std::stoll(it->second);
+  p.device_bytes = target.device_bytes;
   model::XlaOptions xo;
-  xo.plugin = "tpu";
+  xo.plugin = target.plugin;
   xo.mesh = xla_mesh(cfg);
   OLMO_CHECK(xo.mesh.devices() == p.devices, cfg.source, ": the mesh (", xo.mesh.text(), ") has ",
              xo.mesh.devices(), " devices, but ", topology, " has ", p.devices,
@@ -59,7 +115,7 @@ CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, c
   xo.remat = cfg.model.memory.remat;
   xo.scan_layers = cfg.xla.scan_layers;
   xo.bf16 = cfg.compute.gemm.compute == ComputeDtype::BF16;
-  xo.f64_trig = false;  // TPUs have no f64
+  xo.f64_trig = target.f64;
   p.mesh = xo.mesh;
   p.B = cfg.batch.slots;
   p.T = cfg.batch.seq_len;

@@ -29,12 +29,16 @@ struct CompiledPlan {
 
 // Compiles CFG's step (its mesh, remat, scanned layers, compute dtype, loss settings; B = the rows of a
 // micro-step over all the slice's devices, T = seq_len) for TOPOLOGY: `tpu-v4:XxYxZ` through libtpu
-// (scripts/install-deps.sh --tpu). Throws naming the topology or key: another spelling, a mesh whose devices
-// are not the slice's, a program the compiler refuses (libtpu refuses one that cannot fit: then fits=false is
-// not reached, the compiler's message is).
+// (scripts/install-deps.sh --tpu), or a GPU cluster `h100:HOSTSxGPUS` (also h200, b200) through XLA's CUDA
+// plugin with no GPU (--cuda; xla/cuda_target.h), whose device budget is xla::kCudaMemoryFraction of the
+// GPU's memory (XLA does not refuse a program larger than a GPU: the caller compares). Throws naming the
+// topology or key: another spelling, a mesh whose devices are not the slice's, a program the compiler refuses
+// (libtpu refuses one that cannot fit: then fits=false is not reached, the compiler's message is).
 CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, const std::string& topology);
-// The devices of TOPOLOGY (its chips), refused as compile_plan refuses its spelling.
+// The devices of TOPOLOGY (its chips or GPUs), refused as compile_plan refuses its spelling.
 int64_t slice_devices(const std::string& topology);
+// The planner's device (train/plan.h parse_device) for TOPOLOGY's chips: tpu-v4, h100-80gb, ...
+std::string planner_device(const std::string& topology);
 
 // PLAN compiled=yes topology=... devices=... mesh=... B=... T=... argument_bytes=... output_bytes=...
 // temp_bytes=... code_bytes=... step_bytes=... moments_bytes=... need_bytes=... device_bytes=...

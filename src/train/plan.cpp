@@ -328,6 +328,7 @@ const std::vector<PlanDevice>& accelerator_devices() {
   static const std::vector<PlanDevice> devices = {
       {"h100-80gb", DeviceKind::Gpu, 81559 * kMiB, 989e12, "H100 SXM, 81,559 MiB"},
       {"h200-141gb", DeviceKind::Gpu, 143771 * kMiB, 989e12, "H200 SXM, 143,771 MiB"},
+      {"b200-192gb", DeviceKind::Gpu, 182644 * kMiB, 2250e12, "B200, 182,644 MiB (XLA's spec)"},
       {"a100-80gb", DeviceKind::Gpu, 81920 * kMiB, 312e12, "A100 SXM 80 GB, 81,920 MiB"},
       {"tpu-v4", DeviceKind::Tpu, 32 * kGiB, 275e12, "TPU v4 chip, 32 GiB HBM"},
   };

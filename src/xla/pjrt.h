@@ -58,12 +58,6 @@ class Plugin {
   std::map<std::string, std::string> attributes_;
 };
 
-struct ClientOptions {
-  // Number of CPU devices (XLA's CPU plugin reads the create option "cpu_device_count"; its default is 4).
-  // Unset: no option is passed, as other plugins may refuse options they do not know.
-  std::optional<int64_t> cpu_device_count;
-};
-
 // A typed option passed to a plugin as a PJRT_NamedValue (topology and client create options). Which names
 // and types a plugin reads is the plugin's own business: libtpu's topology options are in
 // tpu_topology_options below.
@@ -73,6 +67,15 @@ struct NamedValue {
 };
 // `name=value` pairs joined by ", " (int64 lists as 2,2,1 in brackets, strings quoted): for logs and errors.
 std::string format_named_values(std::span<const NamedValue> values);
+
+struct ClientOptions {
+  // Number of CPU devices (XLA's CPU plugin reads the create option "cpu_device_count"; its default is 4).
+  // Unset: no option is passed, as other plugins may refuse options they do not know.
+  std::optional<int64_t> cpu_device_count = {};
+  // Further create options as the plugin names them (the CUDA plugin's memory_fraction, ...), passed as
+  // given after cpu_device_count.
+  std::vector<NamedValue> extra = {};
+};
 
 // What goes into the serialized xla.CompileOptionsProto (compile_options_proto below).
 struct CompileOptions {

@@ -281,6 +281,8 @@ Client Client::create(std::shared_ptr<const Plugin> plugin, const ClientOptions&
     v.value_size = 1;
     named.push_back(v);
   }
+  const std::vector<PJRT_NamedValue> extra = to_pjrt(options.extra);  // names point into options.extra
+  named.insert(named.end(), extra.begin(), extra.end());
   auto args = OLMO_PJRT_ARGS(PJRT_Client_Create_Args);
   args.create_options = named.data();
   args.num_options = named.size();

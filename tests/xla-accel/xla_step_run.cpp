@@ -167,8 +167,8 @@ int run(const std::string& plugin, const std::string& dir, int reps, double peak
   std::ifstream tf(dir + "/step.mlir");
   OLMO_CHECK(tf, "xla_step_run: cannot read ", dir, "/step.mlir");
   const std::string text((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
-  xla::Client client =
-      xla::Client::create(plugin, plugin == "cpu" ? xla::ClientOptions{1} : xla::ClientOptions{});
+  xla::Client client = xla::Client::create(
+      plugin, plugin == "cpu" ? xla::ClientOptions{.cpu_device_count = 1} : xla::ClientOptions{});
   auto t0 = Clock::now();
   xla::Executable exe = client.compile(text);
   const double compile_s = std::chrono::duration<double>(Clock::now() - t0).count();

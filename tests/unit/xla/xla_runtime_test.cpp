@@ -236,7 +236,7 @@ TEST(XlaRuntime, PjrtErrorsCarryThePluginMessageAndTheCall) {
   const std::string dev = error_of([&] { exe.execute(wrong_device); });
   EXPECT_NE(dev.find("is on device TFRT_CPU_1"), std::string::npos) << dev;
 
-  Client other = Client::create("cpu", ClientOptions{1});
+  Client other = Client::create("cpu", ClientOptions{.cpu_device_count = 1});
   Buffer foreign = other.to_device(std::span<const float>(a), {4});
   Buffer* mixed[] = {&A, &foreign};
   EXPECT_NE(
@@ -248,8 +248,9 @@ TEST(XlaRuntime, BuffersAndExecutablesOutliveTheirClientObject) {
   std::optional<Buffer> kept;
   std::optional<Executable> exe;
   {
-    Client c = Client::create(testutil::test_plugin(),
-                              testutil::on_cpu_plugin() ? ClientOptions{1} : ClientOptions{});
+    Client c =
+        Client::create(testutil::test_plugin(),
+                       testutil::on_cpu_plugin() ? ClientOptions{.cpu_device_count = 1} : ClientOptions{});
     std::vector<float> a{5, 6, 7, 8};
     kept = c.to_device(std::span<const float>(a), {4});
     exe = c.compile(kAddModule);

@@ -20,8 +20,8 @@ inline bool on_cpu_plugin() { return test_plugin() == "cpu"; }
 
 // The binary's client: on the CPU plugin with `cpu_devices` devices, elsewhere with the plugin's defaults.
 inline Client& test_client(int64_t cpu_devices) {
-  static Client c =
-      Client::create(test_plugin(), on_cpu_plugin() ? ClientOptions{cpu_devices} : ClientOptions{});
+  static Client c = Client::create(
+      test_plugin(), on_cpu_plugin() ? ClientOptions{.cpu_device_count = cpu_devices} : ClientOptions{});
   return c;
 }
 
