@@ -20,6 +20,9 @@
 #   7b4-8k-cudnn-packed  the 8,192-token step with 4 documents of 2,048 tokens per row (`--docs-per-row 4`):
 #                 cuDNN's packed form (PADDING_CAUSAL with segment lengths and offsets), how SFT rows are
 #                 packed; its FLOPs count the shorter documents' attention
+# Each step also prints XLA-MEMORY: the program's compiled per-device total (what `olmosft plan --compile
+# h100:...` reports here without a GPU) against the device allocator's measured peak (PJRT_Device_MemoryStats;
+# issue #46: the compiled figure is what a plan trusts, so the device must confirm it).
 #
 #   here, once:  scripts/install-deps.sh && scripts/accel-check.sh --stage
 #                (deps/xla/include: the PJRT C API header; deps/googletest; deps/xla-steps: the exports)
@@ -141,6 +144,6 @@ run_steps() {
 
 check 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
-grep -E '^(RESULT|XLA-MATMUL|XLA-STEP|TORCH-STEP|==|accel-check)' "$log" >"$summary"
+grep -E '^(RESULT|XLA-MATMUL|XLA-STEP|XLA-MEMORY|TORCH-STEP|==|accel-check)' "$log" >"$summary"
 echo "accel-check: exit $rc; log $log, summary $summary"
 exit "$rc"

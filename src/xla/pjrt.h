@@ -185,10 +185,14 @@ class Client {
   std::string platform_name() const;
   size_t device_count() const;  // addressable devices
   std::vector<std::string> device_descriptions() const;
-  // The memory the allocator of addressable device DEVICE may hand out, in bytes (PJRT_Device_MemoryStats'
-  // bytes_limit: for the CUDA plugin its memory fraction of the GPU, for libtpu the HBM less what it keeps);
-  // 0 where the plugin reports none (XLA's CPU plugin).
-  int64_t device_memory_limit(size_t device = 0) const;
+  // Addressable device DEVICE's allocator (PJRT_Device_MemoryStats): bytes in use now, the peak so far and
+  // the limit it may hand out (for the CUDA plugin its memory fraction of the GPU, for libtpu the HBM less
+  // what it keeps); each 0 where the plugin reports none (XLA's CPU plugin reports nothing).
+  struct DeviceMemory {
+    int64_t in_use = 0, peak = 0, limit = 0;
+  };
+  DeviceMemory device_memory(size_t device = 0) const;
+  int64_t device_memory_limit(size_t device = 0) const { return device_memory(device).limit; }
 
   // Copies a dense row-major host array to device DEVICE (an index into the addressable devices); the host
   // data may be freed when this returns.

@@ -326,7 +326,7 @@ std::vector<std::string> Client::device_descriptions() const {
   return out;
 }
 
-int64_t Client::device_memory_limit(size_t device) const {
+Client::DeviceMemory Client::device_memory(size_t device) const {
   OLMO_CHECK(device < state_->devices.size(), "xla: device ", device, " out of range: the client has ",
              state_->devices.size(), " addressable devices");
   const Plugin& p = *state_->plugin;
@@ -335,9 +335,10 @@ int64_t Client::device_memory_limit(size_t device) const {
   try {
     OLMO_PJRT_CALL(p, PJRT_Device_MemoryStats, args);
   } catch (const Error&) {  // unimplemented (the CPU plugin) or absent from an older API table
-    return 0;
+    return {};
   }
-  return args.bytes_limit_is_set ? args.bytes_limit : 0;
+  return {args.bytes_in_use, args.peak_bytes_in_use_is_set ? args.peak_bytes_in_use : 0,
+          args.bytes_limit_is_set ? args.bytes_limit : 0};
 }
 
 Buffer Client::to_device(const void* data, const TensorType& type, size_t device) const {

@@ -6,6 +6,9 @@
 //   XLA-STEP plugin=P platform=S dir=DIR model=M layers=L B=B T=T bf16=0|1 compile_s=.. step_s=.. (best of
 //   REPS after one warm-up) tokens_per_s=.. tflops=.. mfu=..   (mfu: the manifest's model FLOPs per step /
 //   step_s / PEAK_TFLOPS; 0 when no peak is given)
+//   XLA-MEMORY dir=DIR compiled_total_bytes=.. device_peak_bytes=.. device_limit_bytes=..
+//   peak_over_compiled=.. (the compiled per-device total against the device allocator's measured peak; 0
+//   where not reported)
 // and, when the manifest has expected results, one line per result checked and
 //   RESULT xla_step DIR passed|FAILED (worst max|got - want| / max|want| = X of an allowed Y)
 // Exit 0 only when it ran and every expected result matched.
@@ -195,6 +198,20 @@ int run(const std::string& plugin, const std::string& dir, int reps, double peak
       "mfu=%.3f\n",
       plugin.c_str(), client.platform_name().c_str(), dir.c_str(), m.header.c_str(), compile_s, best,
       double(m.tokens) / best, tflops, peak > 0 ? tflops / peak : 0.0);
+  // The device's measured peak against the compiled figure (issue #46: a compiled plan is only worth what
+  // the device confirms). 0 where the plugin reports no statistics.
+  int64_t compiled = 0;
+  try {
+    compiled = exe.memory_stats().total_bytes();
+  } catch (const Error&) {
+  }
+  const xla::Client::DeviceMemory dm = client.device_memory(0);
+  std::printf(
+      "XLA-MEMORY dir=%s compiled_total_bytes=%lld device_peak_bytes=%lld device_limit_bytes=%lld "
+      "peak_over_compiled=%.3f\n",
+      dir.c_str(), static_cast<long long>(compiled), static_cast<long long>(dm.peak),
+      static_cast<long long>(dm.limit),
+      compiled > 0 && dm.peak > 0 ? double(dm.peak) / double(compiled) : 0.0);
   bool any = false, ok = true;
   double worst = 0, allowed = 0;
   for (size_t i = 0; i < m.results.size(); ++i) {
