@@ -7,8 +7,9 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DOLMOSFT_WERROR=ON
 
 all: build
 
-# --cuda: XLA's CUDA plugin (135 MB wheel; measured 1.2 s to download here, 5 s to unpack), so that make test
-# compiles a 16-GPU step without a GPU (tests/unit/train/train_compiled_plan_test.cpp; docs/plan.md).
+# --cuda: XLA's CUDA plugin and the CUDA toolkit parts its deviceless compile reads (libcudart, libnvJitLink,
+# libdevice; 4 wheels, 240 MB; measured 10 s here from scratch), so that make test compiles a 16-GPU step
+# without a GPU (tests/unit/train/train_compiled_plan_test.cpp; docs/plan.md).
 deps:
 	scripts/install-deps.sh --cuda
 

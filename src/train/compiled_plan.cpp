@@ -56,6 +56,7 @@ struct Target {
   std::optional<xla::Topology> topo;
   int64_t device_bytes = 0;
   bool f64 = true;
+  std::vector<std::pair<std::string, std::string>> flags;  // XLA options for the compile
 };
 
 Target make_target(const std::string& topology) {
@@ -78,6 +79,10 @@ Target make_target(const std::string& topology) {
   t.topo = xla::Topology::create(plugin, "cuda", xla::cuda_topology_options(g, c));
   // What a run's client may allocate (xla::kCudaMemoryFraction, the create option XlaDecoder passes).
   t.device_bytes = static_cast<int64_t>(double(g.memory_bytes) * xla::kCudaMemoryFraction);
+  // The toolkit parts install-deps.sh --cuda unpacks beside the plugin (libcudart and libnvJitLink load by
+  // its RPATH; libdevice is looked up under xla_gpu_cuda_data_dir first, else /usr/local/cuda).
+  if (const std::string root = xla::cuda_wheel_root(plugin->path()); !root.empty())
+    t.flags.push_back({"xla_gpu_cuda_data_dir", root});
   return t;
 }
 
@@ -128,6 +133,7 @@ CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, c
   xla::CompileOptions co;
   co.num_partitions = p.devices;
   co.use_spmd_partitioning = p.devices > 1;
+  co.env_option_overrides = target.flags;
   t0 = std::chrono::steady_clock::now();
   const xla::AotExecutable exe = xla::compile_for_topology(topo, text, co);
   p.compile_s = since(t0);

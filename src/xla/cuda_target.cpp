@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 
@@ -118,6 +119,14 @@ GpuTarget cuda_target(const std::string& plugin_path, std::string_view gpu) {
              " is not a stream_executor.GpuTargetConfigProto with gpu_device_info, device_memory_size and "
              "core_count (its embedded specs changed form; refused rather than guessed)");
   return t;
+}
+
+std::string cuda_wheel_root(const std::string& plugin_path) {
+  const std::filesystem::path root =
+      std::filesystem::path(plugin_path).parent_path().parent_path() / "nvidia" / "cu13";
+  std::error_code ec;
+  return std::filesystem::is_regular_file(root / "nvvm" / "libdevice" / "libdevice.10.bc", ec) ? root.string()
+                                                                                               : "";
 }
 
 std::vector<NamedValue> cuda_topology_options(const GpuTarget& target, const GpuCluster& cluster) {

@@ -44,6 +44,11 @@ GpuTarget cuda_target(const std::string& plugin_path, std::string_view gpu);
 // The topology options for TARGET on CLUSTER: target_config and topology "1x<hosts>x<gpus per host>".
 std::vector<NamedValue> cuda_topology_options(const GpuTarget& target, const GpuCluster& cluster);
 
+// The CUDA toolkit parts scripts/install-deps.sh --cuda unpacks from NVIDIA's wheels beside the plugin
+// (PLUGIN_PATH's ../nvidia/cu13: lib/libcudart.so.13, lib/libnvJitLink.so.13, nvvm/libdevice/libdevice.10.bc,
+// the layout the plugin's RPATH names), or "" when its libdevice is not there (a system toolkit serves).
+std::string cuda_wheel_root(const std::string& plugin_path);
+
 // The share of a GPU's memory a run's client lets XLA allocate (the CUDA plugin's `memory_fraction` create
 // option, which XlaDecoder passes): the rest is the CUDA context, NCCL's buffers and cuBLAS/cuDNN workspaces
 // outside XLA's allocator. A compiled plan's budget is this share of the GPU's memory.

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -83,11 +84,15 @@ struct CompileOptions {
   int64_t num_partitions = 1;
   bool use_spmd_partitioning = false;
   int64_t device_ordinal = -1;  // -1: not set (the plugin's default device assignment)
+  // XLA debug options for this compile only, as (flag, value) strings: CompileOptionsProto field 7
+  // env_option_overrides (e.g. xla_gpu_cuda_data_dir, xla_dump_to).
+  std::vector<std::pair<std::string, std::string>> env_option_overrides = {};
 };
 
 // The serialized xla.CompileOptionsProto for OPTIONS: field 3 executable_build_options with device_ordinal
-// (1), num_replicas (4), num_partitions (5) and use_spmd_partitioning (6). An empty proto aborts the CPU
-// plugin.
+// (1), num_replicas (4), num_partitions (5) and use_spmd_partitioning (6); field 7 env_option_overrides, one
+// map entry per override (key 1, value 2: an OptionOverrideProto with string_field 1). An empty proto aborts
+// the CPU plugin.
 std::string compile_options_proto(const CompileOptions& options);
 
 struct ClientState;  // shared by a client and everything made from it (pjrt_internal.h)

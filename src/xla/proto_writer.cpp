@@ -42,6 +42,13 @@ std::string compile_options_proto(const CompileOptions& o) {
   if (o.use_spmd_partitioning) build.bool_field(6, true);
   ProtoWriter options;
   options.message_field(3, build);
+  for (const auto& [flag, value] : o.env_option_overrides) {
+    OLMO_CHECK(!flag.empty(), "xla: an env_option_overrides entry without a flag name");
+    ProtoWriter v, entry;
+    v.bytes_field(1, value);
+    entry.bytes_field(1, flag).message_field(2, v);
+    options.message_field(7, entry);
+  }
   return options.bytes();
 }
 

@@ -59,6 +59,11 @@ TEST(XlaCudaTarget, SpecsComeFromTheInstalledPlugin) {
   EXPECT_TRUE(h100.text.ends_with("device_description_str: \"NVIDIA H100 80GB HBM3\"\n"));
   EXPECT_EQ(cuda_target(plugin, "h200").memory_bytes, 151397597184);
   EXPECT_EQ(cuda_target(plugin, "b200").core_count, 148);
+  // install-deps.sh --cuda's toolkit parts beside it (the deviceless compile's libdevice root).
+  const std::string root = cuda_wheel_root(plugin);
+  EXPECT_TRUE(root.ends_with("/nvidia/cu13")) << root;
+  EXPECT_TRUE(std::filesystem::exists(root + "/lib/libnvJitLink.so.13")) << root;
+  EXPECT_EQ(cuda_wheel_root("/nonexistent/cuda/xla_cuda_plugin.so"), "");
   const auto opts = cuda_topology_options(h100, parse_gpu_cluster("h100:2x8"));
   ASSERT_EQ(opts.size(), 2u);
   EXPECT_EQ(opts[0].name, "target_config");

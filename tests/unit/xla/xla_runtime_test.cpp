@@ -178,6 +178,13 @@ TEST(XlaRuntime, CompileOptionsProtoBytes) {
   // device_ordinal 0, num_replicas 1, num_partitions 128 (2-byte varint 0x80 0x01), use_spmd_partitioning
   // true.
   EXPECT_EQ(compile_options_proto(spmd), std::string("\x1a\x09\x08\x00\x20\x01\x28\x80\x01\x30\x01", 11));
+  // env_option_overrides (field 7): a map entry {key "a" (1), value (2) {string_field "b" (1)}}.
+  CompileOptions env;
+  env.env_option_overrides = {{"a", "b"}};
+  EXPECT_EQ(compile_options_proto(env), want + std::string("\x3a\x08\x0a\x01"
+                                                           "a\x12\x03\x0a\x01"
+                                                           "b",
+                                                           10));
   EXPECT_NE(error_of([] {
               compile_options_proto(CompileOptions{0, 1, false, -1});
             }).find("num_replicas >= 1"),
