@@ -147,7 +147,10 @@ CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, c
     moments += 2 * 4 * (xla::param_split_dim(xo.mesh, ps.shape) >= 0 ? n / xo.mesh.param_shards() : n);
   }
   p.moments_bytes = moments;
-  p.need_bytes = p.step_bytes + p.moments_bytes;
+  // With gradient accumulation the sums of the earlier micro-steps stay on the device (split as the
+  // parameters: half the moments' bytes); the compiled step returns only its own.
+  p.sums_bytes = cfg.batch.grad_accum > 1 ? moments / 2 : 0;
+  p.need_bytes = p.step_bytes + p.moments_bytes + p.sums_bytes;
   p.fits = p.device_bytes > 0 && p.need_bytes <= p.device_bytes;
   return p;
 }
@@ -161,9 +164,10 @@ std::string compiled_plan_line(const CompiledPlan& p, int64_t planned_bytes) {
     << " B=" << p.B << " T=" << p.T << " argument_bytes=" << p.argument_bytes
     << " output_bytes=" << p.output_bytes << " alias_bytes=" << p.alias_bytes
     << " temp_bytes=" << p.temp_bytes << " code_bytes=" << p.code_bytes << " step_bytes=" << p.step_bytes
-    << " moments_bytes=" << p.moments_bytes << " need_bytes=" << p.need_bytes
-    << " device_bytes=" << p.device_bytes << " planned_bytes=" << planned_bytes
-    << " fits=" << (p.fits ? "yes" : "no") << " compile_s=" << p.compile_s << "\n";
+    << " moments_bytes=" << p.moments_bytes << " sums_bytes=" << p.sums_bytes
+    << " need_bytes=" << p.need_bytes << " device_bytes=" << p.device_bytes
+    << " planned_bytes=" << planned_bytes << " fits=" << (p.fits ? "yes" : "no")
+    << " compile_s=" << p.compile_s << "\n";
   return o.str();
 }
 
@@ -174,9 +178,10 @@ std::string compiled_plan_summary(const CompiledPlan& p, int64_t planned_bytes) 
     << p.mesh.text() << "): per device " << gib(double(p.need_bytes)) << " GiB of "
     << gib(double(p.device_bytes)) << " (step " << gib(double(p.step_bytes)) << ": temporaries "
     << gib(double(p.temp_bytes)) << ", arguments " << gib(double(p.argument_bytes)) << ", outputs "
-    << gib(double(p.output_bytes)) << "; AdamW moments " << gib(double(p.moments_bytes)) << "), "
-    << (p.fits ? "fits" : "does not fit") << "; compiled in " << p.compile_s << " s; the planner's estimate "
-    << gib(double(planned_bytes)) << " GiB\n";
+    << gib(double(p.output_bytes)) << "; AdamW moments " << gib(double(p.moments_bytes))
+    << (p.sums_bytes > 0 ? "; accumulated gradient sums " + gib(double(p.sums_bytes)) : std::string())
+    << "), " << (p.fits ? "fits" : "does not fit") << "; compiled in " << p.compile_s
+    << " s; the planner's estimate " << gib(double(planned_bytes)) << " GiB\n";
   return o.str();
 }
 

@@ -22,7 +22,8 @@ struct CompiledPlan {
   int64_t argument_bytes = 0, output_bytes = 0, alias_bytes = 0, temp_bytes = 0, code_bytes = 0;
   int64_t step_bytes = 0;  // the step program's per-device total (arguments + outputs - alias + temp + code)
   int64_t moments_bytes = 0;  // AdamW's two fp32 moments per device, resident beside the step
-  int64_t need_bytes = 0;     // step_bytes + moments_bytes
+  int64_t sums_bytes = 0;     // the gradient sums kept between micro-steps (gradient accumulation > 1)
+  int64_t need_bytes = 0;     // step_bytes + moments_bytes + sums_bytes
   int64_t device_bytes = 0;   // the device's memory as its compiler states it
   bool fits = false;
 };
@@ -41,7 +42,7 @@ int64_t slice_devices(const std::string& topology);
 std::string planner_device(const std::string& topology);
 
 // PLAN compiled=yes topology=... devices=... mesh=... B=... T=... argument_bytes=... output_bytes=...
-// temp_bytes=... code_bytes=... step_bytes=... moments_bytes=... need_bytes=... device_bytes=...
+// temp_bytes=... code_bytes=... step_bytes=... moments_bytes=... sums_bytes=... need_bytes=... device_bytes=...
 // planned_bytes=... fits=yes|no compile_s=...: one greppable line (PLANNED: the planner's estimate of the
 // same device's bytes, 0 when it has none), and its parse for tests.
 std::string compiled_plan_line(const CompiledPlan& p, int64_t planned_bytes);

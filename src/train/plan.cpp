@@ -196,8 +196,30 @@ void activation_parts(const model::ModelConfig& m, const TrainConfig& cfg, const
 }
 
 // The state parts: weights, gradients, moments, leaf accumulation and communication buffers.
+// device: xla on an accelerator (docs/xla.md "The device mesh"): the weights, the step's gradient sums and
+// the moments split over the mesh's parameter shards (fsdp x expert x context), each layer's weights gathered
+// where the program uses them (model/xla_layout.h); the partitioner's collectives work in that gathered copy.
+void xla_state_parts(const model::ModelConfig& m, const TrainConfig& cfg, int64_t P,
+                     std::vector<PlanPart>& parts) {
+  const xla::Mesh mesh = xla_mesh(cfg);
+  const double S = double(mesh.param_shards());
+  const std::string split =
+      "1/" + std::to_string(mesh.param_shards()) + " over the mesh's fsdp x expert x context";
+  const Units u = param_units(m);
+  const bool bf16 = cfg.compute.gemm.compute == ComputeDtype::BF16;
+  parts.push_back({"weights: fp32 master", 4.0 * double(P) / S, split + " (the program's arguments)"});
+  parts.push_back(
+      {"weights: gathered layer", (bf16 ? 6.0 : 4.0) * double(u.largest),
+       std::string("the largest unit gathered where used: fp32") + (bf16 ? " + its bf16 copy" : "")});
+  parts.push_back({"gradients", 4.0 * double(P) / S * (cfg.batch.grad_accum > 1 ? 2.0 : 1.0),
+                   "fp32, split as the weights: the step's sums" +
+                       std::string(cfg.batch.grad_accum > 1 ? " + the accumulated ones" : "")});
+  parts.push_back({"AdamW moments", 8.0 * double(P) / S, "fp32 m and v, " + split});
+}
+
 void state_parts(const model::ModelConfig& m, const TrainConfig& cfg, const PlanOptions& o, int64_t P,
                  std::vector<PlanPart>& parts) {
+  if (cfg.device == "xla" && o.device.kind != DeviceKind::Cpu) return xla_state_parts(m, cfg, P, parts);
   const bool zero3 = cfg.dist.mode == "zero3", cpu = o.device.kind == DeviceKind::Cpu;
   const int64_t N = cfg.batch.devices, shard = zero3 ? N : 1;
   const Units u = param_units(m);

@@ -74,6 +74,8 @@ TEST(TrainCompiledPlan, SixteenH100sCompileWithoutAGpuAndArgumentsAreTheShards) 
   EXPECT_EQ(p.output_bytes, outs + 8 * int64_t(prog.results.size()));
   EXPECT_GE(outs, grads);
   EXPECT_EQ(p.moments_bytes, 2 * grads);
+  EXPECT_EQ(p.sums_bytes, 0);  // 16 rows a micro-step: no accumulation
+  EXPECT_EQ(p.need_bytes, p.step_bytes + p.moments_bytes);
   EXPECT_GT(p.temp_bytes, 0);
   EXPECT_TRUE(p.fits);
   // The line says what was compiled.
@@ -93,6 +95,8 @@ TEST(TrainCompiledPlan, ContextParallelOverAHostAndRefusals) {
   const model::ModelConfig m = train::recipe_model_config(cfg);
   const train::CompiledPlan p = train::compile_plan(m, cfg, "h100:2x8");
   EXPECT_EQ(p.B, 2);
+  EXPECT_EQ(p.sums_bytes, p.moments_bytes / 2);  // 8 micro-steps: the sums stay on the devices between them
+  EXPECT_EQ(p.need_bytes, p.step_bytes + p.moments_bytes + p.sums_bytes);
   EXPECT_TRUE(p.fits);
   EXPECT_EQ(train::slice_devices("h200:4x8"), 32);
   EXPECT_EQ(train::planner_device("h100:2x8"), "h100-80gb");

@@ -13,13 +13,13 @@
 
 #include "core/error.h"
 #include "kernels/moe.h"
-#include "train/compiled_plan.h"
 #include "model/config.h"
 #include "model/decoder.h"
 #include "model/model.h"
 #include "model/params.h"
 #include "model/unit.h"
 #include "train/batch.h"
+#include "train/compiled_plan.h"
 #include "train/plan.h"
 
 using namespace olmosft;
@@ -304,8 +304,10 @@ TEST(TrainPlan, ModelDirectoryNamesMatchTheirPresetAndTheCompiledLineReads) {
   p.mesh.fsdp = 4;
   p.B = 4, p.T = 1024, p.temp_bytes = 100, p.step_bytes = 300, p.moments_bytes = 20, p.need_bytes = 320;
   p.device_bytes = 1000, p.fits = true, p.compile_s = 1.5;
-  EXPECT_EQ(olmosft::train::compiled_plan_line(p, 280),
-            "PLAN compiled=yes topology=tpu-v4:2x2x1 devices=4 mesh=data=1,fsdp=4,expert=1,context=1 B=4 T=1024 "
-            "argument_bytes=0 output_bytes=0 alias_bytes=0 temp_bytes=100 code_bytes=0 step_bytes=300 "
-            "moments_bytes=20 need_bytes=320 device_bytes=1000 planned_bytes=280 fits=yes compile_s=1.500\n");
+  EXPECT_EQ(
+      olmosft::train::compiled_plan_line(p, 280),
+      "PLAN compiled=yes topology=tpu-v4:2x2x1 devices=4 mesh=data=1,fsdp=4,expert=1,context=1 B=4 T=1024 "
+      "argument_bytes=0 output_bytes=0 alias_bytes=0 temp_bytes=100 code_bytes=0 step_bytes=300 "
+      "moments_bytes=20 sums_bytes=0 need_bytes=320 device_bytes=1000 planned_bytes=280 fits=yes "
+      "compile_s=1.500\n");
 }
