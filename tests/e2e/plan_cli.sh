@@ -34,10 +34,20 @@ done
 out=$("$bin" plan "$root/recipes/tiny-demo.yaml" model.init=/nonexistent/other-model 2>&1); rc=$?
 check "a model.init whose name matches no preset is refused naming the file and --model" \
   "[ $rc -eq 2 ] && grep -q 'cannot read /nonexistent/other-model/config.json.*give --model PRESET|config.json' <<<\"\$out\""
-# plan --compile refuses a spelling it cannot compile before any plugin loads (no libtpu needed here)
-out=$("$bin" plan --compile h100:2x8 "$root/recipes/olmo3-7b-sft.yaml" 2>&1); rc=$?
-check "plan --compile with another spelling exits 2 naming it" \
-  "[ $rc -eq 2 ] && grep -q \"topology 'h100:2x8': expected tpu-v4:XxYxZ\" <<<\"\$out\""
+# plan --compile refuses a spelling it cannot compile before any plugin loads
+out=$("$bin" plan --compile a100:2x8 "$root/recipes/olmo3-7b-sft.yaml" 2>&1); rc=$?
+check "plan --compile with another spelling exits 2 naming it and the GPUs it knows" \
+  "[ $rc -eq 2 ] && grep -q \"topology 'a100:2x8': expected tpu-v4:XxYxZ .* or GPU:HOSTSxGPUS .*GPUs: h100, h200, b200\" <<<\"\$out\""
+# The GPU twin of the Olmo 3 7B recipe on 2 x 8 H100, compiled by XLA's CUDA plugin without a GPU (make test
+# installs it, install-deps.sh --cuda; ~11 s each): each row over a node's 8 GPUs fits; a whole 64K row per
+# GPU does not (exit 1, the compiled verdict).
+out=$("$bin" plan --compile h100:2x8 "$root/recipes/olmo3-7b-sft.yaml" mesh.fsdp=2 2>&1); rc=$?
+grep -a '^compiled for' <<<"$out"
+check "the 7B recipe on h100:2x8 with mesh.fsdp=2 compiles without a GPU and fits (exit 0)" \
+  "[ $rc -eq 0 ] && grep -Eq '^PLAN compiled=yes topology=h100:2x8 devices=16 mesh=data=1,fsdp=2,expert=1,context=8 B=2 T=65536 .* device_bytes=76448681164 .* fits=yes ' <<<\"\$out\""
+out=$("$bin" plan --compile h100:2x8 "$root/recipes/olmo3-7b-sft.yaml" mesh.fsdp=16 mesh.context=1 per_device_batch=1 2>&1); rc=$?
+check "a whole 64K row per H100 does not fit (exit 1, fits=no)" \
+  "[ $rc -eq 1 ] && grep -Eq '^PLAN compiled=yes topology=h100:2x8 .* fits=no ' <<<\"\$out\""
 out=$("$bin" plan --compile tpu-v4:4x4 "$root/recipes/olmo3-7b-sft.yaml" 2>&1); rc=$?
 check "plan --compile with a 2-axis v4 slice exits 2 naming it" \
   "[ $rc -eq 2 ] && grep -q 'TPU topology .v4:4x4.: 2 axes, a v4 slice has 3' <<<\"\$out\""
