@@ -195,7 +195,6 @@ void activation_parts(const model::ModelConfig& m, const TrainConfig& cfg, const
   }
 }
 
-// The state parts: weights, gradients, moments, leaf accumulation and communication buffers.
 // device: xla on an accelerator (docs/xla.md "The device mesh"): the weights, the step's gradient sums and
 // the moments split over the mesh's parameter shards (fsdp x expert x context), each layer's weights gathered
 // where the program uses them (model/xla_layout.h); the partitioner's collectives work in that gathered copy.
@@ -217,6 +216,7 @@ void xla_state_parts(const model::ModelConfig& m, const TrainConfig& cfg, int64_
   parts.push_back({"AdamW moments", 8.0 * double(P) / S, "fp32 m and v, " + split});
 }
 
+// The state parts: weights, gradients, moments, leaf accumulation and communication buffers.
 void state_parts(const model::ModelConfig& m, const TrainConfig& cfg, const PlanOptions& o, int64_t P,
                  std::vector<PlanPart>& parts) {
   if (cfg.device == "xla" && o.device.kind != DeviceKind::Cpu) return xla_state_parts(m, cfg, P, parts);
