@@ -94,6 +94,7 @@ xla::ops::XentOptions emit_xent_options(const Emit& e) {
   o.z_loss = e.loss.weight[kLossLmZ];
   o.vocab_chunk = e.loss.vocab_tile;
   o.operands = e.operands;
+  o.mesh = e.mesh;
   return o;
 }
 

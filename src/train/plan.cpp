@@ -214,6 +214,10 @@ void xla_state_parts(const model::ModelConfig& m, const TrainConfig& cfg, int64_
                    "fp32, split as the weights: the step's sums" +
                        std::string(cfg.batch.grad_accum > 1 ? " + the accumulated ones" : "")});
   parts.push_back({"AdamW moments", 8.0 * double(P) / S, "fp32 m and v, " + split});
+  if (mesh.devices() > 1)  // ops::XentOptions::mesh: each device's partial dW, summed once after the tiles
+    parts.push_back({"LM head gradient (partial)", 4.0 * double(m.vocab_size) * double(m.hidden_size),
+                     "fp32 [vocab, hidden]: each device's sum over its tokens, reduce-scattered after the "
+                     "cross-entropy's tiles"});
 }
 
 // The state parts: weights, gradients, moments, leaf accumulation and communication buffers.

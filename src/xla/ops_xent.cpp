@@ -97,8 +97,11 @@ XentForward xent_forward(HloBuilder& b, const Value& h, const Value& w, const Va
                      b.reduce_sum(b.select(p.trained, full(b, n, 1, kS32), full(b, n, 0, kS32)), {0}), lse};
 }
 
-XentBackward xent_backward(HloBuilder& b, const Value& h, const Value& w, const Value& targets,
-                           const Value& mask, const Value& lse, const Value& scale, const XentOptions& o) {
+namespace {
+
+// The backward on the tokens at hand (one device's, or all of them).
+XentBackward local_backward(HloBuilder& b, const Value& h, const Value& w, const Value& targets,
+                            const Value& mask, const Value& lse, const Value& scale, const XentOptions& o) {
   const Prep p = prepare(b, h, w, targets, mask, o, "xent_backward");
   const Value ho = operand(b, h, o.operands);
   expect_type(lse, kF32, "xent_backward", "lse");
@@ -126,6 +129,51 @@ XentBackward xent_backward(HloBuilder& b, const Value& h, const Value& w, const 
     return std::vector<Value>{dh, b.dynamic_update_slice(c[1], dw, at)};
   });
   return {fin[0], fin[1]};
+}
+
+}  // namespace
+
+XentBackward xent_backward(HloBuilder& b, const Value& h, const Value& w, const Value& targets,
+                           const Value& mask, const Value& lse, const Value& scale, const XentOptions& o) {
+  if (o.mesh == nullptr || o.mesh->devices() <= 1)
+    return local_backward(b, h, w, targets, mask, lse, scale, o);
+  const Mesh& m = *o.mesh;
+  const int64_t D = m.devices();
+  prepare(b, h, w, targets, mask, o, "xent_backward");  // the whole operands' checks
+  OLMO_CHECK(h.type().dims[0] % D == 0, "xla ops: xent_backward: ", h.type().dims[0],
+             " tokens do not split over the mesh's ", D, " devices");
+  const auto tokens = [&](const std::vector<int64_t>& dims) {
+    std::vector<Logical> axes(dims.size(), Logical::kNone);
+    axes[0] = Logical::kTokens;
+    return mesh_sharding(m, dims, axes, "xent_backward tokens");
+  };
+  const auto local = [&](const Value& x) {
+    TensorType t = x.type();
+    t.dims[0] /= D;
+    return b.full_to_shard(x, tokens(x.type().dims), t);
+  };
+  const auto whole = [&](const Value& x) { return b.full_to_shard(x, "{replicated}", x.type()); };
+  HloBuilder::DeviceGroups all(1);
+  for (int64_t d = 0; d < D; ++d) all[0].push_back(d);
+  XentOptions lo = o;
+  lo.mesh = nullptr;
+  const std::vector<int64_t>& wd = w.type().dims;
+  const int split = wd[0] % D == 0 ? 0 : wd[1] % D == 0 ? 1 : -1;
+  const auto res = b.call("xent_backward_tiles",
+                          {local(h), whole(w), local(targets), local(mask), local(lse), whole(scale)},
+                          [&](HloBuilder& b, const std::vector<Value>& a) {
+                            const XentBackward g = local_backward(b, a[0], a[1], a[2], a[3], a[4], a[5], lo);
+                            // Each device keeps its part of the sum along the first dimension the
+                            // devices divide (else the whole sum).
+                            return std::vector<Value>{g.dh, split < 0 ? b.all_reduce_sum(g.dw, all)
+                                                                      : b.reduce_scatter(g.dw, split, all)};
+                          });
+  const std::string n = std::to_string(D);
+  const std::string dw_sharding = split < 0    ? "{replicated}"
+                                  : split == 0 ? "{devices=[" + n + ",1]<=[" + n + "]}"
+                                               : "{devices=[1," + n + "]<=[" + n + "]}";
+  return {b.shard_to_full(res[0], tokens(h.type().dims), h.type()),
+          b.shard_to_full(res[1], dw_sharding, w.type())};
 }
 
 }  // namespace olmosft::xla::ops

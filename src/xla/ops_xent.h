@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "xla/hlo_builder.h"
+#include "xla/mesh.h"
 #include "xla/ops_dense.h"
 
 namespace olmosft::xla::ops {
@@ -31,6 +32,11 @@ struct XentOptions {
   // kBF16: the operands of the three products (logits = h W^T, dh = dlogit W, dW = dlogit^T h) rounded to
   // bf16 and accumulated in f32, as the kernel's Precision::Compute GEMMs under ComputeDtype::BF16.
   Operands operands = Operands::kF32;
+  // The program's device mesh (null or one device: none). With N over its devices (xla/mesh.h's blocked token
+  // order), the backward's tile loop runs on each device's own tokens in a manual region and each device's
+  // partial dW is summed over the devices once, after the loop: left to the SPMD partitioner, the whole
+  // [V_rows, d] gradient was all-reduced in every tile (xla/hlo_loops.h found it).
+  const Mesh* mesh = nullptr;
 };
 
 struct XentForward {
