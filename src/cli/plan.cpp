@@ -73,6 +73,7 @@ int plan_main(int argc, char** argv) {
     const olmosft::train::CompiledPlan c = olmosft::train::compile_plan(m, cfg, compile);
     std::cout << olmosft::train::compiled_plan_line(c, int64_t(p.step_peak));
     std::cout << olmosft::train::compiled_plan_summary(c, int64_t(p.step_peak));
+    std::cout << olmosft::train::compiled_plan_loop_lines(c);
     return c.fits ? 0 : 1;
   });
 }

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "kernels/kda.h"
+#include "xla/hlo_loops.h"
 
 namespace olmosft::model::unit::delta_emit {
 
@@ -221,13 +222,14 @@ DeltaStep delta_step(HloBuilder& b, const DeltaInputs& in, const Value& S, const
 // o_t = S_t^T q~_t. Returns o [N, H*Dv].
 Value delta_forward(HloBuilder& b, const DeltaInputs& in) {
   const xla::DotDims contract_k{{0, 1}, {0, 1}, {2}, {2}};
-  const std::vector<Value> out =
-      b.for_loop(in.T, {full(b, {in.B, in.H, in.Dk, in.Dv}, 0.0), full(b, {in.T, in.B, in.H, in.Dv}, 0.0)},
-                 [&](HloBuilder& lb, const Value& i, const std::vector<Value>& c) -> std::vector<Value> {
-                   const DeltaStep st = delta_step(lb, in, c[0], i);
-                   const Value o = lb.dot_general(st.St, at_time(lb, in.q, i), contract_k);
-                   return {st.St, put_time(lb, c[1], o, i)};
-                 });
+  const std::vector<Value> out = b.for_loop(
+      in.T, {full(b, {in.B, in.H, in.Dk, in.Dv}, 0.0), full(b, {in.T, in.B, in.H, in.Dv}, 0.0)},
+      [&](HloBuilder& lb, const Value& i, const std::vector<Value>& c) -> std::vector<Value> {
+        const DeltaStep st = delta_step(lb, in, c[0], i);
+        const Value o = lb.dot_general(st.St, at_time(lb, in.q, i), contract_k);
+        return {st.St, put_time(lb, c[1], o, i)};
+      },
+      xla::kDeltaRuleLoop);
   return b.reshape(b.transpose(out[1], {1, 0, 2, 3}), {in.B * in.T, in.H * in.Dv});
 }
 
@@ -298,14 +300,17 @@ DeltaGrads delta_backward(HloBuilder& b, const DeltaInputs& in0, const DocMasks&
         C, {S0, full(lb, {C, B, H, Dk, Dv}, 0.0)},
         [&](HloBuilder& l2, const Value& j, const std::vector<Value>& c) -> std::vector<Value> {
           return {delta_step(l2, in, c[0], token(l2, ib, j)).St, put_time(l2, c[1], c[0], j)};
-        });
+        },
+        xla::kDeltaRuleLoop);
   };
   // ck[ib]: the state before block ib
-  const Value ck = b.for_loop(nb, {full(b, ds, 0.0), full(b, {nb, B, H, Dk, Dv}, 0.0)},
-                              [&](HloBuilder& lb, const Value& ib, const std::vector<Value>& c) {
-                                const std::vector<Value> r = block_states(lb, ib, c[0]);
-                                return std::vector<Value>{r[0], put_time(lb, c[1], c[0], ib)};
-                              })[1];
+  const Value ck = b.for_loop(
+      nb, {full(b, ds, 0.0), full(b, {nb, B, H, Dk, Dv}, 0.0)},
+      [&](HloBuilder& lb, const Value& ib, const std::vector<Value>& c) {
+        const std::vector<Value> r = block_states(lb, ib, c[0]);
+        return std::vector<Value>{r[0], put_time(lb, c[1], c[0], ib)};
+      },
+      xla::kDeltaRuleLoop)[1];
   const std::vector<Value> r = b.for_loop(
       nb,
       {full(b, ds, 0.0), full(b, tk, 0.0), full(b, tk, 0.0), full(b, tv, 0.0), full(b, tk, 0.0),
@@ -317,7 +322,8 @@ DeltaGrads delta_backward(HloBuilder& b, const DeltaInputs& in0, const DocMasks&
           const Value j = l2.sub(l2.constant({kS32, {}}, double(C - 1)), jj);
           return reverse_step(l2, in, dOt, at_time(l2, states, j), token(l2, ib, j), c2, scale);
         });
-      });
+      },
+      xla::kDeltaRuleLoop);
   auto first = [&](const Value& x) {  // [Tp, ...] -> [T, ...]
     return b.slice(x, std::vector<int64_t>(x.type().dims.size(), 0), with_dim(x.type().dims, 0, T));
   };

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "model/params.h"
+#include "xla/hlo_loops.h"
 
 namespace olmosft::model {
 
@@ -87,8 +88,9 @@ ScannedForward scanned_forward(unit::Emit& e, const DecoderUnits& u, const Layer
     }
   const std::vector<Value> outer = e.w;
   const Value inputs0 = lay.inputs(b.constant({xla::ElementType::kF32, {G, P, e.N, e.d}}, 0.0));
-  const auto fin =
-      b.for_loop(G, {h0, inputs0}, [&](xla::HloBuilder& b, const Value& g, const std::vector<Value>& c) {
+  const auto fin = b.for_loop(
+      G, {h0, inputs0},
+      [&](xla::HloBuilder& b, const Value& g, const std::vector<Value>& c) {
         use_group(e, s, stacked, g, lay);
         Value h = c[0], inputs = c[1];
         for (int64_t j = 0; j < P; ++j) {
@@ -97,7 +99,8 @@ ScannedForward scanned_forward(unit::Emit& e, const DecoderUnits& u, const Layer
           h = lay.tokens(u.blocks[size_t(j)].emit_forward(e, h, saved));
         }
         return std::vector<Value>{h, lay.inputs(inputs)};
-      });
+      },
+      xla::kLayerScanLoop);
   e.w = outer;
   return ScannedForward{fin[0], fin[1], stacked};
 }
@@ -111,33 +114,36 @@ Value scanned_backward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s,
     for (const Value& w : f.stacked_weights[size_t(j)])
       init.push_back(lay.stacked(b.constant(w.type(), 0.0)));
   const std::vector<Value> outer = e.w;
-  const auto fin = b.for_loop(G, init, [&](xla::HloBuilder& b, const Value& i, const std::vector<Value>& c) {
-    const Value g = b.sub(i32(b, G - 1), i);  // the groups in reverse
-    use_group(e, s, f.stacked_weights, g, lay);
-    Value dh = c[0];
-    std::vector<Value> sums(c.begin() + 1, c.end());
-    size_t at_sum = sums.size();
-    for (int64_t j = P; j-- > 0;) {
-      const std::vector<int>& idx = s.params[size_t(j)];
-      at_sum -= idx.size();
-      std::vector<int64_t> sizes{1, 1, e.N, e.d};
-      const Value x = b.reshape(b.dynamic_slice(f.inputs, at(b, {g, i32(b, j)}, 4), sizes), {e.N, e.d});
-      const std::vector<Value> fenced = b.optimization_barrier({x, dh});
-      for (int k : idx) e.g[size_t(k)].reset();
-      unit::Block::Emitted again;
-      u.blocks[size_t(j)].emit_forward(e, fenced[0], again);
-      dh = lay.tokens(u.blocks[size_t(j)].emit_backward(e, fenced[0], again, fenced[1]));
-      for (size_t k = 0; k < idx.size(); ++k) {
-        const Value& w = e.w[size_t(idx[k])];
-        const Value term = e.g[size_t(idx[k])] ? *e.g[size_t(idx[k])] : b.constant(w.type(), 0.0);
-        Value& sum = sums[at_sum + k];
-        sum = b.dynamic_update_slice(sum, lift(b, term, 1), at(b, {g}, sum.type().rank()));
-      }
-    }
-    std::vector<Value> out{dh};
-    for (const Value& v : sums) out.push_back(lay.stacked(v));
-    return out;
-  });
+  const auto fin = b.for_loop(
+      G, init,
+      [&](xla::HloBuilder& b, const Value& i, const std::vector<Value>& c) {
+        const Value g = b.sub(i32(b, G - 1), i);  // the groups in reverse
+        use_group(e, s, f.stacked_weights, g, lay);
+        Value dh = c[0];
+        std::vector<Value> sums(c.begin() + 1, c.end());
+        size_t at_sum = sums.size();
+        for (int64_t j = P; j-- > 0;) {
+          const std::vector<int>& idx = s.params[size_t(j)];
+          at_sum -= idx.size();
+          std::vector<int64_t> sizes{1, 1, e.N, e.d};
+          const Value x = b.reshape(b.dynamic_slice(f.inputs, at(b, {g, i32(b, j)}, 4), sizes), {e.N, e.d});
+          const std::vector<Value> fenced = b.optimization_barrier({x, dh});
+          for (int k : idx) e.g[size_t(k)].reset();
+          unit::Block::Emitted again;
+          u.blocks[size_t(j)].emit_forward(e, fenced[0], again);
+          dh = lay.tokens(u.blocks[size_t(j)].emit_backward(e, fenced[0], again, fenced[1]));
+          for (size_t k = 0; k < idx.size(); ++k) {
+            const Value& w = e.w[size_t(idx[k])];
+            const Value term = e.g[size_t(idx[k])] ? *e.g[size_t(idx[k])] : b.constant(w.type(), 0.0);
+            Value& sum = sums[at_sum + k];
+            sum = b.dynamic_update_slice(sum, lift(b, term, 1), at(b, {g}, sum.type().rank()));
+          }
+        }
+        std::vector<Value> out{dh};
+        for (const Value& v : sums) out.push_back(lay.stacked(v));
+        return out;
+      },
+      xla::kLayerScanLoop);
   e.w = outer;
   size_t n = 1;  // every layer's gradient, sliced out of its stacked sum
   for (int64_t j = 0; j < P; ++j)

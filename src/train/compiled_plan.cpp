@@ -134,9 +134,12 @@ CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, c
   co.num_partitions = p.devices;
   co.use_spmd_partitioning = p.devices > 1;
   co.env_option_overrides = target.flags;
+  const xla::PartitionedDump dump;
+  if (p.devices > 1) dump.add_to(co);
   t0 = std::chrono::steady_clock::now();
   const xla::AotExecutable exe = xla::compile_for_topology(topo, text, co);
   p.compile_s = since(t0);
+  if (p.devices > 1) p.loop_collectives = xla::collectives_in_loops(dump.text(co));
   const xla::MemoryStats s = exe.memory_stats();
   p.argument_bytes = s.argument_bytes, p.output_bytes = s.output_bytes, p.alias_bytes = s.alias_bytes;
   p.temp_bytes = s.temp_bytes, p.code_bytes = s.generated_code_bytes;
@@ -169,6 +172,23 @@ std::string compiled_plan_line(const CompiledPlan& p, int64_t planned_bytes) {
     << " planned_bytes=" << planned_bytes << " fits=" << (p.fits ? "yes" : "no")
     << " compile_s=" << p.compile_s << "\n";
   return o.str();
+}
+
+std::string compiled_plan_loop_lines(const CompiledPlan& p) {
+  int64_t scan = 0, unwanted = 0;
+  std::ostringstream w;
+  for (const xla::LoopCollective& l : p.loop_collectives) {
+    scan += l.loop_name == xla::kLayerScanLoop;
+    if (!xla::unwanted_loop_collective(l)) continue;
+    ++unwanted;
+    std::string hlo =
+        l.line.substr(l.line.find_first_not_of(' ') == std::string::npos ? 0 : l.line.find_first_not_of(' '));
+    if (hlo.size() > 160) hlo = hlo.substr(0, 160) + "...";
+    w << "PLAN-WARNING collective_in_loop op=" << l.opcode << " loop=" << l.loop_name
+      << " computation=" << l.computation << " hlo=" << hlo << "\n";
+  }
+  return "PLAN-LOOPS layer_scan_collectives=" + std::to_string(scan) +
+         " unwanted_collectives=" + std::to_string(unwanted) + "\n" + w.str();
 }
 
 std::string compiled_plan_summary(const CompiledPlan& p, int64_t planned_bytes) {

@@ -8,6 +8,7 @@
 
 #include "model/config.h"
 #include "train/recipe.h"
+#include "xla/hlo_loops.h"
 #include "xla/mesh.h"
 
 namespace olmosft::train {
@@ -26,6 +27,8 @@ struct CompiledPlan {
   int64_t need_bytes = 0;     // step_bytes + moments_bytes + sums_bytes
   int64_t device_bytes = 0;   // the device's memory as its compiler states it
   bool fits = false;
+  // The collectives the partitioner put inside loops (xla/hlo_loops.h), as it left the program.
+  std::vector<xla::LoopCollective> loop_collectives;
 };
 
 // Compiles CFG's step (its mesh, remat, scanned layers, compute dtype, loss settings; B = the rows of a
@@ -42,10 +45,14 @@ int64_t slice_devices(const std::string& topology);
 std::string planner_device(const std::string& topology);
 
 // PLAN compiled=yes topology=... devices=... mesh=... B=... T=... argument_bytes=... output_bytes=...
-// temp_bytes=... code_bytes=... step_bytes=... moments_bytes=... sums_bytes=... need_bytes=... device_bytes=...
-// planned_bytes=... fits=yes|no compile_s=...: one greppable line (PLANNED: the planner's estimate of the
-// same device's bytes, 0 when it has none), and its parse for tests.
+// temp_bytes=... code_bytes=... step_bytes=... moments_bytes=... sums_bytes=... need_bytes=...
+// device_bytes=... planned_bytes=... fits=yes|no compile_s=...: one greppable line (PLANNED: the planner's
+// estimate of the same device's bytes, 0 when it has none), and its parse for tests.
 std::string compiled_plan_line(const CompiledPlan& p, int64_t planned_bytes);
+// PLAN-LOOPS layer_scan_collectives=N unwanted_collectives=M, then one line per unwanted one
+// (xla::unwanted_loop_collective: inside a delta-rule, attention or cross-entropy loop):
+// PLAN-WARNING collective_in_loop op=all-gather loop=olmosft.delta_rule computation=... hlo=...
+std::string compiled_plan_loop_lines(const CompiledPlan& p);
 // The same for people: "compiled for tpu-v4:4x4x8 (128 x TPU v4, mesh ...): per device 12.62 GiB of 30.75
 // ...".
 std::string compiled_plan_summary(const CompiledPlan& p, int64_t planned_bytes);

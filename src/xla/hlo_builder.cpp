@@ -151,7 +151,7 @@ std::string HloBuilder::module() const {
 
 std::vector<Value> HloBuilder::emit(const std::string& op, const std::vector<Value>& operands,
                                     const std::string& attrs, const std::vector<TensorType>& results,
-                                    const std::string& regions) {
+                                    const std::string& regions, const std::string& loc) {
   OLMO_CHECK(!returned_, "hlo_builder: ", op, " after returns()");
   std::vector<TensorType> in;
   std::string names;
@@ -167,6 +167,11 @@ std::vector<Value> HloBuilder::emit(const std::string& op, const std::vector<Val
   r.text += " = \"" + op + "\"(" + names + ")" + regions + (attrs.empty() ? "" : " {" + attrs + "}");
   r.text += " : (" + mlir::types_list(in) + ") -> " +
             (results.size() == 1 ? results[0].mlir() : "(" + mlir::types_list(results) + ")");
+  if (!loc.empty()) {
+    OLMO_CHECK(loc.find_first_of("\"\\\n") == std::string::npos, "hlo_builder: location name ", loc,
+               " has a quote, backslash or newline");
+    r.text += " loc(\"" + loc + "\")";
+  }
   r.text += "\n";
   std::vector<Value> out;
   for (size_t i = 0; i < results.size(); ++i)

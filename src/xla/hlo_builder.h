@@ -145,10 +145,14 @@ class HloBuilder {
   // update with an out-of-range id is dropped by XLA, not refused: the caller validates ids on the host.
   Value scatter_add_rows(const Value& table, const Value& ids, const Value& updates);
 
-  // stablehlo.while: COND returns one pred scalar, BODY returns values of INIT's types.
-  std::vector<Value> while_loop(const std::vector<Value>& init, const RegionFn& cond, const RegionFn& body);
+  // stablehlo.while: COND returns one pred scalar, BODY returns values of INIT's types. NAME (optional) is
+  // the op's location, loc("NAME"), which XLA keeps as the while instruction's op_name metadata: what the
+  // partitioned program's checks (xla/hlo_loops.h) know a loop by.
+  std::vector<Value> while_loop(const std::vector<Value>& init, const RegionFn& cond, const RegionFn& body,
+                                const std::string& name = "");
   // A scan: BODY runs for i = 0 .. TRIP_COUNT-1 over the carried values (a while loop with an s32 counter).
-  std::vector<Value> for_loop(int64_t trip_count, const std::vector<Value>& init, const LoopFn& body);
+  std::vector<Value> for_loop(int64_t trip_count, const std::vector<Value>& init, const LoopFn& body,
+                              const std::string& name = "");
 
   std::vector<Value> custom_call(const std::string& target, const std::vector<Value>& operands,
                                  const std::vector<TensorType>& results,
@@ -192,7 +196,8 @@ class HloBuilder {
   Value reduce(const Value& x, const std::vector<int64_t>& dims, bool is_max);
   // Emits `%vN = "stablehlo.OP"(operands) REGIONS {ATTRS} : (types) -> results` in the current region.
   std::vector<Value> emit(const std::string& op, const std::vector<Value>& operands, const std::string& attrs,
-                          const std::vector<TensorType>& results, const std::string& regions = "");
+                          const std::vector<TensorType>& results, const std::string& regions = "",
+                          const std::string& loc = "");
   Value emit1(const std::string& op, const std::vector<Value>& operands, const std::string& attrs,
               const TensorType& result) {
     return emit(op, operands, attrs, {result})[0];

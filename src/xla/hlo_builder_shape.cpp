@@ -223,17 +223,17 @@ Value HloBuilder::scatter_add_rows(const Value& table, const Value& ids, const V
 }
 
 std::vector<Value> HloBuilder::while_loop(const std::vector<Value>& init, const RegionFn& cond,
-                                          const RegionFn& body) {
+                                          const RegionFn& body, const std::string& name) {
   OLMO_CHECK(!init.empty(), "hlo_builder: while_loop with no carried values");
   std::vector<TensorType> types;
   for (const Value& v : init) types.push_back(v.type());
   const std::string c = region(types, cond, {TensorType{ElementType::kPred, {}}}, "while_loop condition");
   const std::string b = region(types, body, types, "while_loop body");
-  return emit("stablehlo.while", init, "", types, " (" + c + ", " + b + ")");
+  return emit("stablehlo.while", init, "", types, " (" + c + ", " + b + ")", name);
 }
 
 std::vector<Value> HloBuilder::for_loop(int64_t trip_count, const std::vector<Value>& init,
-                                        const LoopFn& body) {
+                                        const LoopFn& body, const std::string& name) {
   OLMO_CHECK(trip_count >= 0 && trip_count <= 2147483647, "hlo_builder: for_loop: trip count ", trip_count,
              " out of the s32 range");
   std::vector<Value> carried{scalar(ElementType::kS32, 0)};
@@ -250,7 +250,8 @@ std::vector<Value> HloBuilder::for_loop(int64_t trip_count, const std::vector<Va
         std::vector<Value> r = body(b, a[0], state);
         next.insert(next.end(), r.begin(), r.end());
         return next;
-      });
+      },
+      name);
   return std::vector<Value>(out.begin() + 1, out.end());
 }
 

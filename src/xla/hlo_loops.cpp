@@ -71,6 +71,9 @@ std::vector<LoopCollective> collectives_in_loops(std::string_view hlo) {
       std::smatch w;
       if (!std::regex_search(line, w, loop)) continue;
       const std::string while_name = w[1];
+      static const std::regex op_name(R"re(op_name="([^"]*)")re");
+      std::smatch on;
+      const std::string loop_name = std::regex_search(line, on, op_name) ? std::string(on[1]) : "";
       std::vector<std::string> todo{w[2]};
       while (!todo.empty()) {
         const std::string c = todo.back();
@@ -80,7 +83,7 @@ std::vector<LoopCollective> collectives_in_loops(std::string_view hlo) {
         if (it == comps.end()) continue;
         for (const std::string& l : it->second.lines) {
           std::smatch m;
-          if (std::regex_search(l, m, collective)) out.push_back({m[1], c, while_name, l});
+          if (std::regex_search(l, m, collective)) out.push_back({m[1], c, while_name, loop_name, l});
           for (const std::string& callee : callees(l)) todo.push_back(callee);
         }
       }
@@ -88,31 +91,51 @@ std::vector<LoopCollective> collectives_in_loops(std::string_view hlo) {
   return out;
 }
 
-std::string partitioned_hlo(const Client& client, std::string_view mlir, CompileOptions options) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("olmosft_hlo_dump_" + std::to_string(::getpid()) + "_" +
-                                                std::to_string(reinterpret_cast<uintptr_t>(&options)));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  struct Cleanup {
-    std::filesystem::path d;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(d, ec);
-    }
-  } cleanup{dir};
-  options.env_option_overrides.push_back({"xla_dump_to", dir.string()});
+bool unwanted_loop_collective(const LoopCollective& c) {
+  return c.loop_name.rfind("olmosft.", 0) == 0 && c.loop_name != kLayerScanLoop;
+}
+
+PartitionedDump::PartitionedDump() {
+  static int serial = 0;
+  const std::filesystem::path d =
+      std::filesystem::temp_directory_path() /
+      ("olmosft_hlo_dump_" + std::to_string(::getpid()) + "_" + std::to_string(++serial));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  dir_ = d.string();
+}
+
+PartitionedDump::~PartitionedDump() {
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+void PartitionedDump::add_to(CompileOptions& options) const {
+  options.env_option_overrides.push_back({"xla_dump_to", dir_});
   options.env_option_overrides.push_back({"xla_dump_hlo_pass_re", "spmd-partitioning"});
-  client.compile(mlir, options);
-  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+}
+
+std::string PartitionedDump::text(const CompileOptions& options) const {
+  size_t files = 0;
+  // XLA's CPU and GPU compilers: ".after_spmd-partitioning."; libtpu: ".after_tpu-spmd-partitioning."
+  static const std::regex after(R"(\.after_[a-z-]*spmd-partitioning\.)");
+  for (const auto& f : std::filesystem::directory_iterator(dir_)) {
+    ++files;
     const std::string n = f.path().filename().string();
-    if (n.find(".after_spmd-partitioning.") == std::string::npos || !n.ends_with(".txt")) continue;
+    if (!std::regex_search(n, after) || !n.ends_with(".txt")) continue;
     std::ifstream in(f.path());
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   }
-  fail("xla: no HLO after SPMD partitioning was dumped (is the program partitioned: num_partitions ",
-       options.num_partitions, ", use_spmd_partitioning ", options.use_spmd_partitioning ? "true" : "false",
-       "?)");
+  fail("xla: no HLO after SPMD partitioning was dumped (", files,
+       " other files; is the program partitioned: num_partitions ", options.num_partitions,
+       ", use_spmd_partitioning ", options.use_spmd_partitioning ? "true" : "false", "?)");
+}
+
+std::string partitioned_hlo(const Client& client, std::string_view mlir, CompileOptions options) {
+  const PartitionedDump dump;
+  dump.add_to(options);
+  client.compile(mlir, options);
+  return dump.text(options);
 }
 
 }  // namespace olmosft::xla

@@ -4,6 +4,7 @@
 #include <limits>
 #include <optional>
 
+#include "xla/hlo_loops.h"
 #include "xla/mesh.h"
 #include "xla/ops_util.h"
 
@@ -211,31 +212,35 @@ AttentionForward row_forward(HloBuilder& b, const Value& q, const Value& k, cons
   const std::vector<int64_t> rows{p.Hkv, p.G, p.B}, odims{p.Hkv, p.G, p.B, p.Dv};
   const std::vector<Value> init{full(b, {p.Hkv, p.G, p.Tqp, p.Dv}, 0.0),
                                 full(b, {p.Hkv, p.G, p.Tqp}, kNegInf)};
-  const auto fin = b.for_loop(p.nbq, init, [&](HloBuilder& b, const Value& qbl, const std::vector<Value>& c) {
-    const Value ql = b.mul(qbl, i32(b, p.B));  // in the piece
-    const Value qs = row_token(b, p, ql);      // in the row
-    const Value qb = b.div(qs, i32(b, p.B));
-    const Value qblk = q_rows(b, p, p.qs, ql);
-    // From the block of the earliest key any of its queries can see (its documents' first token, the window's
-    // start) to its own; an all-padding block (first token Tp) runs no key block.
-    Value lo = b.div(document_edge(b, p, qs, true), i32(b, p.B));
-    if (o.window > 0) lo = b.max(lo, b.div(b.max(i32(b, 0), b.sub(qs, i32(b, o.window - 1))), i32(b, p.B)));
-    const auto st = b.while_loop(
-        {lo, full(b, rows, kNegInf), full(b, rows, 0.0), full(b, odims, 0.0)},
-        [&](HloBuilder& b, const std::vector<Value>& a) {
-          return std::vector<Value>{b.compare(a[0], qb, Compare::kLe)};
-        },
-        [&](HloBuilder& b, const std::vector<Value>& a) {
-          const Value ks = b.mul(a[0], i32(b, p.B));
-          const Running r = online_step(b, p, qblk, k_rows(b, p, p.kp, ks), k_rows(b, p, p.vp, ks),
-                                        block_mask(b, p, qs, ks, o.window), {a[1], a[2], a[3]});
-          return std::vector<Value>{b.add(a[0], i32(b, 1)), r.m, r.l, r.acc};
-        });
-    const auto [out, lse] = finish(b, p, {st[1], st[2], st[3]});
-    const Value z = i32(b, 0);
-    return std::vector<Value>{b.dynamic_update_slice(c[0], out, {z, z, ql, z}),
-                              b.dynamic_update_slice(c[1], lse, {z, z, ql})};
-  });
+  const auto fin = b.for_loop(
+      p.nbq, init,
+      [&](HloBuilder& b, const Value& qbl, const std::vector<Value>& c) {
+        const Value ql = b.mul(qbl, i32(b, p.B));  // in the piece
+        const Value qs = row_token(b, p, ql);      // in the row
+        const Value qb = b.div(qs, i32(b, p.B));
+        const Value qblk = q_rows(b, p, p.qs, ql);
+        // From the block of the earliest key any of its queries can see (its documents' first token, the
+        // window's start) to its own; an all-padding block (first token Tp) runs no key block.
+        Value lo = b.div(document_edge(b, p, qs, true), i32(b, p.B));
+        if (o.window > 0)
+          lo = b.max(lo, b.div(b.max(i32(b, 0), b.sub(qs, i32(b, o.window - 1))), i32(b, p.B)));
+        const auto st = b.while_loop(
+            {lo, full(b, rows, kNegInf), full(b, rows, 0.0), full(b, odims, 0.0)},
+            [&](HloBuilder& b, const std::vector<Value>& a) {
+              return std::vector<Value>{b.compare(a[0], qb, Compare::kLe)};
+            },
+            [&](HloBuilder& b, const std::vector<Value>& a) {
+              const Value ks = b.mul(a[0], i32(b, p.B));
+              const Running r = online_step(b, p, qblk, k_rows(b, p, p.kp, ks), k_rows(b, p, p.vp, ks),
+                                            block_mask(b, p, qs, ks, o.window), {a[1], a[2], a[3]});
+              return std::vector<Value>{b.add(a[0], i32(b, 1)), r.m, r.l, r.acc};
+            });
+        const auto [out, lse] = finish(b, p, {st[1], st[2], st[3]});
+        const Value z = i32(b, 0);
+        return std::vector<Value>{b.dynamic_update_slice(c[0], out, {z, z, ql, z}),
+                                  b.dynamic_update_slice(c[1], lse, {z, z, ql})};
+      },
+      kAttentionLoop);
   const Value lse = b.slice(fin[1], {0, 0, 0}, {p.Hkv, p.G, p.Tq});
   return {from_groups(b, p, fin[0]), b.reshape(lse, {p.H, p.Tq})};
 }
@@ -276,46 +281,50 @@ AttentionBackward row_backward(HloBuilder& b, const Value& q, const Value& k, co
   // the piece's query blocks, in row blocks: [q0, q1]
   const Value q0 = p.q_off ? b.div(*p.q_off, i32(b, p.B)) : i32(b, 0);
   const Value q1 = b.add(q0, i32(b, p.nbq - 1));
-  const auto fin = b.for_loop(p.nb, init, [&](HloBuilder& b, const Value& kb, const std::vector<Value>& c) {
-    const Value ks = b.mul(kb, i32(b, p.B));
-    const Value kblk = k_rows(b, p, p.kp, ks), vblk = k_rows(b, p, p.vp, ks);
-    // To the block of the last query that can see any of its keys (its documents' last token, the window's
-    // end); an all-padding block (last token -1) runs no query block.
-    const Value last = document_edge(b, p, ks, false);
-    Value hi = b.select(b.compare(last, i32(b, 0), Compare::kLt), i32(b, -1), b.div(last, i32(b, p.B)));
-    if (o.window > 0) hi = b.min(hi, b.div(b.add(ks, i32(b, p.B + o.window - 2)), i32(b, p.B)));
-    Value lo = kb;
-    if (p.q_off) {  // only the piece's query blocks
-      lo = b.max(lo, q0);
-      hi = b.min(hi, q1);
-    }
-    const auto st = b.while_loop(
-        {lo, full(b, {p.Hkv, p.B, p.D}, 0.0), full(b, {p.Hkv, p.B, p.Dv}, 0.0), c[0]},
-        [&](HloBuilder& b, const std::vector<Value>& a) {
-          return std::vector<Value>{b.compare(a[0], hi, Compare::kLe)};
-        },
-        [&](HloBuilder& b, const std::vector<Value>& a) {
-          const Value qs = b.mul(a[0], i32(b, p.B));            // in the row
-          const Value ql = p.q_off ? b.sub(qs, *p.q_off) : qs;  // in the piece
-          const Value qblk = q_rows(b, p, p.qs, ql), dob = q_rows(b, p, in.dog, ql);
-          const Value s = product(b, p, qblk, kblk, {{0}, {0}, {3}, {2}});  // [Hkv, G, B, B]
-          const Value pr = b.select(block_mask(b, p, qs, ks, o.window),
-                                    b.exp(b.sub(s, bcast(b, q_rows(b, p, in.lse, ql), sdims, {0, 1, 2}))),
-                                    full(b, sdims, 0.0));
-          const Value dv = b.add(a[2], product(b, p, pr, dob, {{0}, {0}, {1, 2}, {1, 2}}));  // [Hkv, B, Dv]
-          const Value dp = product(b, p, dob, vblk, {{0}, {0}, {3}, {2}});                   // [Hkv, G, B, B]
-          const Value ds = b.mul(pr, b.sub(dp, bcast(b, q_rows(b, p, in.di, ql), sdims, {0, 1, 2})));
-          const Value dk =
-              b.add(a[1], product(b, p, ds, qblk, {{0}, {0}, {1, 2}, {1, 2}}));  // scale included
-          const Value dqb = b.add(q_rows(b, p, a[3], ql), product(b, p, ds, kblk, {{0}, {0}, {3}, {1}}));
-          const Value z = i32(b, 0);
-          return std::vector<Value>{b.add(a[0], i32(b, 1)), dk, dv,
-                                    b.dynamic_update_slice(a[3], dqb, {z, z, ql, z})};
-        });
-    const Value z = i32(b, 0);
-    return std::vector<Value>{st[3], b.dynamic_update_slice(c[1], st[1], {z, ks, z}),
-                              b.dynamic_update_slice(c[2], st[2], {z, ks, z})};
-  });
+  const auto fin = b.for_loop(
+      p.nb, init,
+      [&](HloBuilder& b, const Value& kb, const std::vector<Value>& c) {
+        const Value ks = b.mul(kb, i32(b, p.B));
+        const Value kblk = k_rows(b, p, p.kp, ks), vblk = k_rows(b, p, p.vp, ks);
+        // To the block of the last query that can see any of its keys (its documents' last token, the
+        // window's end); an all-padding block (last token -1) runs no query block.
+        const Value last = document_edge(b, p, ks, false);
+        Value hi = b.select(b.compare(last, i32(b, 0), Compare::kLt), i32(b, -1), b.div(last, i32(b, p.B)));
+        if (o.window > 0) hi = b.min(hi, b.div(b.add(ks, i32(b, p.B + o.window - 2)), i32(b, p.B)));
+        Value lo = kb;
+        if (p.q_off) {  // only the piece's query blocks
+          lo = b.max(lo, q0);
+          hi = b.min(hi, q1);
+        }
+        const auto st = b.while_loop(
+            {lo, full(b, {p.Hkv, p.B, p.D}, 0.0), full(b, {p.Hkv, p.B, p.Dv}, 0.0), c[0]},
+            [&](HloBuilder& b, const std::vector<Value>& a) {
+              return std::vector<Value>{b.compare(a[0], hi, Compare::kLe)};
+            },
+            [&](HloBuilder& b, const std::vector<Value>& a) {
+              const Value qs = b.mul(a[0], i32(b, p.B));            // in the row
+              const Value ql = p.q_off ? b.sub(qs, *p.q_off) : qs;  // in the piece
+              const Value qblk = q_rows(b, p, p.qs, ql), dob = q_rows(b, p, in.dog, ql);
+              const Value s = product(b, p, qblk, kblk, {{0}, {0}, {3}, {2}});  // [Hkv, G, B, B]
+              const Value pr = b.select(block_mask(b, p, qs, ks, o.window),
+                                        b.exp(b.sub(s, bcast(b, q_rows(b, p, in.lse, ql), sdims, {0, 1, 2}))),
+                                        full(b, sdims, 0.0));
+              const Value dv =
+                  b.add(a[2], product(b, p, pr, dob, {{0}, {0}, {1, 2}, {1, 2}}));  // [Hkv, B, Dv]
+              const Value dp = product(b, p, dob, vblk, {{0}, {0}, {3}, {2}});      // [Hkv, G, B, B]
+              const Value ds = b.mul(pr, b.sub(dp, bcast(b, q_rows(b, p, in.di, ql), sdims, {0, 1, 2})));
+              const Value dk =
+                  b.add(a[1], product(b, p, ds, qblk, {{0}, {0}, {1, 2}, {1, 2}}));  // scale included
+              const Value dqb = b.add(q_rows(b, p, a[3], ql), product(b, p, ds, kblk, {{0}, {0}, {3}, {1}}));
+              const Value z = i32(b, 0);
+              return std::vector<Value>{b.add(a[0], i32(b, 1)), dk, dv,
+                                        b.dynamic_update_slice(a[3], dqb, {z, z, ql, z})};
+            });
+        const Value z = i32(b, 0);
+        return std::vector<Value>{st[3], b.dynamic_update_slice(c[1], st[1], {z, ks, z}),
+                                  b.dynamic_update_slice(c[2], st[2], {z, ks, z})};
+      },
+      kAttentionLoop);
   const Value dq = b.mul(fin[0], full(b, {p.Hkv, p.G, p.Tqp, p.D}, double(float(o.scale))));
   return {from_groups(b, p, dq), from_heads(b, p, fin[1]), from_heads(b, p, fin[2])};
 }
@@ -410,22 +419,25 @@ AttentionForward mesh_forward(HloBuilder& b, const Value& q, const Value& k, con
                               const AttentionOptions& o) {
   check_mesh_operands(q, *o.mesh, "attention_forward");
   const MeshTiles t(b, *o.mesh);
-  const auto res = b.call(
-      "attention_forward_tiles", t.arguments(b, {&q, &k, &v, &seg}),
-      [&](HloBuilder& b, const std::vector<Value>& a) {
-        const std::optional<Value> q_off =
-            t.piece_start(b, t.ids ? std::optional(a[4]) : std::nullopt, q.type().dims[1]);
-        const Value& ql = a[0];
-        const Value kf = t.whole_rows(b, a[1]), vf = t.whole_rows(b, a[2]), sf = t.whole_rows(b, a[3]);
-        const auto& qd = ql.type().dims;
-        const std::vector<Value> init{full(b, {qd[0], qd[1], qd[2], vf.type().dims[3]}, 0.0),
-                                      full(b, {qd[0], qd[2], qd[1]}, 0.0)};
-        return b.for_loop(qd[0], init, [&](HloBuilder& b, const Value& r, const std::vector<Value>& c) {
-          const AttentionForward f =
-              row_forward(b, row(b, ql, r), row(b, kf, r), row(b, vf, r), row(b, sf, r), o, q_off);
-          return std::vector<Value>{put_row(b, c[0], f.out, r), put_row(b, c[1], f.lse, r)};
-        });
-      });
+  const auto res =
+      b.call("attention_forward_tiles", t.arguments(b, {&q, &k, &v, &seg}),
+             [&](HloBuilder& b, const std::vector<Value>& a) {
+               const std::optional<Value> q_off =
+                   t.piece_start(b, t.ids ? std::optional(a[4]) : std::nullopt, q.type().dims[1]);
+               const Value& ql = a[0];
+               const Value kf = t.whole_rows(b, a[1]), vf = t.whole_rows(b, a[2]), sf = t.whole_rows(b, a[3]);
+               const auto& qd = ql.type().dims;
+               const std::vector<Value> init{full(b, {qd[0], qd[1], qd[2], vf.type().dims[3]}, 0.0),
+                                             full(b, {qd[0], qd[2], qd[1]}, 0.0)};
+               return b.for_loop(
+                   qd[0], init,
+                   [&](HloBuilder& b, const Value& r, const std::vector<Value>& c) {
+                     const AttentionForward f =
+                         row_forward(b, row(b, ql, r), row(b, kf, r), row(b, vf, r), row(b, sf, r), o, q_off);
+                     return std::vector<Value>{put_row(b, c[0], f.out, r), put_row(b, c[1], f.lse, r)};
+                   },
+                   kAttentionLoop);
+             });
   return {t.global(b, res[0]), t.global(b, res[1])};
 }
 
@@ -444,13 +456,15 @@ AttentionBackward mesh_backward(HloBuilder& b, const Value& q, const Value& k, c
                const std::vector<Value> init{full(b, ql.type().dims, 0.0), full(b, kf.type().dims, 0.0),
                                              full(b, vf.type().dims, 0.0)};
                const auto fin = b.for_loop(
-                   ql.type().dims[0], init, [&](HloBuilder& b, const Value& r, const std::vector<Value>& c) {
+                   ql.type().dims[0], init,
+                   [&](HloBuilder& b, const Value& r, const std::vector<Value>& c) {
                      const AttentionBackward g =
                          row_backward(b, row(b, ql, r), row(b, kf, r), row(b, vf, r), row(b, sf, r),
                                       row(b, a[4], r), row(b, a[5], r), row(b, a[6], r), o, q_off);
                      return std::vector<Value>{put_row(b, c[0], g.dq, r), put_row(b, c[1], g.dk, r),
                                                put_row(b, c[2], g.dv, r)};
-                   });
+                   },
+                   kAttentionLoop);
                return std::vector<Value>{fin[0], t.own_piece(b, fin[1]), t.own_piece(b, fin[2])};
              });
   return {t.global(b, res[0]), t.global(b, res[1]), t.global(b, res[2])};
@@ -466,10 +480,14 @@ AttentionForward attention_forward(HloBuilder& b, const Value& q, const Value& k
   const auto& qd = q.type().dims;
   const std::vector<Value> init{full(b, {B, qd[1], qd[2], v.type().dims[3]}, 0.0),
                                 full(b, {B, qd[2], qd[1]}, 0.0)};
-  const auto fin = b.for_loop(B, init, [&](HloBuilder& b, const Value& r, const std::vector<Value>& c) {
-    const AttentionForward f = row_forward(b, row(b, q, r), row(b, k, r), row(b, v, r), row(b, seg, r), o);
-    return std::vector<Value>{put_row(b, c[0], f.out, r), put_row(b, c[1], f.lse, r)};
-  });
+  const auto fin = b.for_loop(
+      B, init,
+      [&](HloBuilder& b, const Value& r, const std::vector<Value>& c) {
+        const AttentionForward f =
+            row_forward(b, row(b, q, r), row(b, k, r), row(b, v, r), row(b, seg, r), o);
+        return std::vector<Value>{put_row(b, c[0], f.out, r), put_row(b, c[1], f.lse, r)};
+      },
+      kAttentionLoop);
   return {fin[0], fin[1]};
 }
 
@@ -483,12 +501,15 @@ AttentionBackward attention_backward(HloBuilder& b, const Value& q, const Value&
              "xla ops: attention_backward: lse must be [B, H, T], got ", lse.type().mlir());
   const std::vector<Value> init{full(b, q.type().dims, 0.0), full(b, k.type().dims, 0.0),
                                 full(b, v.type().dims, 0.0)};
-  const auto fin = b.for_loop(B, init, [&](HloBuilder& b, const Value& r, const std::vector<Value>& c) {
-    const AttentionBackward g = row_backward(b, row(b, q, r), row(b, k, r), row(b, v, r), row(b, seg, r),
-                                             row(b, out, r), row(b, lse, r), row(b, dout, r), o);
-    return std::vector<Value>{put_row(b, c[0], g.dq, r), put_row(b, c[1], g.dk, r),
-                              put_row(b, c[2], g.dv, r)};
-  });
+  const auto fin = b.for_loop(
+      B, init,
+      [&](HloBuilder& b, const Value& r, const std::vector<Value>& c) {
+        const AttentionBackward g = row_backward(b, row(b, q, r), row(b, k, r), row(b, v, r), row(b, seg, r),
+                                                 row(b, out, r), row(b, lse, r), row(b, dout, r), o);
+        return std::vector<Value>{put_row(b, c[0], g.dq, r), put_row(b, c[1], g.dk, r),
+                                  put_row(b, c[2], g.dv, r)};
+      },
+      kAttentionLoop);
   return {fin[0], fin[1], fin[2]};
 }
 

@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "xla/hlo_loops.h"
 #include "xla/ops_util.h"
 
 namespace olmosft::xla::ops {
@@ -76,19 +77,22 @@ XentForward xent_forward(HloBuilder& b, const Value& h, const Value& w, const Va
   const Value ho = operand(b, h, o.operands);
   const std::vector<int64_t> n{p.N}, nc{p.N, p.C};
   const std::vector<Value> init{full(b, n, kNegInf), full(b, n, 0.0), full(b, n, 0.0)};
-  const auto fin = b.for_loop(p.nc, init, [&](HloBuilder& b, const Value& j, const std::vector<Value>& c) {
-    const Tile t = tile(b, p, ho, w, j, o.operands);
-    const Value zero = full(b, nc, 0.0);
-    const Value m_new = b.max(c[0], b.reduce_max(b.select(t.valid, t.logits, full(b, nc, kNegInf)), {1}));
-    const Value e = b.select(t.valid, b.exp(b.sub(t.logits, bcast(b, m_new, nc, {0}))), zero);
-    const Value alpha = b.select(b.compare(c[0], full(b, n, kNegInf), Compare::kEq), full(b, n, 0.0),
-                                 b.exp(b.sub(c[0], m_new)));
-    const Value l = b.add(b.mul(c[1], alpha), b.reduce_sum(e, {1}));
-    const Value is_t = b.select(t.valid, b.compare(t.col, bcast(b, targets, nc, {0}), Compare::kEq),
-                                full(b, nc, 0, kPred));  // the overlap of the last tile counts once
-    const Value tgt = b.add(c[2], b.reduce_sum(b.select(is_t, t.logits, zero), {1}));
-    return std::vector<Value>{m_new, l, tgt};
-  });
+  const auto fin = b.for_loop(
+      p.nc, init,
+      [&](HloBuilder& b, const Value& j, const std::vector<Value>& c) {
+        const Tile t = tile(b, p, ho, w, j, o.operands);
+        const Value zero = full(b, nc, 0.0);
+        const Value m_new = b.max(c[0], b.reduce_max(b.select(t.valid, t.logits, full(b, nc, kNegInf)), {1}));
+        const Value e = b.select(t.valid, b.exp(b.sub(t.logits, bcast(b, m_new, nc, {0}))), zero);
+        const Value alpha = b.select(b.compare(c[0], full(b, n, kNegInf), Compare::kEq), full(b, n, 0.0),
+                                     b.exp(b.sub(c[0], m_new)));
+        const Value l = b.add(b.mul(c[1], alpha), b.reduce_sum(e, {1}));
+        const Value is_t = b.select(t.valid, b.compare(t.col, bcast(b, targets, nc, {0}), Compare::kEq),
+                                    full(b, nc, 0, kPred));  // the overlap of the last tile counts once
+        const Value tgt = b.add(c[2], b.reduce_sum(b.select(is_t, t.logits, zero), {1}));
+        return std::vector<Value>{m_new, l, tgt};
+      },
+      kXentLoop);
   const Value zero = full(b, n, 0.0);
   const Value lse_all = b.add(fin[0], b.log(fin[1]));
   const Value lse = b.select(p.trained, lse_all, zero);
@@ -113,21 +117,25 @@ XentBackward local_backward(HloBuilder& b, const Value& h, const Value& w, const
   const Value k = b.mul(bcast(b, scale, n, {}),
                         b.add(full(b, n, 1.0), b.mul(full(b, n, double(float(2.0 * o.z_loss))), lse)));
   const std::vector<Value> init{full(b, {p.N, p.d}, 0.0), full(b, {p.Vr, p.d}, 0.0)};
-  const auto fin = b.for_loop(p.nc, init, [&](HloBuilder& b, const Value& j, const std::vector<Value>& c) {
-    const Tile t = tile(b, p, ho, w, j, o.operands);
-    const Value e = b.mul(b.exp(b.sub(t.logits, bcast(b, lse, nc, {0}))), bcast(b, k, nc, {0}));
-    const Value is_t = b.compare(t.col, bcast(b, targets, nc, {0}), Compare::kEq);
-    const Value g0 = b.select(is_t, b.sub(e, bcast(b, scale, nc, {})), e);
-    const Value keep = b.select(t.valid, bcast(b, p.trained, nc, {0}), full(b, nc, 0, kPred));
-    const Value g = b.select(keep, g0, full(b, nc, 0.0));
-    const Value go = operand(b, g, o.operands);
-    const Value dh = b.add(c[0], b.dot_general(go, operand(b, t.wc, o.operands), {{}, {}, {1}, {0}}, kF32));
-    const Value dwc = b.dot_general(go, ho, {{}, {}, {0}, {0}}, kF32);  // [C, d]
-    // Added, not written: the last tile overlaps the one before (its masked columns add 0).
-    const std::vector<Value> at{t.start, b.scalar(kS32, 0)};
-    const Value dw = b.add(b.dynamic_slice(c[1], at, {p.C, p.d}), dwc);
-    return std::vector<Value>{dh, b.dynamic_update_slice(c[1], dw, at)};
-  });
+  const auto fin = b.for_loop(
+      p.nc, init,
+      [&](HloBuilder& b, const Value& j, const std::vector<Value>& c) {
+        const Tile t = tile(b, p, ho, w, j, o.operands);
+        const Value e = b.mul(b.exp(b.sub(t.logits, bcast(b, lse, nc, {0}))), bcast(b, k, nc, {0}));
+        const Value is_t = b.compare(t.col, bcast(b, targets, nc, {0}), Compare::kEq);
+        const Value g0 = b.select(is_t, b.sub(e, bcast(b, scale, nc, {})), e);
+        const Value keep = b.select(t.valid, bcast(b, p.trained, nc, {0}), full(b, nc, 0, kPred));
+        const Value g = b.select(keep, g0, full(b, nc, 0.0));
+        const Value go = operand(b, g, o.operands);
+        const Value dh =
+            b.add(c[0], b.dot_general(go, operand(b, t.wc, o.operands), {{}, {}, {1}, {0}}, kF32));
+        const Value dwc = b.dot_general(go, ho, {{}, {}, {0}, {0}}, kF32);  // [C, d]
+        // Added, not written: the last tile overlaps the one before (its masked columns add 0).
+        const std::vector<Value> at{t.start, b.scalar(kS32, 0)};
+        const Value dw = b.add(b.dynamic_slice(c[1], at, {p.C, p.d}), dwc);
+        return std::vector<Value>{dh, b.dynamic_update_slice(c[1], dw, at)};
+      },
+      kXentLoop);
   return {fin[0], fin[1]};
 }
 

@@ -17,7 +17,7 @@ using namespace olmosft::xla;
 namespace {
 
 // Sums the 8 rows of X one per iteration (dynamic_slice of row i inside the loop); X's sharding as given.
-std::string row_loop(const std::string& sharding) {
+std::string row_loop(const std::string& sharding, const std::string& name = "") {
   return R"(module @m attributes {mhlo.num_partitions = 2 : i32} {
   func.func public @main(%x: tensor<8x4xf32> {mhlo.sharding = ")" +
          sharding + R"("}) -> (tensor<4xf32>) {
@@ -36,7 +36,8 @@ std::string row_loop(const std::string& sharding) {
         %one = stablehlo.constant dense<1> : tensor<i32>
         %j = stablehlo.add %i, %one : tensor<i32>
         stablehlo.return %j, %a : tensor<i32>, tensor<4xf32>
-      }
+      })" +
+         (name.empty() ? std::string() : " loc(\"" + name + "\")") + R"(
     return %r#1 : tensor<4xf32>
   }
 })";
@@ -65,6 +66,34 @@ TEST(XlaHloLoops, AGatherInsideALoopIsFoundAndAReplicatedLoopIsClean) {
               partitioned_hlo(c, row_loop("{replicated}"), CompileOptions{});
             }).find("no HLO after SPMD partitioning"),
             std::string::npos);
+}
+
+// The loop's name (its location, HloBuilder::for_loop's NAME) reaches the partitioned HLO as op_name; a
+// collective inside a delta-rule loop is unwanted, inside the layer scan it is the FSDP gather it should be.
+TEST(XlaHloLoops, LoopsAreKnownByTheirNames) {
+  OLMOSFT_CPU_PLUGIN_ONLY();
+  Client& c = testutil::test_client(4);
+  for (const char* name : {kDeltaRuleLoop, kLayerScanLoop}) {
+    const auto found =
+        collectives_in_loops(partitioned_hlo(c, row_loop("{devices=[2,1]<=[2]}", name), two_way()));
+    ASSERT_EQ(found.size(), 1u) << name;
+    EXPECT_EQ(found[0].loop_name, name);
+    EXPECT_EQ(unwanted_loop_collective(found[0]), std::string(name) == kDeltaRuleLoop) << name;
+  }
+  const auto unnamed = collectives_in_loops(partitioned_hlo(c, row_loop("{devices=[2,1]<=[2]}"), two_way()));
+  ASSERT_EQ(unnamed.size(), 1u);
+  EXPECT_EQ(unnamed[0].loop_name, "");
+  EXPECT_FALSE(unwanted_loop_collective(unnamed[0]));  // XLA's own loops (windowed einsums) are not judged
+  // HloBuilder writes the location.
+  HloBuilder b;
+  const Value x = b.argument({ElementType::kF32, {4}});
+  b.returns(b.for_loop(
+      3, {x},
+      [](HloBuilder& l, const Value&, const std::vector<Value>& s) {
+        return std::vector<Value>{l.add(s[0], s[0])};
+      },
+      kDeltaRuleLoop));
+  EXPECT_NE(b.module().find(" loc(\"olmosft.delta_rule\")"), std::string::npos);
 }
 
 TEST(XlaHloLoops, NestedCallsAreFollowed) {
