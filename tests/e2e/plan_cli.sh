@@ -45,6 +45,8 @@ out=$("$bin" plan --compile h100:2x8 "$root/recipes/olmo3-7b-sft.yaml" mesh.fsdp
 grep -a '^compiled for' <<<"$out"
 check "the 7B recipe on h100:2x8 with mesh.fsdp=2 compiles without a GPU and fits (exit 0)" \
   "[ $rc -eq 0 ] && grep -Eq '^PLAN compiled=yes topology=h100:2x8 devices=16 mesh=data=1,fsdp=2,expert=1,context=8 B=2 T=65536 .* device_bytes=76448681164 .* fits=yes ' <<<\"\$out\""
+check "... and the partitioned program has collectives only in its layer scan (PLAN-LOOPS, no PLAN-WARNING)" \
+  "grep -Eq '^PLAN-LOOPS layer_scan_collectives=[1-9][0-9]* unwanted_collectives=0$' <<<\"\$out\" && ! grep -q '^PLAN-WARNING' <<<\"\$out\""
 out=$("$bin" plan --compile h100:2x8 "$root/recipes/olmo3-7b-sft.yaml" mesh.fsdp=16 mesh.context=1 per_device_batch=1 2>&1); rc=$?
 check "a whole 64K row per H100 does not fit (exit 1, fits=no)" \
   "[ $rc -eq 1 ] && grep -Eq '^PLAN compiled=yes topology=h100:2x8 .* fits=no ' <<<\"\$out\""
