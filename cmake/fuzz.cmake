@@ -115,6 +115,8 @@ olmosft_fuzz_target(template SOURCES src/data/template.cpp src/data/template_fil
 olmosft_fuzz_target(tokenizer SOURCES src/data/tokenizer.cpp src/data/tokenizer_util.cpp ${_io_common}
                               LIBS ${_pcre2} ${_zstd})
 olmosft_fuzz_target(recipe SOURCES src/train/recipe.cpp src/train/recipe_schema.cpp src/model/memory_policy.cpp
+                    src/xla/mesh.cpp src/xla/hlo_builder.cpp src/xla/hlo_builder_shape.cpp
+                    src/xla/hlo_builder_spmd.cpp src/xla/mlir_text.cpp src/xla/types.cpp
                     src/kernels/gemm_choice.cpp LIBS $<TARGET_FILE:yaml-cpp>)
 olmosft_fuzz_target(manifest SOURCES src/data/dataset.cpp src/io/hash.cpp ${_io_common} LIBS ${_crypto})
 olmosft_fuzz_target(pickle SOURCES src/io/pickle.cpp src/io/distcp.cpp src/io/distcp_item.cpp src/io/atomic_file.cpp
