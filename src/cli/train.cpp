@@ -8,6 +8,7 @@
 #include "model/config.h"
 #include "model/decoder_xla.h"
 #include "model/model.h"
+#include "train/compiled_plan.h"
 #include "train/log_lines.h"
 #include "train/plan.h"
 #include "train/recipe.h"
@@ -31,15 +32,7 @@ std::unique_ptr<olmosft::model::CausalLM> build_model(const olmosft::TrainConfig
     fill = olmosft::model::init_param_fill(mc, static_cast<uint64_t>(c.seed));
   }
   if (c.device != "xla") return olmosft::model::make_model_unallocated(mc);
-  olmosft::model::XlaOptions xo;  // device: xla (docs/xla.md)
-  xo.plugin = c.xla.plugin;
-  xo.cpu_devices = c.xla.cpu_devices;
-  xo.mesh = olmosft::xla_mesh(c);
-  xo.scan_layers = c.xla.scan_layers;
-  xo.memory_limit_bytes = static_cast<int64_t>(c.xla.memory_limit_gib * 1073741824.0);
-  xo.remat = c.model.memory.remat;  // set_memory_policy sets it again (and checks it)
-  xo.attention = olmosft::model::parse_xla_attention(c.xla.attention, "xla.attention");
-  xo.bf16 = c.compute.gemm.compute == olmosft::ComputeDtype::BF16;
+  const olmosft::model::XlaOptions xo = olmosft::train::recipe_xla_options(c);  // device: xla (docs/xla.md)
   return olmosft::model::make_model_unallocated(mc, [&](const olmosft::model::ModelConfig& m) {
     return std::make_unique<olmosft::model::XlaDecoder>(m, xo);
   });

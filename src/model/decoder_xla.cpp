@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "model/decoder_units.h"
 #include "model/layer_pass.h"
 #include "model/layers.h"
@@ -523,12 +524,12 @@ void XlaDecoder::check_fits(const XlaCompiled& c) const {
   if (!impl_->m.empty())
     for (size_t i = 0; i < impl_->m[0].size(); ++i)
       moments += int64_t(impl_->m[0][i].type().bytes() + impl_->v[0][i].type().bytes());
-  const auto gib = [](int64_t b) { return std::to_string(double(b) / 1073741824.0).substr(0, 6); };
   OLMO_CHECK(
       c.total_bytes + moments <= limit, "DOES NOT FIT (compiled): the ", c.kind, " program for ", c.B, " x ",
-      c.T, " needs ", gib(c.total_bytes + moments), " GiB per device (arguments ", gib(c.argument_bytes),
-      ", outputs ", gib(c.output_bytes), ", aliased ", gib(c.alias_bytes), ", temporaries ",
-      gib(c.temp_bytes), ", AdamW moments ", gib(moments), ") but the device allows ", gib(limit), " GiB (",
+      c.T, " needs ", gib(double(c.total_bytes + moments)), " GiB per device (arguments ",
+      gib(double(c.argument_bytes)), ", outputs ", gib(double(c.output_bytes)), ", aliased ",
+      gib(double(c.alias_bytes)), ", temporaries ", gib(double(c.temp_bytes)), ", AdamW moments ",
+      gib(double(moments)), ") but the device allows ", gib(double(limit)), " GiB (",
       xo_.memory_limit_bytes > 0 ? "xla.memory_limit_gib" : "its plugin's limit",
       "); XLA's compiled figure wins over the planner's estimate. Fewer rows a device "
       "(per_device_batch), model.remat=full with xla.scan_layers, or a larger mesh; "

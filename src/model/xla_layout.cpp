@@ -4,10 +4,10 @@ namespace olmosft::model {
 
 std::string layout(const xla::Mesh& m, const xla::TensorType& t, Split s) {
   if (s == Split::kParam) return xla::param_sharding(m, t.dims);
-  std::vector<xla::Logical> axes(t.dims.size(), xla::Logical::kNone);
-  if (s == Split::kTokens) axes.at(0) = xla::Logical::kTokens;
-  if (s == Split::kRowTiles) axes.at(0) = xla::Logical::kRowTiles;
-  return xla::mesh_sharding(m, t.dims, axes, "step value " + t.mlir());
+  if (s == Split::kReplicated) return xla::sharding_replicated();
+  return xla::dim_sharding(m, t.dims, 0,
+                           s == Split::kTokens ? xla::Logical::kTokens : xla::Logical::kRowTiles,
+                           "step value " + t.mlir());
 }
 
 PassLayout mesh_layout(xla::HloBuilder& b, const xla::Mesh& mesh) {
@@ -22,16 +22,15 @@ PassLayout mesh_layout(xla::HloBuilder& b, const xla::Mesh& mesh) {
                        [&b](const xla::Value& x) { return b.constrain(x, xla::sharding_replicated()); })
                  : same;
   l.inputs = [&b, mesh](const xla::Value& x) {  // [G, P, N, d]: the tokens split
-    return b.constrain(x, xla::mesh_sharding(mesh, x.type().dims,
-                                             {xla::Logical::kNone, xla::Logical::kNone, xla::Logical::kTokens,
-                                              xla::Logical::kNone},
-                                             "saved layer inputs"));
+    return b.constrain(
+        x, xla::dim_sharding(mesh, x.type().dims, 2, xla::Logical::kTokens, "saved layer inputs"));
   };
   l.stacked = [&b, mesh](const xla::Value& x) {  // [G, ...]: each group's tensor split as the parameter
     const std::vector<int64_t> inner(x.type().dims.begin() + 1, x.type().dims.end());
-    std::vector<xla::Logical> axes(x.type().dims.size(), xla::Logical::kNone);
-    if (const int k = xla::param_split_dim(mesh, inner); k >= 0) axes[size_t(k) + 1] = xla::Logical::kParam;
-    return b.constrain(x, xla::mesh_sharding(mesh, x.type().dims, axes, "stacked parameter"));
+    const int k = xla::param_split_dim(mesh, inner);
+    return b.constrain(x, k < 0 ? xla::sharding_replicated()
+                                : xla::dim_sharding(mesh, x.type().dims, size_t(k) + 1, xla::Logical::kParam,
+                                                    "stacked parameter"));
   };
   return l;
 }

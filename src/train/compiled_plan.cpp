@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "model/decoder_xla.h"
 #include "model/params.h"
 #include "train/plan.h"
@@ -21,33 +22,36 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// tpu-v4:4x4x8 -> libtpu's v4:4x4x8; empty for anything else.
-std::string libtpu_topology(const std::string& topology) {
-  const std::string pre = "tpu-";
-  if (topology.rfind(pre, 0) != 0) return "";
-  const std::string t = topology.substr(pre.size());
-  xla::tpu_topology_bounds(t);  // refuses a generation or shape libtpu's options are not known for
-  return t;
-}
-
-bool is_gpu_cluster(const std::string& topology) {
-  const size_t colon = topology.find(':');
-  if (colon == std::string::npos || topology.rfind("tpu-", 0) == 0) return false;
-  const std::string gpu = topology.substr(0, colon);
-  try {
-    xla::gpu_device_description(gpu);
-  } catch (const Error&) {
-    return false;
-  }
-  return true;
-}
-
 [[noreturn]] void unknown_topology(const std::string& topology) {
   fail(
       "plan --compile: topology '", topology,
       "': expected tpu-v4:XxYxZ (a TPU slice, compiled by libtpu) or GPU:HOSTSxGPUS (a GPU cluster, compiled "
       "by XLA's CUDA plugin; GPUs: ",
       xla::gpu_names(), ")");
+}
+
+// TOPOLOGY as given: a TPU slice (tpu-v4:4x4x8: libtpu's name v4:4x4x8) or a GPU cluster (h100:2x8);
+// anything else refused naming the spellings.
+struct Slice {
+  std::string tpu;                     // libtpu's topology name, or "" for a GPU cluster
+  std::optional<xla::GpuCluster> gpu;  // the cluster, or none for a TPU slice
+};
+
+Slice parse_slice(const std::string& topology) {
+  const std::string pre = "tpu-";
+  if (topology.rfind(pre, 0) == 0) {
+    const std::string t = topology.substr(pre.size());
+    xla::tpu_topology_bounds(t);  // refuses a generation or shape libtpu's options are not known for
+    return {t, std::nullopt};
+  }
+  const size_t colon = topology.find(':');
+  if (colon == std::string::npos) unknown_topology(topology);
+  try {  // a known GPU name before the colon; the cluster's own spelling checks follow
+    xla::gpu_device_description(topology.substr(0, colon));
+  } catch (const Error&) {
+    unknown_topology(topology);
+  }
+  return {"", xla::parse_gpu_cluster(topology)};
 }
 
 // The slice or cluster's topology, the plugin it is compiled by and the memory a device may use.
@@ -59,20 +63,19 @@ struct Target {
   std::vector<std::pair<std::string, std::string>> flags;  // XLA options for the compile
 };
 
-Target make_target(const std::string& topology) {
+Target make_target(const Slice& slice) {
   Target t;
-  if (const std::string tpu = libtpu_topology(topology); !tpu.empty()) {
+  if (!slice.gpu) {
     xla::libtpu_deviceless_env();
     t.plugin = "tpu";
-    t.topo = xla::Topology::create("tpu", tpu, xla::tpu_topology_options(tpu));
+    t.topo = xla::Topology::create("tpu", slice.tpu, xla::tpu_topology_options(slice.tpu));
     const auto attrs = t.topo->attributes();
     if (auto it = attrs.find("device_memory_bytes_limit"); it != attrs.end())
       t.device_bytes = std::stoll(it->second);
     t.f64 = false;  // TPUs have no f64
     return t;
   }
-  if (!is_gpu_cluster(topology)) unknown_topology(topology);
-  const xla::GpuCluster c = xla::parse_gpu_cluster(topology);
+  const xla::GpuCluster& c = *slice.gpu;
   const std::shared_ptr<const xla::Plugin> plugin = xla::Plugin::load("cuda");
   const xla::GpuTarget g = xla::cuda_target(plugin->path(), c.gpu);
   t.plugin = "cuda";
@@ -89,38 +92,46 @@ Target make_target(const std::string& topology) {
 }  // namespace
 
 std::string planner_device(const std::string& topology) {
-  if (!libtpu_topology(topology).empty()) return "tpu-v4";
-  if (!is_gpu_cluster(topology)) unknown_topology(topology);
-  const std::string gpu = xla::parse_gpu_cluster(topology).gpu;
-  return gpu == "h100" ? "h100-80gb" : gpu == "h200" ? "h200-141gb" : "b200-192gb";
+  const Slice s = parse_slice(topology);
+  if (!s.gpu) return "tpu-v4";
+  return s.gpu->gpu == "h100" ? "h100-80gb" : s.gpu->gpu == "h200" ? "h200-141gb" : "b200-192gb";
 }
 
 int64_t slice_devices(const std::string& topology) {
-  if (const std::string tpu = libtpu_topology(topology); !tpu.empty()) return xla::tpu_topology_chips(tpu);
-  if (!is_gpu_cluster(topology)) unknown_topology(topology);
-  return xla::parse_gpu_cluster(topology).devices();
+  const Slice s = parse_slice(topology);
+  return s.gpu ? s.gpu->devices() : xla::tpu_topology_chips(s.tpu);
+}
+
+model::XlaOptions recipe_xla_options(const TrainConfig& c) {
+  model::XlaOptions xo;
+  xo.plugin = c.xla.plugin;
+  xo.cpu_devices = c.xla.cpu_devices;
+  xo.mesh = xla_mesh(c);
+  xo.scan_layers = c.xla.scan_layers;
+  xo.memory_limit_bytes = static_cast<int64_t>(c.xla.memory_limit_gib * kGiB);
+  xo.remat = c.model.memory.remat;  // XlaDecoder::set_memory_policy sets it again (and checks it)
+  xo.attention = model::parse_xla_attention(c.xla.attention, "xla.attention");
+  xo.bf16 = c.compute.gemm.compute == ComputeDtype::BF16;
+  return xo;
 }
 
 CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, const std::string& topology) {
   CompiledPlan p;
   p.topology = topology;
-  const Target target = make_target(topology);
+  const Target target = make_target(parse_slice(topology));
   const xla::Topology& topo = *target.topo;
   p.platform = topo.platform_name();
   p.devices = static_cast<int64_t>(topo.device_count());
   const auto kinds = topo.device_kinds();
   p.device_kind = kinds.empty() ? "" : kinds[0];
   p.device_bytes = target.device_bytes;
-  model::XlaOptions xo;
+  model::XlaOptions xo = recipe_xla_options(cfg);
   xo.plugin = target.plugin;
-  xo.mesh = xla_mesh(cfg);
+  xo.attention = model::XlaAttention::kBlockwise;  // cuDNN's fused attention needs a device to compile
+  xo.f64_trig = target.f64;
   OLMO_CHECK(xo.mesh.devices() == p.devices, cfg.source, ": the mesh (", xo.mesh.text(), ") has ",
              xo.mesh.devices(), " devices, but ", topology, " has ", p.devices,
              " (set mesh.* so that their product is the slice's chips)");
-  xo.remat = cfg.model.memory.remat;
-  xo.scan_layers = cfg.xla.scan_layers;
-  xo.bf16 = cfg.compute.gemm.compute == ComputeDtype::BF16;
-  xo.f64_trig = target.f64;
   p.mesh = xo.mesh;
   p.B = cfg.batch.slots;
   p.T = cfg.batch.seq_len;
@@ -181,8 +192,8 @@ std::string compiled_plan_loop_lines(const CompiledPlan& p) {
     scan += l.loop_name == xla::kLayerScanLoop;
     if (!xla::unwanted_loop_collective(l)) continue;
     ++unwanted;
-    std::string hlo =
-        l.line.substr(l.line.find_first_not_of(' ') == std::string::npos ? 0 : l.line.find_first_not_of(' '));
+    const size_t indent = l.line.find_first_not_of(' ');
+    std::string hlo = indent == std::string::npos ? l.line : l.line.substr(indent);
     if (hlo.size() > 160) hlo = hlo.substr(0, 160) + "...";
     w << "PLAN-WARNING collective_in_loop op=" << l.opcode << " loop=" << l.loop_name
       << " computation=" << l.computation << " hlo=" << hlo << "\n";

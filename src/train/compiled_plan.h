@@ -7,6 +7,7 @@
 #include <string>
 
 #include "model/config.h"
+#include "model/decoder_xla.h"
 #include "train/recipe.h"
 #include "xla/hlo_loops.h"
 #include "xla/mesh.h"
@@ -30,6 +31,10 @@ struct CompiledPlan {
   // The collectives the partitioner put inside loops (xla/hlo_loops.h), as it left the program.
   std::vector<xla::LoopCollective> loop_collectives;
 };
+
+// The XLA backend's options a recipe gives (device: xla; the xla.*, mesh.*, model.remat and compute.dtype
+// keys): what `olmosft train` runs and, with the slice's plugin, `plan --compile` compiles.
+model::XlaOptions recipe_xla_options(const TrainConfig& c);
 
 // Compiles CFG's step (its mesh, remat, scanned layers, compute dtype, loss settings; B = the rows of a
 // micro-step over all the slice's devices, T = seq_len) for TOPOLOGY: `tpu-v4:XxYxZ` through libtpu

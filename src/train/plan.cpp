@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "core/units.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/moe.h"
 #include "model/layers.h"
@@ -22,18 +23,6 @@
 #include "train/flops.h"
 
 namespace olmosft::train {
-
-namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-}  // namespace
-
-std::string gib(double bytes) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(bytes < 0.1 * kGiB ? 4 : 2) << bytes / kGiB;
-  return os.str();
-}
 
 namespace {
 

@@ -91,8 +91,6 @@ int64_t local_processes(int64_t world);
 
 // The model config a recipe trains: model.init's config.json or model.config (never the weights).
 model::ModelConfig recipe_model_config(const TrainConfig& cfg);
-// Bytes as GiB for the plan's lines ("12.62"; 4 decimals below 0.1 GiB).
-std::string gib(double bytes);
 // The same, or, when model.init names a directory that cannot be read here (a cluster volume: the recipe is
 // planned on another machine), the preset whose name its directory's name matches (olmo35-small* and
 // olmo3moe-small*: olmo3moe-small; Olmo-3-*7B / olmo3-7b*: olmo3-7b; olmo-hybrid-7b*: olmo-hybrid-7b), with

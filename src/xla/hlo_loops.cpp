@@ -64,6 +64,7 @@ std::vector<LoopCollective> collectives_in_loops(std::string_view hlo) {
   static const std::regex collective(
       R"(\s(all-gather|all-gather-start|all-to-all|collective-permute|collective-permute-start|all-reduce|)"
       R"(all-reduce-start|reduce-scatter)\()");
+  static const std::regex op_name(R"re(op_name="([^"]*)")re");
   std::vector<LoopCollective> out;
   std::set<std::pair<std::string, std::string>> seen;  // (loop, computation) visited
   for (const auto& [name, comp] : comps)
@@ -71,7 +72,6 @@ std::vector<LoopCollective> collectives_in_loops(std::string_view hlo) {
       std::smatch w;
       if (!std::regex_search(line, w, loop)) continue;
       const std::string while_name = w[1];
-      static const std::regex op_name(R"re(op_name="([^"]*)")re");
       std::smatch on;
       const std::string loop_name = std::regex_search(line, on, op_name) ? std::string(on[1]) : "";
       std::vector<std::string> todo{w[2]};

@@ -128,6 +128,13 @@ std::string mesh_sharding(const Mesh& mesh, const std::vector<int64_t>& shape,
   return "{devices=[" + dims + "]" + ids + (rep > 1 ? " last_tile_dim_replicate}" : "}");
 }
 
+std::string dim_sharding(const Mesh& mesh, const std::vector<int64_t>& shape, size_t dim, Logical logical,
+                         const std::string& what) {
+  std::vector<Logical> axes(shape.size(), Logical::kNone);
+  axes.at(dim) = logical;
+  return mesh_sharding(mesh, shape, axes, what);
+}
+
 int param_split_dim(const Mesh& mesh, const std::vector<int64_t>& shape) {
   const int64_t n = mesh.param_shards();
   if (n <= 1) return -1;

@@ -60,6 +60,10 @@ const std::vector<AxisRule>& axis_rules();
 std::string mesh_sharding(const Mesh& mesh, const std::vector<int64_t>& shape,
                           const std::vector<Logical>& axes, const std::string& what);
 
+// The same for a tensor whose dimension DIM means LOGICAL and every other dimension kNone.
+std::string dim_sharding(const Mesh& mesh, const std::vector<int64_t>& shape, size_t dim, Logical logical,
+                         const std::string& what);
+
 // A parameter's layout: its first dimension that the parameter shards divide (Logical::kParam there), or -1
 // (replicated) when none does or the mesh has one parameter shard. A vocabulary that does not divide is
 // never padded to divide: the embedding splits by its columns instead.

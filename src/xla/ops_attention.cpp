@@ -376,9 +376,7 @@ struct MeshTiles {
     if (C > 1) ids = b.full_to_shard(b.iota({kS32, {D}}, 0), sharding({D}), {kS32, {1}});
   }
   std::string sharding(const std::vector<int64_t>& dims) const {
-    std::vector<Logical> axes(dims.size(), Logical::kNone);
-    axes[0] = Logical::kRowTiles;
-    return mesh_sharding(m, dims, axes, "attention row tiles");
+    return dim_sharding(m, dims, 0, Logical::kRowTiles, "attention row tiles");
   }
   Value local(HloBuilder& b, const Value& x) const {
     TensorType t = x.type();

@@ -151,16 +151,14 @@ XentBackward xent_backward(HloBuilder& b, const Value& h, const Value& w, const 
   OLMO_CHECK(h.type().dims[0] % D == 0, "xla ops: xent_backward: ", h.type().dims[0],
              " tokens do not split over the mesh's ", D, " devices");
   const auto tokens = [&](const std::vector<int64_t>& dims) {
-    std::vector<Logical> axes(dims.size(), Logical::kNone);
-    axes[0] = Logical::kTokens;
-    return mesh_sharding(m, dims, axes, "xent_backward tokens");
+    return dim_sharding(m, dims, 0, Logical::kTokens, "xent_backward tokens");
   };
   const auto local = [&](const Value& x) {
     TensorType t = x.type();
     t.dims[0] /= D;
     return b.full_to_shard(x, tokens(x.type().dims), t);
   };
-  const auto whole = [&](const Value& x) { return b.full_to_shard(x, "{replicated}", x.type()); };
+  const auto whole = [&](const Value& x) { return b.full_to_shard(x, sharding_replicated(), x.type()); };
   HloBuilder::DeviceGroups all(1);
   for (int64_t d = 0; d < D; ++d) all[0].push_back(d);
   XentOptions lo = o;
@@ -176,10 +174,10 @@ XentBackward xent_backward(HloBuilder& b, const Value& h, const Value& w, const 
                             return std::vector<Value>{g.dh, split < 0 ? b.all_reduce_sum(g.dw, all)
                                                                       : b.reduce_scatter(g.dw, split, all)};
                           });
-  const std::string n = std::to_string(D);
-  const std::string dw_sharding = split < 0    ? "{replicated}"
-                                  : split == 0 ? "{devices=[" + n + ",1]<=[" + n + "]}"
-                                               : "{devices=[1," + n + "]<=[" + n + "]}";
+  // dW's layout as the reduce-scatter over all devices in order left it
+  std::vector<int64_t> tiles(2, 1);
+  if (split >= 0) tiles[size_t(split)] = D;
+  const std::string dw_sharding = split < 0 ? sharding_replicated() : sharding_tiled(tiles);
   return {b.shard_to_full(res[0], tokens(h.type().dims), h.type()),
           b.shard_to_full(res[1], dw_sharding, w.type())};
 }

@@ -268,21 +268,14 @@ Client Client::create(std::shared_ptr<const Plugin> plugin, const ClientOptions&
   auto state = std::make_shared<ClientState>();
   state->plugin = std::move(plugin);
   const Plugin& p = *state->plugin;
-  std::vector<PJRT_NamedValue> named;
-  static constexpr char kCpuDeviceCount[] = "cpu_device_count";
+  std::vector<NamedValue> values;
   if (options.cpu_device_count) {
     OLMO_CHECK(*options.cpu_device_count >= 1, "xla: cpu_device_count must be >= 1, got ",
                *options.cpu_device_count);
-    auto v = OLMO_PJRT_ARGS(PJRT_NamedValue);
-    v.name = kCpuDeviceCount;
-    v.name_size = sizeof(kCpuDeviceCount) - 1;
-    v.type = PJRT_NamedValue_kInt64;
-    v.int64_value = *options.cpu_device_count;
-    v.value_size = 1;
-    named.push_back(v);
+    values.push_back({"cpu_device_count", *options.cpu_device_count});
   }
-  const std::vector<PJRT_NamedValue> extra = to_pjrt(options.extra);  // names point into options.extra
-  named.insert(named.end(), extra.begin(), extra.end());
+  values.insert(values.end(), options.extra.begin(), options.extra.end());
+  const std::vector<PJRT_NamedValue> named = to_pjrt(values);  // names point into VALUES
   auto args = OLMO_PJRT_ARGS(PJRT_Client_Create_Args);
   args.create_options = named.data();
   args.num_options = named.size();
