@@ -8,6 +8,11 @@
 # training step as exported here by `olmosft xla export` (deps/xla-steps, made by --stage):
 #   fixture-f32   the Olmo 3 fixture's step with its weights and batch: the accelerator's results must match
 #                 XLA's CPU plugin's within 1e-5 of each tensor's scale (RESULT xla_step ... passed)
+#   hybrid-chunk16, hybrid-recurrent  the hybrid fixture's step (KDA + MoE, tests/golden/model/olmo3moe_tiny)
+#                 with the chunked delta rule (chunks of 16; documents start inside chunks) and with the
+#                 token-by-token recurrence, each against XLA's CPU plugin within 1e-5 (issue #45: "kernel
+#                 rewrites need a device-vs-exact-scan check"; here the two forms agree within 2e-6,
+#                 unit_kda_xla_test, so the device's chunked program is checked against the exact scan)
 #   7b4-8k        an Olmo-3-7B-shaped 4-layer stack (d 4096, 32 heads, FFN 11,008, vocab 100,278), one row of
 #                 8,192 tokens, bf16 GEMM operands: XLA-STEP tokens/s and MFU, and the PyTorch peer in the
 #                 same run (bench/olmo3_step_torch.py: transformers' Olmo3 with SDPA, eager, bf16) on the same
@@ -47,6 +52,10 @@ stage() {  # here, with the CPU build: googletest's source (the GPU image lacks 
   local G=tests/golden/model/olmo3_tiny
   "$bin" xla export --model $G --batch-file $G/batch.safetensors --batch 2 --seq 128 --vocab-tile 128 \
     --lm-z 1e-5 --expect --out "$steps/fixture-f32" &&
+    "$bin" xla export --model tests/golden/model/olmo3moe_tiny --batch-file tests/golden/model/olmo3moe_tiny/batch.safetensors \
+      --batch 2 --seq 64 --vocab-tile 128 --lm-z 1e-5 --delta-chunk 16 --expect --out "$steps/hybrid-chunk16" &&
+    "$bin" xla export --model tests/golden/model/olmo3moe_tiny --batch-file tests/golden/model/olmo3moe_tiny/batch.safetensors \
+      --batch 2 --seq 64 --vocab-tile 128 --lm-z 1e-5 --delta-chunk 0 --expect --out "$steps/hybrid-recurrent" &&
     "$bin" xla export --config olmo3-7b --layers 4 --seq 8192 --bf16 --out "$steps/7b4-8k" &&
     "$bin" xla export --config olmo3-7b --layers 4 --seq 65536 --bf16 --out "$steps/7b4-64k" &&
     "$bin" xla export --config olmo3-7b --layers 4 --seq 8192 --bf16 --attention cudnn --out "$steps/7b4-8k-cudnn" &&
@@ -122,14 +131,14 @@ run_steps() {
   local name=$1 peak=${PEAK_TFLOPS:-989} d
   [[ -d $steps ]] || { echo "accel-check: no $steps (run scripts/accel-check.sh --stage here and carry it)"; return 1; }
   local status=0
-  for d in "$steps"/fixture-f32 "$steps"/7b4-8k "$steps"/7b4-8k-cudnn "$steps"/7b4-8k-cudnn-packed "$steps"/7b4-64k \
+  for d in "$steps"/fixture-f32 "$steps"/hybrid-chunk16 "$steps"/hybrid-recurrent "$steps"/7b4-8k "$steps"/7b4-8k-cudnn "$steps"/7b4-8k-cudnn-packed "$steps"/7b4-64k \
     "$steps"/7b4-64k-cudnn; do
     [[ -f $d/manifest.txt ]] || { echo "accel-check: $d missing"; status=1; continue; }
-    if [[ $plugin == cpu && $d != *fixture* ]]; then echo "== $d: skipped on the CPU plugin (7B-shaped)"; continue; fi
+    if [[ $plugin == cpu && $d != *fixture* && $d != *hybrid* ]]; then echo "== $d: skipped on the CPU plugin (7B-shaped)"; continue; fi
     [[ $d == *cudnn* && $plugin != cuda ]] && { echo "== $d: skipped (cuDNN's attention: CUDA plugin only)"; continue; }
     echo "== training step $d on $plugin"
     "$build/xla_step_run" "$name" "$d" 3 "$peak" || { echo "RESULT xla_step $d FAILED (exit $?)"; status=1; }
-    [[ $d == *fixture* || $d == *cudnn* ]] && continue  # the PyTorch peer once per shape
+    [[ $d == *fixture* || $d == *hybrid* || $d == *cudnn* ]] && continue  # the PyTorch peer once per shape
     local T B flops remat=()
     T=$(awk '/^model/ { for (i = 1; i < NF; i++) if ($i == "T") print $(i + 1) }' "$d/manifest.txt")
     B=$(awk '/^model/ { for (i = 1; i < NF; i++) if ($i == "B") print $(i + 1) }' "$d/manifest.txt")

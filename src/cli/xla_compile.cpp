@@ -57,7 +57,7 @@ struct Compiled {
 
 struct Args {
   std::string config, plugin = "tpu", topology, save_config, mesh, save_module, remat = "none";
-  int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0, spmd = 1;
+  int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0, spmd = 1, delta_chunk = 64;
   bool bf16 = false, forward_only = false, shard_params = false, scan = false;
 };
 
@@ -94,6 +94,7 @@ Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_
   xo.remat = olmosft::model::parse_remat(a.remat, "--remat");
   xo.scan_layers = a.scan;
   if (a.block > 0) xo.attention_block = a.block;
+  xo.delta_chunk = a.delta_chunk;
   olmosft::xla::CompileOptions co;  // one SPMD program over the mesh's devices
   co.num_partitions = xo.devices();
   co.use_spmd_partitioning = xo.devices() > 1;
@@ -212,6 +213,10 @@ int xla_compile_main(int argc, char** argv) {
                  "the device mesh as the recipe's mesh.* keys, e.g. fsdp=16,context=8 (docs/xla.md \"The "
                  "device mesh\"); replaces --spmd / --shard-params");
   app.add_option("--attention-block", a.block, "queries / keys per attention block (default: the backend's)");
+  app.add_option("--delta-chunk", a.delta_chunk,
+                 "KDA / Gated DeltaNet: tokens per chunk of the delta rule (xla.delta_chunk; 0: the recurrence)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--save-model-config", a.save_config, "also write the compiled model's config.json here");
   app.add_option("--save-module", a.save_module,
                  "also write the step's StableHLO text here (before compiling)");

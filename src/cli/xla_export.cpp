@@ -44,7 +44,7 @@ using olmosft::model::XlaStepTensor;
 
 struct Args {
   std::string config, model, batch_file, out, attention = "blockwise";
-  int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0, docs = 1;
+  int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0, docs = 1, delta_chunk = 64;
   double lm_z = 1e-4;
   bool bf16 = false, expect = false, f32_trig = false;
 };
@@ -239,6 +239,10 @@ int xla_export_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--lm-z", a.lm_z, "z-loss coefficient")->capture_default_str();
   app.add_option("--attention-block", a.block, "queries / keys per attention block (default: the backend's)");
+  app.add_option("--delta-chunk", a.delta_chunk,
+                 "KDA / Gated DeltaNet: tokens per chunk of the delta rule (xla.delta_chunk; 0: the recurrence)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--attention", a.attention,
                  "blockwise (every plugin) or cudnn (cuDNN's fused attention: XLA's CUDA plugin only; its "
                  "packed form for rows of several documents)")
@@ -266,6 +270,7 @@ int xla_export_main(int argc, char** argv) {
     xo.bf16 = a.bf16;
     xo.f64_trig = !a.f32_trig;
     if (a.block > 0) xo.attention_block = a.block;
+    xo.delta_chunk = a.delta_chunk;
     xo.attention = olmosft::model::parse_xla_attention(a.attention, "--attention");
     OLMO_CHECK(!(a.expect && xo.attention == olmosft::model::XlaAttention::kCudnn),
                "--expect runs the step on XLA's CPU plugin, which cannot run --attention cudnn");

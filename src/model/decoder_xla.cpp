@@ -34,6 +34,7 @@ struct StepKey {
   bool backward = false, logits = false, logprobs = false;
   bool accumulate = false;  // the gradient sums so far are arguments, donated into the results (device state)
   double lm_z = 0, moe_lb = 0, router_z = 0;  // the loss weights (the MoE ones read by its backward)
+  double moe_buffer_factor = -1;              // the MoE's capacity (<= 0: dropless, dense experts)
   int64_t vocab_tile = 0;
   int64_t cudnn_segments = 0;  // cuDNN's packed attention form with this M (cudnn_segments); 0: not packed
   xla::Mesh mesh;              // the devices of the SPMD program and how the batch and parameters split
@@ -55,6 +56,7 @@ static StepKey step_key(int64_t B, int64_t T, const LossConfig& loss, const XlaO
   k.lm_z = loss.weight[kLossLmZ];
   k.moe_lb = loss.weight[kLossMoeLb];
   k.router_z = loss.weight[kLossRouterZ];
+  k.moe_buffer_factor = loss.moe_buffer_factor;
   k.vocab_tile = loss.vocab_tile;
   return k;
 }
@@ -75,17 +77,10 @@ std::vector<int64_t> moe_layers(const ModelConfig& c) {
   return l;
 }
 
-// The capacity limit is not emitted (MoeUnit::emit_forward refuses it too; a cached program would not).
 // The config runs on the decoder and every layer is emitted (names the field / layer otherwise).
 void check_emitted(const ModelConfig& c) {
   check_supported(c);
   for (const LayerSpec& s : layer_specs(c)) unit::Block::check_emits(c, s);
-}
-
-void check_dropless(const ModelConfig& c, const LossConfig& loss) {
-  OLMO_CHECK(loss.moe_buffer_factor <= 0 || moe_layers(c).empty(), c.model_type_name,
-             ": moe.buffer_factor (capacity) is not emitted by the XLA backend yet (got ",
-             loss.moe_buffer_factor, "; only dropless, -1, is); use device: cpu");
 }
 
 // What a mesh needs of the model (names the axis): every axis >= 1; cuDNN's custom calls on one device; the
@@ -165,8 +160,8 @@ BatchArgs batch_arguments(StepArgs& args, const ModelConfig& c, const StepKey& k
   return a;
 }
 
-// The whole step as one program: results ce_sum, z_sum, count, per MoE layer its statistics (f32 [3]: lb,
-// router_z, required_buffer_factor), [logits], [logprobs], then with the backward one gradient per
+// The whole step as one program: results ce_sum, z_sum, count, per MoE layer its statistics (f32 [4]: lb,
+// router_z, required_buffer_factor, dropped), [logits], [logprobs], then with the backward one gradient per
 // parameter (registry order).
 std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOptions& xo,
                       const LossConfig& loss, const StepKey& k, XlaStepProgram* sig = nullptr) {
@@ -189,6 +184,7 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
   e.aux_scale = a.aux;
   e.operands = xo.bf16 ? xla::ops::Operands::kBF16 : xla::ops::Operands::kF32;
   e.attention_block = xo.attention_block;
+  e.delta_chunk = xo.delta_chunk;
   e.attention_cudnn = xo.attention == XlaAttention::kCudnn;
   if (a.cudnn_seqlen) e.cudnn_packed = xla::ops::CudnnPacking{*a.cudnn_seqlen, *a.cudnn_offsets, *a.seg};
   if (uses_rope(u.layers))
@@ -426,6 +422,7 @@ XlaDecoder::XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const Decoder
     : config_(c), opts_(opts), xo_(xo) {
   check_emitted(c);
   OLMO_CHECK(xo.attention_block > 0, "xla: attention_block must be > 0, got ", xo.attention_block);
+  OLMO_CHECK(xo.delta_chunk >= 0, "xla: delta_chunk must be >= 0 (0: the recurrence), got ", xo.delta_chunk);
   OLMO_CHECK(xo.cpu_devices > 0, "xla.cpu_devices must be > 0, got ", xo.cpu_devices);
   check_mesh(c, xo);
   params_ = allocate_params(c);
@@ -457,7 +454,6 @@ namespace {
 void check_step(const ModelConfig& c, const LossConfig& loss, int64_t B, int64_t T, const XlaOptions& xo,
                 int64_t cudnn_segments) {
   check_emitted(c);
-  check_dropless(c, loss);
   OLMO_CHECK(B > 0 && T > 0, c.model_type_name, ": batch must have B > 0 and T > 0 (got B=", B, ", T=", T,
              ")");
   OLMO_CHECK(cudnn_segments == 0 || (xo.attention == XlaAttention::kCudnn && cudnn_segments >= 2),
@@ -619,7 +615,6 @@ std::vector<std::vector<xla::Buffer>> XlaDecoder::batch_buffers(const XlaStepBat
 LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double grad_scale, double aux_scale,
                           bool backward, float* logits, float* logprobs) {
   const std::string& who = config_.model_type_name;
-  check_dropless(config_, loss);
   const std::vector<int64_t> moe = moe_layers(config_);
   OLMO_CHECK(batch.B > 0 && batch.T > 0, who, ": batch must have B > 0 and T > 0 (got B=", batch.B,
              ", T=", batch.T, ")");
@@ -675,7 +670,7 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
     ms.lb_loss = st[0];
     ms.router_z = st[1];
     ms.required_buffer_factor = st[2];
-    ms.dropped_tokens = 0;  // dropless
+    ms.dropped_tokens = static_cast<int64_t>(std::lround(st[3]));  // 0 dropless
     lp.sum[kLossMoeLb] += loss.weight[kLossMoeLb] * ms.lb_loss;
     lp.sum[kLossRouterZ] += loss.weight[kLossRouterZ] * ms.router_z;
     lp.moe_layers.push_back(ms);

@@ -55,6 +55,9 @@ struct XlaOptions {
   bool scan_layers = false;
   bool bf16 = false;             // bf16 operands in every GEMM with f32 accumulation (compute.dtype bf16)
   int64_t attention_block = 64;  // queries / keys per block of the blockwise attention
+  // xla.delta_chunk: KDA / Gated DeltaNet's chunked delta rule, tokens per chunk (unit_emit.h
+  // Emit::delta_chunk); 0: the token-by-token recurrence.
+  int64_t delta_chunk = 64;
   // xla.attention: the blockwise attention every plugin runs (segments, padding, windows), or cuDNN's fused
   // attention (xla/ops_attention_cudnn.h: CUDA plugin only, bf16 operands; rows of several documents take its
   // packed form, cudnn_segments).

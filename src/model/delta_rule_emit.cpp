@@ -177,10 +177,22 @@ DeltaInputs delta_inputs(HloBuilder& b, const DocMasks& m, const Value& qn, cons
   const Value valid = b.transpose(m.valid, {1, 0}), start = b.transpose(m.start, {1, 0});
   const Value vk = bc(b, valid, dk, {0, 1});
   const Value keep = bc(b, b.mul(valid, b.sub(full(b, {T, B}, 1.0), start)), dk, {0, 1});
-  DeltaInputs in{
-      b.mul(b.mul(tm(qn, Dk), full(b, dk, scale)), vk), tm(kn, Dk), tm(vc, Dv), vk, vk, B, T, H, Dk, Dv};
+  DeltaInputs in{b.mul(b.mul(tm(qn, Dk), full(b, dk, scale)), vk),
+                 tm(kn, Dk),
+                 tm(vc, Dv),
+                 vk,
+                 vk,
+                 vk,
+                 start,
+                 B,
+                 T,
+                 H,
+                 Dk,
+                 Dv};
   in.a = b.add(b.mul(b.exp(tm(b.reshape(g, {B * T, H * Dk}), Dk)), keep), b.sub(full(b, dk, 1.0), vk));
   in.beta = b.mul(b.transpose(b.reshape(beta, {B, T, H}), {1, 0, 2}), bc(b, valid, {T, B, H}, {0, 1}));
+  in.lg = b.mul(tm(b.reshape(g, {B * T, H * Dk}), Dk), keep);
+  in.start = start;
   return in;
 }
 

@@ -54,8 +54,10 @@ OutNormBackward out_norm_backward(HloBuilder& b, const Value& o, const Value& z,
 
 // The delta rule's inputs, time-major ([T, B, H, ...]): q scaled and zero on padding, the decay exp(g) (0
 // at a document's first token, 1 on padding), beta zero on padding. G [N, H*Dk].
+// For the chunked form also the log decay lg (g on a document's inner tokens, 0 at its first token and on
+// padding: the chunks mask documents instead) and the documents' first tokens start [T, B] (f32 0/1).
 struct DeltaInputs {
-  Value q, k, v, a, beta;
+  Value q, k, v, a, beta, lg, start;
   int64_t B, T, H, Dk, Dv;
 };
 DeltaInputs delta_inputs(HloBuilder& b, const DocMasks& m, const Value& qn, const Value& kn, const Value& vc,
@@ -69,5 +71,25 @@ struct DeltaGrads {
 };
 DeltaGrads delta_backward(HloBuilder& b, const DeltaInputs& in0, const DocMasks& m, const Value& dO,
                           double scale, int64_t ckpt);
+
+// The chunked (WY / UT) delta rule (docs/kda.md "Chunked algorithm"; delta_rule_chunk_emit.cpp): chunks of
+// CHUNK tokens from each row's first token (a row's tokens padded to whole chunks with no-op tokens), the
+// documents inside a chunk kept apart by masks (a document may start mid-chunk, unlike the CPU kernel, which
+// splits chunks at documents: the same sums in another order). The WY factors of every chunk are computed
+// at once outside the loop (one batched triangular solve); a while loop over chunks, named
+// xla::kDeltaRuleLoop, carries only the f32 state [B, H, Dk, Dv]. Same results as delta_forward.
+Value delta_chunk_forward(HloBuilder& b, const DeltaInputs& in, int64_t chunk);
+// Its backward: the factors again, a loop keeping the state entering each chunk (one state per chunk) and
+// the pseudo-values, then a reverse loop over the chunks with the pairwise terms of one chunk at a time.
+// Same results as delta_backward.
+DeltaGrads delta_chunk_backward(HloBuilder& b, const DeltaInputs& in, const DocMasks& m, const Value& dO,
+                                double scale, int64_t chunk);
+
+// Helpers the two forms share (delta_rule_emit.cpp): X [T, ...] at time I (an s32 scalar) without the time
+// dimension; X with X[I] = V; X extended to TP tokens with the value V; D with D[I] = V.
+Value at_time(HloBuilder& b, const Value& x, const Value& i);
+Value put_time(HloBuilder& b, const Value& x, const Value& v, const Value& i);
+Value pad_time(HloBuilder& b, const Value& x, int64_t tp, double v);
+std::vector<int64_t> with_dim(std::vector<int64_t> d, size_t i, int64_t v);
 
 }  // namespace olmosft::model::unit::delta_emit

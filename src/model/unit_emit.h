@@ -49,11 +49,14 @@ struct Emit {
   Remat remat = Remat::None;
   xla::ops::Operands operands = xla::ops::Operands::kF32;
   int64_t attention_block = 64;  // keys / queries per block of the blockwise attention
+  // KDA / Gated DeltaNet: tokens per chunk of the chunked delta rule (delta_emit::delta_chunk_forward); 0:
+  // the token-by-token recurrence (delta_forward), the exact reference.
+  int64_t delta_chunk = 64;
   bool attention_cudnn = false;  // cuDNN's fused attention (xla/ops_attention_cudnn.h) instead of blockwise
   std::optional<xla::ops::CudnnPacking>
       cudnn_packed;  // its packed form's arguments (rows of several documents)
-  // Per MoE layer in layer order, appended by MoeUnit::emit_forward: f32 [3] = load-balance loss, router
-  // z-loss (both unweighted), required_buffer_factor (moe::MoeStats; dropless, so no dropped count).
+  // Per MoE layer in layer order, appended by MoeUnit::emit_forward: f32 [4] = load-balance loss, router
+  // z-loss (both unweighted), required_buffer_factor, dropped (token, slot) assignments (moe::MoeStats).
   std::vector<xla::Value> moe_stats;
 
   const xla::Value& W(int idx) const { return w[static_cast<size_t>(idx)]; }

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "kernels/gemm.h"
 #include "kernels/swiglu.h"
+#include "model/moe_capacity_emit.h"
 #include "model/params.h"
 
 namespace olmosft::model::unit {
@@ -192,20 +193,26 @@ Value f32(xla::HloBuilder& b, double v) { return b.scalar(ElementType::kF32, v);
 // The top-k mask [N, E] of P (1 = selected) by K rounds of argmax; ties go to the lower expert index (the
 // kernel's partial_sort order). No sort op: each round takes the row max, the first index that holds it
 // (max over E - index of the hits), and masks it out (p >= 0, so -1 is below every candidate).
-Value topk_mask(Emit& e, const Value& p, int64_t E, int64_t k) {
+// Also the chosen experts IDX s32 [N, k] in the rounds' order (descending p, as the kernel's topk).
+struct TopK {
+  Value sel, idx;
+};
+TopK topk_mask(Emit& e, const Value& p, int64_t E, int64_t k) {
   auto& b = e.b;
   const TensorType ti{ElementType::kS32, {e.N, E}};
   const Value rev = b.sub(b.constant(ti, static_cast<double>(E)), b.iota(ti, 1));  // E - e
   const Value zero_i = b.constant(ti, 0), one = b.constant(p.type(), 1), below = b.constant(p.type(), -1);
   Value work = p, sel = b.constant(p.type(), 0);
+  std::vector<Value> idx;
   for (int64_t j = 0; j < k; ++j) {
     const Value hit = b.compare(work, rows(e, b.reduce_max(work, {1}), E), Compare::kEq);
     const Value first = b.reduce_max(b.select(hit, rev, zero_i), {1});  // E - the first hit's index
     const Value pick = b.compare(rev, rows(e, first, E), Compare::kEq);
     sel = b.select(pick, one, sel);
     work = b.select(pick, below, work);
+    idx.push_back(b.reshape(b.sub(b.constant(first.type(), double(E)), first), {e.N, 1}));
   }
-  return sel;
+  return {sel, b.concatenate(idx, 1)};
 }
 
 // Router softmax, top-k, routing weights and the layer's statistics (moe_forward's router half).
@@ -220,7 +227,9 @@ void emit_router(Emit& e, const MoeUnit& u, const Value& x, MoeUnit::Emitted& s)
   const Value m = b.reduce_max(logits, {1});
   const Value lse = b.add(m, b.log(b.reduce_sum(b.exp(b.sub(logits, rows(e, m, E))), {1})));
   const Value p = b.mul(b.exp(b.sub(logits, rows(e, lse, E))), rows(e, valid, E));
-  const Value sel = b.mul(topk_mask(e, p, E, k), rows(e, valid, E));
+  const TopK top = topk_mask(e, p, E, k);
+  const Value sel = b.mul(top.sel, rows(e, valid, E));
+  s.idx = top.idx;
   const Value ps = b.mul(p, sel);
   // the sum of the selected p; 1 on padding rows (no selection there) so that nothing divides by 0
   const Value ssum = b.add(b.reduce_sum(ps, {1}), b.sub(b.constant(valid.type(), 1), valid));
@@ -235,7 +244,14 @@ void emit_router(Emit& e, const MoeUnit& u, const Value& x, MoeUnit::Emitted& s)
             b.mul(nr, nr));
   const Value rz = b.div(b.reduce_sum(b.mul(valid, b.mul(lse, lse)), {0}), nr);
   const Value rbf = b.div(b.reduce_max(loads, {0}), b.mul(nr, f32(b, double(k) / double(E))));
-  e.moe_stats.push_back(b.concatenate({b.reshape(lb, {1}), b.reshape(rz, {1}), b.reshape(rbf, {1})}, 0));
+  // dropped assignments: 0 dropless; with a capacity moe_emit::dispatch's count (MoeUnit::emit_forward)
+  Value dropped = f32(b, 0);
+  if (e.loss.moe_buffer_factor > 0) {
+    s.disp = moe_emit::dispatch(b, top.idx, sel, *s.wts, valid, nr, e.loss.moe_buffer_factor);
+    dropped = s.disp->dropped;
+  }
+  e.moe_stats.push_back(b.concatenate(
+      {b.reshape(lb, {1}), b.reshape(rz, {1}), b.reshape(rbf, {1}), b.reshape(dropped, {1})}, 0));
 }
 
 // The experts' weights stacked: gate / up [E*F, Lt] (rows e*F..), down [Lt, E*F] (columns e*F..).
@@ -252,6 +268,12 @@ Stacked stack_experts(Emit& e, const MoeUnit& m) {
   return {e.b.concatenate(g, 0), e.b.concatenate(u, 0), e.b.concatenate(d, 1)};
 }
 
+// The stacked experts as the capacity form's batched weights: [E, F, Lt], [E, F, Lt], [Lt, E, F].
+moe_emit::Experts batched(Emit& e, const Stacked& w, int64_t E, int64_t F) {
+  const int64_t Lt = w.g.type().dims[1];
+  return {e.b.reshape(w.g, {E, F, Lt}), e.b.reshape(w.u, {E, F, Lt}), e.b.reshape(w.d, {Lt, E, F})};
+}
+
 // The routing weights [N, E] spread over each expert's F hidden columns: [N, E*F].
 Value spread(Emit& e, const Value& w, int64_t E, int64_t F) {
   return e.b.reshape(e.b.broadcast_in_dim(w, {e.N, E, F}, {0, 1}), {e.N, E * F});
@@ -264,25 +286,76 @@ SwiGluUnit shared_unit(const MoeUnit& u, const ModelConfig& c) {
   return s;
 }
 
+// The routed experts' backward from DR = dL/d(routed output) [N, Lt]: the experts' weight gradients (added to
+// e), dz [N, Lt] and the routing weights' gradient dw [N, E].
+struct ExpertGrads {
+  Value dz, dw;
+};
+// Dense: r = (H * W) D^T with H = swiglu(A, B), recomputed.
+ExpertGrads dense_backward(Emit& e, const MoeUnit& u, const MoeUnit::Emitted& s, const Stacked& w,
+                           const Value& dr) {
+  namespace ops = xla::ops;
+  auto& b = e.b;
+  const int64_t E = e.c.n_routed_experts, F = e.c.moe_intermediate_size, Lt = s.z->type().dims[1];
+  const Value h = ops::swiglu_forward(b, *s.a, *s.b), wf = spread(e, *s.wts, E, F);
+  const ops::LinearBackward ld = ops::linear_backward(b, dr, b.mul(h, wf), w.d, e.operands);
+  const Value dw = b.reduce_sum(b.reshape(b.mul(ld.dx, h), {e.N, E, F}), {2});  // d routing weight [N, E]
+  const ops::SwigluBackward sb = ops::swiglu_backward(b, b.mul(ld.dx, wf), *s.a, *s.b);
+  const ops::LinearBackward lg = ops::linear_backward(b, sb.da, *s.z, w.g, e.operands);
+  const ops::LinearBackward lu = ops::linear_backward(b, sb.db, *s.z, w.u, e.operands);
+  for (int64_t i = 0; i < E; ++i) {
+    e.grad(u.eg[size_t(i)], b.slice(lg.dw, {i * F, 0}, {(i + 1) * F, Lt}));
+    e.grad(u.eu[size_t(i)], b.slice(lu.dw, {i * F, 0}, {(i + 1) * F, Lt}));
+    e.grad(u.ed[size_t(i)], b.slice(ld.dw, {0, i * F}, {Lt, (i + 1) * F}));
+  }
+  return {b.add(lg.dx, lu.dx), dw};
+}
+// With a capacity: the buffers again from z, the batched backward (moe_capacity_emit.h).
+ExpertGrads capacity_backward(Emit& e, const MoeUnit& u, const MoeUnit::Emitted& s, const Stacked& w,
+                              const Value& dr) {
+  auto& b = e.b;
+  const int64_t E = e.c.n_routed_experts, F = e.c.moe_intermediate_size, Lt = s.z->type().dims[1];
+  const moe_emit::Experts we = batched(e, w, E, F);
+  const moe_emit::ExpertsBackward g = moe_emit::experts_backward(
+      b, *s.disp, we, moe_emit::to_buffers(b, *s.disp, *s.z), {*s.a, *s.b}, dr, e.operands);
+  auto expert = [&](const Value& x, int64_t i, const std::vector<int64_t>& dims) {
+    std::vector<int64_t> lo(3, 0), hi = x.type().dims;
+    lo[0] = i, hi[0] = i + 1;
+    return b.reshape(b.slice(x, lo, hi), dims);
+  };
+  for (int64_t i = 0; i < E; ++i) {
+    e.grad(u.eg[size_t(i)], expert(g.dg, i, {F, Lt}));
+    e.grad(u.eu[size_t(i)], expert(g.du, i, {F, Lt}));
+    e.grad(u.ed[size_t(i)], expert(g.dd, i, {Lt, F}));
+  }
+  return {g.dz, g.dw};
+}
+
 }  // namespace
 
 xla::Value MoeUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const {
   namespace ops = xla::ops;
   auto& b = e.b;
   const ModelConfig& c = e.c;
-  OLMO_CHECK(e.loss.moe_buffer_factor <= 0, c.model_type_name,
-             ": moe.buffer_factor (capacity) is not emitted by the XLA backend yet (got ",
-             e.loss.moe_buffer_factor, "; only dropless, -1, is); use device: cpu");
   const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size;
   emit_router(e, *this, x, s);
   const Value z = ldown >= 0 ? ops::linear_forward(b, x, e.W(ldown), e.operands) : x;
   s.z = z;
-  // dense experts: every expert on every token, weighted by the routing weight (0 when not selected)
   const Stacked w = stack_experts(e, *this);
-  s.a = ops::linear_forward(b, z, w.g, e.operands);
-  s.b = ops::linear_forward(b, z, w.u, e.operands);
-  const Value hw = b.mul(ops::swiglu_forward(b, *s.a, *s.b), spread(e, *s.wts, E, F));
-  s.r = ops::linear_forward(b, hw, w.d, e.operands);
+  if (s.disp) {  // with a capacity: each expert on its buffer of kept assignments (moe_capacity_emit.h)
+    const moe_emit::Experts we = batched(e, w, E, F);
+    const moe_emit::ExpertsForward f =
+        moe_emit::experts_forward(b, we, moe_emit::to_buffers(b, *s.disp, z), e.operands);
+    s.a = f.a, s.b = f.b;
+    s.r = moe_emit::combine(b, *s.disp,
+                            moe_emit::experts_down(b, we, ops::swiglu_forward(b, f.a, f.b), e.operands));
+  } else {  // dense experts: every expert on every token, weighted by the routing weight (0 when not
+            // selected)
+    s.a = ops::linear_forward(b, z, w.g, e.operands);
+    s.b = ops::linear_forward(b, z, w.u, e.operands);
+    const Value hw = b.mul(ops::swiglu_forward(b, *s.a, *s.b), spread(e, *s.wts, E, F));
+    s.r = ops::linear_forward(b, hw, w.d, e.operands);
+  }
   Value out = lup >= 0 ? ops::linear_forward(b, *s.r, e.W(lup), e.operands) : *s.r;
   if (sh_g >= 0) out = b.add(out, shared_unit(*this, c).emit_forward(e, x, s.shared));
   return out;
@@ -293,8 +366,7 @@ xla::Value MoeUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
   namespace ops = xla::ops;
   auto& b = e.b;
   const ModelConfig& c = e.c;
-  const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size, k = c.num_experts_per_tok;
-  const int64_t Lt = s.z->type().dims[1];
+  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
   OLMO_CHECK(e.aux_scale.has_value(), c.model_type_name, ": the MoE backward needs Emit::aux_scale");
   Value dx = sh_g >= 0 ? shared_unit(*this, c).emit_backward(e, x, s.shared, df) : b.constant(x.type(), 0);
   Value dr = df;
@@ -303,20 +375,9 @@ xla::Value MoeUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
     e.grad(lup, l.dw);
     dr = l.dx;
   }
-  // r = (H * W) D^T with H = swiglu(A, B), recomputed
   const Stacked w = stack_experts(e, *this);
-  const Value h = ops::swiglu_forward(b, *s.a, *s.b), wf = spread(e, *s.wts, E, F);
-  const ops::LinearBackward ld = ops::linear_backward(b, dr, b.mul(h, wf), w.d, e.operands);
-  const Value dw = b.reduce_sum(b.reshape(b.mul(ld.dx, h), {e.N, E, F}), {2});  // d routing weight [N, E]
-  const ops::SwigluBackward sb = ops::swiglu_backward(b, b.mul(ld.dx, wf), *s.a, *s.b);
-  const ops::LinearBackward lg = ops::linear_backward(b, sb.da, *s.z, w.g, e.operands);
-  const ops::LinearBackward lu = ops::linear_backward(b, sb.db, *s.z, w.u, e.operands);
-  for (int64_t i = 0; i < E; ++i) {
-    e.grad(eg[size_t(i)], b.slice(lg.dw, {i * F, 0}, {(i + 1) * F, Lt}));
-    e.grad(eu[size_t(i)], b.slice(lu.dw, {i * F, 0}, {(i + 1) * F, Lt}));
-    e.grad(ed[size_t(i)], b.slice(ld.dw, {0, i * F}, {Lt, (i + 1) * F}));
-  }
-  const Value dz = b.add(lg.dx, lu.dx);
+  const ExpertGrads xg = s.disp ? capacity_backward(e, *this, s, w, dr) : dense_backward(e, *this, s, w, dr);
+  const Value dw = xg.dw, dz = xg.dz;
   if (ldown >= 0) {
     const ops::LinearBackward l = ops::linear_backward(b, dz, x, e.W(ldown), e.operands);
     e.grad(ldown, l.dw);

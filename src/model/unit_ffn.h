@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/moe.h"
+#include "model/moe_capacity_emit.h"
 #include "model/unit.h"
 #include "model/unit_emit.h"
 
@@ -98,13 +99,14 @@ struct MoeUnit {
   template <typename T>
   void backward(const Ctx<T>& ctx, const T* x, const Saved<T>& s, const T* df, T* dx) const;
 
-  // XLA (unit_emit.h), the same math as moe::moe_forward / moe_backward in DENSE form: every routed expert
-  // runs on every token (its three GEMMs batched over the experts as one [N, E*F] GEMM each) and its output
-  // is weighted by the token's routing weight, 0 for an expert the token did not select; top-k is k rounds
-  // of argmax (ties: the lower expert index, as the kernel). Correct and simple, E/k times the expert FLOPs
-  // of a sparse dispatch; expert-parallel / sparse (grouped) dispatch is future work. Dropless only: a
-  // capacity (LossConfig::moe_buffer_factor > 0) is refused. Appends the layer's statistics to
-  // Emit::moe_stats; the backward reads Emit::aux_scale.
+  // XLA (unit_emit.h), the same math as moe::moe_forward / moe_backward. Dropless (moe.buffer_factor <= 0)
+  // in DENSE form: every routed expert runs on every token (its three GEMMs batched over the experts as one
+  // [N, E*F] GEMM each) and its output is weighted by the token's routing weight, 0 for an expert the token
+  // did not select (E/k times the expert FLOPs of a sparse dispatch; a dropless buffer would be as large).
+  // With a capacity (LossConfig::moe_buffer_factor > 0) SPARSE: each expert runs on a buffer of its kept
+  // assignments only, the kernel's capacity and drops (moe_capacity_emit.h). Top-k is k rounds of argmax
+  // (ties: the lower expert index, as the kernel). Appends the layer's statistics to Emit::moe_stats
+  // ([4]: LB, router z, required buffer factor, dropped assignments); the backward reads Emit::aux_scale.
   struct Emitted {
     std::optional<xla::Value> valid;      // f32 [N] 1 = routed token (segment >= 0)
     std::optional<xla::Value> p, lse;     // router softmax [N, E] (0 rows for padding), logsumexp [N]
@@ -113,6 +115,9 @@ struct MoeUnit {
     std::optional<xla::Value> loads, nr;  // c_e [E], max(routed tokens, 1) (f32 scalar)
     std::optional<xla::Value> z, a, b;    // latent input [N, Lt]; expert gate / up pre-activations [N, E*F]
     std::optional<xla::Value> r;          // routed output before the latent up projection [N, Lt]
+    std::optional<xla::Value> idx;        // the chosen experts s32 [N, k]
+    // moe.buffer_factor > 0: the assignments' buffer rows; a, b are then the buffers' [E, Cb, F]
+    std::optional<moe_emit::Dispatch> disp;
     SwiGluUnit::Emitted shared;
   };
   xla::Value emit_forward(Emit& e, const xla::Value& x, Emitted& s) const;

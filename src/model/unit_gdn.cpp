@@ -280,9 +280,10 @@ xla::Value GdnUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
   s.blog = ops::linear_forward(b, x, e.W(bproj), e.operands);
   const Value beta = b.mul(b.logistic(*s.blog), full(b, {N, g.H}, e.c.linear_allow_neg_eigval ? 2.0 : 1.0));
   const double scale = 1.0 / std::sqrt(static_cast<double>(g.Dk));
-  s.o =
-      delta_forward(b, delta_inputs(b, w.m, expand_heads(b, *s.qn, g, N), expand_heads(b, *s.kn, g, N), *s.vc,
-                                    broadcast_decay(b, *s.gh, g, N), beta, e.B, e.T, g.H, g.Dk, g.Dv, scale));
+  const DeltaInputs in =
+      delta_inputs(b, w.m, expand_heads(b, *s.qn, g, N), expand_heads(b, *s.kn, g, N), *s.vc,
+                   broadcast_decay(b, *s.gh, g, N), beta, e.B, e.T, g.H, g.Dk, g.Dv, scale);
+  s.o = e.delta_chunk > 0 ? delta_chunk_forward(b, in, e.delta_chunk) : delta_forward(b, in);
   s.z = ops::linear_forward(b, x, e.W(gproj), e.operands);
   s.y = b.reshape(out_norm_forward(b, b.reshape(*s.o, {N, g.H, g.Dv}), b.reshape(*s.z, {N, g.H, g.Dv}),
                                    e.W(onorm), e.c.linear_norm_eps, true),
@@ -317,7 +318,9 @@ xla::Value GdnUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
   const DeltaInputs in =
       delta_inputs(b, w.m, expand_heads(b, *s.qn, g, N), expand_heads(b, *s.kn, g, N), *s.vc,
                    broadcast_decay(b, *s.gh, g, N), beta, e.B, e.T, g.H, g.Dk, g.Dv, scale);
-  const DeltaGrads dd = delta_backward(b, in, w.m, b.reshape(on.dout, {N, g.VD}), scale, emit_checkpoint);
+  const Value dO = b.reshape(on.dout, {N, g.VD});
+  const DeltaGrads dd = e.delta_chunk > 0 ? delta_chunk_backward(b, in, w.m, dO, scale, e.delta_chunk)
+                                          : delta_backward(b, in, w.m, dO, scale, emit_checkpoint);
   const Value dblog =
       b.mul(b.mul(dd.dbeta, full(b, {N, g.H}, mb)), b.mul(sb, b.sub(full(b, {N, g.H}, 1.0), sb)));
   dx = b.add(dx, linear_back(dblog, x, bproj));

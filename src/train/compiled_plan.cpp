@@ -111,6 +111,7 @@ model::XlaOptions recipe_xla_options(const TrainConfig& c) {
   xo.memory_limit_bytes = static_cast<int64_t>(c.xla.memory_limit_gib * kGiB);
   xo.remat = c.model.memory.remat;  // XlaDecoder::set_memory_policy sets it again (and checks it)
   xo.attention = model::parse_xla_attention(c.xla.attention, "xla.attention");
+  xo.delta_chunk = c.xla.delta_chunk;
   xo.bf16 = c.compute.gemm.compute == ComputeDtype::BF16;
   return xo;
 }

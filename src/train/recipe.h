@@ -87,6 +87,7 @@ struct TrainConfig {
     bool scan_layers = false;             // xla.scan_layers: the layers as a loop (model/layer_pass.h)
     double memory_limit_gib = 0;          // xla.memory_limit_gib: bytes a program may need (0: the device's)
     std::string attention = "blockwise";  // xla.attention: blockwise | cudnn (CUDA plugin)
+    int64_t delta_chunk = 64;             // xla.delta_chunk: the delta rule's chunk (0: the recurrence)
   } xla;
   std::string tokenizer;
   struct Model {

@@ -168,6 +168,11 @@ std::vector<RecipeKey> run_keys() {
           "or cudnn (cuDNN's fused attention as custom calls: xla.plugin cuda only, bf16 operands; "
           "docs/xla.md)",
           kMath, {"blockwise", "cudnn"}, OLMOSFT_FIELD(xla.attention)),
+      int_key("xla.delta_chunk", "64",
+              "device: xla: tokens per chunk of the KDA / Gated DeltaNet chunked delta rule (a loop over "
+              "chunks carrying the state); 0: the token-by-token recurrence (the exact reference, a loop "
+              "over tokens); docs/xla.md \"The delta rule on XLA\"",
+              kMath, 0, "", OLMOSFT_FIELD(xla.delta_chunk)),
       int_key("xla.cpu_devices", "1",
               "device: xla with xla.plugin cpu: devices XLA's CPU plugin creates (at least xla.devices)",
               kOps, 1, "", OLMOSFT_FIELD(xla.cpu_devices)),

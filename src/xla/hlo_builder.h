@@ -101,6 +101,7 @@ class HloBuilder {
   Value logistic(const Value& x) { return unary("logistic", x, true); }
   Value cos(const Value& x) { return unary("cosine", x, true); }
   Value sin(const Value& x) { return unary("sine", x, true); }
+  Value ceil(const Value& x) { return unary("ceil", x, true); }
 
   Value add(const Value& a, const Value& b) { return binary("add", a, b); }
   Value sub(const Value& a, const Value& b) { return binary("subtract", a, b); }
@@ -126,6 +127,11 @@ class HloBuilder {
   Value dot_general(const Value& lhs, const Value& rhs, const DotDims& dims,
                     std::optional<ElementType> result = std::nullopt);
 
+  // stablehlo.triangular_solve, left side: X with op(A) X = B, A [..., n, n] triangular (LOWER: its lower
+  // triangle is read, the other ignored; UNIT_DIAGONAL: its diagonal is taken as ones, not read), B [..., n,
+  // m] with the same leading (batch) dimensions, op(A) = A or (TRANSPOSE_A) A^T. Float types only.
+  Value triangular_solve(const Value& a, const Value& b, bool lower, bool unit_diagonal, bool transpose_a);
+
   Value reshape(const Value& x, const std::vector<int64_t>& dims);
   Value transpose(const Value& x, const std::vector<int64_t>& permutation);
   // Static slice [START, LIMIT) with STRIDES (default 1).
@@ -144,6 +150,10 @@ class HloBuilder {
   // accumulate, in an order XLA chooses (float sums may differ from a sequential sum in the last bits). An
   // update with an out-of-range id is dropped by XLA, not refused: the caller validates ids on the host.
   Value scatter_add_rows(const Value& table, const Value& ids, const Value& updates);
+  // The inclusive cumulative sum of X (a numeric type) along DIM: y_i = x_0 + ... + x_i
+  // (stablehlo.reduce_window with a window of the whole dimension, padded before, as jnp.cumsum lowers;
+  // XLA rewrites it into a tree). Integer sums are exact; float ones in XLA's order.
+  Value cumsum(const Value& x, int64_t dim);
 
   // stablehlo.while: COND returns one pred scalar, BODY returns values of INIT's types. NAME (optional) is
   // the op's location, loc("NAME"), which XLA keeps as the while instruction's op_name metadata: what the

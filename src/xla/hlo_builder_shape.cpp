@@ -64,6 +64,24 @@ Value HloBuilder::dot_general(const Value& lhs, const Value& rhs, const DotDims&
   return emit1("stablehlo.dot_general", {lhs, rhs}, attr, out);
 }
 
+Value HloBuilder::triangular_solve(const Value& a, const Value& b, bool lower, bool unit_diagonal,
+                                   bool transpose_a) {
+  const TensorType &ta = a.type(), &tb = b.type();
+  const size_t r = ta.dims.size();
+  OLMO_CHECK(ta.type == tb.type && is_float(ta.type), "hlo_builder: triangular_solve: operands ", ta.mlir(),
+             " and ", tb.mlir(), " must have the same float element type");
+  OLMO_CHECK(r >= 2 && tb.dims.size() == r && ta.dims[r - 1] == ta.dims[r - 2] &&
+                 tb.dims[r - 2] == ta.dims[r - 1] &&
+                 std::equal(ta.dims.begin(), ta.dims.end() - 2, tb.dims.begin()),
+             "hlo_builder: triangular_solve: a ", ta.mlir(), " must be [..., n, n] and b ", tb.mlir(),
+             " [..., n, m] with the same leading dimensions");
+  const std::string attr = std::string("left_side = true, lower = ") + (lower ? "true" : "false") +
+                           ", unit_diagonal = " + (unit_diagonal ? "true" : "false") +
+                           ", transpose_a = #stablehlo<transpose " +
+                           (transpose_a ? "TRANSPOSE" : "NO_TRANSPOSE") + ">";
+  return emit1("stablehlo.triangular_solve", {a, b}, attr, tb);
+}
+
 Value HloBuilder::reshape(const Value& x, const std::vector<int64_t>& dims) {
   const TensorType out{x.type().type, dims};
   OLMO_CHECK(out.elements() == x.type().elements(), "hlo_builder: reshape: ", x.type().mlir(), " (",
@@ -220,6 +238,26 @@ Value HloBuilder::scatter_add_rows(const Value& table, const Value& ids, const V
       "inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = " +
       std::to_string(i.rank()) + ">, unique_indices = false";
   return emit("stablehlo.scatter", {table, idx, updates}, attrs, {t}, " (" + body + ")")[0];
+}
+
+Value HloBuilder::cumsum(const Value& x, int64_t dim) {
+  const TensorType& t = x.type();
+  OLMO_CHECK(t.type != ElementType::kPred && dim >= 0 && dim < t.rank(), "hlo_builder: cumsum of ", t.mlir(),
+             " along dimension ", dim, " (a numeric tensor and one of its dimensions)");
+  const TensorType scalar{t.type, {}};
+  const std::string body = region(
+      {scalar, scalar},
+      [](HloBuilder& b, const std::vector<Value>& a) { return std::vector<Value>{b.add(a[0], a[1])}; },
+      {scalar}, "cumsum");
+  std::vector<int64_t> window(size_t(t.rank()), 1), strides(size_t(t.rank()), 1);
+  window[size_t(dim)] = t.dims[size_t(dim)];
+  std::string pad = "dense<[";
+  for (int64_t i = 0; i < t.rank(); ++i)
+    pad += std::string(i ? ", " : "") + "[" + std::to_string(i == dim ? t.dims[size_t(i)] - 1 : 0) + ", 0]";
+  pad += "]> : tensor<" + std::to_string(t.rank()) + "x2xi64>";
+  const std::string attrs = "padding = " + pad + ", window_dimensions = " + mlir::i64_array(window) +
+                            ", window_strides = " + mlir::i64_array(strides);
+  return emit("stablehlo.reduce_window", {x, constant(scalar, 0.0)}, attrs, {t}, " (" + body + ")")[0];
 }
 
 std::vector<Value> HloBuilder::while_loop(const std::vector<Value>& init, const RegionFn& cond,

@@ -667,8 +667,11 @@ void same_run_gradients(const std::vector<Param>& xp, const std::vector<Param>& 
 // LossParts sums and per-layer statistics within 1e-5 relative, every gradient within 1e-5 of its
 // parameter's scale over the layers (same_run_gradients; two fp32 implementations: XLA's f32 softmax /
 // reductions and dense experts vs the kernels' double-precision router rows and per-expert grouped GEMMs).
-void compare_moe(const LossConfig& lc, double aux_scale, bool zero_routers = false,
-                 const ModelConfig& c = moe_hybrid()) {
+// With a capacity (lc.moe_buffer_factor > 0) the same (token, slot) assignments must be dropped on both (the
+// same counts per layer; any other choice would move the losses and gradients far beyond the bounds). Returns
+// XLA's loss parts.
+LossParts compare_moe(const LossConfig& lc, double aux_scale, bool zero_routers = false,
+                      const ModelConfig& c = moe_hybrid()) {
   auto cpu = make_decoder(c, 7);
   auto x = make_xla_decoder(c, XlaOptions{}, 7);
   if (zero_routers)  // every p = 1/E: every top-k is a tie, resolved by the lower expert index
@@ -697,15 +700,20 @@ void compare_moe(const LossConfig& lc, double aux_scale, bool zero_routers = fal
   EXPECT_EQ(px.moe_layers.size(), pc.moe_layers.size());
   for (size_t l = 0; l < std::min(px.moe_layers.size(), pc.moe_layers.size()); ++l) {
     const MoeLayerStats &a = px.moe_layers[l], &r = pc.moe_layers[l];
-    std::printf("moe layer %lld: lb %.9g (cpu %.9g), router_z %.9g (cpu %.9g), rbf %.9g (cpu %.9g)\n",
-                static_cast<long long>(a.layer), a.lb_loss, r.lb_loss, a.router_z, r.router_z,
-                a.required_buffer_factor, r.required_buffer_factor);
+    std::printf(
+        "moe layer %lld: lb %.9g (cpu %.9g), router_z %.9g (cpu %.9g), rbf %.9g (cpu %.9g), dropped %lld "
+        "(cpu %lld)\n",
+        static_cast<long long>(a.layer), a.lb_loss, r.lb_loss, a.router_z, r.router_z,
+        a.required_buffer_factor, r.required_buffer_factor, static_cast<long long>(a.dropped_tokens),
+        static_cast<long long>(r.dropped_tokens));
     EXPECT_EQ(a.layer, r.layer);
     EXPECT_LT(rel(a.lb_loss, r.lb_loss), kSameRunTol);
     EXPECT_LT(rel(a.router_z, r.router_z), kSameRunTol);
     EXPECT_LT(rel(a.required_buffer_factor, r.required_buffer_factor), 1e-6);  // integer loads, f32 divide
-    EXPECT_EQ(a.dropped_tokens, 0);
-    EXPECT_EQ(r.dropped_tokens, 0);
+    EXPECT_EQ(a.dropped_tokens, r.dropped_tokens);
+    if (lc.moe_buffer_factor <= 0) {
+      EXPECT_EQ(a.dropped_tokens, 0);
+    }
   }
   same_run_gradients(x->params(), cpu->params(), "moe hybrid");
   // the auxiliary losses move the routers' gradients (when weighted): aux_scale 0 drops that term
@@ -727,7 +735,9 @@ void compare_moe(const LossConfig& lc, double aux_scale, bool zero_routers = fal
   EXPECT_LT(rel(fx_.sum[kLossCe], pc.sum[kLossCe]), kSameRunTol);
   if (!fx_.moe_layers.empty()) {
     EXPECT_LT(rel(fx_.moe_layers[0].lb_loss, pc.moe_layers[0].lb_loss), kSameRunTol);
+    EXPECT_EQ(fx_.moe_layers[0].dropped_tokens, pc.moe_layers[0].dropped_tokens);
   }
+  return px;
 }
 
 }  // namespace
@@ -888,30 +898,57 @@ TEST(DecoderXla, TheWholeHybridFixtureMatchesReferenceAndTheCpuBackend) {
   same_run_gradients(x.params(), cpu->params(), "whole hybrid", 2e-4);
 }
 
-TEST(DecoderXla, MoeCapacityIsRefusedAndTheStepIsDescribed) {
-  const ModelConfig c = moe_hybrid();
-  LossConfig lc;
-  lc.moe_buffer_factor = 1.25;
-  auto x = make_xla_decoder(c, XlaOptions{}, 7);
-  const MoeBatch mb;
-  try {
-    x->forward_backward(mb.make(), lc, 1.0, 1.0);
-    FAIL() << "a capacity limit was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(
-        std::string(e.what()).find("moe.buffer_factor (capacity) is not emitted by the XLA backend yet"),
-        std::string::npos)
-        << e.what();
+// moe.buffer_factor > 0 (moe_capacity_emit.h): each expert runs on a buffer of its kept assignments, with
+// the CPU kernel's capacity ceil(bf N_r k / E) (N_r = 20 routed tokens, k / E = 4 / 16: 3 at bf 0.5, 5 at
+// 1.0, against 5 assignments per expert on average) and its token-order drops. Losses, statistics, drop
+// counts per layer and every gradient against the CPU backend (compare_moe), with assignments dropped in
+// each MoE layer; the auxiliary losses weighted so that the router's gradient flows through the kept and
+// the dropped slots' normalisation.
+TEST(DecoderXla, MoeCapacityDropsTheSameAssignmentsAsTheCpuBackend) {
+  for (const double bf : {0.5, 1.0}) {
+    SCOPED_TRACE("buffer factor " + std::to_string(bf));
+    LossConfig lc;
+    lc.weight[kLossLmZ] = 1e-4;
+    lc.weight[kLossMoeLb] = 0.1;
+    lc.weight[kLossRouterZ] = 0.01;
+    lc.vocab_tile = 128;
+    lc.moe_buffer_factor = bf;
+    const LossParts px = compare_moe(lc, 0.5);
+    for (const MoeLayerStats& m : px.moe_layers) EXPECT_GT(m.dropped_tokens, 0) << "layer " << m.layer;
   }
-  EXPECT_THROW(xla_step_module(c, XlaOptions{}, 2, 12, lc, true), Error);
-  // the exported step names the aux_scale argument and the per-layer statistics results
+}
+
+// A capacity no expert reaches (bf 4: 20 slots, at most 20 tokens per expert) drops nothing: the sparse form
+// against the CPU backend, and against XLA's dense (dropless) form within the same-run bound.
+TEST(DecoderXla, MoeCapacityThatDropsNothingMatchesDropless) {
+  LossConfig lc;
+  lc.weight[kLossMoeLb] = 0.05;
+  lc.vocab_tile = 128;
+  lc.moe_buffer_factor = 4.0;
+  const LossParts sparse = compare_moe(lc, 1.0);
+  for (const MoeLayerStats& m : sparse.moe_layers) EXPECT_EQ(m.dropped_tokens, 0);
+  LossConfig dl = lc;
+  dl.moe_buffer_factor = -1;
+  auto a = make_xla_decoder(moe_hybrid(), XlaOptions{}, 7),
+       d = make_xla_decoder(moe_hybrid(), XlaOptions{}, 7);
+  const MoeBatch mb;
+  const LossParts ps = a->forward_backward(mb.make(), lc, 1.0 / 17, 1.0);
+  const LossParts pd = d->forward_backward(mb.make(), dl, 1.0 / 17, 1.0);
+  EXPECT_LT(rel(ps.sum[kLossCe], pd.sum[kLossCe]), kSameRunTol);
+  same_run_gradients(a->params(), d->params(), "sparse vs dense (nothing dropped)");
+}
+
+// The exported step names the aux_scale argument and the per-layer statistics results (f32 [4]: lb, router
+// z, required buffer factor, dropped).
+TEST(DecoderXla, MoeStepIsDescribed) {
+  const ModelConfig c = moe_hybrid();
   const XlaStepProgram p = xla_step_program(c, XlaOptions{}, 2, 12, LossConfig{});
   ASSERT_FALSE(p.arguments.empty());
   EXPECT_EQ(p.arguments.back().name, "aux_scale");
   ASSERT_GT(p.results.size(), 5u);
   EXPECT_EQ(p.results[3].name, "moe_stats.1");
   EXPECT_EQ(p.results[4].name, "moe_stats.2");
-  EXPECT_EQ(p.results[3].dims, std::vector<int64_t>{3});
+  EXPECT_EQ(p.results[3].dims, std::vector<int64_t>{4});
   EXPECT_EQ(p.results[5].name.rfind("grad.", 0), 0u);
 }
 

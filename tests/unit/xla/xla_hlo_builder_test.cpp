@@ -448,6 +448,86 @@ TEST(XlaHloBuilder, GatherScatterRefuseMismatches) {
       "scatter_add_rows of a pred table tensor<7x4xi1>");
 }
 
+// triangular_solve (the chunked delta rule's WY solve and its adjoint): a batch of two unit lower triangular
+// systems of 6 rows and 3 right-hand sides, op(A) = A and A^T, against float64 substitution in C++. The
+// upper triangle and the diagonal hold garbage the op must not read (lower, unit_diagonal); one upper
+// triangular solve reads the other half. Rounding: XLA's blocked solve sums in its own order, so 1e-6 of the
+// scale (the solutions are O(1); measured printed).
+TEST(XlaHloBuilder, TriangularSolve) {
+  const int64_t nb = 2, n = 6, m = 3;
+  std::vector<float> a = randu(size_t(nb * n * n), -0.5f, 0.5f, 31),
+                     rhs = randu(size_t(nb * n * m), -1, 1, 32);
+  for (int64_t k = 0; k < nb; ++k)
+    for (int64_t i = 0; i < n; ++i) a[size_t(k * n * n + i * n + i)] = 1e30f;  // never read (unit)
+  HloBuilder b;
+  const Value A = b.argument({F32, {nb, n, n}}), R = b.argument({F32, {nb, n, m}});
+  b.returns({b.triangular_solve(A, R, true, true, false), b.triangular_solve(A, R, true, true, true),
+             b.triangular_solve(A, R, false, true, false)});
+  auto out = run(b, {{a.data(), {F32, {nb, n, n}}}, {rhs.data(), {F32, {nb, n, m}}}});
+  // op(A)[i][j] of the unit triangle that LOWER names (TRANSPOSE: A^T)
+  auto el = [&](int64_t k, int64_t i, int64_t j, bool lower, bool tr) -> double {
+    if (i == j) return 1.0;
+    const int64_t r = tr ? j : i, c = tr ? i : j;
+    if (lower ? c > r : c < r) return 0.0;
+    return a[size_t(k * n * n + r * n + c)];
+  };
+  auto solve = [&](bool lower, bool tr) {  // op(A) is lower triangular iff LOWER != TR
+    std::vector<double> x(size_t(nb * n * m));
+    const bool fwd = lower != tr;
+    for (int64_t k = 0; k < nb; ++k)
+      for (int64_t jj = 0; jj < m; ++jj)
+        for (int64_t s = 0; s < n; ++s) {
+          const int64_t i = fwd ? s : n - 1 - s;
+          double v = rhs[size_t(k * n * m + i * m + jj)];
+          for (int64_t j = 0; j < n; ++j)
+            if (j != i && (fwd ? j < i : j > i))
+              v -= el(k, i, j, lower, tr) * x[size_t(k * n * m + j * m + jj)];
+          x[size_t(k * n * m + i * m + jj)] = v;
+        }
+    return x;
+  };
+  expect_rel(out[0].to_host<float>(), solve(true, false), 1e-6, "triangular_solve lower");
+  expect_rel(out[1].to_host<float>(), solve(true, true), 1e-6, "triangular_solve lower, transposed");
+  expect_rel(out[2].to_host<float>(), solve(false, false), 1e-6, "triangular_solve upper");
+  HloBuilder b2;
+  const Value A2 = b2.argument({F32, {nb, n, n}}), R2 = b2.argument({F32, {nb, m, n}});
+  EXPECT_NE(error_of([&] {
+              b2.triangular_solve(A2, R2, true, true, false);
+            }).find("triangular_solve: a tensor<2x6x6xf32> must be [..., n, n]"),
+            std::string::npos);
+}
+
+// cumsum (the sparse MoE's queue positions): an s32 [5, 3] along each dimension, exact against C++; an f32
+// one against a float64 running sum (XLA's tree order: 1e-6 relative to the sum of |terms|).
+TEST(XlaHloBuilder, Cumsum) {
+  const int64_t R = 5, C = 3;
+  std::vector<int32_t> xi(size_t(R * C));
+  for (size_t i = 0; i < xi.size(); ++i) xi[i] = int32_t(i * 7 % 11) - 4;
+  const std::vector<float> xf = randu(257, -1, 1, 33);
+  HloBuilder b;
+  const Value I = b.argument({S32, {R, C}}), X = b.argument({F32, {257}});
+  b.returns({b.cumsum(I, 0), b.cumsum(I, 1), b.cumsum(X, 0)});
+  auto out = run(b, {{xi.data(), {S32, {R, C}}}, {xf.data(), {F32, {257}}}});
+  const auto r0 = out[0].to_host<int32_t>(), r1 = out[1].to_host<int32_t>();
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      int32_t down = 0, across = 0;
+      for (int64_t i = 0; i <= r; ++i) down += xi[size_t(i * C + c)];
+      for (int64_t j = 0; j <= c; ++j) across += xi[size_t(r * C + j)];
+      EXPECT_EQ(r0[size_t(r * C + c)], down) << r << "," << c;
+      EXPECT_EQ(r1[size_t(r * C + c)], across) << r << "," << c;
+    }
+  std::vector<double> want;
+  double acc = 0;
+  for (float v : xf) want.push_back(acc += v);
+  expect_rel(out[2].to_host<float>(), want, 1e-6 * 257, "cumsum f32");
+  HloBuilder b2;
+  EXPECT_NE(error_of([&] {
+              b2.cumsum(b2.argument({F32, {3}}), 1);
+            }).find("cumsum of tensor<3xf32> along dimension 1"),
+            std::string::npos);
+}
+
 TEST(XlaHloBuilder, ConvertBf16AndF32) {
   auto x = randu(100, -300, 300, 11);
   x.push_back(1.00390625f);  // halfway between two bf16 values: ties to even
