@@ -93,11 +93,16 @@ void check_mesh(const ModelConfig& c, const XlaOptions& xo) {
              " devices: cuDNN's custom calls are not partitioned over devices yet (use one device, or "
              "xla.attention blockwise)");
   if (xo.mesh.seq_shards() == 1) return;
-  for (const LayerSpec& s : layer_specs(c))
-    OLMO_CHECK(s.mixer == unit::kMixer<unit::AttentionUnit>, c.model_type_name, ": mesh ", xo.mesh.text(),
-               " splits each row's tokens over ", xo.mesh.seq_shards(), " devices, but layer ", s.index,
-               " is a delta-rule mixer (KDA / Gated DeltaNet), which runs over whole rows on XLA for now; ",
-               "use mesh.context = mesh.expert = 1 for this model");
+  // the delta-rule mixers run whole rows with their heads split over the row's pieces (delta_rule_emit.h)
+  for (const LayerSpec& s : layer_specs(c)) {
+    if (s.mixer == unit::kMixer<unit::AttentionUnit>) continue;
+    const int64_t H =
+        s.mixer == unit::kMixer<unit::KdaUnit> ? c.linear_num_key_heads : c.linear_num_value_heads;
+    OLMO_CHECK(H % xo.mesh.seq_shards() == 0, c.model_type_name, ": mesh ", xo.mesh.text(),
+               " splits each row's tokens over expert x context = ", xo.mesh.seq_shards(),
+               " devices, but layer ", s.index, " is a delta-rule mixer (KDA / Gated DeltaNet) with ", H,
+               " heads, which must split evenly over them (its loop runs whole rows, heads split)");
+  }
 }
 
 // The program's arguments after the parameters (registry order), in this order.

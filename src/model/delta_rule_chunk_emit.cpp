@@ -4,7 +4,7 @@
 // E_ij = exp(Γ_i - Γ_j) for j <= i in i's document (0 otherwise), cont_i = 1 while no document has started in
 // the chunk up to i (the incoming state still applies), last_j = j is in the chunk's last document:
 //   P_ij = Σ_c k_i k_j E_ij (j < i);   Aqk_ij = Σ_c q~_i k_j E_ij (j <= i);   M = I + Diag(β) P
-//   eG = exp(Γ) cont;  [W | U] = M^-1 Diag(β) [K eG | V];  Ṽ = U - W S
+//   eG = exp(Γ) cont;  [W | U] = M^-1 Diag(β) [K eG | V] (M^-1 by one solve against I);  Ṽ = U - W S
 //   O = (Q~ eG) S + Aqk Ṽ;   S <- Diag(exp(Γ_last) cont_last) S + (K exp(Γ_last - Γ) last)^T Ṽ
 // Every exponent is <= 0 (Γ never increases), so nothing overflows whatever the decay; a masked pair's
 // exponent is replaced by 0 and its factor by an exact 0 after the exp (XLA's exp clamps its input, so
@@ -129,6 +129,7 @@ Value pair_decay(HloBuilder& b, const Value& gam, const Value& mask) {
 // What the forward's state loop and the backward read per chunk.
 struct Factors {
   Value p, aqk;  // [L, C, C]: P (strict), Aqk (inclusive)
+  Value minv;    // [L, C, C]: M^-1 (unit lower triangular)
   Value wu;      // [L, C, Dk + Dv]: [W | U]
   Value eg, qg;  // [L, C, Dk]: exp(Γ) cont, Q~ eG
   Value el, kl;  // [L, C, Dk]: exp(Γ_last - Γ) last, K el
@@ -156,8 +157,15 @@ Factors factors(HloBuilder& b, const Chunks& c) {
   const Value bk = bc(b, c.beta, dk, plus(li, {nl}));
   const Value bv = bc(b, c.beta, plus(c.lead, {C, c.v.type().dims[size_t(nl) + 1]}), plus(li, {nl}));
   const Value a = b.mul(bc(b, c.beta, cc, plus(li, {nl})), p);  // strict lower Diag(β) P
+  // [W | U] by one batched solve (outside every loop). The backward's adjoint solve runs inside its loop,
+  // where the partitioner would replicate a triangular_solve (two all-gathers per chunk, measured) but splits
+  // a dot_general by its batch dimensions: it is a product with M^-1, solved here against I (an explicit
+  // inverse also for the forward measured 2x the solve's error on Gated DeltaNet with beta up to 2)
   const Value wu = b.triangular_solve(a, b.concatenate({b.mul(bk, b.mul(c.k, eg)), b.mul(bv, c.v)}, nl + 1),
                                       true, true, false);
+  const Value id =
+      b.convert(b.compare(b.iota({kS32, {C, C}}, 0), b.iota({kS32, {C, C}}, 1), xla::Compare::kEq), kF32);
+  const Value minv = b.triangular_solve(a, bc(b, id, cc, {nl, nl + 1}), true, true, false);
   std::vector<int64_t> lo(size_t(nl + 2), 0);
   const Value gl = b.reshape(b.slice(c.gam, with_dim(lo, size_t(nl), C - 1), dk), plus(c.lead, {Dk}));
   const Value on = b.compare(bc(b, c.last, dk, plus(li, {nl})), full(b, dk, 0.5), xla::Compare::kGt);
@@ -168,6 +176,7 @@ Factors factors(HloBuilder& b, const Chunks& c) {
       b.slice(c.cont, with_dim(std::vector<int64_t>(size_t(nl + 1), 0), size_t(nl), C - 1), lc), c.lead);
   return {p,
           aqk,
+          minv,
           wu,
           eg,
           b.mul(c.q, eg),
@@ -178,8 +187,9 @@ Factors factors(HloBuilder& b, const Chunks& c) {
 
 // One chunk's factors (lead [B, H]) from the all-chunks ones.
 Factors factors_at(HloBuilder& b, const Factors& f, const Value& i) {
-  return {at_time(b, f.p, i),  at_time(b, f.aqk, i), at_time(b, f.wu, i), at_time(b, f.eg, i),
-          at_time(b, f.qg, i), at_time(b, f.el, i),  at_time(b, f.kl, i), at_time(b, f.dec, i)};
+  return {at_time(b, f.p, i),  at_time(b, f.aqk, i), at_time(b, f.minv, i),
+          at_time(b, f.wu, i), at_time(b, f.eg, i),  at_time(b, f.qg, i),
+          at_time(b, f.el, i), at_time(b, f.kl, i),  at_time(b, f.dec, i)};
 }
 
 // W and U of [W | U] [B, H, C, Dk + Dv].
@@ -202,13 +212,12 @@ ChunkStep chunk_step(HloBuilder& b, const Factors& f, const Value& S, int64_t Dk
           b.add(b.mul(bc(b, f.dec, S.type().dims, {0, 1, 2}), S), bdot(b, f.kl, vt, 2, 2, 2))};
 }
 
-// [NC, B, H, C, D] (or [NC, B, H, C]) back to the token layout [N, H*D] ([N, H]), the first T tokens.
-Value tokens(HloBuilder& b, const Value& x, int64_t T) {
+// [NC, B, H, C, D] (or [NC, B, H, C]) as whole rows [B, T, H*D] ([B, T, H]), the first T tokens.
+Value row_view(HloBuilder& b, const Value& x, int64_t T) {
   const std::vector<int64_t>& d = x.type().dims;
   const int64_t NC = d[0], B = d[1], H = d[2], C = d[3], D = d.size() > 4 ? d[4] : 1;
   const Value y = d.size() > 4 ? b.transpose(x, {1, 0, 3, 2, 4}) : b.transpose(x, {1, 0, 3, 2});
-  const Value r = b.slice(b.reshape(y, {B, NC * C, H * D}), {0, 0, 0}, {B, T, H * D});
-  return b.reshape(r, {B * T, H * D});
+  return b.slice(b.reshape(y, {B, NC * C, H * D}), {0, 0, 0}, {B, T, H * D});
 }
 
 // One chunk's backward (lead [B, H]) from the state S entering it, its pseudo-values VT, DO [B, H, C, Dv]
@@ -231,9 +240,7 @@ ChunkGrads chunk_backward(HloBuilder& b, const Chunks& c, const Factors& f, cons
             bdot(b, W, dvt, 2, 2, 2));
   const Value ddec = b.reduce_sum(b.mul(S, dS), {3});
   // [W | U] = M^-1 R, R = Diag(β) [Kg | V]:  dR = M^-T [dW | dU],  dM = -dR [W | U]^T (strict lower)
-  const Value a = b.mul(bc(b, c.beta, cc, {0, 1, 2}), f.p);
-  const Value dr =
-      b.triangular_solve(a, b.concatenate({b.neg(bdot(b, dvt, S, 3, 3, 2)), dvt}, 3), true, true, true);
+  const Value dr = bdot(b, f.minv, b.concatenate({b.neg(bdot(b, dvt, S, 3, 3, 2)), dvt}, 3), 2, 2, 2);
   const Value dm = b.mul(b.neg(bdot(b, dr, f.wu, 3, 3, 2)), c.strict);
   const Value drw = w_of(b, dr, Dk), dru = u_of(b, dr, Dk), kg = b.mul(c.k, f.eg);
   const Value bk = bc(b, c.beta, dk4, {0, 1, 2}), bv = bc(b, c.beta, {B, H, C, Dv}, {0, 1, 2});
@@ -265,20 +272,49 @@ ChunkGrads chunk_backward(HloBuilder& b, const Chunks& c, const Factors& f, cons
           dbeta, doc_cumsum(b, c.incl, dgam, true), ds_in};
 }
 
+// A loop's carried values laid out on the mesh as the inputs are (rows over data x fsdp, heads over expert x
+// context): the state [B, H, Dk, Dv] (FIRST values) and the per-chunk arrays [NC, B, H, ...] (the rest).
+// Without this the partitioner keeps a carried zero replicated and gathers every chunk's sharded slice into
+// it inside the loop (measured: two all-gathers per iteration under fsdp 2).
+std::vector<Value> laid(HloBuilder& b, const Rows& r, std::vector<Value> xs, size_t states) {
+  using xla::Logical;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    std::vector<Logical> l(xs[i].type().dims.size(), Logical::kNone);
+    const size_t at = i < states ? 0 : 1;  // where B sits
+    l[at] = Logical::kRows, l[at + 1] = Logical::kHeads;
+    xs[i] = lay_out(b, r, xs[i], l);
+  }
+  return xs;
+}
+
+// Every chunk's inputs, masks and factors laid out as the loops slice them ([NC, B, H, ...]: rows over data x
+// fsdp, heads over expert x context), so that a chunk's slice inside a loop is each device's own.
+Chunks laid(HloBuilder& b, const Rows& r, const Chunks& c) {
+  const std::vector<Value> v =
+      laid(b, r, {c.q, c.k, c.v, c.beta, c.gam, c.incl, c.strict, c.cont, c.last}, 0);
+  return {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], c.lead};
+}
+Factors laid(HloBuilder& b, const Rows& r, const Factors& f) {
+  const std::vector<Value> v = laid(b, r, {f.p, f.aqk, f.minv, f.wu, f.eg, f.qg, f.el, f.kl, f.dec}, 0);
+  return {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]};
+}
+
 }  // namespace
 
 Value delta_chunk_forward(HloBuilder& b, const DeltaInputs& in, int64_t chunk) {
   const int64_t C = std::max<int64_t>(1, chunk), NC = (in.T + C - 1) / C;
-  const Chunks c = cut(b, in, C);
-  const Factors f = factors(b, c);
+  const Chunks c = laid(b, in.rows, cut(b, in, C));
+  const Factors f = laid(b, in.rows, factors(b, c));
   const std::vector<Value> out = b.for_loop(
-      NC, {full(b, {in.B, in.H, in.Dk, in.Dv}, 0.0), full(b, {NC, in.B, in.H, C, in.Dv}, 0.0)},
+      NC,
+      laid(b, in.rows, {full(b, {in.B, in.H, in.Dk, in.Dv}, 0.0), full(b, {NC, in.B, in.H, C, in.Dv}, 0.0)},
+           1),
       [&](HloBuilder& lb, const Value& i, const std::vector<Value>& s) -> std::vector<Value> {
         const ChunkStep st = chunk_step(lb, factors_at(lb, f, i), s[0], in.Dk);
-        return {st.s, put_time(lb, s[1], st.o, i)};
+        return laid(lb, in.rows, {st.s, put_time(lb, s[1], st.o, i)}, 1);
       },
       xla::kDeltaRuleLoop);
-  return tokens(b, out[1], in.T);
+  return from_rows(b, in.rows, row_view(b, out[1], in.T));
 }
 
 }  // namespace olmosft::model::unit::delta_emit
@@ -287,47 +323,52 @@ namespace olmosft::model::unit::delta_emit {
 
 DeltaGrads delta_chunk_backward(HloBuilder& b, const DeltaInputs& in, const DocMasks& m, const Value& dO,
                                 double scale, int64_t chunk) {
-  const int64_t B = in.B, T = in.T, H = in.H, Dk = in.Dk, Dv = in.Dv, N = B * T;
+  const int64_t B = in.B, T = in.T, H = in.H, Dk = in.Dk, Dv = in.Dv;
   const int64_t C = std::max<int64_t>(1, chunk), NC = (T + C - 1) / C;
-  const Chunks c = cut(b, in, C);
-  const Factors f = factors(b, c);
-  const Value dOc = to_chunks(b, b.transpose(b.reshape(dO, {B, T, H, Dv}), {1, 0, 2, 3}), C, 0.0);
+  const Chunks c = laid(b, in.rows, cut(b, in, C));
+  const Factors f = laid(b, in.rows, factors(b, c));
+  const Value dOt = b.transpose(b.reshape(to_rows(b, in.rows, dO), {B, T, H, Dv}), {1, 0, 2, 3});
+  const Value dOc = to_chunks(
+      b,
+      lay_out(b, in.rows, dOt,
+              {xla::Logical::kNone, xla::Logical::kRows, xla::Logical::kHeads, xla::Logical::kNone}),
+      C, 0.0);
   const std::vector<int64_t> ds{B, H, Dk, Dv}, ck{NC, B, H, C, Dk}, cv{NC, B, H, C, Dv};
   // the state entering each chunk, and each chunk's pseudo-values
   const std::vector<Value> fw = b.for_loop(
-      NC, {full(b, ds, 0.0), full(b, {NC, B, H, Dk, Dv}, 0.0), full(b, cv, 0.0)},
+      NC, laid(b, in.rows, {full(b, ds, 0.0), full(b, {NC, B, H, Dk, Dv}, 0.0), full(b, cv, 0.0)}, 1),
       [&](HloBuilder& lb, const Value& i, const std::vector<Value>& s) -> std::vector<Value> {
         const ChunkStep st = chunk_step(lb, factors_at(lb, f, i), s[0], Dk);
-        return {st.s, put_time(lb, s[1], s[0], i), put_time(lb, s[2], st.vt, i)};
+        return laid(lb, in.rows, {st.s, put_time(lb, s[1], s[0], i), put_time(lb, s[2], st.vt, i)}, 1);
       },
       xla::kDeltaRuleLoop);
   const std::vector<Value> r = b.for_loop(
       NC,
-      {full(b, ds, 0.0), full(b, ck, 0.0), full(b, ck, 0.0), full(b, cv, 0.0), full(b, {NC, B, H, C}, 0.0),
-       full(b, ck, 0.0)},
+      laid(b, in.rows,
+           {full(b, ds, 0.0), full(b, ck, 0.0), full(b, ck, 0.0), full(b, cv, 0.0),
+            full(b, {NC, B, H, C}, 0.0), full(b, ck, 0.0)},
+           1),
       [&](HloBuilder& lb, const Value& j, const std::vector<Value>& s) -> std::vector<Value> {
         const Value i = lb.sub(lb.constant({kS32, {}}, double(NC - 1)), j);
         const ChunkGrads g =
             chunk_backward(lb, at_chunk(lb, c, i), factors_at(lb, f, i), at_time(lb, fw[1], i),
                            at_time(lb, fw[2], i), at_time(lb, dOc, i), s[0]);
-        return {g.ds,
-                put_time(lb, s[1], g.dq, i),
-                put_time(lb, s[2], g.dk, i),
-                put_time(lb, s[3], g.dv, i),
-                put_time(lb, s[4], g.dbeta, i),
-                put_time(lb, s[5], g.dlg, i)};
+        return laid(
+            lb, in.rows,
+            {g.ds, put_time(lb, s[1], g.dq, i), put_time(lb, s[2], g.dk, i), put_time(lb, s[3], g.dv, i),
+             put_time(lb, s[4], g.dbeta, i), put_time(lb, s[5], g.dlg, i)},
+            1);
       },
       xla::kDeltaRuleLoop);
   // q~ = scale q valid; lg = g keep (keep: inner tokens of documents); padding's gradients are zero
-  const Value valid = b.reshape(m.valid, {N}),
-              keep = b.mul(valid, b.sub(full(b, {N}, 1.0), b.reshape(m.start, {N})));
-  auto masked = [&](const Value& x, const Value& w, double s) {
+  const Value keep = b.mul(m.valid, b.sub(full(b, {B, T}, 1.0), m.start));
+  auto masked = [&](const Value& x, const Value& w, double s) {  // [B, T, W] by a [B, T] mask, to tokens
     const std::vector<int64_t>& d = x.type().dims;
-    return b.mul(x, b.mul(bc(b, w, d, {0}), full(b, d, s)));
+    return from_rows(b, in.rows, b.mul(x, b.mul(bc(b, w, d, {0, 1}), full(b, d, s))));
   };
-  return {masked(tokens(b, r[1], T), valid, scale), masked(tokens(b, r[2], T), valid, 1.0),
-          masked(tokens(b, r[3], T), valid, 1.0), masked(tokens(b, r[5], T), keep, 1.0),
-          masked(tokens(b, r[4], T), valid, 1.0)};
+  return {masked(row_view(b, r[1], T), m.valid, scale), masked(row_view(b, r[2], T), m.valid, 1.0),
+          masked(row_view(b, r[3], T), m.valid, 1.0), masked(row_view(b, r[5], T), keep, 1.0),
+          masked(row_view(b, r[4], T), m.valid, 1.0)};
 }
 
 }  // namespace olmosft::model::unit::delta_emit

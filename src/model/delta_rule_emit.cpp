@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "core/error.h"
 #include "kernels/kda.h"
 #include "xla/hlo_loops.h"
 
@@ -20,6 +21,41 @@ Value bc(HloBuilder& b, const Value& x, const std::vector<int64_t>& dims, const 
 std::vector<int64_t> with_dim(std::vector<int64_t> d, size_t i, int64_t v) {
   d[i] = v;
   return d;
+}
+
+Rows rows_of(const xla::Mesh* mesh, int64_t BT, int64_t TT) {
+  Rows r;
+  if (mesh != nullptr && mesh->devices() > 1)
+    r.mesh = mesh, r.R = mesh->batch_shards(), r.S = mesh->seq_shards();
+  OLMO_CHECK(BT % (r.R * r.S) == 0, "delta rule: ", BT, " row tiles do not split over ", r.R, " x ", r.S);
+  r.Bl = BT / (r.R * r.S);
+  r.Tl = TT;
+  return r;
+}
+
+Value lay_out(HloBuilder& b, const Rows& r, const Value& x, const std::vector<xla::Logical>& logical) {
+  if (r.mesh == nullptr) return x;
+  return b.constrain(x, xla::mesh_sharding(*r.mesh, x.type().dims, logical, "the delta rule's whole rows"));
+}
+
+// Tile (g, c, i) of the token array (device g * S + c holds rows g * Bl + i, tokens c * Tl ..) as the
+// whole-row view: [R, S, Bl, Tl, W] -> [R, Bl, S, Tl, W].
+Value to_rows(HloBuilder& b, const Rows& r, const Value& x) {
+  const int64_t W = x.type().dims[1];
+  if (r.S == 1) return b.reshape(x, {r.B(), r.T(), W});
+  const Value y = b.transpose(b.reshape(x, {r.R, r.S, r.Bl, r.Tl, W}), {0, 2, 1, 3, 4});
+  return lay_out(b, r, b.reshape(y, {r.B(), r.T(), W}),
+                 {xla::Logical::kRows, xla::Logical::kSeq, xla::Logical::kNone});
+}
+Value from_rows(HloBuilder& b, const Rows& r, const Value& y) {
+  const int64_t W = y.type().dims[2];
+  if (r.S == 1) return b.reshape(y, {r.B() * r.T(), W});
+  const Value l = lay_out(b, r, y, {xla::Logical::kRows, xla::Logical::kSeq, xla::Logical::kNone});
+  const Value x = b.transpose(b.reshape(l, {r.R, r.Bl, r.S, r.Tl, W}), {0, 2, 1, 3, 4});
+  return b.reshape(x, {r.B() * r.T(), W});
+}
+Value seg_rows(HloBuilder& b, const Rows& r, const Value& seg) {
+  return b.reshape(to_rows(b, r, b.reshape(seg, {r.B() * r.T(), 1})), {r.B(), r.T()});
 }
 
 // X [B, T, ...] moved S tokens later in time (S > 0: y[t] = x[t - S]) or earlier (S < 0: y[t] = x[t - S]),
@@ -59,9 +95,9 @@ DocMasks doc_masks(HloBuilder& b, const Value& seg, int64_t K) {
 // Causal depthwise conv + SiLU within documents (kda_conv.cpp), IN [N, C], W [C, 1, K]:
 //   pre[t,c] = sum_j w[c,j] x[t-K+1+j, c] over sources in t's document (j ascending, as the kernel);
 //   y = silu(pre) (pre = 0 on padding, so y = 0 there).
-Value conv_pre(HloBuilder& b, const Value& in, const Value& w, const DocMasks& m, int64_t B, int64_t T) {
-  const int64_t C = in.type().dims[1], K = w.type().dims[2];
-  const Value x = b.reshape(in, {B, T, C}), w2 = b.reshape(w, {C, K});
+Value conv_pre(HloBuilder& b, const Value& in, const Value& w, const DocMasks& m, const Rows& r) {
+  const int64_t C = in.type().dims[1], K = w.type().dims[2], B = r.B(), T = r.T();
+  const Value x = to_rows(b, r, in), w2 = b.reshape(w, {C, K});
   std::optional<Value> acc;
   for (int64_t j = 0; j < K; ++j) {
     const int64_t s = K - 1 - j;
@@ -71,19 +107,19 @@ Value conv_pre(HloBuilder& b, const Value& in, const Value& w, const DocMasks& m
   }
   return *acc;  // [B, T, C]
 }
-Value conv_forward(HloBuilder& b, const Value& in, const Value& w, const DocMasks& m, int64_t B, int64_t T) {
-  const Value pre = conv_pre(b, in, w, m, B, T);
-  return b.reshape(b.mul(pre, b.logistic(pre)), in.type().dims);
+Value conv_forward(HloBuilder& b, const Value& in, const Value& w, const DocMasks& m, const Rows& r) {
+  const Value pre = conv_pre(b, in, w, m, r);
+  return from_rows(b, r, b.mul(pre, b.logistic(pre)));
 }
 // dpre = dy silu'(pre) = dy s (1 + pre (1 - s));  per shift s (j = K-1-s), with m = conv[s]:
 //   dx[t - s] += m[t] dpre[t] w[c,j];   dw[c,j] += sum_t m[t] dpre[t] x[t - s]
 ConvBackward conv_backward(HloBuilder& b, const Value& in, const Value& w, const DocMasks& m, const Value& dy,
-                           int64_t B, int64_t T) {
+                           const Rows& r) {
   const int64_t C = in.type().dims[1], K = w.type().dims[2];
-  const std::vector<int64_t> d3{B, T, C};
-  const Value pre = conv_pre(b, in, w, m, B, T), sg = b.logistic(pre), one = full(b, d3, 1.0);
-  const Value dpre = b.mul(b.mul(b.reshape(dy, d3), sg), b.add(one, b.mul(pre, b.sub(one, sg))));
-  const Value x = b.reshape(in, d3), w2 = b.reshape(w, {C, K});
+  const std::vector<int64_t> d3{r.B(), r.T(), C};
+  const Value pre = conv_pre(b, in, w, m, r), sg = b.logistic(pre), one = full(b, d3, 1.0);
+  const Value dpre = b.mul(b.mul(to_rows(b, r, dy), sg), b.add(one, b.mul(pre, b.sub(one, sg))));
+  const Value x = to_rows(b, r, in), w2 = b.reshape(w, {C, K});
   std::optional<Value> dx;
   std::vector<Value> dw_cols;
   for (int64_t j = 0; j < K; ++j) {
@@ -94,7 +130,7 @@ ConvBackward conv_backward(HloBuilder& b, const Value& in, const Value& w, const
     dx = dx ? b.add(*dx, term) : term;
     dw_cols.push_back(b.reshape(b.reduce_sum(b.mul(md, shift_time(b, x, s)), {0, 1}), {C, 1}));
   }
-  return {b.reshape(*dx, {B * T, C}), b.reshape(b.concatenate(dw_cols, 1), w.type().dims)};
+  return {from_rows(b, r, *dx), b.reshape(b.concatenate(dw_cols, 1), w.type().dims)};
 }
 
 // L2 norm of each head (kda_l2norm.cpp), X [N, H*D]:  r = 1 / sqrt(sum x^2 + eps), y = x r;
@@ -168,10 +204,16 @@ OutNormBackward out_norm_backward(HloBuilder& b, const Value& o, const Value& z,
 //   q~ = scale q valid (zero on padding: o = 0 there);  a = exp(g) on a document's inner tokens, 0 at its
 //   first token (the state restarts), 1 on padding (no decay);  beta~ = beta valid (no update on padding).
 DeltaInputs delta_inputs(HloBuilder& b, const DocMasks& m, const Value& qn, const Value& kn, const Value& vc,
-                         const Value& g, const Value& beta, int64_t B, int64_t T, int64_t H, int64_t Dk,
-                         int64_t Dv, double scale) {
-  auto tm = [&](const Value& x, int64_t D) {  // [N, H*D] -> [T, B, H, D]
-    return b.transpose(b.reshape(x, {B, T, H, D}), {1, 0, 2, 3});
+                         const Value& g, const Value& beta, const Rows& r, int64_t H, int64_t Dk, int64_t Dv,
+                         double scale) {
+  using xla::Logical;
+  const int64_t B = r.B(), T = r.T();
+  OLMO_CHECK(H % r.S == 0, "the delta rule's ", H,
+             " heads do not split over the mesh's expert x context = ", r.S,
+             " (each device runs whole rows of its heads)");
+  auto tm = [&](const Value& x, int64_t D) {  // [N, H*D] -> [T, B, H, D], heads split on a mesh
+    const Value y = b.transpose(b.reshape(to_rows(b, r, x), {B, T, H, D}), {1, 0, 2, 3});
+    return lay_out(b, r, y, {Logical::kNone, Logical::kRows, Logical::kHeads, Logical::kNone});
   };
   const std::vector<int64_t> dk{T, B, H, Dk};
   const Value valid = b.transpose(m.valid, {1, 0}), start = b.transpose(m.start, {1, 0});
@@ -188,9 +230,10 @@ DeltaInputs delta_inputs(HloBuilder& b, const DocMasks& m, const Value& qn, cons
                  T,
                  H,
                  Dk,
-                 Dv};
+                 Dv,
+                 r};
   in.a = b.add(b.mul(b.exp(tm(b.reshape(g, {B * T, H * Dk}), Dk)), keep), b.sub(full(b, dk, 1.0), vk));
-  in.beta = b.mul(b.transpose(b.reshape(beta, {B, T, H}), {1, 0, 2}), bc(b, valid, {T, B, H}, {0, 1}));
+  in.beta = b.mul(b.reshape(tm(beta, 1), {T, B, H}), bc(b, valid, {T, B, H}, {0, 1}));
   in.lg = b.mul(tm(b.reshape(g, {B * T, H * Dk}), Dk), keep);
   in.start = start;
   return in;
@@ -242,7 +285,7 @@ Value delta_forward(HloBuilder& b, const DeltaInputs& in) {
         return {st.St, put_time(lb, c[1], o, i)};
       },
       xla::kDeltaRuleLoop);
-  return b.reshape(b.transpose(out[1], {1, 0, 2, 3}), {in.B * in.T, in.H * in.Dv});
+  return from_rows(b, in.rows, b.reshape(b.transpose(out[1], {1, 0, 2, 3}), {in.B, in.T, in.H * in.Dv}));
 }
 
 // X [T, ...] extended to TP tokens with the value V (the time-major inputs of padding tokens: no-ops).
@@ -293,9 +336,11 @@ DeltaGrads delta_backward(HloBuilder& b, const DeltaInputs& in0, const DocMasks&
   const int64_t C = std::max<int64_t>(1, std::min(ckpt, T)), nb = (T + C - 1) / C, Tp = nb * C;
   const std::vector<int64_t> ds{B, H, Dk, Dv}, tk{Tp, B, H, Dk}, tv{Tp, B, H, Dv};
   const Value valid = b.transpose(m.valid, {1, 0});
-  const Value dOt = pad_time(
-      b, b.mul(b.transpose(b.reshape(dO, {B, T, H, Dv}), {1, 0, 2, 3}), bc(b, valid, {T, B, H, Dv}, {0, 1})),
-      Tp, 0.0);
+  const Value dOt =
+      pad_time(b,
+               b.mul(b.transpose(b.reshape(to_rows(b, in0.rows, dO), {B, T, H, Dv}), {1, 0, 2, 3}),
+                     bc(b, valid, {T, B, H, Dv}, {0, 1})),
+               Tp, 0.0);
   DeltaInputs in = in0;
   in.T = Tp;
   in.q = pad_time(b, in0.q, Tp, 0.0);
@@ -340,12 +385,12 @@ DeltaGrads delta_backward(HloBuilder& b, const DeltaInputs& in0, const DocMasks&
     return b.slice(x, std::vector<int64_t>(x.type().dims.size(), 0), with_dim(x.type().dims, 0, T));
   };
   auto flat = [&](const Value& x, int64_t D) {  // [T, B, H, D] -> [N, H*D]
-    return b.reshape(b.transpose(x, {1, 0, 2, 3}), {B * T, H * D});
+    return from_rows(b, in0.rows, b.reshape(b.transpose(x, {1, 0, 2, 3}), {B, T, H * D}));
   };
   const Value vk = bc(b, valid, {T, B, H, Dk}, {0, 1}), vh = bc(b, valid, {T, B, H}, {0, 1});
   return {flat(first(r[1]), Dk), flat(first(r[2]), Dk), flat(first(r[3]), Dv),
           flat(b.mul(first(r[4]), vk), Dk),
-          b.reshape(b.transpose(b.mul(first(r[5]), vh), {1, 0, 2}), {B * T, H})};
+          from_rows(b, in0.rows, b.transpose(b.mul(first(r[5]), vh), {1, 0, 2}))};
 }
 
 }  // namespace olmosft::model::unit::delta_emit

@@ -8,11 +8,30 @@
 #include <vector>
 
 #include "xla/hlo_builder.h"
+#include "xla/mesh.h"
 
 namespace olmosft::model::unit::delta_emit {
 
 using xla::HloBuilder;
 using xla::Value;
+
+// A mixer's token arrays [N, W] are in the row tiles' order (unit_emit.h Emit: [B * S, T / S] tiles, S = a
+// row's pieces over the mesh's expert x context, in the mesh's blocked order). The convs, the document masks
+// and the delta rule need whole rows: the same arrays seen as [B, T, W] (a reshape and a transpose, which
+// moves no data under the partitioner: rows stay split over data x fsdp, tokens over expert x context).
+struct Rows {
+  int64_t R = 1, S = 1, Bl = 0, Tl = 0;  // batch shards, a row's pieces, rows / tokens per tile
+  const xla::Mesh* mesh = nullptr;       // null: one device
+  int64_t B() const { return R * Bl; }
+  int64_t T() const { return S * Tl; }
+};
+// From the mixer's tiles: BT rows of TT tokens (Emit::B, Emit::T) on MESH (may be null).
+Rows rows_of(const xla::Mesh* mesh, int64_t BT, int64_t TT);
+Value to_rows(HloBuilder& b, const Rows& r, const Value& x);     // [N, W] -> [B, T, W]
+Value from_rows(HloBuilder& b, const Rows& r, const Value& y);   // [B, T, W] -> [N, W]
+Value seg_rows(HloBuilder& b, const Rows& r, const Value& seg);  // s32 [B * S, T / S] -> [B, T]
+// X laid out as the LOGICAL axes (one per dimension) on the mesh; unchanged on one device.
+Value lay_out(HloBuilder& b, const Rows& r, const Value& x, const std::vector<xla::Logical>& logical);
 
 // f32 constant of DIMS; X broadcast to DIMS with its dimensions at BDIMS.
 Value full(HloBuilder& b, const std::vector<int64_t>& dims, double v);
@@ -26,13 +45,14 @@ struct DocMasks {
 };
 DocMasks doc_masks(HloBuilder& b, const Value& seg, int64_t K);
 
-// Causal depthwise conv + SiLU within documents, IN [N, C], W [C, 1, K] (kernels/kda.h short_conv_silu).
-Value conv_forward(HloBuilder& b, const Value& in, const Value& w, const DocMasks& m, int64_t B, int64_t T);
+// Causal depthwise conv + SiLU within documents, IN [N, C], W [C, 1, K] (kernels/kda.h short_conv_silu), M
+// the masks of the whole rows R.
+Value conv_forward(HloBuilder& b, const Value& in, const Value& w, const DocMasks& m, const Rows& r);
 struct ConvBackward {
   Value dx, dw;
 };
 ConvBackward conv_backward(HloBuilder& b, const Value& in, const Value& w, const DocMasks& m, const Value& dy,
-                           int64_t B, int64_t T);
+                           const Rows& r);
 
 // L2 norm of each head, X [N, H*D] (eps 1e-6 inside the root).
 Value l2norm_forward(HloBuilder& b, const Value& x, int64_t H, int64_t D);
@@ -56,13 +76,17 @@ OutNormBackward out_norm_backward(HloBuilder& b, const Value& o, const Value& z,
 // at a document's first token, 1 on padding), beta zero on padding. G [N, H*Dk].
 // For the chunked form also the log decay lg (g on a document's inner tokens, 0 at its first token and on
 // padding: the chunks mask documents instead) and the documents' first tokens start [T, B] (f32 0/1).
+// On a mesh they are laid out with the heads split over the row's pieces (Logical::kHeads) and each row
+// whole: the partitioner's all-to-all from tokens to heads happens here, once, so the loops over time have
+// no collective inside (xla/hlo_loops.h); H must divide by expert x context.
 struct DeltaInputs {
   Value q, k, v, a, beta, lg, start;
   int64_t B, T, H, Dk, Dv;
+  Rows rows;
 };
 DeltaInputs delta_inputs(HloBuilder& b, const DocMasks& m, const Value& qn, const Value& kn, const Value& vc,
-                         const Value& g, const Value& beta, int64_t B, int64_t T, int64_t H, int64_t Dk,
-                         int64_t Dv, double scale);
+                         const Value& g, const Value& beta, const Rows& r, int64_t H, int64_t Dk, int64_t Dv,
+                         double scale);
 // o [N, H*Dv], token by token (a while loop over t carrying the state [B, H, Dk, Dv]).
 Value delta_forward(HloBuilder& b, const DeltaInputs& in);
 // The reverse-time recurrence with the states recomputed from checkpoints every CKPT tokens.

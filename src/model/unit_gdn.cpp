@@ -234,15 +234,17 @@ using namespace delta_emit;
 // What both directions' convs read: the documents' masks and the fused conv weight [2KD + VD, 1, K] as its q,
 // k and v rows.
 struct ConvRows {
+  Rows rows;
   DocMasks m;
   Value q, k, v;
 };
 ConvRows conv_rows(Emit& e, int conv, const GdnDims& g) {
   HloBuilder& b = e.b;
-  const DocMasks m = doc_masks(b, *e.seg, g.C);
+  const Rows r = rows_of(e.mesh, e.B, e.T);
+  const DocMasks m = doc_masks(b, seg_rows(b, r, *e.seg), g.C);
   const Value& w = e.W(conv);
   auto rows = [&](int64_t lo, int64_t hi) { return b.slice(w, {lo, 0, 0}, {hi, 1, g.C}); };
-  return {m, rows(0, g.KD), rows(g.KD, 2 * g.KD), rows(2 * g.KD, 2 * g.KD + g.VD)};
+  return {r, m, rows(0, g.KD), rows(g.KD, 2 * g.KD), rows(2 * g.KD, 2 * g.KD + g.VD)};
 }
 
 // The per-head decay [N, H] as the delta rule's per-channel one [N, H*Dk].
@@ -270,9 +272,9 @@ xla::Value GdnUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
   s.qin = ops::linear_forward(b, x, e.W(q), e.operands);
   s.kin = ops::linear_forward(b, x, e.W(k), e.operands);
   s.vin = ops::linear_forward(b, x, e.W(v), e.operands);
-  s.qc = conv_forward(b, *s.qin, w.q, w.m, e.B, e.T);
-  s.kc = conv_forward(b, *s.kin, w.k, w.m, e.B, e.T);
-  s.vc = conv_forward(b, *s.vin, w.v, w.m, e.B, e.T);
+  s.qc = conv_forward(b, *s.qin, w.q, w.m, w.rows);
+  s.kc = conv_forward(b, *s.kin, w.k, w.m, w.rows);
+  s.vc = conv_forward(b, *s.vin, w.v, w.m, w.rows);
   s.qn = l2norm_forward(b, *s.qc, g.Hk, g.Dk);
   s.kn = l2norm_forward(b, *s.kc, g.Hk, g.Dk);
   s.araw = ops::linear_forward(b, x, e.W(aproj), e.operands);
@@ -282,7 +284,7 @@ xla::Value GdnUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
   const double scale = 1.0 / std::sqrt(static_cast<double>(g.Dk));
   const DeltaInputs in =
       delta_inputs(b, w.m, expand_heads(b, *s.qn, g, N), expand_heads(b, *s.kn, g, N), *s.vc,
-                   broadcast_decay(b, *s.gh, g, N), beta, e.B, e.T, g.H, g.Dk, g.Dv, scale);
+                   broadcast_decay(b, *s.gh, g, N), beta, w.rows, g.H, g.Dk, g.Dv, scale);
   s.o = e.delta_chunk > 0 ? delta_chunk_forward(b, in, e.delta_chunk) : delta_forward(b, in);
   s.z = ops::linear_forward(b, x, e.W(gproj), e.operands);
   s.y = b.reshape(out_norm_forward(b, b.reshape(*s.o, {N, g.H, g.Dv}), b.reshape(*s.z, {N, g.H, g.Dv}),
@@ -317,7 +319,7 @@ xla::Value GdnUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
   const Value sb = b.logistic(*s.blog), beta = b.mul(sb, full(b, {N, g.H}, mb));
   const DeltaInputs in =
       delta_inputs(b, w.m, expand_heads(b, *s.qn, g, N), expand_heads(b, *s.kn, g, N), *s.vc,
-                   broadcast_decay(b, *s.gh, g, N), beta, e.B, e.T, g.H, g.Dk, g.Dv, scale);
+                   broadcast_decay(b, *s.gh, g, N), beta, w.rows, g.H, g.Dk, g.Dv, scale);
   const Value dO = b.reshape(on.dout, {N, g.VD});
   const DeltaGrads dd = e.delta_chunk > 0 ? delta_chunk_backward(b, in, w.m, dO, scale, e.delta_chunk)
                                           : delta_backward(b, in, w.m, dO, scale, emit_checkpoint);
@@ -336,10 +338,10 @@ xla::Value GdnUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
   dx = b.add(dx, linear_back(daraw, x, aproj));
   // q, k, v: L2 norm (q, k), conv + SiLU over the fused weight's rows, projection
   const ConvBackward cq = conv_backward(
-      b, *s.qin, w.q, w.m, l2norm_backward(b, *s.qc, sum_heads(b, dd.dq, g, N), g.Hk, g.Dk), e.B, e.T);
+      b, *s.qin, w.q, w.m, l2norm_backward(b, *s.qc, sum_heads(b, dd.dq, g, N), g.Hk, g.Dk), w.rows);
   const ConvBackward ck = conv_backward(
-      b, *s.kin, w.k, w.m, l2norm_backward(b, *s.kc, sum_heads(b, dd.dk, g, N), g.Hk, g.Dk), e.B, e.T);
-  const ConvBackward cv = conv_backward(b, *s.vin, w.v, w.m, dd.dv, e.B, e.T);
+      b, *s.kin, w.k, w.m, l2norm_backward(b, *s.kc, sum_heads(b, dd.dk, g, N), g.Hk, g.Dk), w.rows);
+  const ConvBackward cv = conv_backward(b, *s.vin, w.v, w.m, dd.dv, w.rows);
   e.grad(conv, b.concatenate({cq.dw, ck.dw, cv.dw}, 0));
   dx = b.add(dx, linear_back(cq.dx, x, q));
   dx = b.add(dx, linear_back(ck.dx, x, k));

@@ -182,13 +182,14 @@ xla::Value KdaUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
   auto& b = e.b;
   const ModelConfig& c = e.c;
   const int64_t N = e.N, H = c.linear_num_key_heads, Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
-  const DocMasks m = doc_masks(b, *e.seg, c.linear_conv_kernel_dim);
+  const Rows r = rows_of(e.mesh, e.B, e.T);
+  const DocMasks m = doc_masks(b, seg_rows(b, r, *e.seg), c.linear_conv_kernel_dim);
   s.qin = ops::linear_forward(b, x, e.W(q), e.operands);
   s.kin = ops::linear_forward(b, x, e.W(k), e.operands);
   s.vin = ops::linear_forward(b, x, e.W(v), e.operands);
-  s.qc = conv_forward(b, *s.qin, e.W(qconv), m, e.B, e.T);
-  s.kc = conv_forward(b, *s.kin, e.W(kconv), m, e.B, e.T);
-  s.vc = conv_forward(b, *s.vin, e.W(vconv), m, e.B, e.T);
+  s.qc = conv_forward(b, *s.qin, e.W(qconv), m, r);
+  s.kc = conv_forward(b, *s.kin, e.W(kconv), m, r);
+  s.vc = conv_forward(b, *s.vin, e.W(vconv), m, r);
   s.qn = l2norm_forward(b, *s.qc, H, Dk);
   s.kn = l2norm_forward(b, *s.kc, H, Dk);
   s.flow = ops::linear_forward(b, x, e.W(f1), e.operands);
@@ -197,7 +198,7 @@ xla::Value KdaUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
   s.blog = ops::linear_forward(b, x, e.W(bproj), e.operands);
   const Value beta = b.mul(b.logistic(*s.blog), full(b, {N, H}, c.linear_allow_neg_eigval ? 2.0 : 1.0));
   const double scale = 1.0 / std::sqrt(static_cast<double>(Dk));
-  const DeltaInputs in = delta_inputs(b, m, *s.qn, *s.kn, *s.vc, *s.g, beta, e.B, e.T, H, Dk, Dv, scale);
+  const DeltaInputs in = delta_inputs(b, m, *s.qn, *s.kn, *s.vc, *s.g, beta, r, H, Dk, Dv, scale);
   s.o = e.delta_chunk > 0 ? delta_chunk_forward(b, in, e.delta_chunk) : delta_forward(b, in);
   s.glow = ops::linear_forward(b, x, e.W(g1), e.operands);
   s.zg = b.add(ops::linear_forward(b, *s.glow, e.W(g2), e.operands), bc(b, e.W(g2b), {N, H * Dv}, {1}));
@@ -213,7 +214,8 @@ xla::Value KdaUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
   auto& b = e.b;
   const ModelConfig& c = e.c;
   const int64_t N = e.N, H = c.linear_num_key_heads, Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
-  const DocMasks m = doc_masks(b, *e.seg, c.linear_conv_kernel_dim);
+  const Rows r = rows_of(e.mesh, e.B, e.T);
+  const DocMasks m = doc_masks(b, seg_rows(b, r, *e.seg), c.linear_conv_kernel_dim);
   std::vector<Value> dxs;  // the terms of dx
   // a = y Wo^T;  y = o_norm(o, zg);  zg = g_proj_2(g_proj_1(x)) + bias
   const ops::LinearBackward lo = ops::linear_backward(b, da, *s.y, e.W(o), e.operands);
@@ -232,7 +234,7 @@ xla::Value KdaUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
   // the delta rule (recomputing beta from its logits)
   const double mb = c.linear_allow_neg_eigval ? 2.0 : 1.0, scale = 1.0 / std::sqrt(static_cast<double>(Dk));
   const Value sb = b.logistic(*s.blog), beta = b.mul(sb, full(b, {N, H}, mb));
-  const DeltaInputs in = delta_inputs(b, m, *s.qn, *s.kn, *s.vc, *s.g, beta, e.B, e.T, H, Dk, Dv, scale);
+  const DeltaInputs in = delta_inputs(b, m, *s.qn, *s.kn, *s.vc, *s.g, beta, r, H, Dk, Dv, scale);
   const Value dO = b.reshape(on.dout, {N, H * Dv});
   const DeltaGrads dd = e.delta_chunk > 0 ? delta_chunk_backward(b, in, m, dO, scale, e.delta_chunk)
                                           : delta_backward(b, in, m, dO, scale, emit_checkpoint);
@@ -259,7 +261,7 @@ xla::Value KdaUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
   dxs.push_back(lf1.dx);
   // q, k, v: L2 norm (q, k), conv + SiLU, projection
   auto qkv = [&](const Value& dout, const Value& in_, int conv, int proj) {
-    const ConvBackward cb = conv_backward(b, in_, e.W(conv), m, dout, e.B, e.T);
+    const ConvBackward cb = conv_backward(b, in_, e.W(conv), m, dout, r);
     e.grad(conv, cb.dw);
     const ops::LinearBackward l = ops::linear_backward(b, cb.dx, x, e.W(proj), e.operands);
     e.grad(proj, l.dw);

@@ -58,6 +58,9 @@ const std::vector<AxisRule>& axis_rules() {
       {Logical::kTokens, {MeshAxis::kData, MeshAxis::kFsdp, MeshAxis::kExpert, MeshAxis::kContext}},
       {Logical::kRowTiles, {MeshAxis::kData, MeshAxis::kFsdp, MeshAxis::kExpert, MeshAxis::kContext}},
       {Logical::kParam, {MeshAxis::kFsdp, MeshAxis::kExpert, MeshAxis::kContext}},
+      {Logical::kRows, {MeshAxis::kData, MeshAxis::kFsdp}},
+      {Logical::kSeq, {MeshAxis::kExpert, MeshAxis::kContext}},
+      {Logical::kHeads, {MeshAxis::kExpert, MeshAxis::kContext}},
       {Logical::kNone, {}},
   };
   return rules;

@@ -44,6 +44,9 @@ enum class Logical {
   kTokens,    // a flat token dimension [N] in the program's blocked order (below): every mesh axis
   kRowTiles,  // the rows of [B * C, T / C] row tiles (the mixers' layout): every mesh axis
   kParam,     // the dimension of a parameter (its gradient, its moments) that its shards split
+  kRows,      // whole rows of a [B, T, ...] view (the delta rule's batch): data, fsdp
+  kSeq,       // a whole row's tokens in that view: expert, context (a row's pieces)
+  kHeads,     // the delta rule's heads while its loop runs over whole rows: expert, context
   kNone,      // not split (the rest of a parameter, heads, features, the vocabulary)
 };
 struct AxisRule {

@@ -898,6 +898,51 @@ TEST(DecoderXla, TheWholeHybridFixtureMatchesReferenceAndTheCpuBackend) {
   same_run_gradients(x.params(), cpu->params(), "whole hybrid", 2e-4);
 }
 
+// Context parallelism with delta-rule mixers: the hybrid with two KDA layers (4 heads, the chunked rule in
+// chunks of 4, so documents cross chunks and pieces) and an attention layer, the MoE dropless. Over expert 2
+// x context 2 (4 pieces a row; expert is a sequence axis outside the MoE) and fsdp 2 x context 2, each KDA
+// layer runs whole rows with its heads split over the row's pieces (delta_rule_emit.h): the convs and the
+// documents' masks see whole rows, so a piece boundary is not a document start. CE within 1e-6 relative
+// (measured 7.2e-8 and 0), gradients within 2e-5 of their scale over the layers (measured 8.7e-6, the same
+// with context 2 and 4 alone: f_proj_2's, a sum over tokens of the decays' cancelling terms, which the
+// devices add in another order; any error in the layout would be of the order of the gradient itself).
+TEST(DecoderXla, ContextParallelDeltaRuleMatchesOneDevice) {
+  nlohmann::json patch;
+  patch["layer_types"] = nlohmann::json::array({"linear_attention", "linear_attention", "full_attention"});
+  patch["linear_num_key_heads"] = 4;
+  patch["linear_num_value_heads"] = 4;
+  const ModelConfig c = moe_hybrid(patch);
+  XlaOptions one;
+  one.delta_chunk = 4;
+  LossConfig lc;
+  lc.weight[kLossLmZ] = 1e-4;
+  lc.vocab_tile = 128;
+  const MoeBatch mb;
+  auto a = make_xla_decoder(c, one, 7);
+  const LossParts pa = a->forward_backward(mb.make(), lc, 1.0 / 17, 1.0);
+  for (const olmosft::xla::Mesh& m :
+       {olmosft::xla::Mesh{.expert = 2, .context = 2}, olmosft::xla::Mesh{.fsdp = 2, .context = 2}}) {
+    SCOPED_TRACE("mesh " + m.text());
+    XlaOptions xo = one;
+    xo.mesh = m;
+    auto d = make_xla_decoder(c, xo, 7);
+    const LossParts pd = d->forward_backward(mb.make(), lc, 1.0 / 17, 1.0);
+    std::printf("mesh %s: CE %.3g relative to one device\n", m.text().c_str(),
+                rel(pd.sum[kLossCe], pa.sum[kLossCe]));
+    EXPECT_LT(rel(pd.sum[kLossCe], pa.sum[kLossCe]), 1e-6);
+    EXPECT_EQ(pd.tokens, pa.tokens);
+    same_run_gradients(d->params(), a->params(), ("kda, mesh " + m.text()).c_str(), 2e-5);
+  }
+  // heads that do not split over the pieces are refused, naming the layer
+  XlaOptions eight = one;
+  eight.mesh.context = 8;
+  using olmosft::xla::testutil::error_of;
+  EXPECT_NE(error_of([&] {
+              make_xla_decoder(c, eight, 7);
+            }).find("layer 0 is a delta-rule mixer (KDA / Gated DeltaNet) with 4 heads"),
+            std::string::npos);
+}
+
 // moe.buffer_factor > 0 (moe_capacity_emit.h): each expert runs on a buffer of its kept assignments, with
 // the CPU kernel's capacity ceil(bf N_r k / E) (N_r = 20 routed tokens, k / E = 4 / 16: 3 at bf 0.5, 5 at
 // 1.0, against 5 assignments per expert on average) and its token-order drops. Losses, statistics, drop

@@ -8,6 +8,7 @@
 
 #include "model/config.h"
 #include "model/decoder_xla.h"
+#include "model/delta_rule_emit.h"
 #include "xla/hlo_loops.h"
 #include "xla_test_util.h"
 
@@ -125,8 +126,10 @@ ENTRY %main (x: f32[4]) -> f32[4] {
   EXPECT_EQ(found[0].loop, "w");
 }
 
-// The decoder's step over a mesh (rows over fsdp; Olmo 3 also tokens over context) has no collective inside
-// any loop: not in the attention's, the KDA recurrence's, nor the cross-entropy's 4 vocabulary tiles (before
+// The decoder's step over a mesh (rows over fsdp, tokens over context; the hybrid's KDA layers run whole rows
+// with their heads over context) has no collective inside any loop: not in the attention's, the chunked
+// KDA's (whose carried state and arrays are laid out as its inputs: without that, two all-gathers per chunk
+// under fsdp 2), nor the cross-entropy's 4 vocabulary tiles (before
 // ops::XentOptions::mesh, each tile gathered the whole [vocab, hidden] gradient accumulator and all-reduced
 // its own rows' gradient).
 TEST(XlaHloLoops, DecoderProgramsOverAMesh) {
@@ -137,7 +140,7 @@ TEST(XlaHloLoops, DecoderProgramsOverAMesh) {
         model::load_config(std::string(OLMOSFT_GOLDEN_DIR) + "/model/" + fixture + "/config.json");
     model::XlaOptions xo;
     xo.mesh.fsdp = 2;
-    if (std::string(fixture) == "olmo3_tiny") xo.mesh.context = 2;
+    xo.mesh.context = 2;  // the hybrid's KDA layers: whole rows, their 2 heads split over the pieces
     const std::string text = model::xla_step_module(m, xo, 2, 64, model::LossConfig{.vocab_tile = 128}, true);
     CompileOptions co;
     co.num_partitions = xo.mesh.devices();
@@ -145,5 +148,54 @@ TEST(XlaHloLoops, DecoderProgramsOverAMesh) {
     for (const LoopCollective& l : collectives_in_loops(partitioned_hlo(c, text, co)))
       ADD_FAILURE() << fixture << ": " << l.opcode << " inside loop " << l.loop << " (" << l.computation
                     << "): " << l.line.substr(0, 200);
+  }
+}
+
+// The check on the chunked delta rule over context 2 (model/delta_rule_emit.h): laid out as delta_inputs lays
+// it out (heads split, rows whole; the loops' arrays laid out the same) the chunk loop has no collective;
+// with the time axis split instead and nothing laid out inside (the runbook's mis-sharded KDA: the
+// chunk-scan inputs sharded on the chunk axis) the partitioner puts collectives inside the loop, and the
+// check finds them in the loop named olmosft.delta_rule.
+TEST(XlaHloLoops, AMisShardedDeltaRuleLoopIsCaught) {
+  OLMOSFT_CPU_PLUGIN_ONLY();
+  namespace de = model::unit::delta_emit;
+  Client& c = testutil::test_client(4);
+  const Mesh mesh{.context = 2};
+  const int64_t T = 32, B = 1, H = 2, Dk = 4, Dv = 4;
+  for (const bool heads : {true, false}) {
+    SCOPED_TRACE(heads ? "heads split" : "time split");
+    HloBuilder b;
+    b.partitions(2);
+    const de::Rows r{1, 2, B, T / 2, &mesh};
+    const std::vector<Logical> lay =
+        heads ? std::vector<Logical>{Logical::kNone, Logical::kRows, Logical::kHeads, Logical::kNone}
+              : std::vector<Logical>{Logical::kSeq, Logical::kRows, Logical::kNone, Logical::kNone};
+    auto arg = [&](std::vector<int64_t> d) {
+      const Value v = b.argument({ElementType::kF32, d});
+      return d.size() == 4 ? de::lay_out(b, r, v, lay) : v;
+    };
+    const Value q = arg({T, B, H, Dk}), k = arg({T, B, H, Dk}), v = arg({T, B, H, Dv}),
+                lg = arg({T, B, H, Dk});
+    const Value beta = arg({T, B, H}), start = arg({T, B});
+    // the time split keeps the program from laying the chunks out itself (no mesh in its Rows): the loop then
+    // slices chunks that the partitioner holds split over the two devices
+    de::Rows inner = r;
+    if (!heads) inner.mesh = nullptr;
+    const de::DeltaInputs in{q, k, v, lg, beta, lg, start, B, T, H, Dk, Dv, inner};
+    b.returns({de::delta_chunk_forward(b, in, 4)});
+    CompileOptions co;
+    co.num_partitions = 2;
+    co.use_spmd_partitioning = true;
+    int unwanted = 0;
+    for (const LoopCollective& l : collectives_in_loops(partitioned_hlo(c, b.module(), co))) {
+      unwanted += unwanted_loop_collective(l);
+      if (heads)
+        ADD_FAILURE() << l.opcode << " inside loop " << l.loop_name << ": " << l.line.substr(0, 200);
+      else
+        EXPECT_EQ(l.loop_name, kDeltaRuleLoop) << l.line.substr(0, 200);
+    }
+    if (!heads) {
+      EXPECT_GT(unwanted, 0) << "the time-split delta rule kept its collectives out of the loop";
+    }
   }
 }
