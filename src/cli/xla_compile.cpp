@@ -59,6 +59,7 @@ struct Args {
   std::string config, plugin = "tpu", topology, save_config, mesh, save_module, remat = "none";
   int64_t batch = 1, seq = 0, layers = 0, vocab_tile = 4096, block = 0, spmd = 1, delta_chunk = 64;
   bool bf16 = false, forward_only = false, shard_params = false, scan = false;
+  double moe_buffer_factor = -1;
 };
 
 // --mesh data=N,fsdp=N,expert=N,context=N (any of them), or the older --spmd N [--shard-params].
@@ -100,6 +101,7 @@ Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_
   co.use_spmd_partitioning = xo.devices() > 1;
   olmosft::model::LossConfig loss;
   loss.vocab_tile = a.vocab_tile;
+  loss.moe_buffer_factor = a.moe_buffer_factor;
   Compiled c;
   const auto plugin = olmosft::xla::Plugin::load(a.plugin);
   const auto emit = [&] {
@@ -213,6 +215,9 @@ int xla_compile_main(int argc, char** argv) {
                  "the device mesh as the recipe's mesh.* keys, e.g. fsdp=16,context=8 (docs/xla.md \"The "
                  "device mesh\"); replaces --spmd / --shard-params");
   app.add_option("--attention-block", a.block, "queries / keys per attention block (default: the backend's)");
+  app.add_option("--moe-buffer-factor", a.moe_buffer_factor,
+                 "MoE layers: moe.buffer_factor (> 0: a capacity, sparse experts; <= 0: dropless, dense)")
+      ->capture_default_str();
   app.add_option("--delta-chunk", a.delta_chunk,
                  "KDA / Gated DeltaNet: tokens per chunk of the delta rule (xla.delta_chunk; 0: the recurrence)")
       ->capture_default_str()
