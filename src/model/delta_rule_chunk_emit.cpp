@@ -4,7 +4,7 @@
 // E_ij = exp(Γ_i - Γ_j) for j <= i in i's document (0 otherwise), cont_i = 1 while no document has started in
 // the chunk up to i (the incoming state still applies), last_j = j is in the chunk's last document:
 //   P_ij = Σ_c k_i k_j E_ij (j < i);   Aqk_ij = Σ_c q~_i k_j E_ij (j <= i);   M = I + Diag(β) P
-//   eG = exp(Γ) cont;  [W | U] = M^-1 Diag(β) [K eG | V] (M^-1 by one solve against I);  Ṽ = U - W S
+//   eG = exp(Γ) cont;  [W | U] = M^-1 Diag(β) [K eG | V] (a triangular solve);  Ṽ = U - W S
 //   O = (Q~ eG) S + Aqk Ṽ;   S <- Diag(exp(Γ_last) cont_last) S + (K exp(Γ_last - Γ) last)^T Ṽ
 // Every exponent is <= 0 (Γ never increases), so nothing overflows whatever the decay; a masked pair's
 // exponent is replaced by 0 and its factor by an exact 0 after the exp (XLA's exp clamps its input, so
@@ -29,7 +29,7 @@ std::vector<int64_t> iota_dims(int64_t n) {
   for (int64_t i = 0; i < n; ++i) d.push_back(i);
   return d;
 }
-// DIMS with V appended / inserted at I.
+// D with V appended.
 std::vector<int64_t> plus(std::vector<int64_t> d, std::initializer_list<int64_t> v) {
   d.insert(d.end(), v);
   return d;
@@ -43,17 +43,6 @@ Value triangle(HloBuilder& b, int64_t C, bool upper) {
   const Value r = b.iota({kS32, {C, C}}, 0), c = b.iota({kS32, {C, C}}, 1);
   return b.convert(b.compare(r, c, upper ? xla::Compare::kLe : xla::Compare::kGe), kF32);
 }
-// Cumulative sum of X along dimension AXIS (of size C), forward (REVERSE: from the end), as a product with
-// a triangle of ones (exact for the 0/1 counts; f32 sums in the dot's order for the decays).
-Value cumsum(HloBuilder& b, const Value& x, int64_t axis, bool reverse) {
-  const int64_t r = int64_t(x.type().dims.size()), C = x.type().dims[size_t(axis)];
-  // forward: y_i = Σ_{t <= i} x_t = Σ_t x_t U[t, i];  reverse: y_t = Σ_{i >= t} x_i = Σ_i x_i L[i, t]
-  const Value y = b.dot_general(x, triangle(b, C, !reverse), xla::DotDims{{}, {}, {axis}, {0}});
-  std::vector<int64_t> p;  // y has x's other dimensions in order, then the summed one last
-  for (int64_t i = 0, j = 0; i < r; ++i) p.push_back(i == axis ? r - 1 : j++);
-  return b.transpose(y, p);
-}
-
 // Γ_i = Σ_t INCL[i, t] lg_t over i's own document up to i (INCL [L, C, C], LG [L, C, Dk]), so that another
 // document's decays in the chunk do not enter (nor round) it; REVERSE: its adjoint Σ_i INCL[i, t] dΓ_i.
 Value doc_cumsum(HloBuilder& b, const Value& incl, const Value& x, bool reverse) {
@@ -81,15 +70,13 @@ Chunks cut(HloBuilder& b, const DeltaInputs& in, int64_t C) {
   const int64_t B = in.B, H = in.H, NC = (in.T + C - 1) / C, Tp = NC * C;
   auto chunks = [&](const Value& x, double pad) { return to_chunks(b, x, C, pad); };
   // cnt_i: documents started in the chunk up to i; same document <=> equal counts (documents are runs)
+  // (an exact sum of 0 / 1 values)
   const Value cnt =
-      cumsum(b, b.transpose(b.reshape(pad_time(b, in.start, Tp, 0.0), {NC, C, B}), {0, 2, 1}), 2, false);
+      b.cumsum(b.transpose(b.reshape(pad_time(b, in.start, Tp, 0.0), {NC, C, B}), {0, 2, 1}), 2);
   const std::vector<int64_t> d3{NC, B, C}, d4{NC, B, C, C}, l4{NC, B, H, C}, l5{NC, B, H, C, C};
   const Value same =
       b.convert(b.compare(bc(b, cnt, d4, {0, 1, 2}), bc(b, cnt, d4, {0, 1, 3}), xla::Compare::kEq), kF32);
-  auto heads = [&](const Value& m, const std::vector<int64_t>& to, const std::vector<int64_t>& bd) {
-    return bc(b, m, to, bd);
-  };
-  const Value incl = heads(b.mul(same, bc(b, triangle(b, C, false), d4, {2, 3})), l5, {0, 1, 3, 4});
+  const Value incl = bc(b, b.mul(same, bc(b, triangle(b, C, false), d4, {2, 3})), l5, {0, 1, 3, 4});
   const Value strict = b.mul(incl, bc(b, b.sub(full(b, {C, C}, 1.0), triangle(b, C, true)), l5, {3, 4}));
   const Value cl = bc(b, b.reshape(b.slice(cnt, {0, 0, C - 1}, {NC, B, C}), {NC, B}), d3, {0, 1});
   return {chunks(in.q, 0.0),
@@ -99,8 +86,8 @@ Chunks cut(HloBuilder& b, const DeltaInputs& in, int64_t C) {
           doc_cumsum(b, incl, chunks(in.lg, 0.0), false),
           incl,
           strict,
-          heads(b.convert(b.compare(cnt, full(b, d3, 0.0), xla::Compare::kEq), kF32), l4, {0, 1, 3}),
-          heads(b.convert(b.compare(cnt, cl, xla::Compare::kEq), kF32), l4, {0, 1, 3}),
+          bc(b, b.convert(b.compare(cnt, full(b, d3, 0.0), xla::Compare::kEq), kF32), l4, {0, 1, 3}),
+          bc(b, b.convert(b.compare(cnt, cl, xla::Compare::kEq), kF32), l4, {0, 1, 3}),
           {NC, B, H}};
 }
 
@@ -327,12 +314,7 @@ DeltaGrads delta_chunk_backward(HloBuilder& b, const DeltaInputs& in, const DocM
   const int64_t C = std::max<int64_t>(1, chunk), NC = (T + C - 1) / C;
   const Chunks c = laid(b, in.rows, cut(b, in, C));
   const Factors f = laid(b, in.rows, factors(b, c));
-  const Value dOt = b.transpose(b.reshape(to_rows(b, in.rows, dO), {B, T, H, Dv}), {1, 0, 2, 3});
-  const Value dOc = to_chunks(
-      b,
-      lay_out(b, in.rows, dOt,
-              {xla::Logical::kNone, xla::Logical::kRows, xla::Logical::kHeads, xla::Logical::kNone}),
-      C, 0.0);
+  const Value dOc = to_chunks(b, time_major(b, in.rows, dO, H, Dv), C, 0.0);
   const std::vector<int64_t> ds{B, H, Dk, Dv}, ck{NC, B, H, C, Dk}, cv{NC, B, H, C, Dv};
   // the state entering each chunk, and each chunk's pseudo-values
   const std::vector<Value> fw = b.for_loop(

@@ -54,6 +54,11 @@ Value from_rows(HloBuilder& b, const Rows& r, const Value& y) {
   const Value x = b.transpose(b.reshape(l, {r.R, r.Bl, r.S, r.Tl, W}), {0, 2, 1, 3, 4});
   return b.reshape(x, {r.B() * r.T(), W});
 }
+Value time_major(HloBuilder& b, const Rows& r, const Value& x, int64_t H, int64_t D) {
+  using xla::Logical;
+  const Value y = b.transpose(b.reshape(to_rows(b, r, x), {r.B(), r.T(), H, D}), {1, 0, 2, 3});
+  return lay_out(b, r, y, {Logical::kNone, Logical::kRows, Logical::kHeads, Logical::kNone});
+}
 Value seg_rows(HloBuilder& b, const Rows& r, const Value& seg) {
   return b.reshape(to_rows(b, r, b.reshape(seg, {r.B() * r.T(), 1})), {r.B(), r.T()});
 }
@@ -211,10 +216,7 @@ DeltaInputs delta_inputs(HloBuilder& b, const DocMasks& m, const Value& qn, cons
   OLMO_CHECK(H % r.S == 0, "the delta rule's ", H,
              " heads do not split over the mesh's expert x context = ", r.S,
              " (each device runs whole rows of its heads)");
-  auto tm = [&](const Value& x, int64_t D) {  // [N, H*D] -> [T, B, H, D], heads split on a mesh
-    const Value y = b.transpose(b.reshape(to_rows(b, r, x), {B, T, H, D}), {1, 0, 2, 3});
-    return lay_out(b, r, y, {Logical::kNone, Logical::kRows, Logical::kHeads, Logical::kNone});
-  };
+  auto tm = [&](const Value& x, int64_t D) { return time_major(b, r, x, H, D); };
   const std::vector<int64_t> dk{T, B, H, Dk};
   const Value valid = b.transpose(m.valid, {1, 0}), start = b.transpose(m.start, {1, 0});
   const Value vk = bc(b, valid, dk, {0, 1});
@@ -337,10 +339,7 @@ DeltaGrads delta_backward(HloBuilder& b, const DeltaInputs& in0, const DocMasks&
   const std::vector<int64_t> ds{B, H, Dk, Dv}, tk{Tp, B, H, Dk}, tv{Tp, B, H, Dv};
   const Value valid = b.transpose(m.valid, {1, 0});
   const Value dOt =
-      pad_time(b,
-               b.mul(b.transpose(b.reshape(to_rows(b, in0.rows, dO), {B, T, H, Dv}), {1, 0, 2, 3}),
-                     bc(b, valid, {T, B, H, Dv}, {0, 1})),
-               Tp, 0.0);
+      pad_time(b, b.mul(time_major(b, in0.rows, dO, H, Dv), bc(b, valid, {T, B, H, Dv}, {0, 1})), Tp, 0.0);
   DeltaInputs in = in0;
   in.T = Tp;
   in.q = pad_time(b, in0.q, Tp, 0.0);
@@ -391,6 +390,15 @@ DeltaGrads delta_backward(HloBuilder& b, const DeltaInputs& in0, const DocMasks&
   return {flat(first(r[1]), Dk), flat(first(r[2]), Dk), flat(first(r[3]), Dv),
           flat(b.mul(first(r[4]), vk), Dk),
           from_rows(b, in0.rows, b.transpose(b.mul(first(r[5]), vh), {1, 0, 2}))};
+}
+
+Value delta_rule_forward(HloBuilder& b, const DeltaInputs& in, int64_t chunk) {
+  return chunk > 0 ? delta_chunk_forward(b, in, chunk) : delta_forward(b, in);
+}
+DeltaGrads delta_rule_backward(HloBuilder& b, const DeltaInputs& in, const DocMasks& m, const Value& dO,
+                               double scale, int64_t chunk, int64_t ckpt) {
+  return chunk > 0 ? delta_chunk_backward(b, in, m, dO, scale, chunk)
+                   : delta_backward(b, in, m, dO, scale, ckpt);
 }
 
 }  // namespace olmosft::model::unit::delta_emit

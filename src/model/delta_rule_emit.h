@@ -32,6 +32,9 @@ Value from_rows(HloBuilder& b, const Rows& r, const Value& y);   // [B, T, W] ->
 Value seg_rows(HloBuilder& b, const Rows& r, const Value& seg);  // s32 [B * S, T / S] -> [B, T]
 // X laid out as the LOGICAL axes (one per dimension) on the mesh; unchanged on one device.
 Value lay_out(HloBuilder& b, const Rows& r, const Value& x, const std::vector<xla::Logical>& logical);
+// A token array X [N, H*D] as the delta rule's time-major [T, B, H, D], laid out with the heads split
+// (DeltaInputs below): its inputs, and the output gradient its backwards read.
+Value time_major(HloBuilder& b, const Rows& r, const Value& x, int64_t H, int64_t D);
 
 // f32 constant of DIMS; X broadcast to DIMS with its dimensions at BDIMS.
 Value full(HloBuilder& b, const std::vector<int64_t>& dims, double v);
@@ -108,6 +111,12 @@ Value delta_chunk_forward(HloBuilder& b, const DeltaInputs& in, int64_t chunk);
 // Same results as delta_backward.
 DeltaGrads delta_chunk_backward(HloBuilder& b, const DeltaInputs& in, const DocMasks& m, const Value& dO,
                                 double scale, int64_t chunk);
+
+// The form Emit::delta_chunk picks: chunks of CHUNK tokens, or (0) the token-by-token recurrence, whose
+// backward recomputes its states from checkpoints every CKPT tokens.
+Value delta_rule_forward(HloBuilder& b, const DeltaInputs& in, int64_t chunk);
+DeltaGrads delta_rule_backward(HloBuilder& b, const DeltaInputs& in, const DocMasks& m, const Value& dO,
+                               double scale, int64_t chunk, int64_t ckpt);
 
 // Helpers the two forms share (delta_rule_emit.cpp): X [T, ...] at time I (an s32 scalar) without the time
 // dimension; X with X[I] = V; X extended to TP tokens with the value V; D with D[I] = V.

@@ -12,12 +12,9 @@ namespace {
 constexpr xla::ElementType kF32 = xla::ElementType::kF32;
 constexpr xla::ElementType kS32 = xla::ElementType::kS32;
 
-Value operand(HloBuilder& b, const Value& v, xla::ops::Operands o) {
-  return o == xla::ops::Operands::kBF16 ? b.convert(v, xla::ElementType::kBF16) : v;
-}
 // A batched product in f32 (bf16 operands when O says so).
 Value bmm(HloBuilder& b, const Value& x, const Value& y, const xla::DotDims& d, xla::ops::Operands o) {
-  return b.dot_general(operand(b, x, o), operand(b, y, o), d, kF32);
+  return b.dot_general(xla::ops::operand(b, x, o), xla::ops::operand(b, y, o), d, kF32);
 }
 // [N * k, W] rows of the flat buffers Y [E, Cb, W] at the assignments' rows, 0 where not kept.
 Value gather_kept(HloBuilder& b, const Dispatch& d, const Value& y) {
@@ -39,24 +36,28 @@ int64_t buffer_rows(int64_t N, int64_t E, int64_t k, double bf) {
 Dispatch dispatch(HloBuilder& b, const Value& idx, const Value& sel, const Value& wts, const Value& valid,
                   const Value& nr, double bf) {
   const int64_t N = idx.type().dims[0], k = idx.type().dims[1], E = sel.type().dims[1], Nk = N * k;
-  Dispatch d{idx, idx, idx, valid, valid, nr, E, k, N, buffer_rows(N, E, k, bf)};
+  const int64_t Cb = buffer_rows(N, E, k, bf);
   const Value si = b.convert(sel, kS32);
   const Value pos = b.sub(b.cumsum(si, 0), si);  // [N, E]
   const xla::TensorType nk{kS32, {N, k}};
-  d.fid = b.reshape(b.add(b.mul(b.iota(nk, 0), b.constant(nk, double(E))), idx), {Nk});
-  const Value p = b.gather_rows(b.reshape(pos, {N * E}), d.fid);  // [N * k]
+  const Value fid = b.reshape(b.add(b.mul(b.iota(nk, 0), b.constant(nk, double(E))), idx), {Nk});
+  const Value p = b.gather_rows(b.reshape(pos, {N * E}), fid);  // [N * k]
   const Value cap = b.ceil(b.mul(nr, b.scalar(kF32, bf * double(k) / double(E))));
   const Value vk = b.reshape(b.broadcast_in_dim(valid, {N, k}, {0}), {Nk});
   const Value in_cap = b.compare(b.convert(p, kF32), b.broadcast_in_dim(cap, {Nk}, {}), xla::Compare::kLt);
   const Value keep = b.select(in_cap, vk, b.constant({kF32, {Nk}}, 0.0));
   const Value on = b.compare(keep, b.constant({kF32, {Nk}}, 0.5), xla::Compare::kGt);
-  const Value row = b.add(b.mul(b.reshape(idx, {Nk}), b.constant({kS32, {Nk}}, double(d.Cb))), p);
-  d.dest = b.select(on, row, b.constant({kS32, {Nk}}, double(E * d.Cb)));
-  d.src = b.select(on, row, b.constant({kS32, {Nk}}, 0.0));
-  d.kept = keep;
-  d.wk = b.mul(keep, b.gather_rows(b.reshape(wts, {N * E}), d.fid));
-  d.dropped = b.sub(b.reduce_sum(vk, {0}), b.reduce_sum(keep, {0}));
-  return d;
+  const Value row = b.add(b.mul(b.reshape(idx, {Nk}), b.constant({kS32, {Nk}}, double(Cb))), p);
+  return {fid,
+          b.select(on, row, b.constant({kS32, {Nk}}, double(E * Cb))),
+          b.select(on, row, b.constant({kS32, {Nk}}, 0.0)),
+          keep,
+          b.mul(keep, b.gather_rows(b.reshape(wts, {N * E}), fid)),
+          b.sub(b.reduce_sum(vk, {0}), b.reduce_sum(keep, {0})),
+          E,
+          k,
+          N,
+          Cb};
 }
 
 Value to_buffers(HloBuilder& b, const Dispatch& d, const Value& z) {

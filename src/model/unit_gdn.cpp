@@ -285,7 +285,7 @@ xla::Value GdnUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
   const DeltaInputs in =
       delta_inputs(b, w.m, expand_heads(b, *s.qn, g, N), expand_heads(b, *s.kn, g, N), *s.vc,
                    broadcast_decay(b, *s.gh, g, N), beta, w.rows, g.H, g.Dk, g.Dv, scale);
-  s.o = e.delta_chunk > 0 ? delta_chunk_forward(b, in, e.delta_chunk) : delta_forward(b, in);
+  s.o = delta_rule_forward(b, in, e.delta_chunk);
   s.z = ops::linear_forward(b, x, e.W(gproj), e.operands);
   s.y = b.reshape(out_norm_forward(b, b.reshape(*s.o, {N, g.H, g.Dv}), b.reshape(*s.z, {N, g.H, g.Dv}),
                                    e.W(onorm), e.c.linear_norm_eps, true),
@@ -321,8 +321,7 @@ xla::Value GdnUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
       delta_inputs(b, w.m, expand_heads(b, *s.qn, g, N), expand_heads(b, *s.kn, g, N), *s.vc,
                    broadcast_decay(b, *s.gh, g, N), beta, w.rows, g.H, g.Dk, g.Dv, scale);
   const Value dO = b.reshape(on.dout, {N, g.VD});
-  const DeltaGrads dd = e.delta_chunk > 0 ? delta_chunk_backward(b, in, w.m, dO, scale, e.delta_chunk)
-                                          : delta_backward(b, in, w.m, dO, scale, emit_checkpoint);
+  const DeltaGrads dd = delta_rule_backward(b, in, w.m, dO, scale, e.delta_chunk, emit_checkpoint);
   const Value dblog =
       b.mul(b.mul(dd.dbeta, full(b, {N, g.H}, mb)), b.mul(sb, b.sub(full(b, {N, g.H}, 1.0), sb)));
   dx = b.add(dx, linear_back(dblog, x, bproj));

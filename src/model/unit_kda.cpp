@@ -199,7 +199,7 @@ xla::Value KdaUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
   const Value beta = b.mul(b.logistic(*s.blog), full(b, {N, H}, c.linear_allow_neg_eigval ? 2.0 : 1.0));
   const double scale = 1.0 / std::sqrt(static_cast<double>(Dk));
   const DeltaInputs in = delta_inputs(b, m, *s.qn, *s.kn, *s.vc, *s.g, beta, r, H, Dk, Dv, scale);
-  s.o = e.delta_chunk > 0 ? delta_chunk_forward(b, in, e.delta_chunk) : delta_forward(b, in);
+  s.o = delta_rule_forward(b, in, e.delta_chunk);
   s.glow = ops::linear_forward(b, x, e.W(g1), e.operands);
   s.zg = b.add(ops::linear_forward(b, *s.glow, e.W(g2), e.operands), bc(b, e.W(g2b), {N, H * Dv}, {1}));
   s.y = b.reshape(out_norm_forward(b, b.reshape(*s.o, {N, H, Dv}), b.reshape(*s.zg, {N, H, Dv}), e.W(onorm),
@@ -236,8 +236,7 @@ xla::Value KdaUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
   const Value sb = b.logistic(*s.blog), beta = b.mul(sb, full(b, {N, H}, mb));
   const DeltaInputs in = delta_inputs(b, m, *s.qn, *s.kn, *s.vc, *s.g, beta, r, H, Dk, Dv, scale);
   const Value dO = b.reshape(on.dout, {N, H * Dv});
-  const DeltaGrads dd = e.delta_chunk > 0 ? delta_chunk_backward(b, in, m, dO, scale, e.delta_chunk)
-                                          : delta_backward(b, in, m, dO, scale, emit_checkpoint);
+  const DeltaGrads dd = delta_rule_backward(b, in, m, dO, scale, e.delta_chunk, emit_checkpoint);
   // beta = mb sigmoid(blog):  dblog = dbeta mb s (1 - s)
   const Value dblog = b.mul(b.mul(dd.dbeta, full(b, {N, H}, mb)), b.mul(sb, b.sub(full(b, {N, H}, 1.0), sb)));
   const ops::LinearBackward lb = ops::linear_backward(b, dblog, x, e.W(bproj), e.operands);

@@ -81,10 +81,11 @@ SwigluBackward swiglu_backward(HloBuilder& b, const Value& dh, const Value& a, c
   return {da, db};
 }
 
-namespace {
 Value operand(HloBuilder& b, const Value& v, Operands o) {
   return o == Operands::kBF16 ? b.convert(v, ElementType::kBF16) : v;
 }
+
+namespace {
 void check_linear(const Value& x, const Value& w, const char* op) {
   expect_type(x, kF32, op, "x");
   expect_type(w, kF32, op, "w");

@@ -43,6 +43,8 @@ SwigluBackward swiglu_backward(HloBuilder& b, const Value& dh, const Value& a, c
 // Operands kBF16 rounds both operands of every product to bf16 (nearest even, as ComputeDtype::BF16) and
 // accumulates in f32 (dot_general with an f32 result); results are f32 either way.
 enum class Operands { kF32, kBF16 };
+// V as a product's operand under O: rounded to bf16 (kBF16) or as it is (kF32).
+Value operand(HloBuilder& b, const Value& v, Operands o);
 Value linear_forward(HloBuilder& b, const Value& x, const Value& w, Operands operands = Operands::kF32);
 struct LinearBackward {
   Value dx, dw;

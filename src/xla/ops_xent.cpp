@@ -55,9 +55,6 @@ struct Tile {
   Value col;     // s32 [N, C]: the vocabulary index of each column
   Value valid;   // pred [N, C]: the column belongs to this tile
 };
-Value operand(HloBuilder& b, const Value& v, Operands o) {
-  return o == Operands::kBF16 ? b.convert(v, ElementType::kBF16) : v;
-}
 // HO: h as the product operand (operand(h)).
 Tile tile(HloBuilder& b, const Prep& p, const Value& ho, const Value& w, const Value& j, Operands o) {
   const Value c0 = b.mul(j, b.scalar(kS32, double(p.C)));
