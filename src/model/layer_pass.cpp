@@ -35,80 +35,93 @@ Value slice_of(xla::HloBuilder& b, const Value& stacked, const Value& g) {
   return b.reshape(s, std::vector<int64_t>(sizes.begin() + 1, sizes.end()));
 }
 
-// The group's weights at group G in e.w (the layers of the first group's slots), gathered.
-void use_group(unit::Emit& e, const LayerScan& s, const std::vector<std::vector<Value>>& stacked,
-               const Value& g, const PassLayout& lay) {
-  for (int64_t j = 0; j < s.period; ++j)
-    for (size_t k = 0; k < s.params[size_t(j)].size(); ++k)
-      e.w[size_t(s.params[size_t(j)][k])] = lay.gather(slice_of(e.b, stacked[size_t(j)][k], g));
+// Segment SEG's group weights at group G in e.w (the first group's slots), gathered.
+void use_group(unit::Emit& e, const LayerScan& s, const ScanSegment& seg,
+               const std::vector<std::vector<Value>>& stacked, const Value& g, const PassLayout& lay) {
+  for (int64_t j = 0; j < seg.period; ++j)
+    for (size_t k = 0; k < s.params[size_t(seg.start + j)].size(); ++k)
+      e.w[size_t(s.params[size_t(seg.start + j)][k])] = lay.gather(slice_of(e.b, stacked[size_t(j)][k], g));
 }
 
-}  // namespace
-
-LayerScan layer_scan(const ModelConfig& c) {
-  const std::vector<LayerSpec> specs = layer_specs(c);
-  const std::vector<ParamSpec> reg = param_registry(c);
-  const int64_t L = static_cast<int64_t>(specs.size());
-  LayerScan s;
-  s.params.resize(size_t(L));
-  for (size_t i = 0; i < reg.size(); ++i)
-    if (reg[i].layer >= 0) s.params[size_t(reg[i].layer)].push_back(static_cast<int>(i));
-  for (const LayerSpec& l : specs)
-    OLMO_CHECK(l.ffn != FfnKind::Moe, c.model_type_name, ": xla.scan_layers: layer ", l.index,
-               " is a MoE layer, whose statistics the scanned loop does not carry out yet; use "
-               "xla.scan_layers false");
-  for (int64_t P = 1; P <= L; ++P) {
-    if (L % P != 0) continue;
-    bool ok = true;
-    for (int64_t l = P; ok && l < L; ++l) {
-      const auto &a = s.params[size_t(l)], &b = s.params[size_t(l % P)];
-      ok = same_kind(specs[size_t(l)], specs[size_t(l % P)]) && a.size() == b.size();
-      for (size_t k = 0; ok && k < a.size(); ++k) ok = reg[size_t(a[k])].shape == reg[size_t(b[k])].shape;
-    }
-    if (!ok) continue;
-    s.period = P;
-    s.groups = L / P;
-    return s;
-  }
-  fail("unreachable: a group of all layers always repeats");
+// Layers A and B repeat each other: same kind and the same tensor shapes in the same order.
+bool repeats(const std::vector<LayerSpec>& specs, const std::vector<ParamSpec>& reg, const LayerScan& s,
+             int64_t a, int64_t b) {
+  const auto &pa = s.params[size_t(a)], &pb = s.params[size_t(b)];
+  if (!same_kind(specs[size_t(a)], specs[size_t(b)]) || pa.size() != pb.size()) return false;
+  for (size_t k = 0; k < pa.size(); ++k)
+    if (reg[size_t(pa[k])].shape != reg[size_t(pb[k])].shape) return false;
+  return true;
 }
 
-ScannedForward scanned_forward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s, const Value& h0,
-                               const PassLayout& lay) {
+// The MoE layers of SEG's group, as offsets into the group.
+std::vector<int64_t> moe_slots(const std::vector<LayerSpec>& specs, const ScanSegment& seg) {
+  std::vector<int64_t> m;
+  for (int64_t j = 0; j < seg.period; ++j)
+    if (specs[size_t(seg.start + j)].ffn == FfnKind::Moe) m.push_back(j);
+  return m;
+}
+
+// SEG's stacked weights: [j][k] group layer j's tensor k over the groups, [G, ...].
+std::vector<std::vector<Value>> stack_weights(unit::Emit& e, const LayerScan& s, const ScanSegment& seg,
+                                              const PassLayout& lay) {
   xla::HloBuilder& b = e.b;
-  const int64_t P = s.period, G = s.groups;
-  std::vector<std::vector<Value>> stacked(
-      static_cast<size_t>(P));  // [j][k]: layer j's tensor k over the groups
-  for (int64_t j = 0; j < P; ++j)
-    for (size_t k = 0; k < s.params[size_t(j)].size(); ++k) {
+  std::vector<std::vector<Value>> stacked(static_cast<size_t>(seg.period));
+  for (int64_t j = 0; j < seg.period; ++j)
+    for (size_t k = 0; k < s.params[size_t(seg.start + j)].size(); ++k) {
       std::vector<Value> parts;
-      for (int64_t g = 0; g < G; ++g)
-        parts.push_back(lift(b, e.w[size_t(s.params[size_t(g * P + j)][k])], 1));
-      stacked[size_t(j)].push_back(lay.stacked(G == 1 ? parts[0] : b.concatenate(parts, 0)));
+      for (int64_t g = 0; g < seg.groups; ++g)
+        parts.push_back(lift(b, e.w[size_t(s.params[size_t(seg.start + g * seg.period + j)][k])], 1));
+      stacked[size_t(j)].push_back(lay.stacked(seg.groups == 1 ? parts[0] : b.concatenate(parts, 0)));
     }
+  return stacked;
+}
+
+ScannedForward scanned_forward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s,
+                               const ScanSegment& seg, const Value& h0, const PassLayout& lay) {
+  xla::HloBuilder& b = e.b;
+  const int64_t P = seg.period, G = seg.groups;
+  const std::vector<std::vector<Value>> stacked = stack_weights(e, s, seg, lay);
+  const std::vector<int64_t> moe = moe_slots(layer_specs(e.c), seg);
+  const int64_t M = static_cast<int64_t>(moe.size());
   const std::vector<Value> outer = e.w;
-  const Value inputs0 = lay.inputs(b.constant({xla::ElementType::kF32, {G, P, e.N, e.d}}, 0.0));
+  std::vector<Value> init{h0, lay.inputs(b.constant({xla::ElementType::kF32, {G, P, e.N, e.d}}, 0.0))};
+  if (M > 0) init.push_back(b.constant({xla::ElementType::kF32, {G, M, 4}}, 0.0));
   const auto fin = b.for_loop(
-      G, {h0, inputs0},
+      G, init,
       [&](xla::HloBuilder& b, const Value& g, const std::vector<Value>& c) {
-        use_group(e, s, stacked, g, lay);
+        use_group(e, s, seg, stacked, g, lay);
+        const size_t stats_before = e.moe_stats.size();
         Value h = c[0], inputs = c[1];
         for (int64_t j = 0; j < P; ++j) {
           inputs = b.dynamic_update_slice(inputs, lift(b, h, 2), at(b, {g, i32(b, j)}, 4));
           unit::Block::Emitted saved;
-          h = lay.tokens(u.blocks[size_t(j)].emit_forward(e, h, saved));
+          h = lay.tokens(u.blocks[size_t(seg.start + j)].emit_forward(e, h, saved));
         }
-        return std::vector<Value>{h, lay.inputs(inputs)};
+        std::vector<Value> out{h, lay.inputs(inputs)};
+        if (M > 0) {  // the group's statistics, one [4] per MoE layer, into the stacked [G, M, 4]
+          Value st = c[2];
+          for (int64_t m = 0; m < M; ++m)
+            st = b.dynamic_update_slice(st, lift(b, e.moe_stats[stats_before + size_t(m)], 2),
+                                        at(b, {g, i32(b, m)}, 3));
+          out.push_back(st);
+        }
+        e.moe_stats.erase(e.moe_stats.begin() + long(stats_before),
+                          e.moe_stats.end());  // the body's values: not visible after the loop
+        return out;
       },
       xla::kLayerScanLoop);
   e.w = outer;
+  for (int64_t g = 0; g < G; ++g)  // in layer order: group by group, the group's MoE layers in order
+    for (int64_t m = 0; m < M; ++m)
+      e.moe_stats.push_back(slice_of(b, slice_of(b, fin[2], i32(b, g)), i32(b, m)));
   return ScannedForward{fin[0], fin[1], stacked};
 }
 
-Value scanned_backward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s, const ScannedForward& f,
-                       const Value& dy, const PassLayout& lay) {
+// The gradient w.r.t. the segment's first layer's input; every segment layer tensor's gradient set in e.g.
+Value scanned_backward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s, const ScanSegment& seg,
+                       const ScannedForward& f, const Value& dy, const PassLayout& lay) {
   xla::HloBuilder& b = e.b;
-  const int64_t P = s.period, G = s.groups;
+  const int64_t P = seg.period, G = seg.groups;
   std::vector<Value> init{dy};
   for (int64_t j = 0; j < P; ++j)
     for (const Value& w : f.stacked_weights[size_t(j)])
@@ -118,20 +131,23 @@ Value scanned_backward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s,
       G, init,
       [&](xla::HloBuilder& b, const Value& i, const std::vector<Value>& c) {
         const Value g = b.sub(i32(b, G - 1), i);  // the groups in reverse
-        use_group(e, s, f.stacked_weights, g, lay);
+        use_group(e, s, seg, f.stacked_weights, g, lay);
         Value dh = c[0];
         std::vector<Value> sums(c.begin() + 1, c.end());
         size_t at_sum = sums.size();
         for (int64_t j = P; j-- > 0;) {
-          const std::vector<int>& idx = s.params[size_t(j)];
+          const std::vector<int>& idx = s.params[size_t(seg.start + j)];
+          const unit::Block& block = u.blocks[size_t(seg.start + j)];
           at_sum -= idx.size();
           std::vector<int64_t> sizes{1, 1, e.N, e.d};
           const Value x = b.reshape(b.dynamic_slice(f.inputs, at(b, {g, i32(b, j)}, 4), sizes), {e.N, e.d});
           const std::vector<Value> fenced = b.optimization_barrier({x, dh});
           for (int k : idx) e.g[size_t(k)].reset();
+          const size_t stats = e.moe_stats.size();  // taken in the forward loop
           unit::Block::Emitted again;
-          u.blocks[size_t(j)].emit_forward(e, fenced[0], again);
-          dh = lay.tokens(u.blocks[size_t(j)].emit_backward(e, fenced[0], again, fenced[1]));
+          block.emit_forward(e, fenced[0], again);
+          e.moe_stats.erase(e.moe_stats.begin() + long(stats), e.moe_stats.end());
+          dh = lay.tokens(block.emit_backward(e, fenced[0], again, fenced[1]));
           for (size_t k = 0; k < idx.size(); ++k) {
             const Value& w = e.w[size_t(idx[k])];
             const Value term = e.g[size_t(idx[k])] ? *e.g[size_t(idx[k])] : b.constant(w.type(), 0.0);
@@ -147,10 +163,38 @@ Value scanned_backward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s,
   e.w = outer;
   size_t n = 1;  // every layer's gradient, sliced out of its stacked sum
   for (int64_t j = 0; j < P; ++j)
-    for (size_t k = 0; k < s.params[size_t(j)].size(); ++k, ++n)
+    for (size_t k = 0; k < s.params[size_t(seg.start + j)].size(); ++k, ++n)
       for (int64_t g = 0; g < G; ++g)
-        e.g[size_t(s.params[size_t(g * P + j)][k])] = slice_of(b, fin[n], i32(b, g));
+        e.g[size_t(s.params[size_t(seg.start + g * P + j)][k])] = slice_of(b, fin[n], i32(b, g));
   return fin[0];
+}
+
+}  // namespace
+
+LayerScan layer_scan(const ModelConfig& c) {
+  const std::vector<LayerSpec> specs = layer_specs(c);
+  const std::vector<ParamSpec> reg = param_registry(c);
+  const int64_t L = static_cast<int64_t>(specs.size());
+  LayerScan s;
+  s.params.resize(size_t(L));
+  for (size_t i = 0; i < reg.size(); ++i)
+    if (reg[i].layer >= 0) s.params[size_t(reg[i].layer)].push_back(static_cast<int>(i));
+  for (int64_t at = 0; at < L;) {
+    ScanSegment best{at, 1, 1};
+    for (int64_t P = 1; 2 * P <= L - at; ++P) {
+      auto next_repeats = [&](int64_t G) {  // layers AT + G * P .. repeat the group of P layers from AT
+        for (int64_t j = 0; j < P; ++j)
+          if (!repeats(specs, reg, s, at + j, at + G * P + j)) return false;
+        return true;
+      };
+      int64_t G = 1;
+      while (at + (G + 1) * P <= L && next_repeats(G)) ++G;
+      if (P * (G - 1) > best.period * (best.groups - 1)) best = {at, P, G};
+    }
+    s.segments.push_back(best);
+    at += best.period * best.groups;
+  }
+  return s;
 }
 
 LayerPass::LayerPass(unit::Emit& e, const DecoderUnits& u, bool scan, PassLayout lay)
@@ -160,37 +204,65 @@ LayerPass::LayerPass(unit::Emit& e, const DecoderUnits& u, bool scan, PassLayout
       !scan || e.remat == Remat::Full, e.c.model_type_name,
       ": xla.scan_layers keeps only each layer's input for the backward: it needs model.remat full (got ",
       remat_name(e.remat), ")");
+  if (scan_)  // the single layers' tensors gathered as the unrolled pass's (the decoder left them as they
+              // are)
+    for (const ScanSegment& seg : scan_->segments)
+      if (seg.groups == 1)
+        for (int64_t l = seg.start; l < seg.start + seg.period; ++l)
+          for (int k : scan_->params[size_t(l)]) e_.w[size_t(k)] = lay_.gather(e_.w[size_t(k)]);
 }
 
 Value LayerPass::forward(const Value& h0) {
-  if (scan_) {
-    scanned_ = scanned_forward(e_, u_, *scan_, h0, lay_);
-    return scanned_->out;
-  }
-  h_ = {h0};
+  h_.assign(u_.blocks.size(), std::nullopt);
   saved_.resize(u_.blocks.size());
-  for (size_t l = 0; l < u_.blocks.size(); ++l)
-    h_.push_back(lay_.tokens(u_.blocks[l].emit_forward(e_, h_[l], saved_[l])));
-  return h_.back();
+  Value h = h0;
+  auto one = [&](size_t l) {
+    h_[l] = h;
+    h = lay_.tokens(u_.blocks[l].emit_forward(e_, h, saved_[l]));
+  };
+  if (!scan_) {
+    for (size_t l = 0; l < u_.blocks.size(); ++l) one(l);
+    return h;
+  }
+  scanned_.assign(scan_->segments.size(), std::nullopt);
+  for (size_t i = 0; i < scan_->segments.size(); ++i) {
+    const ScanSegment& seg = scan_->segments[i];
+    if (seg.groups == 1) {
+      for (int64_t l = seg.start; l < seg.start + seg.period; ++l) one(size_t(l));
+      continue;
+    }
+    scanned_[i] = scanned_forward(e_, u_, *scan_, seg, h, lay_);
+    h = scanned_[i]->out;
+  }
+  return h;
+}
+
+Value LayerPass::remat_backward(size_t l, const Value& dh) {
+  // the block's forward again from its input, fenced with the incoming gradient (its MoE statistics were
+  // taken in the first forward)
+  const std::vector<Value> fenced = e_.b.optimization_barrier({*h_[l], dh});
+  const size_t stats = e_.moe_stats.size();
+  unit::Block::Emitted again;
+  u_.blocks[l].emit_forward(e_, fenced[0], again);
+  e_.moe_stats.erase(e_.moe_stats.begin() + long(stats), e_.moe_stats.end());
+  return lay_.tokens(u_.blocks[l].emit_backward(e_, fenced[0], again, fenced[1]));
 }
 
 Value LayerPass::backward(const Value& dy) {
-  if (scan_) return scanned_backward(e_, u_, *scan_, *scanned_, dy, lay_);
-  xla::HloBuilder& b = e_.b;
   Value dh = dy;
-  for (size_t l = u_.blocks.size(); l-- > 0;) {
-    if (e_.remat != Remat::Full) {
-      dh = lay_.tokens(u_.blocks[l].emit_backward(e_, h_[l], saved_[l], dh));
+  if (!scan_) {
+    for (size_t l = u_.blocks.size(); l-- > 0;)
+      dh = e_.remat == Remat::Full ? remat_backward(l, dh)
+                                   : lay_.tokens(u_.blocks[l].emit_backward(e_, *h_[l], saved_[l], dh));
+    return dh;
+  }
+  for (size_t i = scan_->segments.size(); i-- > 0;) {
+    const ScanSegment& seg = scan_->segments[i];
+    if (seg.groups > 1) {
+      dh = scanned_backward(e_, u_, *scan_, seg, *scanned_[i], dh, lay_);
       continue;
     }
-    // remat full: the block's forward again from its input, fenced with the incoming gradient (its MoE
-    // statistics were taken in the first forward)
-    const std::vector<Value> fenced = b.optimization_barrier({h_[l], dh});
-    const size_t stats = e_.moe_stats.size();
-    unit::Block::Emitted again;
-    u_.blocks[l].emit_forward(e_, fenced[0], again);
-    e_.moe_stats.erase(e_.moe_stats.begin() + long(stats), e_.moe_stats.end());
-    dh = lay_.tokens(u_.blocks[l].emit_backward(e_, fenced[0], again, fenced[1]));
+    for (int64_t l = seg.start + seg.period; l-- > seg.start;) dh = remat_backward(size_t(l), dh);
   }
   return dh;
 }

@@ -186,11 +186,11 @@ std::vector<RecipeKey> run_keys() {
           "device: xla: with xla.devices N, the mesh {fsdp: N} (parameters, gradient sums and AdamW moments "
           "split) instead of {data: N}; refused with mesh.* (which splits them over fsdp x expert x context)",
           kMath, OLMOSFT_FIELD(xla.shard_params)),
-      flag_key(
-          "xla.scan_layers", "false",
-          "device: xla: the layers emitted once per repeating group as a loop over stacked weights (program "
-          "size and compile time flat in depth; needs model.remat full; no MoE layers yet); docs/xla.md",
-          kMath, OLMOSFT_FIELD(xla.scan_layers)),
+      flag_key("xla.scan_layers", "false",
+               "device: xla: each run of repeating layers emitted once, as a loop over its stacked weights "
+               "(program "
+               "size and compile time flat in depth; needs model.remat full); docs/xla.md",
+               kMath, OLMOSFT_FIELD(xla.scan_layers)),
       number_key(
           "xla.memory_limit_gib", "0",
           "device: xla: the memory per device a compiled program (with the AdamW moments beside it) must "
