@@ -53,12 +53,21 @@ bool repeats(const std::vector<LayerSpec>& specs, const std::vector<ParamSpec>& 
   return true;
 }
 
-// The MoE layers of SEG's group, as offsets into the group.
-std::vector<int64_t> moe_slots(const std::vector<LayerSpec>& specs, const ScanSegment& seg) {
-  std::vector<int64_t> m;
-  for (int64_t j = 0; j < seg.period; ++j)
-    if (specs[size_t(seg.start + j)].ffn == FfnKind::Moe) m.push_back(j);
+// The MoE layers in SEG's group.
+int64_t moe_count(const std::vector<LayerSpec>& specs, const ScanSegment& seg) {
+  int64_t m = 0;
+  for (int64_t j = 0; j < seg.period; ++j) m += specs[size_t(seg.start + j)].ffn == FfnKind::Moe;
   return m;
+}
+
+// BLOCK's forward again from X for its backward (remat); the MoE statistics it appends are dropped (the
+// first forward took them).
+unit::Block::Emitted reemit_forward(unit::Emit& e, const unit::Block& block, const Value& x) {
+  const size_t stats = e.moe_stats.size();
+  unit::Block::Emitted again;
+  block.emit_forward(e, x, again);
+  e.moe_stats.erase(e.moe_stats.begin() + long(stats), e.moe_stats.end());
+  return again;
 }
 
 // SEG's stacked weights: [j][k] group layer j's tensor k over the groups, [G, ...].
@@ -71,7 +80,7 @@ std::vector<std::vector<Value>> stack_weights(unit::Emit& e, const LayerScan& s,
       std::vector<Value> parts;
       for (int64_t g = 0; g < seg.groups; ++g)
         parts.push_back(lift(b, e.w[size_t(s.params[size_t(seg.start + g * seg.period + j)][k])], 1));
-      stacked[size_t(j)].push_back(lay.stacked(seg.groups == 1 ? parts[0] : b.concatenate(parts, 0)));
+      stacked[size_t(j)].push_back(lay.stacked(b.concatenate(parts, 0)));
     }
   return stacked;
 }
@@ -81,8 +90,7 @@ ScannedForward scanned_forward(unit::Emit& e, const DecoderUnits& u, const Layer
   xla::HloBuilder& b = e.b;
   const int64_t P = seg.period, G = seg.groups;
   const std::vector<std::vector<Value>> stacked = stack_weights(e, s, seg, lay);
-  const std::vector<int64_t> moe = moe_slots(layer_specs(e.c), seg);
-  const int64_t M = static_cast<int64_t>(moe.size());
+  const int64_t M = moe_count(layer_specs(e.c), seg);
   const std::vector<Value> outer = e.w;
   std::vector<Value> init{h0, lay.inputs(b.constant({xla::ElementType::kF32, {G, P, e.N, e.d}}, 0.0))};
   if (M > 0) init.push_back(b.constant({xla::ElementType::kF32, {G, M, 4}}, 0.0));
@@ -143,10 +151,7 @@ Value scanned_backward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s,
           const Value x = b.reshape(b.dynamic_slice(f.inputs, at(b, {g, i32(b, j)}, 4), sizes), {e.N, e.d});
           const std::vector<Value> fenced = b.optimization_barrier({x, dh});
           for (int k : idx) e.g[size_t(k)].reset();
-          const size_t stats = e.moe_stats.size();  // taken in the forward loop
-          unit::Block::Emitted again;
-          block.emit_forward(e, fenced[0], again);
-          e.moe_stats.erase(e.moe_stats.begin() + long(stats), e.moe_stats.end());
+          const unit::Block::Emitted again = reemit_forward(e, block, fenced[0]);
           dh = lay.tokens(block.emit_backward(e, fenced[0], again, fenced[1]));
           for (size_t k = 0; k < idx.size(); ++k) {
             const Value& w = e.w[size_t(idx[k])];
@@ -204,8 +209,8 @@ LayerPass::LayerPass(unit::Emit& e, const DecoderUnits& u, bool scan, PassLayout
       !scan || e.remat == Remat::Full, e.c.model_type_name,
       ": xla.scan_layers keeps only each layer's input for the backward: it needs model.remat full (got ",
       remat_name(e.remat), ")");
-  if (scan_)  // the single layers' tensors gathered as the unrolled pass's (the decoder left them as they
-              // are)
+  // a scanned pass's single layers: their tensors gathered here, as the decoder gathers the unrolled pass's
+  if (scan_)
     for (const ScanSegment& seg : scan_->segments)
       if (seg.groups == 1)
         for (int64_t l = seg.start; l < seg.start + seg.period; ++l)
@@ -241,10 +246,7 @@ Value LayerPass::remat_backward(size_t l, const Value& dh) {
   // the block's forward again from its input, fenced with the incoming gradient (its MoE statistics were
   // taken in the first forward)
   const std::vector<Value> fenced = e_.b.optimization_barrier({*h_[l], dh});
-  const size_t stats = e_.moe_stats.size();
-  unit::Block::Emitted again;
-  u_.blocks[l].emit_forward(e_, fenced[0], again);
-  e_.moe_stats.erase(e_.moe_stats.begin() + long(stats), e_.moe_stats.end());
+  const unit::Block::Emitted again = reemit_forward(e_, u_.blocks[l], fenced[0]);
   return lay_.tokens(u_.blocks[l].emit_backward(e_, fenced[0], again, fenced[1]));
 }
 
