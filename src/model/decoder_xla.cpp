@@ -18,6 +18,7 @@
 #include "model/params.h"
 #include "model/unit_emit.h"
 #include "model/xla_layout.h"
+#include "model/xla_params.h"
 #include "xla/cuda_target.h"
 #include "xla/hlo_builder.h"
 #include "xla/ops_adamw.h"
@@ -173,13 +174,15 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
   xla::HloBuilder b("olmosft_step");
   if (k.mesh.devices() > 1) b.partitions(k.mesh.devices());
   StepArgs args{b, sig, k.mesh};
-  const std::vector<ParamSpec> reg = param_registry(c);
+  const XlaParams xp = xla_params(c);  // the registry's tensors, the experts stacked
+  const std::vector<XlaParam>& reg = xp.list;
   std::vector<Value> w;
-  for (const ParamSpec& p : reg)
+  for (const XlaParam& p : reg)
     w.push_back(args.add(p.name, TensorType{ElementType::kF32, p.shape}, std::nullopt, Split::kParam));
   const BatchArgs a = batch_arguments(args, c, k);
   const int64_t C = k.mesh.seq_shards();  // the units see the token array as rows of [B * C, T / C]
   unit::Emit e(b, c, loss, w, k.B * C, k.T / C);
+  e.arg = xp.of;
   if (k.mesh.devices() > 1) e.mesh = &k.mesh;
   e.remat = k.remat;
   if (k.backward) e.g.resize(reg.size());
@@ -197,8 +200,9 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
       e.rope[r] = xla::ops::rope_tables(b, *a.pos, xla::ops::rope_inv_freq_constant(b, u.rope[r].inv_freq),
                                         u.rope[r].attention_scaling, xo.f64_trig);
   const PassLayout lay = mesh_layout(b, k.mesh);
-  for (size_t i = 0; i < e.w.size(); ++i)  // gathered where used; a scanned pass stacks its layers' own
-    if (!k.scan || reg[i].layer < 0) e.w[i] = lay.gather(w[i]);
+  // each weight gathered where used; a scanned pass stacks its layers' own, the MoE unit lays out its experts
+  for (size_t i = 0; i < e.w.size(); ++i)
+    if ((!k.scan || reg[i].layer < 0) && !reg[i].experts()) e.w[i] = lay.gather(w[i]);
   LayerPass layers(e, u, k.scan, lay);
   unit::EmbeddingUnit::Emitted se;
   const Value h = layers.forward(lay.tokens(u.embed.emit_forward(e, se)));  // the final norm's input
@@ -245,10 +249,10 @@ std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOpti
 }
 
 // The global norm of the gradient sums: one f32 scalar (the CPU sums its squares in double).
-std::string emit_grad_norm(const std::vector<ParamSpec>& reg, const xla::Mesh& mesh) {
+std::string emit_grad_norm(const std::vector<XlaParam>& reg, const xla::Mesh& mesh) {
   xla::HloBuilder b("olmosft_grad_norm");
   std::vector<Value> g;
-  for (const ParamSpec& p : reg) g.push_back(b.argument(TensorType{ElementType::kF32, p.shape}));
+  for (const XlaParam& p : reg) g.push_back(b.argument(TensorType{ElementType::kF32, p.shape}));
   const Value norm = xla::ops::clip_grad_norm(b, g, 0.0).norm;
   b.returns({norm});
   lay_out(b, g, std::vector<Split>(g.size(), Split::kParam), {norm}, {Split::kReplicated}, mesh);
@@ -263,8 +267,7 @@ struct UpdateKey {
 
 // Clip + AdamW over every parameter: arguments p_i (donated into result i), g_i, m_i (-> result P + i), v_i
 // (-> 2P + i), then the f32 [3] scalars of ops::adamw_scalars; results the new p, m and v.
-std::string emit_update(const std::vector<ParamSpec>& reg, const std::vector<bool>& decay, const UpdateKey& k,
-                        const xla::Mesh& mesh) {
+std::string emit_update(const std::vector<XlaParam>& reg, const UpdateKey& k, const xla::Mesh& mesh) {
   xla::HloBuilder b("olmosft_update");
   const int P = static_cast<int>(reg.size());
   std::vector<Value> p, g, m, v;
@@ -277,7 +280,7 @@ std::string emit_update(const std::vector<ParamSpec>& reg, const std::vector<boo
   const xla::ops::ClipResult clipped = xla::ops::clip_grad_norm(b, g, k.max_norm);
   std::vector<xla::ops::AdamWParam> ap;
   for (int i = 0; i < P; ++i)
-    ap.push_back({p[size_t(i)], clipped.grads[size_t(i)], m[size_t(i)], v[size_t(i)], decay[size_t(i)]});
+    ap.push_back({p[size_t(i)], clipped.grads[size_t(i)], m[size_t(i)], v[size_t(i)], reg[size_t(i)].decay});
   xla::ops::AdamWOptions o;
   o.beta1 = k.beta1;
   o.beta2 = k.beta2;
@@ -366,7 +369,31 @@ struct XlaDecoder::Impl {
     if (xo.plugin == "cuda") co.extra.push_back({"memory_fraction", float(xla::kCudaMemoryFraction)});
     return co;
   }
-  std::vector<int> split;  // per parameter (registry order): its dimension split over the mesh, or -1
+  XlaParams xp;            // the programs' parameters (the experts stacked); the device state holds these
+  std::vector<int> split;  // per program parameter: its dimension split over the mesh, or -1
+  std::vector<ParamSpec> reg;
+  // Program parameter I on every device from the host's registry tensors SRC (registry order).
+  std::vector<xla::Buffer> place_param(size_t i, const std::vector<const float*>& src) const {
+    const XlaParam& p = xp.list[i];
+    if (!p.experts())
+      return place(std::span<const float>(src[size_t(p.members[0])], size_t(numel(p))), p.shape, split[i]);
+    std::vector<const float*> parts;
+    for (int r : p.members) parts.push_back(src[size_t(r)]);
+    std::vector<float> packed(size_t(numel(p)));
+    pack(p, parts, reg, packed);
+    return place(packed, p.shape, split[i]);
+  }
+  // Program parameter I of STATE back into the host's registry tensors DST (registry order).
+  void fetch_param(const std::vector<std::vector<xla::Buffer>>& state, size_t i,
+                   const std::vector<float*>& dst) const {
+    const XlaParam& p = xp.list[i];
+    if (!p.experts()) return fetch(of(state, i), dst[size_t(p.members[0])], split[i]);
+    std::vector<float> packed(size_t(numel(p)));
+    fetch(of(state, i), packed.data(), split[i]);
+    std::vector<float*> parts;
+    for (int r : p.members) parts.push_back(dst[size_t(r)]);
+    unpack(p, packed, reg, parts);
+  }
   // HOST (row-major DIMS) on each device of the mesh: all of it on every one (DIM < 0), or device d's part
   // (xla::param_part) of dimension DIM split into the mesh's parameter shards.
   std::vector<xla::Buffer> place(std::span<const float> host, const std::vector<int64_t>& dims,
@@ -435,7 +462,9 @@ XlaDecoder::XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const Decoder
   OLMO_CHECK(size_t(xo.devices()) <= impl_->client.device_count(), "mesh ", xo.mesh.text(), ": ",
              xo.devices(), " devices, but the plugin ", xo.plugin, " has ", impl_->client.device_count(),
              " addressable devices");
-  for (const ParamSpec& p : param_registry(c)) impl_->split.push_back(xla::param_split_dim(xo.mesh, p.shape));
+  impl_->xp = xla_params(c);
+  impl_->reg = param_registry(c);
+  for (const XlaParam& p : impl_->xp.list) impl_->split.push_back(xla::param_split_dim(xo.mesh, p.shape));
   const std::string platform = impl_->client.platform_name();
   OLMO_CHECK(xo.attention != XlaAttention::kCudnn || (platform != "cpu" && platform != "tpu"),
              "xla.attention cudnn: cuDNN's fused attention runs on XLA's CUDA plugin only; xla.plugin ",
@@ -636,16 +665,18 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
       step_key(B, T, loss, xo_, backward, logits != nullptr, logprobs != nullptr, accumulate, M), loss);
   std::optional<AddSeconds> phase{std::in_place, &stats_.upload_seconds};     // upload, execute, download
   std::vector<std::vector<xla::Buffer>> host_params(static_cast<size_t>(D));  // the host's (no device state)
-  if (!on_device)
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const Param& p = params_[i];
+  if (!on_device) {
+    std::vector<const float*> values;
+    for (const Param& p : params_) {
       OLMO_CHECK(p.value.defined(), who, ": the XLA backend needs every parameter on this process; ", p.name,
                  " is not (dist.mode zero3 is not supported with device: xla)");
-      std::vector<xla::Buffer> r =
-          im.place(std::span<const float>(p.value.data<float>(), size_t(p.value.numel())), p.value.shape(),
-                   im.split[i]);
+      values.push_back(p.value.data<float>());
+    }
+    for (size_t i = 0; i < im.xp.list.size(); ++i) {
+      std::vector<xla::Buffer> r = im.place_param(i, values);
       for (int64_t d = 0; d < D; ++d) host_params[size_t(d)].push_back(std::move(r[size_t(d)]));
     }
+  }
   std::vector<std::vector<xla::Buffer>> args = batch_buffers(hb, B, T, M, backward, grad_scale, aux_scale);
   std::vector<std::vector<xla::Buffer*>> ptrs(static_cast<size_t>(D));
   std::vector<size_t> donate;
@@ -699,13 +730,22 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
                      std::make_move_iterator(out[d].end()));
     return lp;
   }
-  std::vector<float> g;
-  for (size_t i = 0; i < params_.size(); ++i, ++r) {
-    Param& p = params_[i];
-    g.resize(static_cast<size_t>(p.grad.numel()));
-    im.fetch(Impl::of(out, r), g.data(), im.split[i]);
-    float* dst = p.grad.data<float>();
-    for (size_t j = 0; j < g.size(); ++j) dst[j] += g[j];
+  std::vector<std::vector<float>> g(params_.size());  // this call's gradients, added to the host's
+  std::vector<float*> to;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    g[i].resize(static_cast<size_t>(params_[i].grad.numel()));
+    to.push_back(g[i].data());
+  }
+  const std::vector<std::vector<xla::Buffer>> grads = [&] {
+    std::vector<std::vector<xla::Buffer>> x(static_cast<size_t>(D));
+    for (size_t d = 0; d < size_t(D); ++d)
+      x[d].assign(std::make_move_iterator(out[d].begin() + long(r)), std::make_move_iterator(out[d].end()));
+    return x;
+  }();
+  for (size_t i = 0; i < im.xp.list.size(); ++i) im.fetch_param(grads, i, to);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    float* dst = params_[i].grad.data<float>();
+    for (size_t j = 0; j < g[i].size(); ++j) dst[j] += g[i][j];
   }
   return lp;
 }
@@ -724,14 +764,11 @@ void XlaDecoder::upload(const std::vector<const float*>& values, const std::vect
     state->resize(D);
   }
   im.g.clear();
-  const std::vector<ParamSpec> reg = param_registry(config_);
-  for (size_t i = 0; i < P; ++i) {
-    const size_t n = static_cast<size_t>(shape_numel(reg[i].shape));
-    for (auto [host, state] : {std::pair{values[i], &im.p}, {exp_avg[i], &im.m}, {exp_avg_sq[i], &im.v}}) {
-      std::vector<xla::Buffer> r = im.place(std::span<const float>(host, n), reg[i].shape, im.split[i]);
+  for (size_t i = 0; i < im.xp.list.size(); ++i)
+    for (auto [host, state] : {std::pair{&values, &im.p}, {&exp_avg, &im.m}, {&exp_avg_sq, &im.v}}) {
+      std::vector<xla::Buffer> r = im.place_param(i, *host);
       for (size_t d = 0; d < D; ++d) (*state)[d].push_back(std::move(r[d]));
     }
-  }
 }
 
 void XlaDecoder::download(const std::vector<float*>& values, const std::vector<float*>& exp_avg,
@@ -741,23 +778,23 @@ void XlaDecoder::download(const std::vector<float*>& values, const std::vector<f
   OLMO_CHECK(!im.p.empty(), config_.model_type_name, ": download before upload (no device state)");
   OLMO_CHECK(values.size() == P && exp_avg.size() == P && exp_avg_sq.size() == P, config_.model_type_name,
              ": download needs ", P, " tensors of values and of each moment");
-  for (size_t i = 0; i < P; ++i) {  // replicated: device 0's copy; split: the parts in device order
-    im.fetch(Impl::of(im.p, i), values[i], im.split[i]);
-    im.fetch(Impl::of(im.m, i), exp_avg[i], im.split[i]);
-    im.fetch(Impl::of(im.v, i), exp_avg_sq[i], im.split[i]);
+  for (size_t i = 0; i < im.xp.list.size(); ++i) {  // replicated: device 0's copy; split: the parts in order
+    im.fetch_param(im.p, i, values);
+    im.fetch_param(im.m, i, exp_avg);
+    im.fetch_param(im.v, i, exp_avg_sq);
   }
 }
 
 void XlaDecoder::all_reduce_grads(const std::function<void(float* data, int64_t n)>& sum) {
   Impl& im = *impl_;
   OLMO_CHECK(!im.g.empty(), config_.model_type_name, ": all_reduce_grads with no gradient sum on the device");
-  const std::vector<ParamSpec> reg = param_registry(config_);
   std::vector<float> host;
-  for (size_t i = 0; i < reg.size(); ++i) {
-    host.resize(static_cast<size_t>(shape_numel(reg[i].shape)));
+  for (size_t i = 0; i < im.xp.list.size(); ++i) {  // a program parameter's sum at a time (a stack whole)
+    const XlaParam& p = im.xp.list[i];
+    host.resize(static_cast<size_t>(numel(p)));
     im.fetch(Impl::of(im.g, i), host.data(), im.split[i]);
     sum(host.data(), static_cast<int64_t>(host.size()));
-    std::vector<xla::Buffer> r = im.place(std::span<const float>(host), reg[i].shape, im.split[i]);
+    std::vector<xla::Buffer> r = im.place(std::span<const float>(host), p.shape, im.split[i]);
     for (size_t d = 0; d < im.g.size(); ++d) im.g[d][i] = std::move(r[d]);
   }
 }
@@ -765,7 +802,7 @@ void XlaDecoder::all_reduce_grads(const std::function<void(float* data, int64_t 
 double XlaDecoder::grad_norm() {
   Impl& im = *impl_;
   OLMO_CHECK(!im.g.empty(), config_.model_type_name, ": grad_norm with no gradient sum on the device");
-  if (!im.norm) im.norm = compile(emit_grad_norm(param_registry(config_), xo_.mesh), "norm");
+  if (!im.norm) im.norm = compile(emit_grad_norm(im.xp.list, xo_.mesh), "norm");
   std::vector<std::vector<xla::Buffer*>> ptrs(im.g.size());
   for (size_t d = 0; d < im.g.size(); ++d)
     for (auto& g : im.g[d]) ptrs[d].push_back(&g);
@@ -778,17 +815,13 @@ void XlaDecoder::clip_and_step(const AdamWConfig& cfg, double max_norm, int64_t 
   const UpdateKey key{cfg.beta1, cfg.beta2, cfg.eps, max_norm};
   auto it = im.updates.find(key);
   if (it == im.updates.end()) {
-    std::vector<bool> decay;
-    for (const Param& p : params_) decay.push_back(p.decay);
-    it =
-        im.updates.emplace(key, compile(emit_update(param_registry(config_), decay, key, xo_.mesh), "update"))
-            .first;
+    it = im.updates.emplace(key, compile(emit_update(im.xp.list, key, xo_.mesh), "update")).first;
   }
   xla::ops::AdamWOptions o;
   o.lr = cfg.lr;
   o.beta1 = cfg.beta1, o.beta2 = cfg.beta2, o.eps = cfg.eps, o.weight_decay = cfg.weight_decay;
   const std::array<float, 3> sc = xla::ops::adamw_scalars(o, step);
-  const size_t P = params_.size(), D = im.p.size();
+  const size_t P = im.xp.list.size(), D = im.p.size();
   std::vector<xla::Buffer> scalars = im.place(std::span<const float>(sc.data(), 3), {3});
   std::vector<std::vector<xla::Buffer*>> ptrs(D);
   std::vector<size_t> donate;

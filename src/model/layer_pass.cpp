@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "model/params.h"
+#include "model/xla_params.h"
 #include "xla/hlo_loops.h"
 
 namespace olmosft::model {
@@ -39,17 +40,20 @@ Value slice_of(xla::HloBuilder& b, const Value& stacked, const Value& g) {
 void use_group(unit::Emit& e, const LayerScan& s, const ScanSegment& seg,
                const std::vector<std::vector<Value>>& stacked, const Value& g, const PassLayout& lay) {
   for (int64_t j = 0; j < seg.period; ++j)
-    for (size_t k = 0; k < s.params[size_t(seg.start + j)].size(); ++k)
-      e.w[size_t(s.params[size_t(seg.start + j)][k])] = lay.gather(slice_of(e.b, stacked[size_t(j)][k], g));
+    for (size_t k = 0; k < s.params[size_t(seg.start + j)].size(); ++k) {
+      const int i = s.params[size_t(seg.start + j)][k];
+      const Value w = slice_of(e.b, stacked[size_t(j)][k], g);
+      e.w[size_t(i)] = s.experts[size_t(i)] ? w : lay.gather(w);
+    }
 }
 
 // Layers A and B repeat each other: same kind and the same tensor shapes in the same order.
-bool repeats(const std::vector<LayerSpec>& specs, const std::vector<ParamSpec>& reg, const LayerScan& s,
-             int64_t a, int64_t b) {
+bool repeats(const std::vector<LayerSpec>& specs, const XlaParams& xp, const LayerScan& s, int64_t a,
+             int64_t b) {
   const auto &pa = s.params[size_t(a)], &pb = s.params[size_t(b)];
   if (!same_kind(specs[size_t(a)], specs[size_t(b)]) || pa.size() != pb.size()) return false;
   for (size_t k = 0; k < pa.size(); ++k)
-    if (reg[size_t(pa[k])].shape != reg[size_t(pb[k])].shape) return false;
+    if (xp.list[size_t(pa[k])].shape != xp.list[size_t(pb[k])].shape) return false;
   return true;
 }
 
@@ -178,18 +182,20 @@ Value scanned_backward(unit::Emit& e, const DecoderUnits& u, const LayerScan& s,
 
 LayerScan layer_scan(const ModelConfig& c) {
   const std::vector<LayerSpec> specs = layer_specs(c);
-  const std::vector<ParamSpec> reg = param_registry(c);
+  const XlaParams xp = xla_params(c);
   const int64_t L = static_cast<int64_t>(specs.size());
   LayerScan s;
   s.params.resize(size_t(L));
-  for (size_t i = 0; i < reg.size(); ++i)
-    if (reg[i].layer >= 0) s.params[size_t(reg[i].layer)].push_back(static_cast<int>(i));
+  for (size_t i = 0; i < xp.list.size(); ++i) {
+    s.experts.push_back(xp.list[i].experts());
+    if (xp.list[i].layer >= 0) s.params[size_t(xp.list[i].layer)].push_back(static_cast<int>(i));
+  }
   for (int64_t at = 0; at < L;) {
     ScanSegment best{at, 1, 1};
     for (int64_t P = 1; 2 * P <= L - at; ++P) {
       auto next_repeats = [&](int64_t G) {  // layers AT + G * P .. repeat the group of P layers from AT
         for (int64_t j = 0; j < P; ++j)
-          if (!repeats(specs, reg, s, at + j, at + G * P + j)) return false;
+          if (!repeats(specs, xp, s, at + j, at + G * P + j)) return false;
         return true;
       };
       int64_t G = 1;
@@ -214,7 +220,8 @@ LayerPass::LayerPass(unit::Emit& e, const DecoderUnits& u, bool scan, PassLayout
     for (const ScanSegment& seg : scan_->segments)
       if (seg.groups == 1)
         for (int64_t l = seg.start; l < seg.start + seg.period; ++l)
-          for (int k : scan_->params[size_t(l)]) e_.w[size_t(k)] = lay_.gather(e_.w[size_t(k)]);
+          for (int k : scan_->params[size_t(l)])
+            if (!scan_->experts[size_t(k)]) e_.w[size_t(k)] = lay_.gather(e_.w[size_t(k)]);
 }
 
 Value LayerPass::forward(const Value& h0) {

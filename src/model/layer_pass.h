@@ -13,7 +13,9 @@
 // (remat full: only the layers' inputs are kept, [G, P, N, d]) and writes the group's weight gradients into
 // stacked sums, sliced apart at the end. The MoE layers' statistics (Emit::moe_stats) leave a forward loop
 // as one stacked [G, M, 4] result (M: the group's MoE layers). Parameters, checkpoints and the export keep
-// their per-layer tensors: stacking happens inside the program.
+// their per-layer tensors: stacking happens inside the program. A pass's parameters are the program's
+// (model/xla_params.h: a MoE layer's experts one stack per projection); each is gathered where used (FSDP)
+// except the expert stacks, which the MoE unit reads in their split (expert parallelism).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -32,7 +34,8 @@ struct ScanSegment {
 };
 struct LayerScan {
   std::vector<ScanSegment> segments;     // in layer order, every layer in one
-  std::vector<std::vector<int>> params;  // params[l]: the registry indices of layer l's tensors, in order
+  std::vector<std::vector<int>> params;  // params[l]: layer l's program parameters (xla_params), in order
+  std::vector<bool> experts;             // per program parameter: an expert stack (the MoE unit lays it out)
 };
 // C's layers cut into segments greedily in layer order: at each layer the run of repeats that saves the most
 // emitted layers (P * (G - 1); ties: the shorter group), else a segment of that one layer. Layers repeat when

@@ -73,7 +73,7 @@ ExpertsForward experts_forward(HloBuilder& b, const Experts& w, const Value& x, 
 }
 
 Value experts_down(HloBuilder& b, const Experts& w, const Value& h, xla::ops::Operands o) {
-  return bmm(b, h, w.d, {{0}, {1}, {2}, {2}}, o);  // [E, Cb, F] . [Lt, E, F] -> [E, Cb, Lt]
+  return bmm(b, h, w.d, {{0}, {0}, {2}, {2}}, o);  // [E, Cb, F] . [E, Lt, F] -> [E, Cb, Lt]
 }
 
 Value combine(HloBuilder& b, const Dispatch& d, const Value& y) {
@@ -94,7 +94,7 @@ ExpertsBackward experts_backward(HloBuilder& b, const Dispatch& d, const Experts
   const Value dy = b.reshape(b.scatter_add_rows(b.constant({kF32, {d.E * d.Cb, Lt}}, 0.0), d.dest,
                                                 b.mul(drk, b.broadcast_in_dim(d.wk, {Nk, Lt}, {0}))),
                              {d.E, d.Cb, Lt});
-  const Value dh = bmm(b, dy, w.d, {{0}, {1}, {2}, {0}}, o);  // [E, Cb, Lt] . [Lt, E, F] -> [E, Cb, F]
+  const Value dh = bmm(b, dy, w.d, {{0}, {0}, {2}, {1}}, o);  // [E, Cb, Lt] . [E, Lt, F] -> [E, Cb, F]
   const xla::ops::SwigluBackward sb = xla::ops::swiglu_backward(b, dh, f.a, f.b);
   const xla::DotDims over_rows{{0}, {0}, {1}, {1}};  // [E, Cb, P] . [E, Cb, Q] -> [E, P, Q]
   ExpertsBackward g{dr, dr, bmm(b, sb.da, x, over_rows, o), bmm(b, sb.db, x, over_rows, o),

@@ -36,7 +36,7 @@ Dispatch dispatch(HloBuilder& b, const Value& idx, const Value& sel, const Value
 // The rows per expert of a buffer for N tokens.
 int64_t buffer_rows(int64_t N, int64_t E, int64_t k, double bf);
 
-// The experts' weights stacked: gate, up [E, F, Lt]; down [Lt, E, F].
+// The experts' weights stacked (model/xla_params.h): gate, up [E, F, Lt]; down [E, Lt, F].
 struct Experts {
   Value g, u, d;
 };

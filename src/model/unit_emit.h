@@ -30,8 +30,11 @@ struct Emit {
   xla::HloBuilder& b;
   const ModelConfig& c;
   const LossConfig& loss;
-  std::vector<xla::Value> w;                 // parameter values, registry order, f32 registry shapes
-  std::vector<std::optional<xla::Value>> g;  // gradient sums per parameter (empty: forward only)
+  std::vector<xla::Value> w;                 // the program's parameter values (f32), one per `arg` entry
+  std::vector<std::optional<xla::Value>> g;  // gradient sums per parameter value (empty: forward only)
+  // Registry index -> its value in w / g (model/xla_params.h: a MoE layer's routed experts share one stacked
+  // value per projection, [E, ...]; the expert units read W(eg[0]) as that stack). Empty: one for one.
+  std::vector<int> arg;
   // N = B * T tokens, d = hidden size. B and T lay the token array out as rows: the batch's [B, T], or over
   // a mesh that splits rows (context parallelism) its row tiles [B * C, T / C] in the mesh's blocked order
   // (xla/mesh.h): a mixer reshapes [N, ...] to [B, T, ...] and hands `mesh` to the ops that see whole rows.
@@ -59,12 +62,13 @@ struct Emit {
   // z-loss (both unweighted), required_buffer_factor, dropped (token, slot) assignments (moe::MoeStats).
   std::vector<xla::Value> moe_stats;
 
-  const xla::Value& W(int idx) const { return w[static_cast<size_t>(idx)]; }
+  size_t at(int idx) const { return arg.empty() ? size_t(idx) : size_t(arg[size_t(idx)]); }
+  const xla::Value& W(int idx) const { return w[at(idx)]; }
   bool backward() const { return !g.empty(); }
-  // Adds TERM to parameter IDX's gradient (no-op when forward only or idx < 0).
+  // Adds TERM to parameter IDX's gradient (no-op when forward only or idx < 0); of a stack, the stack's.
   void grad(int idx, const xla::Value& term) {
     if (g.empty() || idx < 0) return;
-    std::optional<xla::Value>& s = g[static_cast<size_t>(idx)];
+    std::optional<xla::Value>& s = g[at(idx)];
     s = s ? b.add(*s, term) : term;
   }
 };

@@ -254,24 +254,26 @@ void emit_router(Emit& e, const MoeUnit& u, const Value& x, MoeUnit::Emitted& s)
       {b.reshape(lb, {1}), b.reshape(rz, {1}), b.reshape(rbf, {1}), b.reshape(dropped, {1})}, 0));
 }
 
-// The experts' weights stacked: gate / up [E*F, Lt] (rows e*F..), down [Lt, E*F] (columns e*F..).
+// The experts' weights as the program holds them (model/xla_params.h: one stack per projection, the stacks
+// read through W(eg[0]) / W(eu[0]) / W(ed[0])): gate, up [E, F, Lt], down [E, Lt, F]. Over a mesh that
+// splits parameters the stacks are gathered where used, as the other weights (decoder_xla.cpp).
+moe_emit::Experts stacked_experts(Emit& e, const MoeUnit& m) {
+  auto use = [&](int idx) {
+    const Value& w = e.W(idx);
+    return e.mesh != nullptr && e.mesh->param_shards() > 1 ? e.b.constrain(w, xla::sharding_replicated()) : w;
+  };
+  return {use(m.eg[0]), use(m.eu[0]), use(m.ed[0])};
+}
+
+// The dense form's weights: gate / up [E*F, Lt] (rows e*F..), down [Lt, E*F] (columns e*F..).
 struct Stacked {
   Value g, u, d;
 };
-Stacked stack_experts(Emit& e, const MoeUnit& m) {
-  std::vector<Value> g, u, d;
-  for (size_t i = 0; i < m.eg.size(); ++i) {
-    g.push_back(e.W(m.eg[i]));
-    u.push_back(e.W(m.eu[i]));
-    d.push_back(e.W(m.ed[i]));
-  }
-  return {e.b.concatenate(g, 0), e.b.concatenate(u, 0), e.b.concatenate(d, 1)};
-}
-
-// The stacked experts as the capacity form's batched weights: [E, F, Lt], [E, F, Lt], [Lt, E, F].
-moe_emit::Experts batched(Emit& e, const Stacked& w, int64_t E, int64_t F) {
-  const int64_t Lt = w.g.type().dims[1];
-  return {e.b.reshape(w.g, {E, F, Lt}), e.b.reshape(w.u, {E, F, Lt}), e.b.reshape(w.d, {Lt, E, F})};
+Stacked dense_weights(Emit& e, const moe_emit::Experts& w) {
+  const std::vector<int64_t>& g = w.g.type().dims;  // [E, F, Lt]
+  const int64_t E = g[0], F = g[1], Lt = g[2];
+  return {e.b.reshape(w.g, {E * F, Lt}), e.b.reshape(w.u, {E * F, Lt}),
+          e.b.reshape(e.b.transpose(w.d, {1, 0, 2}), {Lt, E * F})};
 }
 
 // The routing weights [N, E] spread over each expert's F hidden columns: [N, E*F].
@@ -292,42 +294,32 @@ struct ExpertGrads {
   Value dz, dw;
 };
 // Dense: r = (H * W) D^T with H = swiglu(A, B), recomputed.
-ExpertGrads dense_backward(Emit& e, const MoeUnit& u, const MoeUnit::Emitted& s, const Stacked& w,
+ExpertGrads dense_backward(Emit& e, const MoeUnit& u, const MoeUnit::Emitted& s, const moe_emit::Experts& we,
                            const Value& dr) {
   namespace ops = xla::ops;
   auto& b = e.b;
   const int64_t E = e.c.n_routed_experts, F = e.c.moe_intermediate_size, Lt = s.z->type().dims[1];
+  const Stacked w = dense_weights(e, we);
   const Value h = ops::swiglu_forward(b, *s.a, *s.b), wf = spread(e, *s.wts, E, F);
   const ops::LinearBackward ld = ops::linear_backward(b, dr, b.mul(h, wf), w.d, e.operands);
   const Value dw = b.reduce_sum(b.reshape(b.mul(ld.dx, h), {e.N, E, F}), {2});  // d routing weight [N, E]
   const ops::SwigluBackward sb = ops::swiglu_backward(b, b.mul(ld.dx, wf), *s.a, *s.b);
   const ops::LinearBackward lg = ops::linear_backward(b, sb.da, *s.z, w.g, e.operands);
   const ops::LinearBackward lu = ops::linear_backward(b, sb.db, *s.z, w.u, e.operands);
-  for (int64_t i = 0; i < E; ++i) {
-    e.grad(u.eg[size_t(i)], b.slice(lg.dw, {i * F, 0}, {(i + 1) * F, Lt}));
-    e.grad(u.eu[size_t(i)], b.slice(lu.dw, {i * F, 0}, {(i + 1) * F, Lt}));
-    e.grad(u.ed[size_t(i)], b.slice(ld.dw, {0, i * F}, {Lt, (i + 1) * F}));
-  }
+  e.grad(u.eg[0], b.reshape(lg.dw, {E, F, Lt}));  // the stacks' gradients (xla_params.h)
+  e.grad(u.eu[0], b.reshape(lu.dw, {E, F, Lt}));
+  e.grad(u.ed[0], b.transpose(b.reshape(ld.dw, {Lt, E, F}), {1, 0, 2}));
   return {b.add(lg.dx, lu.dx), dw};
 }
 // With a capacity: the buffers again from z, the batched backward (moe_capacity_emit.h).
-ExpertGrads capacity_backward(Emit& e, const MoeUnit& u, const MoeUnit::Emitted& s, const Stacked& w,
-                              const Value& dr) {
+ExpertGrads capacity_backward(Emit& e, const MoeUnit& u, const MoeUnit::Emitted& s,
+                              const moe_emit::Experts& we, const Value& dr) {
   auto& b = e.b;
-  const int64_t E = e.c.n_routed_experts, F = e.c.moe_intermediate_size, Lt = s.z->type().dims[1];
-  const moe_emit::Experts we = batched(e, w, E, F);
   const moe_emit::ExpertsBackward g = moe_emit::experts_backward(
       b, *s.disp, we, moe_emit::to_buffers(b, *s.disp, *s.z), {*s.a, *s.b}, dr, e.operands);
-  auto expert = [&](const Value& x, int64_t i, const std::vector<int64_t>& dims) {
-    std::vector<int64_t> lo(3, 0), hi = x.type().dims;
-    lo[0] = i, hi[0] = i + 1;
-    return b.reshape(b.slice(x, lo, hi), dims);
-  };
-  for (int64_t i = 0; i < E; ++i) {
-    e.grad(u.eg[size_t(i)], expert(g.dg, i, {F, Lt}));
-    e.grad(u.eu[size_t(i)], expert(g.du, i, {F, Lt}));
-    e.grad(u.ed[size_t(i)], expert(g.dd, i, {Lt, F}));
-  }
+  e.grad(u.eg[0], g.dg);
+  e.grad(u.eu[0], g.du);
+  e.grad(u.ed[0], g.dd);
   return {g.dz, g.dw};
 }
 
@@ -341,9 +333,8 @@ xla::Value MoeUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
   emit_router(e, *this, x, s);
   const Value z = ldown >= 0 ? ops::linear_forward(b, x, e.W(ldown), e.operands) : x;
   s.z = z;
-  const Stacked w = stack_experts(e, *this);
+  const moe_emit::Experts we = stacked_experts(e, *this);
   if (s.disp) {  // with a capacity: each expert on its buffer of kept assignments (moe_capacity_emit.h)
-    const moe_emit::Experts we = batched(e, w, E, F);
     const moe_emit::ExpertsForward f =
         moe_emit::experts_forward(b, we, moe_emit::to_buffers(b, *s.disp, z), e.operands);
     s.a = f.a, s.b = f.b;
@@ -351,6 +342,7 @@ xla::Value MoeUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
                             moe_emit::experts_down(b, we, ops::swiglu_forward(b, f.a, f.b), e.operands));
   } else {  // dense experts: every expert on every token, weighted by the routing weight (0 when not
             // selected)
+    const Stacked w = dense_weights(e, we);
     s.a = ops::linear_forward(b, z, w.g, e.operands);
     s.b = ops::linear_forward(b, z, w.u, e.operands);
     const Value hw = b.mul(ops::swiglu_forward(b, *s.a, *s.b), spread(e, *s.wts, E, F));
@@ -375,7 +367,7 @@ xla::Value MoeUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
     e.grad(lup, l.dw);
     dr = l.dx;
   }
-  const Stacked w = stack_experts(e, *this);
+  const moe_emit::Experts w = stacked_experts(e, *this);
   const ExpertGrads xg = s.disp ? capacity_backward(e, *this, s, w, dr) : dense_backward(e, *this, s, w, dr);
   const Value dw = xg.dw, dz = xg.dz;
   if (ldown >= 0) {

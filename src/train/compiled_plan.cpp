@@ -10,6 +10,7 @@
 #include "core/units.h"
 #include "model/decoder_xla.h"
 #include "model/params.h"
+#include "model/xla_params.h"
 #include "train/plan.h"
 #include "xla/cuda_target.h"
 #include "xla/pjrt.h"
@@ -156,8 +157,8 @@ CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, c
   p.argument_bytes = s.argument_bytes, p.output_bytes = s.output_bytes, p.alias_bytes = s.alias_bytes;
   p.temp_bytes = s.temp_bytes, p.code_bytes = s.generated_code_bytes;
   p.step_bytes = s.total_bytes();
-  int64_t moments = 0;  // two fp32 moments per parameter, split as the parameter
-  for (const model::ParamSpec& ps : model::param_registry(m)) {
+  int64_t moments = 0;  // two fp32 moments per program parameter (the experts stacked), split as it
+  for (const model::XlaParam& ps : model::xla_params(m).list) {
     const int64_t n = shape_numel(ps.shape);
     moments += 2 * 4 * (xla::param_split_dim(xo.mesh, ps.shape) >= 0 ? n / xo.mesh.param_shards() : n);
   }
