@@ -106,7 +106,7 @@ void check_mesh(const ModelConfig& c, const XlaOptions& xo) {
   }
 }
 
-// The program's arguments after the parameters (registry order), in this order.
+// The program's arguments after the parameters (xla_params.h), in this order.
 struct BatchArgs {
   std::optional<Value> tokens, seg, pos, logpos, targets, mask, cudnn_seqlen, cudnn_offsets, scale, aux;
 };
@@ -168,7 +168,7 @@ BatchArgs batch_arguments(StepArgs& args, const ModelConfig& c, const StepKey& k
 
 // The whole step as one program: results ce_sum, z_sum, count, per MoE layer its statistics (f32 [4]: lb,
 // router_z, required_buffer_factor, dropped), [logits], [logprobs], then with the backward one gradient per
-// parameter (registry order).
+// program parameter (xla_params.h: registry order, the experts stacked).
 std::string emit_step(const ModelConfig& c, const DecoderUnits& u, const XlaOptions& xo,
                       const LossConfig& loss, const StepKey& k, XlaStepProgram* sig = nullptr) {
   xla::HloBuilder b("olmosft_step");

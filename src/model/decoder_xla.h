@@ -2,7 +2,8 @@
 // same units as Decoder (model/decoder_units.h), each EMITTING its forward and backward as StableHLO
 // (model/unit_emit.h) into one program per batch shape, compiled once by a PJRT plugin (xla/pjrt.h: XLA's
 // CPU plugin in `make test`, its CUDA plugin, libtpu) and run on every call. Parameters are fp32 masters in
-// registry order, as for the CPU backend, so checkpoints and the export are the same files. The trainer keeps
+// registry order, as for the CPU backend, so checkpoints and the export are the same files (the programs take
+// them as model/xla_params.h's list: a MoE layer's experts stacked per projection). The trainer keeps
 // parameters, gradient sums and AdamW moments on the device between steps (DeviceTraining, below); used on
 // its own, each call copies the parameters in and adds the program's gradients into Param::grad.
 //
@@ -106,10 +107,11 @@ struct XlaCompiled {
 
 struct StepKey;  // decoder_xla.cpp: what one compiled step program is for
 
-// A step program with the names and types of its arguments and results, in order: the parameters (HF
-// names, registry order), tokens, segments, positions, [logpos], targets, mask, [cudnn_seqlen, cudnn_offsets:
-// cuDNN's packed form, xla::ops::cudnn_packed_rows], grad_scale, [aux_scale: MoE models]; results ce_sum,
-// z_sum, count, [moe_stats.<layer> per MoE layer], grad.<HF name>... For running the exact program elsewhere
+// A step program with the names and types of its arguments and results, in order: the parameters
+// (model/xla_params.h: HF names in registry order, a MoE layer's experts one stack per projection), tokens,
+// segments, positions, [logpos], targets, mask, [cudnn_seqlen, cudnn_offsets: cuDNN's packed form,
+// xla::ops::cudnn_packed_rows], grad_scale, [aux_scale: MoE models]; results ce_sum, z_sum, count,
+// [moe_stats.<layer> per MoE layer], grad.<HF name>... For running the exact program elsewhere
 // (scripts/accel-check.sh).
 struct XlaStepTensor {
   std::string name;
