@@ -371,7 +371,6 @@ struct XlaDecoder::Impl {
   }
   XlaParams xp;            // the programs' parameters (the experts stacked); the device state holds these
   std::vector<int> split;  // per program parameter: its dimension split over the mesh, or -1
-  std::vector<ParamSpec> reg;
   // Program parameter I on every device from the host's registry tensors SRC (registry order).
   std::vector<xla::Buffer> place_param(size_t i, const std::vector<const float*>& src) const {
     const XlaParam& p = xp.list[i];
@@ -380,19 +379,20 @@ struct XlaDecoder::Impl {
     std::vector<const float*> parts;
     for (int r : p.members) parts.push_back(src[size_t(r)]);
     std::vector<float> packed(size_t(numel(p)));
-    pack(p, parts, reg, packed);
+    pack(p, parts, packed);
     return place(packed, p.shape, split[i]);
   }
-  // Program parameter I of STATE back into the host's registry tensors DST (registry order).
-  void fetch_param(const std::vector<std::vector<xla::Buffer>>& state, size_t i,
+  // Program parameter I from BUFS (one per device, Impl::of) back into the host's registry tensors DST
+  // (registry order).
+  void fetch_param(const std::vector<const xla::Buffer*>& bufs, size_t i,
                    const std::vector<float*>& dst) const {
     const XlaParam& p = xp.list[i];
-    if (!p.experts()) return fetch(of(state, i), dst[size_t(p.members[0])], split[i]);
+    if (!p.experts()) return fetch(bufs, dst[size_t(p.members[0])], split[i]);
     std::vector<float> packed(size_t(numel(p)));
-    fetch(of(state, i), packed.data(), split[i]);
+    fetch(bufs, packed.data(), split[i]);
     std::vector<float*> parts;
     for (int r : p.members) parts.push_back(dst[size_t(r)]);
-    unpack(p, packed, reg, parts);
+    unpack(p, packed, parts);
   }
   // HOST (row-major DIMS) on each device of the mesh: all of it on every one (DIM < 0), or device d's part
   // (xla::param_part) of dimension DIM split into the mesh's parameter shards.
@@ -463,7 +463,6 @@ XlaDecoder::XlaDecoder(const ModelConfig& c, const XlaOptions& xo, const Decoder
              xo.devices(), " devices, but the plugin ", xo.plugin, " has ", impl_->client.device_count(),
              " addressable devices");
   impl_->xp = xla_params(c);
-  impl_->reg = param_registry(c);
   for (const XlaParam& p : impl_->xp.list) impl_->split.push_back(xla::param_split_dim(xo.mesh, p.shape));
   const std::string platform = impl_->client.platform_name();
   OLMO_CHECK(xo.attention != XlaAttention::kCudnn || (platform != "cpu" && platform != "tpu"),
@@ -736,13 +735,7 @@ LossParts XlaDecoder::run(const Batch& batch, const LossConfig& loss, double gra
     g[i].resize(static_cast<size_t>(params_[i].grad.numel()));
     to.push_back(g[i].data());
   }
-  const std::vector<std::vector<xla::Buffer>> grads = [&] {
-    std::vector<std::vector<xla::Buffer>> x(static_cast<size_t>(D));
-    for (size_t d = 0; d < size_t(D); ++d)
-      x[d].assign(std::make_move_iterator(out[d].begin() + long(r)), std::make_move_iterator(out[d].end()));
-    return x;
-  }();
-  for (size_t i = 0; i < im.xp.list.size(); ++i) im.fetch_param(grads, i, to);
+  for (size_t i = 0; i < im.xp.list.size(); ++i) im.fetch_param(Impl::of(out, r + i), i, to);
   for (size_t i = 0; i < params_.size(); ++i) {
     float* dst = params_[i].grad.data<float>();
     for (size_t j = 0; j < g[i].size(); ++j) dst[j] += g[i][j];
@@ -779,9 +772,9 @@ void XlaDecoder::download(const std::vector<float*>& values, const std::vector<f
   OLMO_CHECK(values.size() == P && exp_avg.size() == P && exp_avg_sq.size() == P, config_.model_type_name,
              ": download needs ", P, " tensors of values and of each moment");
   for (size_t i = 0; i < im.xp.list.size(); ++i) {  // replicated: device 0's copy; split: the parts in order
-    im.fetch_param(im.p, i, values);
-    im.fetch_param(im.m, i, exp_avg);
-    im.fetch_param(im.v, i, exp_avg_sq);
+    im.fetch_param(Impl::of(im.p, i), i, values);
+    im.fetch_param(Impl::of(im.m, i), i, exp_avg);
+    im.fetch_param(Impl::of(im.v, i), i, exp_avg_sq);
   }
 }
 

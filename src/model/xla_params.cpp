@@ -50,28 +50,18 @@ XlaParams xla_params(const ModelConfig& c) {
 
 int64_t numel(const XlaParam& p) { return shape_numel(p.shape); }
 
-void pack(const XlaParam& p, const std::vector<const float*>& members, const std::vector<ParamSpec>& reg,
-          std::span<float> out) {
+void pack(const XlaParam& p, const std::vector<const float*>& members, std::span<float> out) {
   OLMO_CHECK(members.size() == p.members.size() && int64_t(out.size()) == numel(p), "pack ", p.name, ": ",
              members.size(), " members into ", out.size(), " values");
-  size_t at = 0;
-  for (size_t j = 0; j < members.size(); ++j) {
-    const size_t n = size_t(shape_numel(reg[size_t(p.members[j])].shape));
-    std::copy_n(members[j], n, out.data() + at);
-    at += n;
-  }
+  const size_t n = out.size() / members.size();  // the members share one shape (xla_params)
+  for (size_t j = 0; j < members.size(); ++j) std::copy_n(members[j], n, out.data() + j * n);
 }
 
-void unpack(const XlaParam& p, std::span<const float> in, const std::vector<ParamSpec>& reg,
-            const std::vector<float*>& members) {
+void unpack(const XlaParam& p, std::span<const float> in, const std::vector<float*>& members) {
   OLMO_CHECK(members.size() == p.members.size() && int64_t(in.size()) == numel(p), "unpack ", p.name, ": ",
              in.size(), " values into ", members.size(), " members");
-  size_t at = 0;
-  for (size_t j = 0; j < members.size(); ++j) {
-    const size_t n = size_t(shape_numel(reg[size_t(p.members[j])].shape));
-    std::copy_n(in.data() + at, n, members[j]);
-    at += n;
-  }
+  const size_t n = in.size() / members.size();
+  for (size_t j = 0; j < members.size(); ++j) std::copy_n(in.data() + j * n, n, members[j]);
 }
 
 }  // namespace olmosft::model

@@ -34,12 +34,11 @@ struct XlaParams {
 // C's program parameters (the experts stacked when C has MoE layers; else the registry one for one).
 XlaParams xla_params(const ModelConfig& c);
 
-// The host values of P's members (each a registry tensor, row-major) one after another: P's row-major value.
-void pack(const XlaParam& p, const std::vector<const float*>& members, const std::vector<ParamSpec>& reg,
-          std::span<float> out);
+// The host values of P's members (registry tensors of one shape, row-major) one after another: P's row-major
+// value.
+void pack(const XlaParam& p, const std::vector<const float*>& members, std::span<float> out);
 // The inverse: P's value IN back into its members' tensors.
-void unpack(const XlaParam& p, std::span<const float> in, const std::vector<ParamSpec>& reg,
-            const std::vector<float*>& members);
+void unpack(const XlaParam& p, std::span<const float> in, const std::vector<float*>& members);
 int64_t numel(const XlaParam& p);
 
 }  // namespace olmosft::model

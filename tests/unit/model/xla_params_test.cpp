@@ -71,14 +71,14 @@ TEST(XlaParams, PackAndUnpackAreCopies) {
     in.push_back(host[e].data());
   }
   std::vector<float> packed(size_t(numel(*p)));
-  pack(*p, in, reg, packed);
+  pack(*p, in, packed);
   for (size_t i = 0; i < packed.size(); ++i) ASSERT_EQ(packed[i], float(i));  // expert e is row e
   std::vector<std::vector<float>> back(host.size(), std::vector<float>(n, -1.0f));
   std::vector<float*> out;
   for (auto& b : back) out.push_back(b.data());
-  unpack(*p, packed, reg, out);
+  unpack(*p, packed, out);
   EXPECT_EQ(back, host);
-  EXPECT_THROW(pack(*p, std::vector<const float*>(in.begin(), in.end() - 1), reg, packed), Error);
+  EXPECT_THROW(pack(*p, std::vector<const float*>(in.begin(), in.end() - 1), packed), Error);
 }
 
 }  // namespace
