@@ -30,6 +30,15 @@ int64_t buffer_rows(int64_t N, int64_t E, int64_t k, double bf) {
   return std::max<int64_t>(1, std::min<int64_t>(N, int64_t(c)));  // a token picks an expert at most once
 }
 
+Value capacity(HloBuilder& b, const Value& nr, int64_t E, int64_t k, double bf) {
+  return b.ceil(b.mul(nr, b.scalar(kF32, bf * double(k) / double(E))));
+}
+
+Value dropped_over(HloBuilder& b, const Value& loads, const Value& cap) {
+  const Value over = b.sub(loads, b.broadcast_in_dim(cap, loads.type().dims, {}));
+  return b.reduce_sum(b.max(over, b.constant(loads.type(), 0.0)), {0});
+}
+
 // pos[n, e] = Σ_{n' < n} sel[n', e] (exclusive, exact in s32);  capacity = ceil(bf k / E * N_r) (f32: the
 // kernel's double value whenever bf k / E is a binary fraction, e.g. 2.5 * 16 / 512; otherwise an integer
 // boundary may round to the next slot);  kept = valid and pos < capacity.
@@ -42,7 +51,7 @@ Dispatch dispatch(HloBuilder& b, const Value& idx, const Value& sel, const Value
   const xla::TensorType nk{kS32, {N, k}};
   const Value fid = b.reshape(b.add(b.mul(b.iota(nk, 0), b.constant(nk, double(E))), idx), {Nk});
   const Value p = b.gather_rows(b.reshape(pos, {N * E}), fid);  // [N * k]
-  const Value cap = b.ceil(b.mul(nr, b.scalar(kF32, bf * double(k) / double(E))));
+  const Value cap = capacity(b, nr, E, k, bf);
   const Value vk = b.reshape(b.broadcast_in_dim(valid, {N, k}, {0}), {Nk});
   const Value in_cap = b.compare(b.convert(p, kF32), b.broadcast_in_dim(cap, {Nk}, {}), xla::Compare::kLt);
   const Value keep = b.select(in_cap, vk, b.constant({kF32, {Nk}}, 0.0));

@@ -35,6 +35,11 @@ Dispatch dispatch(HloBuilder& b, const Value& idx, const Value& sel, const Value
                   const Value& nr, double bf);
 // The rows per expert of a buffer for N tokens.
 int64_t buffer_rows(int64_t N, int64_t E, int64_t k, double bf);
+// The capacity ceil(bf k / E * NR) (f32 scalar) for NR routed tokens (f32 scalar).
+Value capacity(HloBuilder& b, const Value& nr, int64_t E, int64_t k, double bf);
+// The assignments dropped, Σ_e max(0, loads_e - CAP), from the experts' loads [E] (f32 scalar; exact: the
+// queue keeps an expert's first min(load, cap) assignments): what dispatch counts, from the router's loads.
+Value dropped_over(HloBuilder& b, const Value& loads, const Value& cap);
 
 // The experts' weights stacked (model/xla_params.h): gate, up [E, F, Lt]; down [E, Lt, F].
 struct Experts {

@@ -7,6 +7,7 @@
 #include "kernels/gemm.h"
 #include "kernels/swiglu.h"
 #include "model/moe_capacity_emit.h"
+#include "model/moe_mesh_emit.h"
 #include "model/params.h"
 
 namespace olmosft::model::unit {
@@ -215,6 +216,9 @@ TopK topk_mask(Emit& e, const Value& p, int64_t E, int64_t k) {
   return {sel, b.concatenate(idx, 1)};
 }
 
+// With a capacity over a mesh of several devices the experts split over the devices (moe_mesh_emit.h).
+bool experts_over_mesh(const Emit& e) { return e.mesh != nullptr && e.mesh->devices() > 1; }
+
 // Router softmax, top-k, routing weights and the layer's statistics (moe_forward's router half).
 void emit_router(Emit& e, const MoeUnit& u, const Value& x, MoeUnit::Emitted& s) {
   auto& b = e.b;
@@ -246,7 +250,10 @@ void emit_router(Emit& e, const MoeUnit& u, const Value& x, MoeUnit::Emitted& s)
   const Value rbf = b.div(b.reduce_max(loads, {0}), b.mul(nr, f32(b, double(k) / double(E))));
   // dropped assignments: 0 dropless; with a capacity moe_emit::dispatch's count (MoeUnit::emit_forward)
   Value dropped = f32(b, 0);
-  if (e.loss.moe_buffer_factor > 0) {
+  if (e.loss.moe_buffer_factor > 0 && experts_over_mesh(e)) {
+    s.cap = moe_emit::capacity(b, nr, E, k, e.loss.moe_buffer_factor);
+    dropped = moe_emit::dropped_over(b, loads, *s.cap);
+  } else if (e.loss.moe_buffer_factor > 0) {
     s.disp = moe_emit::dispatch(b, top.idx, sel, *s.wts, valid, nr, e.loss.moe_buffer_factor);
     dropped = s.disp->dropped;
   }
@@ -258,6 +265,8 @@ void emit_router(Emit& e, const MoeUnit& u, const Value& x, MoeUnit::Emitted& s)
 // read through W(eg[0]) / W(eu[0]) / W(ed[0])): gate, up [E, F, Lt], down [E, Lt, F]. Over a mesh that
 // splits parameters the stacks are gathered where used, as the other weights (decoder_xla.cpp).
 moe_emit::Experts stacked_experts(Emit& e, const MoeUnit& m) {
+  if (e.loss.moe_buffer_factor > 0 && experts_over_mesh(e))  // split over the devices, read in place
+    return {e.W(m.eg[0]), e.W(m.eu[0]), e.W(m.ed[0])};
   auto use = [&](int idx) {
     const Value& w = e.W(idx);
     return e.mesh != nullptr && e.mesh->param_shards() > 1 ? e.b.constrain(w, xla::sharding_replicated()) : w;
@@ -323,6 +332,19 @@ ExpertGrads capacity_backward(Emit& e, const MoeUnit& u, const MoeUnit::Emitted&
   return {g.dz, g.dw};
 }
 
+// Over a mesh: the region's inputs (moe_mesh_emit.h).
+moe_emit::MeshRouted mesh_routed(const Emit& e, const MoeUnit::Emitted& s) {
+  return {*e.mesh, e.B, e.T, e.loss.moe_buffer_factor, e.operands, *s.z, *s.idx, *s.valid, *s.wts, *s.cap};
+}
+ExpertGrads mesh_backward(Emit& e, const MoeUnit& u, const MoeUnit::Emitted& s, const moe_emit::Experts& we,
+                          const Value& dr) {
+  const moe_emit::ExpertsBackward g = moe_emit::mesh_backward(e.b, mesh_routed(e, s), we, *s.a, *s.b, dr);
+  e.grad(u.eg[0], g.dg);
+  e.grad(u.eu[0], g.du);
+  e.grad(u.ed[0], g.dd);
+  return {g.dz, g.dw};
+}
+
 }  // namespace
 
 xla::Value MoeUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const {
@@ -334,7 +356,11 @@ xla::Value MoeUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
   const Value z = ldown >= 0 ? ops::linear_forward(b, x, e.W(ldown), e.operands) : x;
   s.z = z;
   const moe_emit::Experts we = stacked_experts(e, *this);
-  if (s.disp) {  // with a capacity: each expert on its buffer of kept assignments (moe_capacity_emit.h)
+  if (s.cap) {  // with a capacity over the mesh: each device its experts (moe_mesh_emit.h)
+    const moe_emit::MeshForward f = moe_emit::mesh_forward(b, mesh_routed(e, s), we);
+    s.a = f.a, s.b = f.b, s.r = f.r;
+  } else if (s.disp) {  // with a capacity: each expert on its buffer of kept assignments
+                        // (moe_capacity_emit.h)
     const moe_emit::ExpertsForward f =
         moe_emit::experts_forward(b, we, moe_emit::to_buffers(b, *s.disp, z), e.operands);
     s.a = f.a, s.b = f.b;
@@ -368,7 +394,9 @@ xla::Value MoeUnit::emit_backward(Emit& e, const xla::Value& x, const Emitted& s
     dr = l.dx;
   }
   const moe_emit::Experts w = stacked_experts(e, *this);
-  const ExpertGrads xg = s.disp ? capacity_backward(e, *this, s, w, dr) : dense_backward(e, *this, s, w, dr);
+  const ExpertGrads xg = s.cap    ? mesh_backward(e, *this, s, w, dr)
+                         : s.disp ? capacity_backward(e, *this, s, w, dr)
+                                  : dense_backward(e, *this, s, w, dr);
   const Value dw = xg.dw, dz = xg.dz;
   if (ldown >= 0) {
     const ops::LinearBackward l = ops::linear_backward(b, dz, x, e.W(ldown), e.operands);

@@ -118,6 +118,9 @@ struct MoeUnit {
     std::optional<xla::Value> idx;        // the chosen experts s32 [N, k]
     // moe.buffer_factor > 0: the assignments' buffer rows; a, b are then the buffers' [E, Cb, F]
     std::optional<moe_emit::Dispatch> disp;
+    // the same over a mesh (moe_mesh_emit.h: experts split over the devices): the capacity (f32 scalar); a,
+    // b are then the buffers [E, Cb, F] split over E
+    std::optional<xla::Value> cap;
     SwiGluUnit::Emitted shared;
   };
   xla::Value emit_forward(Emit& e, const xla::Value& x, Emitted& s) const;

@@ -590,12 +590,13 @@ ModelConfig moe_hybrid(const nlohmann::json& patch = nlohmann::json::object()) {
   return parse_config(j, "decoder_xla_test moe hybrid");
 }
 
-// Two rows of 12: row 0 packs documents of 5 and 7 tokens, row 1 one of 8 tokens then 4 of padding.
+// Two rows of T (12 by default): row 0 packs documents of 5 and 7 tokens, row 1 one of 8 tokens, each then
+// padding.
 struct MoeBatch {
   std::vector<int32_t> tokens, seg, targets;
   std::vector<uint8_t> trained;
-  MoeBatch() {
-    const int64_t T = 12;
+  int64_t T;
+  explicit MoeBatch(int64_t T_ = 12) : T(T_) {
     const std::vector<std::vector<int64_t>> docs{{5, 7}, {8}};
     uint32_t rng = 12345;
     for (const auto& row : docs) {
@@ -620,7 +621,7 @@ struct MoeBatch {
   Batch make() const {
     Batch b;
     b.B = 2;
-    b.T = 12;
+    b.T = T;
     b.tokens = tokens.data();
     b.segments = seg.data();
     b.targets = targets.data();
@@ -983,6 +984,86 @@ TEST(DecoderXla, MoeCapacityThatDropsNothingMatchesDropless) {
   const LossParts pd = d->forward_backward(mb.make(), dl, 1.0 / 17, 1.0);
   EXPECT_LT(rel(ps.sum[kLossCe], pd.sum[kLossCe]), kSameRunTol);
   same_run_gradients(a->params(), d->params(), "sparse vs dense (nothing dropped)");
+}
+
+// Experts over the mesh (moe_mesh_emit.h) against one device: the config C, XlaOptions BASE with each of
+// MESHES; a capacity that drops in every MoE layer (bf 0.5). Over each mesh: the same drop counts and
+// required buffer factors per layer, losses and statistics within the same-run bound (the routed sums change
+// order: slot scatters and reduce-scatters), every gradient within GRAD_TOL; the region is in the program.
+void expert_meshes_match_one_device(const ModelConfig& c, const XlaOptions& base,
+                                    const std::vector<olmosft::xla::Mesh>& meshes,
+                                    double grad_tol = kSameRunTol) {
+  LossConfig lc;
+  lc.weight[kLossLmZ] = 1e-4;
+  lc.weight[kLossMoeLb] = 0.1;
+  lc.weight[kLossRouterZ] = 0.01;
+  lc.vocab_tile = 128;
+  lc.moe_buffer_factor = 0.5;
+  const MoeBatch mb(16);  // 16 tokens a row: pieces of 2 over 8 devices
+  auto one = make_xla_decoder(c, base, 7);
+  const LossParts p1 = one->forward_backward(mb.make(), lc, 1.0 / 17, 1.0);
+  ASSERT_FALSE(p1.moe_layers.empty());
+  for (const MoeLayerStats& m : p1.moe_layers) EXPECT_GT(m.dropped_tokens, 0) << "layer " << m.layer;
+  for (const olmosft::xla::Mesh& m : meshes) {
+    SCOPED_TRACE("mesh " + m.text());
+    XlaOptions xo = base;
+    xo.mesh = m;
+    const std::string text = xla_step_module(c, xo, 2, 16, lc, true);
+    EXPECT_NE(text.find("@moe_experts_forward"), std::string::npos);
+    EXPECT_NE(text.find("@moe_experts_backward"), std::string::npos);
+    auto d = make_xla_decoder(c, xo, 7);
+    const LossParts pd = d->forward_backward(mb.make(), lc, 1.0 / 17, 1.0);
+    EXPECT_EQ(pd.tokens, p1.tokens);
+    for (int t : {kLossCe, kLossLmZ, kLossMoeLb, kLossRouterZ})
+      EXPECT_LT(rel(pd.sum[t], p1.sum[t]), kSameRunTol) << "loss term " << t;
+    ASSERT_EQ(pd.moe_layers.size(), p1.moe_layers.size());
+    for (size_t l = 0; l < pd.moe_layers.size(); ++l) {
+      const MoeLayerStats &x = pd.moe_layers[l], &r = p1.moe_layers[l];
+      EXPECT_EQ(x.dropped_tokens, r.dropped_tokens) << "layer " << x.layer;
+      EXPECT_EQ(x.required_buffer_factor, r.required_buffer_factor) << "layer " << x.layer;
+      EXPECT_LT(rel(x.lb_loss, r.lb_loss), kSameRunTol);
+      EXPECT_LT(rel(x.router_z, r.router_z), kSameRunTol);
+    }
+    same_run_gradients(d->params(), one->params(), ("experts over mesh " + m.text()).c_str(), grad_tol);
+  }
+}
+
+// Each device runs its E / D experts (16 over 2, 4, 8) on the assignments the micro-batch's row-major
+// queue keeps (3 slots per expert for 20 routed tokens, k / E = 4 / 16), over expert, context and fsdp axes
+// that also split each row's tokens (so the blocked token order is not the queue's); data replicas are
+// refused.
+TEST(DecoderXla, MoeExpertsOverTheMeshMatchOneDevice) {
+  using olmosft::xla::Mesh;
+  expert_meshes_match_one_device(
+      moe_hybrid(), XlaOptions{},
+      {Mesh{.expert = 2}, Mesh{.expert = 4}, Mesh{.expert = 8}, Mesh{.fsdp = 2, .expert = 2},
+       Mesh{.fsdp = 2, .expert = 2, .context = 2}, Mesh{.context = 4}});
+  XlaOptions data2;
+  data2.mesh.data = 2;
+  LossConfig lc;
+  lc.moe_buffer_factor = 0.5;
+  using olmosft::xla::testutil::error_of;
+  EXPECT_NE(error_of([&] {
+              xla_step_module(moe_hybrid(), data2, 2, 16, lc, true);
+            }).find("experts over the mesh keep the micro-batch's one queue per expert"),
+            std::string::npos);
+}
+
+// The recipe's form: scanned layers with full recomputation, KDA (chunks of 8; its 2 heads over the row's
+// 2 pieces) and attention mixers, the region inside the layer scan. Gradients within 1e-4 of the scale, not
+// 1e-5: the random-init KDA layers amplify any change of summation order (the same meshes without a
+// capacity, where no expert region runs, measured 1.9e-5 and 2.2e-5 on dt_bias / f_proj; this region 2.2e-5).
+TEST(DecoderXla, MoeExpertsOverTheMeshScannedWithKdaMatchOneDevice) {
+  using olmosft::xla::Mesh;
+  const ModelConfig c = moe_hybrid(
+      {{"num_hidden_layers", 5},
+       {"layer_types",
+        {"linear_attention", "linear_attention", "full_attention", "linear_attention", "full_attention"}}});
+  XlaOptions scan;
+  scan.scan_layers = true;
+  scan.remat = Remat::Full;
+  scan.delta_chunk = 8;
+  expert_meshes_match_one_device(c, scan, {Mesh{.expert = 2}, Mesh{.fsdp = 2, .expert = 2}}, 1e-4);
 }
 
 // The exported step names the aux_scale argument and the per-layer statistics results (f32 [4]: lb, router
