@@ -217,7 +217,9 @@ TopK topk_mask(Emit& e, const Value& p, int64_t E, int64_t k) {
 }
 
 // With a capacity over a mesh of several devices the experts split over the devices (moe_mesh_emit.h).
-bool experts_over_mesh(const Emit& e) { return e.mesh != nullptr && e.mesh->devices() > 1; }
+bool experts_over_mesh(const Emit& e) {
+  return e.loss.moe_buffer_factor > 0 && e.mesh != nullptr && e.mesh->devices() > 1;
+}
 
 // Router softmax, top-k, routing weights and the layer's statistics (moe_forward's router half).
 void emit_router(Emit& e, const MoeUnit& u, const Value& x, MoeUnit::Emitted& s) {
@@ -250,7 +252,7 @@ void emit_router(Emit& e, const MoeUnit& u, const Value& x, MoeUnit::Emitted& s)
   const Value rbf = b.div(b.reduce_max(loads, {0}), b.mul(nr, f32(b, double(k) / double(E))));
   // dropped assignments: 0 dropless; with a capacity moe_emit::dispatch's count (MoeUnit::emit_forward)
   Value dropped = f32(b, 0);
-  if (e.loss.moe_buffer_factor > 0 && experts_over_mesh(e)) {
+  if (experts_over_mesh(e)) {
     s.cap = moe_emit::capacity(b, nr, E, k, e.loss.moe_buffer_factor);
     dropped = moe_emit::dropped_over(b, loads, *s.cap);
   } else if (e.loss.moe_buffer_factor > 0) {
@@ -263,10 +265,10 @@ void emit_router(Emit& e, const MoeUnit& u, const Value& x, MoeUnit::Emitted& s)
 
 // The experts' weights as the program holds them (model/xla_params.h: one stack per projection, the stacks
 // read through W(eg[0]) / W(eu[0]) / W(ed[0])): gate, up [E, F, Lt], down [E, Lt, F]. Over a mesh that
-// splits parameters the stacks are gathered where used, as the other weights (decoder_xla.cpp).
+// splits parameters the dense form gathers the stacks where used, as the other weights (decoder_xla.cpp);
+// the capacity form reads each device's experts in place (moe_mesh_emit.h).
 moe_emit::Experts stacked_experts(Emit& e, const MoeUnit& m) {
-  if (e.loss.moe_buffer_factor > 0 && experts_over_mesh(e))  // split over the devices, read in place
-    return {e.W(m.eg[0]), e.W(m.eu[0]), e.W(m.ed[0])};
+  if (experts_over_mesh(e)) return {e.W(m.eg[0]), e.W(m.eu[0]), e.W(m.ed[0])};
   auto use = [&](int idx) {
     const Value& w = e.W(idx);
     return e.mesh != nullptr && e.mesh->param_shards() > 1 ? e.b.constrain(w, xla::sharding_replicated()) : w;
@@ -359,8 +361,7 @@ xla::Value MoeUnit::emit_forward(Emit& e, const xla::Value& x, Emitted& s) const
   if (s.cap) {  // with a capacity over the mesh: each device its experts (moe_mesh_emit.h)
     const moe_emit::MeshForward f = moe_emit::mesh_forward(b, mesh_routed(e, s), we);
     s.a = f.a, s.b = f.b, s.r = f.r;
-  } else if (s.disp) {  // with a capacity: each expert on its buffer of kept assignments
-                        // (moe_capacity_emit.h)
+  } else if (s.disp) {  // with a capacity: each expert on its kept assignments (moe_capacity_emit.h)
     const moe_emit::ExpertsForward f =
         moe_emit::experts_forward(b, we, moe_emit::to_buffers(b, *s.disp, z), e.operands);
     s.a = f.a, s.b = f.b;

@@ -989,7 +989,8 @@ TEST(DecoderXla, MoeCapacityThatDropsNothingMatchesDropless) {
 // Experts over the mesh (moe_mesh_emit.h) against one device: the config C, XlaOptions BASE with each of
 // MESHES; a capacity that drops in every MoE layer (bf 0.5). Over each mesh: the same drop counts and
 // required buffer factors per layer, losses and statistics within the same-run bound (the routed sums change
-// order: slot scatters and reduce-scatters), every gradient within GRAD_TOL; the region is in the program.
+// order: slot scatters and reduce-scatters), every gradient within GRAD_TOL, and a forward-only pass the
+// same; the region is in the program.
 void expert_meshes_match_one_device(const ModelConfig& c, const XlaOptions& base,
                                     const std::vector<olmosft::xla::Mesh>& meshes,
                                     double grad_tol = kSameRunTol) {
@@ -1025,6 +1026,11 @@ void expert_meshes_match_one_device(const ModelConfig& c, const XlaOptions& base
       EXPECT_LT(rel(x.router_z, r.router_z), kSameRunTol);
     }
     same_run_gradients(d->params(), one->params(), ("experts over mesh " + m.text()).c_str(), grad_tol);
+    const LossParts fd = d->forward(mb.make(), lc, nullptr, nullptr);  // forward only: the same
+    EXPECT_LT(rel(fd.sum[kLossCe], p1.sum[kLossCe]), kSameRunTol);
+    ASSERT_EQ(fd.moe_layers.size(), p1.moe_layers.size());
+    for (size_t l = 0; l < fd.moe_layers.size(); ++l)
+      EXPECT_EQ(fd.moe_layers[l].dropped_tokens, p1.moe_layers[l].dropped_tokens) << "layer " << l;
   }
 }
 
