@@ -277,8 +277,21 @@ std::vector<std::string> xla_on_accelerators(const Recipe& r, const std::string&
              tpu ? "TPU chips need xla.plugin: tpu" : "NVIDIA GPUs need xla.plugin: cuda", ")");
   OLMO_CHECK(r.train.dist.mode == "dp", r.origin, ": key 'dist.mode': ", r.train.dist.mode,
              " with device=xla (the XLA backend holds every parameter on each process: dist.mode dp)");
-  const int64_t per = s.devices_per_host, used = r.train.xla.devices;
+  const int64_t per = s.devices_per_host;
   const char* unit = tpu ? " TPU chips" : " GPUs";
+  if (!r.train.mesh.empty()) {  // one SPMD program over the mesh, which covers the slice (checked on parse)
+    const xla::Mesh m = xla_mesh(r.train);
+    if (s.hosts == 1) return {};
+    return {"WARNING: device=xla on the " + what + ": the mesh (" + m.text() + ") is one SPMD program over " +
+            std::to_string(m.devices()) + unit + " on " + std::to_string(s.hosts) +
+            " hosts, and this build runs a mesh inside one process only (PJRT's distributed runtime, which "
+            "joins the pods' processes into one client, is not written yet): each pod's olmosft train "
+            "refuses when it builds the model, its plugin having the " +
+            std::to_string(per) + unit +
+            " of its own host. `olmosft plan --compile` checks the program for "
+            "the slice."};
+  }
+  const int64_t used = r.train.xla.devices;
   OLMO_CHECK(used <= per, r.origin, ": key 'xla.devices': ", used, " but the pods of ", s.text, " have ", per,
              unit, " each");
   std::string w = "WARNING: device=xla on the " + what + ": each pod runs one olmosft process on " +

@@ -175,13 +175,16 @@ TEST(K8sManifest, GpuRecipeMatchesSettings) {
   for (const char* f : {"0-configmap-recipe.yaml", "1-configmap-env.yaml", "2-jobset.yaml"})
     docs.push_back(YAML::LoadFile((dir / f).string()));
   const YAML::Node& js = docs[2];
-  const std::string name = "olmo35-sft-h045-h200-g1";
+  const std::string name = "olmo35-sft-h045-h100-g1";
   EXPECT_EQ(js["metadata"]["name"].as<std::string>(), name);
   EXPECT_EQ(js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"].as<std::string>(), "post-training");
   EXPECT_FALSE(js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"]);  // GPU: none
-  EXPECT_EQ(js["metadata"]["annotations"]["olmosft.io/warning"].as<std::string>().rfind(
-                "WARNING: device=cuda: olmosft has no hand-written CUDA backend", 0),
-            0u);
+  EXPECT_EQ(
+      js["metadata"]["annotations"]["olmosft.io/warning"].as<std::string>().rfind(
+          "WARNING: device=xla on the 16 GPUs of gpu-h100-2x8 (2 pods): the mesh (data=1 fsdp=2 expert=8 "
+          "context=1) is one SPMD program over 16 GPUs on 2 hosts",
+          0),
+      0u);
   EXPECT_EQ(js["spec"]["failurePolicy"]["restartStrategy"].as<std::string>(), "BlockingRecreate");
   EXPECT_EQ(js["spec"]["successPolicy"]["targetReplicatedJobs"][0].as<std::string>(), "node");
   EXPECT_EQ(js["spec"]["network"]["subdomain"].as<std::string>(), name);
@@ -202,7 +205,7 @@ TEST(K8sManifest, GpuRecipeMatchesSettings) {
   EXPECT_FALSE(pod["dnsPolicy"]);
   EXPECT_EQ(pod["terminationGracePeriodSeconds"].as<int>(), 900);
   ASSERT_EQ(pod["nodeSelector"].size(), 1u);
-  EXPECT_EQ(pod["nodeSelector"]["cloud.google.com/gke-accelerator"].as<std::string>(), "nvidia-h200-141gb");
+  EXPECT_EQ(pod["nodeSelector"]["cloud.google.com/gke-accelerator"].as<std::string>(), "nvidia-h100-80gb");
   ASSERT_EQ(pod["tolerations"].size(), 1u);
   EXPECT_EQ(pod["tolerations"][0]["key"].as<std::string>(), "nvidia.com/gpu");
   EXPECT_EQ(pod["tolerations"][0]["operator"].as<std::string>(), "Exists");
@@ -241,24 +244,26 @@ TEST(K8sManifest, GpuRecipeMatchesSettings) {
   EXPECT_EQ(env["NCCL_NVLS_ENABLE"].as<std::string>(), "0");
   EXPECT_EQ(env["NCCL_NVLS_ENABLE"].Tag(), "!");
   EXPECT_EQ(env["NCCL_DEBUG"].as<std::string>(), "WARN");
-  EXPECT_EQ(env["OLMOSFT_DEVICE"].as<std::string>(), "cuda");
+  EXPECT_EQ(env["OLMOSFT_DEVICE"].as<std::string>(), "xla");
   EXPECT_EQ(env["OLMOSFT_WORLD_SIZE"].as<std::string>(), "16");
   EXPECT_EQ(env["OLMOSFT_LOCAL_WORLD_SIZE"].as<std::string>(), "8");
   EXPECT_EQ(env["OLMOSFT_NUM_PODS"].as<std::string>(), "2");
   EXPECT_EQ(env["OLMOSFT_DEVICES_PER_POD"].as<std::string>(), "8");
-  // The mounted recipe parses back: 16 devices, device=cuda (which the pods' `olmosft train` refuses).
+  // The mounted recipe parses back: 16 devices at 0.125 rows each (2 rows a micro-step, accumulation 8),
+  // device=xla on the CUDA plugin over the mesh fsdp 2 x expert 8.
   Recipe back = parse_recipe(docs[0]["data"]["recipe.yaml"].as<std::string>(), "cm", {});
   EXPECT_EQ(back.train.batch.devices, 16);
-  EXPECT_EQ(back.train.batch.slots, 16);
-  EXPECT_EQ(back.train.batch.grad_accum, 1);
-  EXPECT_EQ(back.train.device, "cuda");
-  EXPECT_EQ(back.cluster.slice.text, "gpu-h200-2x8");
+  EXPECT_EQ(back.train.batch.grad_accum, 8);
+  EXPECT_EQ(back.train.device, "xla");
+  EXPECT_EQ(back.train.xla.plugin, "cuda");
+  EXPECT_EQ(xla_mesh(back.train).text(), "data=1 fsdp=2 expert=8 context=1");
+  EXPECT_EQ(back.cluster.slice.text, "gpu-h100-2x8");
   // gpu_label=nvidia: NVIDIA GPU Feature Discovery's product label instead of GKE's.
   Rendered gfd = render(load_recipe(kGpuRecipe, {"cluster.gpu_label=nvidia"}), {"g2"});
   const auto& sel =
       gfd.objects.back()
           .second["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["nodeSelector"];
-  EXPECT_EQ(sel, (OJson{{"nvidia.com/gpu.product", "NVIDIA-H200"}}));
+  EXPECT_EQ(sel, (OJson{{"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"}}));
   // A TPU render has none of the GPU parts.
   const Rendered tpu = render(load_recipe(kRecipe, {}), {"t1"});
   const OJson& tpu_pod =
@@ -310,20 +315,30 @@ TEST(K8sManifest, CliRenderRefusesBeforeWriting) {
             std::string::npos)
       << out;
   EXPECT_FALSE(fs::exists(dir / "t"));
-  // The GPU recipe renders (device=cuda) and says plainly what this build's pods would do.
+  // The GPU recipe renders (device=xla over a 2-host mesh) and says plainly what this build's pods would do;
+  // so does device=cuda.
   out = run(
       std::string(OLMOSFT_BINARY) + " k8s render " + kGpuRecipe + " --suffix g --out " + (dir / "g").string(),
       rc);
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("2 pods x 8 GPUs = 16 devices (nvidia-h200-141gb, 141 GB each, "
-                     "cloud.google.com/gke-accelerator=nvidia-h200-141gb)"),
+  EXPECT_NE(out.find("2 pods x 8 GPUs = 16 devices (nvidia-h100-80gb, 80 GB each, "
+                     "cloud.google.com/gke-accelerator=nvidia-h100-80gb)"),
             std::string::npos)
       << out;
-  EXPECT_NE(
-      out.find("\nWARNING: device=cuda: olmosft has no hand-written CUDA backend (GPUs train with device: "
-               "xla and xla.plugin: cuda)"),
-      std::string::npos)
+  EXPECT_NE(out.find("\nWARNING: device=xla on the 16 GPUs of gpu-h100-2x8 (2 pods): the mesh (data=1 fsdp=2 "
+                     "expert=8 context=1) is one SPMD program over 16 GPUs on 2 hosts, and this build runs a "
+                     "mesh inside one process only"),
+            std::string::npos)
       << out;
+  const std::string cuda = run(std::string(OLMOSFT_BINARY) + " k8s render " + kGpuRecipe +
+                                   " device=cuda --suffix c --out " + (dir / "c").string(),
+                               rc);
+  EXPECT_EQ(rc, 0) << cuda;
+  EXPECT_NE(
+      cuda.find("\nWARNING: device=cuda: olmosft has no hand-written CUDA backend (GPUs train with device: "
+                "xla and xla.plugin: cuda)"),
+      std::string::npos)
+      << cuda;
   EXPECT_TRUE(fs::exists(dir / "g" / "2-jobset.yaml"));
   fs::remove_all(dir);
 }
@@ -393,7 +408,7 @@ TEST(K8sManifest, KubectlClientDryRun) {
   EXPECT_NE(text.find("jobset.jobset.x-k8s.io/olmo35-sft-h045-tpu-abc123 created (dry run)"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("jobset.jobset.x-k8s.io/olmo35-sft-h045-h200-abc123 created (dry run)"),
+  EXPECT_NE(text.find("jobset.jobset.x-k8s.io/olmo35-sft-h045-h100-abc123 created (dry run)"),
             std::string::npos)
       << text;
   for (const auto& s : seen) EXPECT_EQ(s.rfind("GET ", 0), 0u) << "kubectl changed something: " << s;
