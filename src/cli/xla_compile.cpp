@@ -18,6 +18,8 @@
 #include "io/json.h"
 #include "model/config.h"
 #include "model/decoder_xla.h"
+#include "train/batch.h"
+#include "train/flops.h"
 #include "xla/pjrt.h"
 
 namespace {
@@ -53,7 +55,29 @@ struct Compiled {
   int64_t device_memory = 0;  // per device, from the topology; 0: unknown
   double compile_s = 0;
   MemoryStats stats;
+  double flops = -1;  // XLA's cost analysis of the program, per device (loop bodies once); -1: none given
 };
+
+// The compiled program's FLOPs as XLA's cost analysis counts them, or -1 where the plugin gives none.
+template <typename Exe>
+double cost_flops(const Exe& exe) {
+  try {
+    const olmosft::xla::CostAnalysis c = exe.cost_analysis();
+    const auto it = c.find("flops");
+    return it == c.end() ? -1 : it->second;
+  } catch (const olmosft::Error&) {
+    return -1;
+  }
+}
+
+// The model's training FLOPs (train/flops.h) of B rows of T tokens, each one document, every target trained.
+double model_flops(const olmosft::model::ModelConfig& m, int64_t B, int64_t T) {
+  std::vector<int32_t> zeros(size_t(T), 0), pos(size_t(T), 0);
+  std::vector<uint8_t> trained(size_t(T), 1);
+  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t);
+  const olmosft::model::Batch b = olmosft::train::batch_view(1, T, zeros, zeros, pos, zeros, trained);
+  return olmosft::train::FlopModel(m).count(b).total() * double(B);
+}
 
 struct Args {
   std::string config, plugin = "tpu", topology, save_config, mesh, save_module, remat = "none";
@@ -129,6 +153,7 @@ Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_
     const auto exe = olmosft::xla::compile_for_topology(topo, text, co);
     c.compile_s = seconds_since(t0);
     c.stats = exe.memory_stats();
+    c.flops = cost_flops(exe);
     return c;
   }
   // XLA's CPU plugin makes 4 devices by default; the step runs on --spmd of them (one by default).
@@ -143,6 +168,7 @@ Compiled compile_step(const Args& a, const olmosft::model::ModelConfig& m, size_
   const auto exe = client.compile(text, co);
   c.compile_s = seconds_since(t0);
   c.stats = exe.memory_stats();
+  c.flops = cost_flops(exe);
   return c;
 }
 
@@ -163,7 +189,8 @@ void print(const Args& a, const olmosft::model::ModelConfig& m, const Compiled& 
             << " output_bytes=" << s.output_bytes << " alias_bytes=" << s.alias_bytes
             << " temp_bytes=" << s.temp_bytes << " generated_code_bytes=" << s.generated_code_bytes
             << " host_temp_bytes=" << s.host_temp_bytes << " peak_bytes=" << s.peak_bytes
-            << " total_bytes=" << s.total_bytes() << " device_memory_bytes=" << c.device_memory << "\n";
+            << " total_bytes=" << s.total_bytes() << " device_memory_bytes=" << c.device_memory
+            << " cost_flops=" << c.flops << " model_flops=" << model_flops(m, a.batch, a.seq) << "\n";
   std::cout << "olmosft xla compile: " << m.model_type_name << " " << m.num_hidden_layers << " layers d "
             << m.hidden_size << " vocab " << m.vocab_size << ", "
             << (a.forward_only ? "forward" : "training step") << " B=" << a.batch << " T=" << a.seq
@@ -175,7 +202,10 @@ void print(const Args& a, const olmosft::model::ModelConfig& m, const Compiled& 
             << ": compiled in " << compile_s << " s; per device " << gib(s.total_bytes());
   if (c.device_memory > 0) std::cout << " of " << gib(c.device_memory);
   std::cout << " (arguments " << gib(s.argument_bytes) << ", outputs " << gib(s.output_bytes)
-            << ", temporaries " << gib(s.temp_bytes) << ", code " << gib(s.generated_code_bytes) << ")\n";
+            << ", temporaries " << gib(s.temp_bytes) << ", code " << gib(s.generated_code_bytes) << ")";
+  if (c.flops >= 0)
+    std::cout << "; XLA's cost analysis " << c.flops << " FLOPs per device (each loop's body once)";
+  std::cout << "\n";
 }
 
 int xla_compile_main(int argc, char** argv) {
@@ -218,8 +248,9 @@ int xla_compile_main(int argc, char** argv) {
   app.add_option("--moe-buffer-factor", a.moe_buffer_factor,
                  "MoE layers: moe.buffer_factor (> 0: a capacity, sparse experts; <= 0: dropless, dense)")
       ->capture_default_str();
-  app.add_option("--delta-chunk", a.delta_chunk,
-                 "KDA / Gated DeltaNet: tokens per chunk of the delta rule (xla.delta_chunk; 0: the recurrence)")
+  app.add_option(
+         "--delta-chunk", a.delta_chunk,
+         "KDA / Gated DeltaNet: tokens per chunk of the delta rule (xla.delta_chunk; 0: the recurrence)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--save-model-config", a.save_config, "also write the compiled model's config.json here");

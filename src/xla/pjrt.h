@@ -148,6 +148,11 @@ struct MemoryStats {
   }
 };
 
+// A compiled program's cost analysis (PJRT_Executable_GetCostAnalysis: XLA's HloCostAnalysis of the optimised
+// program; for an SPMD program, of one device's partition): property -> value, e.g. "flops",
+// "transcendentals", "bytes accessed". XLA counts a while loop's body once, not once per iteration.
+using CostAnalysis = std::map<std::string, double>;
+
 // A compiled program loaded on the client's devices. Move-only.
 class Executable {
  public:
@@ -172,6 +177,7 @@ class Executable {
                                                        std::span<const size_t> donate = {});
   // The compiled program's memory needs (PJRT_Executable_GetCompiledMemoryStats of its PJRT_Executable).
   MemoryStats memory_stats() const;
+  CostAnalysis cost_analysis() const;
 
  private:
   void release() noexcept;
@@ -266,6 +272,7 @@ class AotExecutable {
 
   size_t num_outputs() const;
   MemoryStats memory_stats() const;
+  CostAnalysis cost_analysis() const;
 
  private:
   void release() noexcept;

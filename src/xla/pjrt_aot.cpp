@@ -104,6 +104,20 @@ MemoryStats compiled_memory_stats(const Plugin& plugin, PJRT_Executable* exe) {
   return m;
 }
 
+CostAnalysis compiled_cost_analysis(const Plugin& plugin, PJRT_Executable* exe) {
+  auto a = OLMO_PJRT_ARGS(PJRT_Executable_GetCostAnalysis_Args);
+  a.executable = exe;
+  OLMO_PJRT_CALL(plugin, PJRT_Executable_GetCostAnalysis, a);
+  CostAnalysis c;
+  for (size_t i = 0; i < a.num_properties; ++i) {
+    const PJRT_NamedValue& v = a.properties[i];
+    const std::string name(v.name, v.name_size);
+    if (v.type == PJRT_NamedValue_kFloat) c[name] = double(v.float_value);
+    if (v.type == PJRT_NamedValue_kInt64) c[name] = double(v.int64_value);
+  }
+  return c;
+}
+
 // ---------------------------------------------------------------------------------------------- Topology
 
 Topology Topology::create(std::shared_ptr<const Plugin> plugin, std::string_view name,
@@ -222,6 +236,11 @@ size_t AotExecutable::num_outputs() const {
 MemoryStats AotExecutable::memory_stats() const {
   OLMO_CHECK(exe_ != nullptr, "xla: memory_stats of an empty (moved-from) executable");
   return compiled_memory_stats(*topology_->plugin, exe_);
+}
+
+CostAnalysis AotExecutable::cost_analysis() const {
+  OLMO_CHECK(exe_ != nullptr, "xla: cost_analysis of an empty (moved-from) executable");
+  return compiled_cost_analysis(*topology_->plugin, exe_);
 }
 
 AotExecutable compile_for_topology(const Topology& topology, std::string_view mlir,

@@ -243,13 +243,13 @@ std::vector<std::vector<Buffer>> Executable::execute_partitioned(std::span<const
   return result;
 }
 
-MemoryStats Executable::memory_stats() const {
-  OLMO_CHECK(exe_ != nullptr, "xla: memory_stats of an empty (moved-from) executable");
-  const Plugin& plugin = *client_->plugin;
+namespace {
+// F(the PJRT_Executable of the loaded EXE), destroyed afterwards whether or not F throws.
+template <typename F>
+auto with_executable(const Plugin& plugin, PJRT_LoadedExecutable* exe, F f) {
   auto get = OLMO_PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
-  get.loaded_executable = exe_;
+  get.loaded_executable = exe;
   OLMO_PJRT_CALL(plugin, PJRT_LoadedExecutable_GetExecutable, get);
-  // The PJRT_Executable is ours to destroy, whether or not the stats call succeeds.
   struct Owned {
     const Plugin& plugin;
     PJRT_Executable* exe;
@@ -259,7 +259,20 @@ MemoryStats Executable::memory_stats() const {
       destroy_quietly(plugin, plugin.api()->PJRT_Executable_Destroy(&d));
     }
   } owned{plugin, get.executable};
-  return compiled_memory_stats(plugin, owned.exe);
+  return f(owned.exe);
+}
+}  // namespace
+
+MemoryStats Executable::memory_stats() const {
+  OLMO_CHECK(exe_ != nullptr, "xla: memory_stats of an empty (moved-from) executable");
+  const Plugin& plugin = *client_->plugin;
+  return with_executable(plugin, exe_, [&](PJRT_Executable* e) { return compiled_memory_stats(plugin, e); });
+}
+
+CostAnalysis Executable::cost_analysis() const {
+  OLMO_CHECK(exe_ != nullptr, "xla: cost_analysis of an empty (moved-from) executable");
+  const Plugin& plugin = *client_->plugin;
+  return with_executable(plugin, exe_, [&](PJRT_Executable* e) { return compiled_cost_analysis(plugin, e); });
 }
 
 // ---------------------------------------------------------------------------------------------- Client

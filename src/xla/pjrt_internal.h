@@ -79,6 +79,8 @@ std::map<std::string, std::string> named_values_text(const PJRT_NamedValue* valu
 
 // PJRT_Executable_GetCompiledMemoryStats of EXE.
 MemoryStats compiled_memory_stats(const Plugin& plugin, PJRT_Executable* exe);
+// PJRT_Executable_GetCostAnalysis of EXE: its numeric properties (float and int64 values).
+CostAnalysis compiled_cost_analysis(const Plugin& plugin, PJRT_Executable* exe);
 void destroy_quietly(const Plugin& plugin, PJRT_Error* err);  // for destructors, which cannot throw
 
 PJRT_Buffer_Type to_pjrt(ElementType t);

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <string>
 
+#include "xla/hlo_builder.h"
 #include "xla/pjrt.h"
 #include "xla_test_util.h"
 
@@ -127,4 +128,30 @@ TEST(XlaAot, CompiledMemoryStatsOfAClientCompile) {
   EXPECT_EQ(m.total_bytes(), kArgBytes + m.output_bytes - kAlias + m.temp_bytes + m.generated_code_bytes);
   // Peak device memory: at least the arguments plus the outputs that do not reuse them.
   EXPECT_GE(m.peak_bytes, kArgBytes + kOutBytes - kAlias);
+}
+
+// The cost analysis (PJRT_Executable_GetCostAnalysis) of a client compile: kDotModule's product is 2 x 64 x
+// 32 x 16 FLOPs, its add 64 x 32 (one per element); the same product in a loop of 4 iterations counts once
+// per iteration only if XLA multiplies the body by its trip count, which it does not: what `olmosft xla
+// compile` prints as the program's FLOPs is therefore a lower bound for programs with loops.
+TEST(XlaAot, CostAnalysisOfAClientCompile) {
+  OLMOSFT_CPU_PLUGIN_ONLY();  // the CPU plugin's HloCostAnalysis
+  const auto client = testutil::test_client(1);
+  const CostAnalysis c = client.compile(kDotModule).cost_analysis();
+  ASSERT_TRUE(c.count("flops")) << "no flops property";
+  const double dot = 2.0 * 64 * 32 * 16, add = 64 * 32;
+  EXPECT_GE(c.at("flops"), dot);
+  EXPECT_LE(c.at("flops"), dot + add);
+  EXPECT_GT(c.at("bytes accessed"), double(kArgBytes));
+  HloBuilder b("loop");
+  const Value x = b.argument({ElementType::kF32, {64, 32}}), w = b.argument({ElementType::kF32, {32, 32}});
+  const auto out = b.for_loop(4, {x, w}, [](HloBuilder& b, const Value&, const std::vector<Value>& v) {
+    return std::vector<Value>{b.dot_general(v[0], v[1], DotDims{{}, {}, {1}, {0}}), v[1]};
+  });
+  b.returns({out[0]});
+  const CostAnalysis l = client.compile(b.module()).cost_analysis();
+  const double body = 2.0 * 64 * 32 * 32;
+  std::printf("loop of 4 products of %.0f FLOPs each: cost analysis flops %.0f\n", body, l.at("flops"));
+  EXPECT_GE(l.at("flops"), body);
+  EXPECT_LT(l.at("flops"), 2 * body);  // the body once
 }
