@@ -4,6 +4,7 @@
 // the calls), and every PJRT_Error becomes an olmosft::Error naming the call that failed and carrying the
 // plugin's message. The PJRT C API header stays out of this header (docs/xla.md).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -69,13 +70,33 @@ struct NamedValue {
 // `name=value` pairs joined by ", " (int64 lists as 2,2,1 in brackets, strings quoted): for logs and errors.
 std::string format_named_values(std::span<const NamedValue> values);
 
+// A key-value store shared by the processes of one job: what PJRT_Client_Create's kv callbacks read and
+// write (a multi-node CUDA client exchanges its local and global topologies, later NCCL ids, through it;
+// dist/kv_store.h serves one over TCP). Implementations are thread-safe: the plugin calls from many threads.
+// A failure of the store itself (a lost connection) throws olmosft::Error.
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  // KEY's value, waiting up to TIMEOUT for it to be put; nullopt when it was not put in time.
+  virtual std::optional<std::string> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // KEY's value now, or nullopt.
+  virtual std::optional<std::string> try_get(const std::string& key) = 0;
+  virtual void put(const std::string& key, const std::string& value) = 0;
+};
+
 struct ClientOptions {
   // Number of CPU devices (XLA's CPU plugin reads the create option "cpu_device_count"; its default is 4).
   // Unset: no option is passed, as other plugins may refuse options they do not know.
   std::optional<int64_t> cpu_device_count = {};
   // Further create options as the plugin names them (the CUDA plugin's memory_fraction, ...), passed as
-  // given after cpu_device_count.
+  // given after cpu_device_count and the node options.
   std::vector<NamedValue> extra = {};
+  // One node of a client over several processes (the CUDA plugin's int64 create options node_id and
+  // num_nodes; libtpu takes a host's identity from its environment instead and refuses them): unset, no
+  // option is passed. KV_STORE, when given, is handed to the plugin as its get / try-get / put callbacks and
+  // kept alive by the client (the plugin uses it until the client is destroyed).
+  std::optional<int64_t> node_id = {}, num_nodes = {};
+  std::shared_ptr<KeyValueStore> kv_store = {};
 };
 
 // What goes into the serialized xla.CompileOptionsProto (compile_options_proto below).

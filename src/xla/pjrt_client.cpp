@@ -1,5 +1,7 @@
 // PJRT client, buffers (host <-> device) and executables (compile, execute with donation).
 #include <algorithm>
+#include <cstring>
+#include <string>
 #include <utility>
 
 #include "xla/pjrt_internal.h"
@@ -277,21 +279,96 @@ CostAnalysis Executable::cost_analysis() const {
 
 // ---------------------------------------------------------------------------------------------- Client
 
-Client Client::create(std::shared_ptr<const Plugin> plugin, const ClientOptions& options) {
-  auto state = std::make_shared<ClientState>();
-  state->plugin = std::move(plugin);
-  const Plugin& p = *state->plugin;
+namespace {
+// PJRT_Client_Create's key-value callbacks over a KeyValueStore (their user_arg). A value handed back is a
+// copy the plugin frees with delete_value; a store that throws becomes an UNAVAILABLE error, a get that
+// timed out DEADLINE_EXCEEDED and a try-get of a missing key NOT_FOUND (what the plugin expects of it).
+PJRT_Error* kv_error(PJRT_CallbackError* make, PJRT_Error_Code code, const std::string& message) {
+  return (*make)(code, message.data(), message.size());
+}
+void delete_value(char* value) { delete[] value; }
+template <typename Args>
+PJRT_Error* give_value(Args* a, const std::string& v) {
+  a->value = new char[v.size() + 1];
+  std::memcpy(a->value, v.data(), v.size());
+  a->value_size = v.size();
+  a->value_deleter_callback = &delete_value;
+  return nullptr;
+}
+PJRT_Error* kv_get(PJRT_KeyValueGetCallback_Args* a) {
+  const std::string key(a->key, a->key_size);
+  try {
+    const auto v =
+        static_cast<KeyValueStore*>(a->user_arg)->get(key, std::chrono::milliseconds(a->timeout_in_ms));
+    if (!v)
+      return kv_error(
+          a->callback_error, PJRT_Error_Code_DEADLINE_EXCEEDED,
+          "olmosft kv store: key " + key + " was not put within " + std::to_string(a->timeout_in_ms) + " ms");
+    return give_value(a, *v);
+  } catch (const std::exception& e) {
+    return kv_error(a->callback_error, PJRT_Error_Code_UNAVAILABLE, e.what());
+  }
+}
+PJRT_Error* kv_try_get(PJRT_KeyValueTryGetCallback_Args* a) {
+  const std::string key(a->key, a->key_size);
+  try {
+    const auto v = static_cast<KeyValueStore*>(a->user_arg)->try_get(key);
+    if (!v) return kv_error(a->callback_error, PJRT_Error_Code_NOT_FOUND, "olmosft kv store: no key " + key);
+    return give_value(a, *v);
+  } catch (const std::exception& e) {
+    return kv_error(a->callback_error, PJRT_Error_Code_UNAVAILABLE, e.what());
+  }
+}
+PJRT_Error* kv_put(PJRT_KeyValuePutCallback_Args* a) {
+  try {
+    static_cast<KeyValueStore*>(a->user_arg)
+        ->put(std::string(a->key, a->key_size), std::string(a->value, a->value_size));
+    return nullptr;
+  } catch (const std::exception& e) {
+    return kv_error(a->callback_error, PJRT_Error_Code_UNAVAILABLE, e.what());
+  }
+}
+
+// The create options: cpu_device_count, node_id, num_nodes (each when set), then the extra ones.
+std::vector<NamedValue> create_values(const ClientOptions& options) {
   std::vector<NamedValue> values;
   if (options.cpu_device_count) {
     OLMO_CHECK(*options.cpu_device_count >= 1, "xla: cpu_device_count must be >= 1, got ",
                *options.cpu_device_count);
     values.push_back({"cpu_device_count", *options.cpu_device_count});
   }
+  if (options.num_nodes) {
+    OLMO_CHECK(*options.num_nodes >= 1, "xla: num_nodes must be >= 1, got ", *options.num_nodes);
+    OLMO_CHECK(*options.num_nodes == 1 || options.kv_store, "xla: a client of ", *options.num_nodes,
+               " nodes needs a key-value store (ClientOptions::kv_store) to exchange their topologies");
+  }
+  if (options.node_id) {
+    const int64_t n = options.num_nodes.value_or(1);
+    OLMO_CHECK(*options.node_id >= 0 && *options.node_id < n, "xla: node_id ", *options.node_id,
+               " is not one of the ", n, " nodes");
+    values.push_back({"node_id", *options.node_id});
+  }
+  if (options.num_nodes) values.push_back({"num_nodes", *options.num_nodes});
   values.insert(values.end(), options.extra.begin(), options.extra.end());
+  return values;
+}
+}  // namespace
+
+Client Client::create(std::shared_ptr<const Plugin> plugin, const ClientOptions& options) {
+  auto state = std::make_shared<ClientState>();
+  state->plugin = std::move(plugin);
+  state->kv_store = options.kv_store;
+  const Plugin& p = *state->plugin;
+  const std::vector<NamedValue> values = create_values(options);
   const std::vector<PJRT_NamedValue> named = to_pjrt(values);  // names point into VALUES
   auto args = OLMO_PJRT_ARGS(PJRT_Client_Create_Args);
   args.create_options = named.data();
   args.num_options = named.size();
+  if (KeyValueStore* kv = state->kv_store.get()) {
+    args.kv_get_callback = &kv_get, args.kv_get_user_arg = kv;
+    args.kv_try_get_callback = &kv_try_get, args.kv_try_get_user_arg = kv;
+    args.kv_put_callback = &kv_put, args.kv_put_user_arg = kv;
+  }
   OLMO_PJRT_CALL(p, PJRT_Client_Create, args);
   state->client = args.client;
   auto devs = OLMO_PJRT_ARGS(PJRT_Client_AddressableDevices_Args);

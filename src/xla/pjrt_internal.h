@@ -63,6 +63,7 @@ class Event {
 
 struct ClientState {
   std::shared_ptr<const Plugin> plugin;
+  std::shared_ptr<KeyValueStore> kv_store;  // the kv callbacks' store: outlives the client (destroyed first)
   PJRT_Client* client = nullptr;
   std::vector<PJRT_Device*> devices;  // addressable, owned by the client
 
