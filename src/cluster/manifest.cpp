@@ -119,6 +119,19 @@ void add_gpu_env(const Recipe& r, const Rendered& out, OJson& data) {
   data["NCCL_DEBUG"] = "WARN";
 }
 
+// device: xla on a TPU slice: libtpu's multi-host identity, which it reads from the environment (not from
+// client create options): TPU_WORKER_HOSTNAMES, every pod's host name through the JobSet's headless service
+// in worker (completion index) order, and TPU_WORKER_ID, this pod's completion index (added to the
+// container's env). GKE's TPU webhook sets the same two where it runs; set here they do not depend on it.
+void add_tpu_env(const Recipe& r, const Rendered& out, OJson& data) {
+  std::string hosts;
+  for (int i = 0; i < r.cluster.slice.hosts; ++i)
+    hosts += (i ? "," : "") + out.jobset_name + "-" + out.replicated_job + "-0-" + std::to_string(i) + "." +
+             out.subdomain;
+  data["OLMOSFT_DEVICE"] = r.train.device;
+  data["TPU_WORKER_HOSTNAMES"] = hosts;
+}
+
 }  // namespace
 
 bool is_dns1035_label(const std::string& s) {
@@ -212,6 +225,8 @@ Rendered render(const Recipe& r, const RenderOptions& opt) {
         {"OLMOSFT_COORDINATOR", out.coordinator},
         {"OLMOSFT_CHECKPOINT_GRACE_SECONDS", std::to_string(r.train.checkpoint.grace_seconds)}}}};
   if (s.kind == SliceSpec::Kind::Gpu) add_gpu_env(r, out, cm_env["data"]);
+  const bool libtpu = s.kind == SliceSpec::Kind::Tpu && r.train.device == "xla";
+  if (libtpu) add_tpu_env(r, out, cm_env["data"]);
 
   // 3. The JobSet.
   OJson container = {
@@ -234,6 +249,10 @@ Rendered render(const Recipe& r, const RenderOptions& opt) {
         {"limits", {{s.resource_name, std::to_string(s.devices_per_host)}}}}},
       {"volumeMounts",
        OJson::array({{{"name", "recipe"}, {"mountPath", "/etc/olmosft"}, {"readOnly", true}}})}};
+
+  if (libtpu)
+    container["env"].push_back(
+        env_field("TPU_WORKER_ID", "metadata.annotations['batch.kubernetes.io/job-completion-index']"));
 
   OJson node_selector = {{s.accelerator_key, s.accelerator_value}};
   if (s.kind == SliceSpec::Kind::Tpu) node_selector["cloud.google.com/gke-tpu-topology"] = s.topology;

@@ -284,9 +284,9 @@ std::vector<std::string> xla_on_accelerators(const Recipe& r, const std::string&
     if (s.hosts == 1) return {};
     return {"WARNING: device=xla on the " + what + ": the mesh (" + m.text() + ") is one SPMD program over " +
             std::to_string(m.devices()) + unit + " on " + std::to_string(s.hosts) +
-            " hosts, and this build runs a mesh inside one process only (PJRT's distributed runtime, which "
-            "joins the pods' processes into one client, is not written yet): each pod's olmosft train "
-            "refuses when it builds the model, its plugin having the " +
+            " hosts, and this build runs a mesh inside one process only (the multi-host runtime, one client "
+            "over every host's devices each process feeding its own, is not written yet): each pod's olmosft "
+            "train refuses when it builds the model, its client addressing the " +
             std::to_string(per) + unit +
             " of its own host. `olmosft plan --compile` checks the program for "
             "the slice."};

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -82,11 +83,11 @@ TEST(K8sManifest, RunbookRecipeMatchesSettings) {
   EXPECT_EQ(js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"].as<std::string>(), "post-training");
   EXPECT_EQ(js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"].as<std::string>(),
             "cloud.google.com/gke-nodepool");
-  // This build cannot use the TPUs: the recipe says it accepts CPU training there, and the JobSet says so.
+  // device=xla over the whole slice's mesh, which this build cannot run across hosts: the JobSet says so.
   EXPECT_EQ(
       js["metadata"]["annotations"]["olmosft.io/warning"].as<std::string>().rfind(
-          "WARNING: CPU TRAINING ON ACCELERATOR HOSTS: device=cpu: the 128 TPU chips of tpu-v4-4x4x8 (32 "
-          "pods) stay idle",
+          "WARNING: device=xla on the 128 TPU chips of tpu-v4-4x4x8 (32 pods): the mesh (data=1 fsdp=16 "
+          "expert=8 context=1) is one SPMD program over 128 TPU chips on 32 hosts",
           0),
       0u);
   EXPECT_EQ(js["spec"]["failurePolicy"]["maxRestarts"].as<int>(), 3);
@@ -117,6 +118,19 @@ TEST(K8sManifest, RunbookRecipeMatchesSettings) {
   for (const auto& e : c["env"]) env_names.insert(e["name"].as<std::string>());
   for (const char* n : {"JOBSET_NAME", "REPLICATED_JOB_NAME", "JOB_INDEX", "RESTART_ATTEMPT"})
     EXPECT_TRUE(env_names.count(n)) << n;
+  // libtpu's multi-host environment: this pod's worker id (its completion index), every pod's host name
+  // through the headless service, in worker order.
+  std::map<std::string, std::string> fields;
+  for (const auto& e : c["env"])
+    if (e["valueFrom"])
+      fields[e["name"].as<std::string>()] = e["valueFrom"]["fieldRef"]["fieldPath"].as<std::string>();
+  EXPECT_EQ(fields["TPU_WORKER_ID"], "metadata.annotations['batch.kubernetes.io/job-completion-index']");
+  const std::string hosts = docs[1]["data"]["TPU_WORKER_HOSTNAMES"].as<std::string>();
+  EXPECT_EQ(hosts.substr(0, hosts.find(',')),
+            "olmo35-sft-h045-tpu-abc123-slice-0-0.olmo35-sft-h045-tpu-abc123");
+  EXPECT_EQ(std::count(hosts.begin(), hosts.end(), ','), 31);
+  EXPECT_TRUE(hosts.ends_with(",olmo35-sft-h045-tpu-abc123-slice-0-31.olmo35-sft-h045-tpu-abc123")) << hosts;
+  EXPECT_EQ(docs[1]["data"]["OLMOSFT_DEVICE"].as<std::string>(), "xla");
 
   // The recipe ConfigMap holds the effective recipe, which parses back to the same settings.
   EXPECT_EQ(docs[0]["kind"].as<std::string>(), "ConfigMap");
@@ -144,7 +158,7 @@ TEST(K8sManifest, RunbookRecipeMatchesSettings) {
 
 TEST(K8sManifest, GpuSliceAndRefusal) {
   Recipe r = load_recipe(kRecipe, {"cluster.slice=gpu-h200-2x8", "per_device_batch=1", "global_batch=16",
-                                   "mesh={fsdp: 16}", "cluster.host_network=false"});
+                                   "mesh={fsdp: 16}", "cluster.host_network=false", "xla.plugin=cuda"});
   Rendered out = render(r, {"7"});
   const auto& pod =
       out.objects.back().second["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
@@ -288,7 +302,7 @@ TEST(K8sManifest, CliRenderRefusesBeforeWriting) {
       rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("32 pods x 4 chips = 128 devices"), std::string::npos) << out;
-  EXPECT_NE(out.find("\nWARNING: CPU TRAINING ON ACCELERATOR HOSTS: device=cpu: the 128 TPU chips"),
+  EXPECT_NE(out.find("\nWARNING: device=xla on the 128 TPU chips of tpu-v4-4x4x8 (32 pods): the mesh"),
             std::string::npos)
       << out;
   EXPECT_TRUE(fs::exists(dir / "m" / "2-jobset.yaml"));
@@ -305,10 +319,11 @@ TEST(K8sManifest, CliRenderRefusesBeforeWriting) {
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("data.path is required"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(dir / "n"));
-  // Issue #15: a TPU slice without cluster.allow_cpu_on_accelerator_hosts is refused, nothing written.
-  out = run(std::string(OLMOSFT_BINARY) + " k8s render " + kRecipe +
-                " cluster.allow_cpu_on_accelerator_hosts=false --out " + (dir / "t").string(),
-            rc);
+  // Issue #15: device=cpu on a TPU slice without cluster.allow_cpu_on_accelerator_hosts is refused, nothing
+  // written.
+  out = run(
+      std::string(OLMOSFT_BINARY) + " k8s render " + kRecipe + " device=cpu --out " + (dir / "t").string(),
+      rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("device=cpu would train on the hosts' CPUs and leave the accelerators idle. Set "
                      "device: xla with xla.plugin: tpu to train on them"),

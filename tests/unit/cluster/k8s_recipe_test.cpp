@@ -357,13 +357,13 @@ TEST(K8sGpu, XlaOnAcceleratorsSaysWhatEachPodUses) {
   w = accelerator_warnings(parse_recipe(
       kBase, "r.yaml", with(gpu, {"cluster.nodes=2", "global_batch=16", "mesh={fsdp: 2, expert: 8}"})));
   ASSERT_EQ(w.size(), 1u);
-  EXPECT_EQ(
-      w[0],
-      "WARNING: device=xla on the 16 GPUs of gpu-h200-2x8 (2 pods): the mesh (data=1 fsdp=2 expert=8 "
-      "context=1) is one SPMD program over 16 GPUs on 2 hosts, and this build runs a mesh inside one "
-      "process only (PJRT's distributed runtime, which joins the pods' processes into one client, is not "
-      "written yet): each pod's olmosft train refuses when it builds the model, its plugin having the 8 "
-      "GPUs of its own host. `olmosft plan --compile` checks the program for the slice.");
+  EXPECT_EQ(w[0],
+            "WARNING: device=xla on the 16 GPUs of gpu-h200-2x8 (2 pods): the mesh (data=1 fsdp=2 expert=8 "
+            "context=1) is one SPMD program over 16 GPUs on 2 hosts, and this build runs a mesh inside one "
+            "process only (the multi-host runtime, one client over every host's devices each process feeding "
+            "its own, is not written yet): each pod's olmosft train refuses when it builds the model, its "
+            "client addressing the 8 GPUs of its own host. `olmosft plan --compile` checks the program for "
+            "the slice.");
   // xla.devices: all of a host's devices in one program; more than a host has is refused.
   w = accelerator_warnings(parse_recipe(kBase, "r.yaml", with(gpu, {"xla.devices=8"})));
   ASSERT_EQ(w.size(), 1u);
