@@ -7,6 +7,7 @@
 #include "dist/kv_store.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -175,7 +176,9 @@ TEST(KvWorker, Run) {
 
 TEST(KvMpi, EveryRankReadsEveryOthersKeys) {
   if (std::system("command -v mpirun > /dev/null 2>&1") != 0) GTEST_SKIP() << "skipped: no mpirun launcher";
-  const auto scratch = std::filesystem::temp_directory_path();
+  const auto scratch =
+      std::filesystem::temp_directory_path() / ("olmosft-kv-mpi-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(scratch);
   for (int np : {2, 4}) {
     const mpitest::MpiRun run =
         mpitest::mpirun_worker(np, "OLMOSFT_KV_WORKER=all", "KvWorker.Run", scratch, 120);
@@ -190,6 +193,7 @@ TEST(KvMpi, EveryRankReadsEveryOthersKeys) {
       mpitest::mpirun_worker(4, "OLMOSFT_KV_WORKER=absent", "KvWorker.Run", scratch, 120);
   EXPECT_EQ(run.rc, 0) << run.log;
   EXPECT_TRUE(contains(run.log, "got=3 missing=1")) << run.log;
+  std::filesystem::remove_all(scratch);
 }
 
 // The kv store as the CUDA plugin's callbacks: a 2-node client (node_id 0 of num_nodes 2) is created up to
