@@ -74,6 +74,7 @@ int plan_main(int argc, char** argv) {
     std::cout << olmosft::train::compiled_plan_line(c, int64_t(p.step_peak));
     std::cout << olmosft::train::compiled_plan_summary(c, int64_t(p.step_peak));
     std::cout << olmosft::train::compiled_plan_loop_lines(c);
+    std::cout << olmosft::train::compiled_plan_process_lines(c);
     return c.fits ? 0 : 1;
   });
 }

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -153,6 +155,10 @@ CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, c
   const xla::AotExecutable exe = xla::compile_for_topology(topo, text, co);
   p.compile_s = since(t0);
   if (p.devices > 1) p.loop_collectives = xla::collectives_in_loops(dump.text(co));
+  const std::vector<int64_t> ids = topo.device_ids(), procs = topo.device_processes();
+  p.partition_process.assign(size_t(p.devices), -1);
+  for (size_t i = 0; i < ids.size() && i < procs.size(); ++i)
+    if (ids[i] >= 0 && ids[i] < p.devices) p.partition_process[size_t(ids[i])] = procs[i];
   const xla::MemoryStats s = exe.memory_stats();
   p.argument_bytes = s.argument_bytes, p.output_bytes = s.output_bytes, p.alias_bytes = s.alias_bytes;
   p.temp_bytes = s.temp_bytes, p.code_bytes = s.generated_code_bytes;
@@ -202,6 +208,30 @@ std::string compiled_plan_loop_lines(const CompiledPlan& p) {
   }
   return "PLAN-LOOPS layer_scan_collectives=" + std::to_string(scan) +
          " unwanted_collectives=" + std::to_string(unwanted) + "\n" + w.str();
+}
+
+std::string compiled_plan_process_lines(const CompiledPlan& p) {
+  std::map<int64_t, int64_t> per_process;
+  for (int64_t q : p.partition_process) ++per_process[q];
+  const xla::HloBuilder::DeviceGroups groups = xla::sequence_groups(p.mesh);
+  int64_t across = 0;
+  for (const auto& g : groups) {
+    std::set<int64_t> in;
+    for (int64_t d : g)
+      in.insert(d < int64_t(p.partition_process.size()) ? p.partition_process[size_t(d)] : -1);
+    across += in.size() > 1;
+  }
+  std::ostringstream o;
+  o << "PLAN-PROCESSES processes=" << per_process.size()
+    << " devices_per_process=" << (per_process.empty() ? 0 : per_process.begin()->second)
+    << " row_groups=" << groups.size() << " row_groups_across_processes=" << across << "\n";
+  if (across > 0 && p.platform == "cuda")
+    o << "PLAN-WARNING rows_across_processes groups=" << across << " of " << groups.size() << ": each row's "
+      << p.mesh.seq_shards() << " pieces (mesh expert x context) span hosts, so the context-parallel and "
+      << "expert gathers of every layer go over the network between hosts instead of NVLink (make expert x "
+      << "context divide the GPUs of a host, " << (per_process.empty() ? 0 : per_process.begin()->second)
+      << ")\n";
+  return o.str();
 }
 
 std::string compiled_plan_summary(const CompiledPlan& p, int64_t planned_bytes) {

@@ -30,6 +30,9 @@ struct CompiledPlan {
   bool fits = false;
   // The collectives the partitioner put inside loops (xla/hlo_loops.h), as it left the program.
   std::vector<xla::LoopCollective> loop_collectives;
+  // The process (host) each partition runs in: partition d on the topology's device of id d (XLA's default
+  // device assignment for an SPMD program), -1 where the topology has no such id.
+  std::vector<int64_t> partition_process;
 };
 
 // The XLA backend's options a recipe gives (device: xla; the xla.*, mesh.*, model.remat and compute.dtype
@@ -44,6 +47,11 @@ model::XlaOptions recipe_xla_options(const TrainConfig& c);
 // topology or key: another spelling, a mesh whose devices are not the slice's, a program the compiler refuses
 // (libtpu refuses one that cannot fit: then fits=false is not reached, the compiler's message is).
 CompiledPlan compile_plan(const model::ModelConfig& m, const TrainConfig& cfg, const std::string& topology);
+// `PLAN-PROCESSES processes=P devices_per_process=K row_groups=G row_groups_across_processes=X`: how the
+// mesh's row groups (the devices sharing one row's pieces, xla::sequence_groups) fall on the hosts; on a GPU
+// cluster a group that spans hosts is a `PLAN-WARNING rows_across_processes` line (its context-parallel and
+// expert gathers leave NVLink for the network). A TPU slice's rows span hosts over ICI as designed.
+std::string compiled_plan_process_lines(const CompiledPlan& p);
 // The devices of TOPOLOGY (its chips or GPUs), refused as compile_plan refuses its spelling.
 int64_t slice_devices(const std::string& topology);
 // The planner's device (train/plan.h parse_device) for TOPOLOGY's chips: tpu-v4, h100-80gb, ...

@@ -269,6 +269,10 @@ class Topology {
   std::string platform_version() const;           // e.g. libtpu's build
   size_t device_count() const;                    // devices of the whole topology (chips, for a megacore TPU)
   std::vector<std::string> device_kinds() const;  // one per device ("TPU v4")
+  // Per device, in the topology's order: its id and the process (host) it is addressable from
+  // (PJRT_DeviceDescription_Id / _ProcessIndex; the CUDA plugin's "1x2x8" gives devices 8..15 process 1).
+  std::vector<int64_t> device_ids() const;
+  std::vector<int64_t> device_processes() const;
   // The topology's attributes and those of its first device, as text (PJRT_TopologyDescription_Attributes,
   // PJRT_DeviceDescription_Attributes); empty where the plugin has none.
   std::map<std::string, std::string> attributes() const;

@@ -183,6 +183,28 @@ std::vector<std::string> Topology::device_kinds() const {
   return out;
 }
 
+std::vector<int64_t> Topology::device_ids() const {
+  std::vector<int64_t> out;
+  for (PJRT_DeviceDescription* d : topology_devices(plugin(), state_->topology)) {
+    auto args = OLMO_PJRT_ARGS(PJRT_DeviceDescription_Id_Args);
+    args.device_description = d;
+    OLMO_PJRT_CALL(plugin(), PJRT_DeviceDescription_Id, args);
+    out.push_back(args.id);
+  }
+  return out;
+}
+
+std::vector<int64_t> Topology::device_processes() const {
+  std::vector<int64_t> out;
+  for (PJRT_DeviceDescription* d : topology_devices(plugin(), state_->topology)) {
+    auto args = OLMO_PJRT_ARGS(PJRT_DeviceDescription_ProcessIndex_Args);
+    args.device_description = d;
+    OLMO_PJRT_CALL(plugin(), PJRT_DeviceDescription_ProcessIndex, args);
+    out.push_back(args.process_index);
+  }
+  return out;
+}
+
 std::map<std::string, std::string> Topology::attributes() const {
   auto args = OLMO_PJRT_ARGS(PJRT_TopologyDescription_Attributes_Args);
   args.topology = state_->topology;

@@ -6,7 +6,9 @@
 // opt-in install).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "model/config.h"
@@ -21,11 +23,13 @@ using namespace olmosft;
 
 namespace {
 
-TrainConfig gpu_recipe(const std::string& mesh) {
+TrainConfig gpu_recipe(const std::string& mesh, const std::string& per_device_batch = "") {
+  const std::string pdb = !per_device_batch.empty()                   ? per_device_batch
+                          : mesh.find("context") == std::string::npos ? "1"
+                                                                      : "0.125";
   const std::string yaml = std::string("model:\n  init: ") + OLMOSFT_GOLDEN_DIR +
                            "/model/olmo3_tiny\ndevice: xla\nxla:\n  plugin: cuda\nmesh: " + mesh +
-                           "\nseq_len: 256\nglobal_batch: 16\ndevices: 16\nper_device_batch: " +
-                           (mesh.find("context") == std::string::npos ? "1" : "0.125") +
+                           "\nseq_len: 256\nglobal_batch: 16\ndevices: 16\nper_device_batch: " + pdb +
                            "\nsteps: 1\ndata:\n  path: /nonexistent\n";
   return Recipe::parse(yaml, "gpu.yaml", {}).config();
 }
@@ -89,12 +93,33 @@ TEST(TrainCompiledPlan, SixteenH100sCompileWithoutAGpuAndArgumentsAreTheShards) 
       << line;
 }
 
+// A row over all 16 GPUs (context 16) spans both hosts: warned about, naming the fix.
+TEST(TrainCompiledPlan, RowsAcrossHostsAreWarnedAbout) {
+  const TrainConfig cfg = gpu_recipe("{context: 16}", "0.0625");
+  const train::CompiledPlan p = train::compile_plan(train::recipe_model_config(cfg), cfg, "h100:2x8");
+  const std::string lines = train::compiled_plan_process_lines(p);
+  EXPECT_EQ(
+      lines.rfind("PLAN-PROCESSES processes=2 devices_per_process=8 row_groups=1 "
+                  "row_groups_across_processes=1\nPLAN-WARNING rows_across_processes groups=1 of 1: each "
+                  "row's 16 pieces (mesh expert x context) span hosts",
+                  0),
+      0u)
+      << lines;
+  EXPECT_NE(lines.find("make expert x context divide the GPUs of a host, 8)"), std::string::npos) << lines;
+}
+
 TEST(TrainCompiledPlan, ContextParallelOverAHostAndRefusals) {
   // Each row's 256 tokens over the 8 GPUs of a host (context is the mesh's innermost axis), rows over fsdp.
   const TrainConfig cfg = gpu_recipe("{fsdp: 2, context: 8}");
   const model::ModelConfig m = train::recipe_model_config(cfg);
   const train::CompiledPlan p = train::compile_plan(m, cfg, "h100:2x8");
   EXPECT_EQ(p.B, 2);
+  // The CUDA plugin's 2 hosts: GPUs 0-7 in process 0, 8-15 in process 1; each row's 8 pieces on one host.
+  std::vector<int64_t> hosts(16, 0);
+  std::fill(hosts.begin() + 8, hosts.end(), 1);
+  EXPECT_EQ(p.partition_process, hosts);
+  EXPECT_EQ(train::compiled_plan_process_lines(p),
+            "PLAN-PROCESSES processes=2 devices_per_process=8 row_groups=2 row_groups_across_processes=0\n");
   EXPECT_EQ(p.sums_bytes, p.moments_bytes / 2);  // 8 micro-steps: the sums stay on the devices between them
   EXPECT_EQ(p.need_bytes, p.step_bytes + p.moments_bytes + p.sums_bytes);
   EXPECT_TRUE(p.fits);
