@@ -23,10 +23,9 @@ if buildah inspect --type image "$base" >/dev/null 2>&1; then
   log "base $base exists"
 else
   root=$(mktemp -d /tmp/olmosft-rootfs.XXXXXX)
-  trap 'rm -rf "$root"' EXIT
+  trap 'rm -rf "$root" "$root.log"' EXIT
   log "debootstrap --variant=minbase bookworm from $mirror"
-  debootstrap --variant=minbase bookworm "$root" "$mirror" >/tmp/olmosft-debootstrap.log 2>&1 ||
-    { tail -20 /tmp/olmosft-debootstrap.log; exit 1; }
+  debootstrap --variant=minbase bookworm "$root" "$mirror" >"$root.log" 2>&1 || { tail -20 "$root.log"; exit 1; }
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
   ctr=$(buildah from scratch)
   mnt=$(buildah mount "$ctr")
