@@ -183,26 +183,32 @@ std::vector<std::string> Topology::device_kinds() const {
   return out;
 }
 
-std::vector<int64_t> Topology::device_ids() const {
+namespace {
+// GET(device) for each device of T, in its order.
+template <typename Get>
+std::vector<int64_t> per_device(const Plugin& p, PJRT_TopologyDescription* t, Get get) {
   std::vector<int64_t> out;
-  for (PJRT_DeviceDescription* d : topology_devices(plugin(), state_->topology)) {
-    auto args = OLMO_PJRT_ARGS(PJRT_DeviceDescription_Id_Args);
-    args.device_description = d;
-    OLMO_PJRT_CALL(plugin(), PJRT_DeviceDescription_Id, args);
-    out.push_back(args.id);
-  }
+  for (PJRT_DeviceDescription* d : topology_devices(p, t)) out.push_back(get(d));
   return out;
+}
+}  // namespace
+
+std::vector<int64_t> Topology::device_ids() const {
+  return per_device(plugin(), state_->topology, [&](PJRT_DeviceDescription* d) {
+    auto a = OLMO_PJRT_ARGS(PJRT_DeviceDescription_Id_Args);
+    a.device_description = d;
+    OLMO_PJRT_CALL(plugin(), PJRT_DeviceDescription_Id, a);
+    return int64_t(a.id);
+  });
 }
 
 std::vector<int64_t> Topology::device_processes() const {
-  std::vector<int64_t> out;
-  for (PJRT_DeviceDescription* d : topology_devices(plugin(), state_->topology)) {
-    auto args = OLMO_PJRT_ARGS(PJRT_DeviceDescription_ProcessIndex_Args);
-    args.device_description = d;
-    OLMO_PJRT_CALL(plugin(), PJRT_DeviceDescription_ProcessIndex, args);
-    out.push_back(args.process_index);
-  }
-  return out;
+  return per_device(plugin(), state_->topology, [&](PJRT_DeviceDescription* d) {
+    auto a = OLMO_PJRT_ARGS(PJRT_DeviceDescription_ProcessIndex_Args);
+    a.device_description = d;
+    OLMO_PJRT_CALL(plugin(), PJRT_DeviceDescription_ProcessIndex, a);
+    return int64_t(a.process_index);
+  });
 }
 
 std::map<std::string, std::string> Topology::attributes() const {
