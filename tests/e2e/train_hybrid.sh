@@ -4,7 +4,8 @@
 # 4 epochs, 2 threads fixed by compute.threads. Checks: exit 0; every LOSS-PARTS line has non-zero moe_lb and
 # router_z; CE falls; metrics.jsonl carries one moe_dropped_tokens / moe_required_buffer_factor entry per MoE
 # layer (dropless: no drops, factor >= 1); model.saved_dtype=bf16 and compute.dtype=bf16 stay within 2x the
-# fp32 run's own spread over other data orders (docs/numerics.md); moe.buffer_factor=1.0 drops tokens; SIGTERM
+# fp32 run's own spread over other data orders (docs/numerics.md); moe.buffer_factor=1.0 drops tokens, and on
+# XLA with the experts over 2 devices drops the same ones on step 1; SIGTERM
 # + resume reproduces the uninterrupted LOSS-PARTS lines exactly; the HF export loads in `olmosft forward` and
 # fits the training text better than the initial weights.
 set -u
@@ -172,6 +173,19 @@ echo "buffer_factor=1.0 step 1: dropped $(head -1 "$dir/runs/bf1/metrics.jsonl" 
 check "buffer_factor=1.0: dropped tokens > 0, and only in layers whose required factor > 1" \
   "jq -e -s 'all(.[]; [.moe_dropped_tokens, .moe_required_buffer_factor] | transpose | all(.[]; .[0] == 0 or .[1] > 1))
              and (map(.moe_dropped_tokens | add) | add) > 0' '$dir/runs/bf1/metrics.jsonl' >/dev/null"
+
+# 2b. The same capacity on XLA's CPU plugin with the experts split over 2 devices (mesh.expert=2, which also
+#     splits each row's tokens; docs/xla.md "Experts over the mesh"): the same 2-row micro-batches, so step
+#     1's dropped tokens per layer are the CPU backend's (same initial weights, the same queue).
+"$bin" train "$dir/recipe.yaml" run_name=bfx steps=1 moe.buffer_factor=1.0 device=xla devices=2 mesh.expert=2 \
+  per_device_batch=1 >"$dir/bfx.out" 2>"$dir/bfx.err"
+rc=$?
+cpu_drops=$(head -1 "$dir/runs/bf1/metrics.jsonl" | jq -c .moe_dropped_tokens)
+xla_drops=$(head -1 "$dir/runs/bfx/metrics.jsonl" 2>/dev/null | jq -c .moe_dropped_tokens)
+echo "buffer_factor=1.0 step 1 dropped: cpu $cpu_drops, xla over mesh expert=2 $xla_drops"
+check "XLA with the experts over 2 devices: exits 0, step 1 drops per layer equal the CPU backend's (> 0)" \
+  "[ $rc -eq 0 ] && [ '$xla_drops' = '$cpu_drops' ] && jq -e 'add > 0' <<<'$cpu_drops' >/dev/null" ||
+  tail -5 "$dir/bfx.err"
 
 # 3. SIGTERM once step 5 is logged, then resume: the LOSS-PARTS lines equal the uninterrupted run's. The
 #    interrupted run recomputes every block (model.remat=full), the resumed one only the mixers (attn), the
