@@ -33,6 +33,7 @@ std::unique_ptr<olmosft::model::CausalLM> build_model(const olmosft::TrainConfig
   }
   if (c.device != "xla") return olmosft::model::make_model_unallocated(mc);
   const olmosft::model::XlaOptions xo = olmosft::train::recipe_xla_options(c);  // device: xla (docs/xla.md)
+  olmosft::model::check_moe_capacity_mesh(mc, xo, c.moe.buffer_factor);         // before any weight is read
   return olmosft::model::make_model_unallocated(mc, [&](const olmosft::model::ModelConfig& m) {
     return std::make_unique<olmosft::model::XlaDecoder>(m, xo);
   });

@@ -15,6 +15,7 @@
 #include "model/decoder_units.h"
 #include "model/layer_pass.h"
 #include "model/layers.h"
+#include "model/moe_mesh_emit.h"
 #include "model/params.h"
 #include "model/unit_emit.h"
 #include "model/xla_layout.h"
@@ -105,6 +106,15 @@ void check_mesh(const ModelConfig& c, const XlaOptions& xo) {
                " heads, which must split evenly over them (its loop runs whole rows, heads split)");
   }
 }
+
+}  // namespace
+
+void check_moe_capacity_mesh(const ModelConfig& c, const XlaOptions& xo, double bf) {
+  if (bf <= 0 || xo.devices() <= 1 || c.n_routed_experts <= 0) return;
+  unit::moe_emit::check_mesh_experts(xo.mesh, c.n_routed_experts, 0);
+}
+
+namespace {
 
 // The program's arguments after the parameters (xla_params.h), in this order.
 struct BatchArgs {

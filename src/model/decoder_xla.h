@@ -83,6 +83,11 @@ std::string xla_step_module(const ModelConfig& c, const XlaOptions& xo, int64_t 
                             const LossConfig& loss, bool backward, bool logits = false, bool logprobs = false,
                             int64_t cudnn_segments = 0);
 
+// What the run's MoE capacity needs of XO's mesh, refused before anything is loaded (the trainer's build
+// step): with moe.buffer_factor BF > 0 over several devices the experts split over them (moe_mesh_emit.h),
+// so no data replicas and E a multiple of the devices. A dense model or one device: nothing to check.
+void check_moe_capacity_mesh(const ModelConfig& c, const XlaOptions& xo, double bf);
+
 // What the backend did so far (tests, logs).
 struct XlaRunStats {
   int64_t compiles = 0;  // programs compiled (per batch shape and kind of call; the norm and update ones)

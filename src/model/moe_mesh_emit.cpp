@@ -160,7 +160,7 @@ void check_mesh_experts(const xla::Mesh& mesh, int64_t E, int64_t N) {
   OLMO_CHECK(E % mesh.devices() == 0, "moe.buffer_factor > 0 over mesh ", mesh.text(), ": ", E,
              " routed experts must split evenly over its ", mesh.devices(), " devices");
   OLMO_CHECK(N % mesh.devices() == 0, "moe experts over mesh ", mesh.text(), ": ", N,
-             " tokens do not split over its ", mesh.devices(), " devices");
+             " tokens do not split over its ", mesh.devices(), " devices");  // N 0: not known yet
 }
 
 MeshForward mesh_forward(HloBuilder& b, const MeshRouted& in, const Experts& w) {

@@ -38,7 +38,7 @@ struct MeshRouted {
   Value cap;    // f32 scalar: capacity()
 };
 // Refuses, naming the mesh, what expert parallelism does not split: data replicas, E not a multiple of the
-// devices, tokens that do not split.
+// devices, N tokens that do not split (N 0: not checked).
 void check_mesh_experts(const xla::Mesh& mesh, int64_t E, int64_t N);
 
 struct MeshForward {

@@ -186,6 +186,11 @@ echo "buffer_factor=1.0 step 1 dropped: cpu $cpu_drops, xla over mesh expert=2 $
 check "XLA with the experts over 2 devices: exits 0, step 1 drops per layer equal the CPU backend's (> 0)" \
   "[ $rc -eq 0 ] && [ '$xla_drops' = '$cpu_drops' ] && jq -e 'add > 0' <<<'$cpu_drops' >/dev/null" ||
   tail -5 "$dir/bfx.err"
+"$bin" train "$dir/recipe.yaml" run_name=bfd steps=1 moe.buffer_factor=1.0 device=xla devices=2 mesh.data=2 \
+  per_device_batch=1 >"$dir/bfd.out" 2>"$dir/bfd.err"
+rc=$?
+check "a capacity over data replicas is refused before any step (exit 2), naming the mesh and the fix" \
+  "[ $rc -eq 2 ] && grep -q 'moe.buffer_factor > 0 over mesh data=2 fsdp=1 expert=1 context=1: experts over the mesh keep the micro-batch.s one queue per expert, which data replicas would split; use fsdp' '$dir/bfd.err' && ! grep -q '^LOSS-PARTS' '$dir/bfd.out'"
 
 # 3. SIGTERM once step 5 is logged, then resume: the LOSS-PARTS lines equal the uninterrupted run's. The
 #    interrupted run recomputes every block (model.remat=full), the resumed one only the mixers (attn), the
