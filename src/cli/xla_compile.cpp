@@ -18,7 +18,6 @@
 #include "io/json.h"
 #include "model/config.h"
 #include "model/decoder_xla.h"
-#include "train/batch.h"
 #include "train/flops.h"
 #include "xla/pjrt.h"
 
@@ -68,15 +67,6 @@ double cost_flops(const Exe& exe) {
   } catch (const olmosft::Error&) {
     return -1;
   }
-}
-
-// The model's training FLOPs (train/flops.h) of B rows of T tokens, each one document, every target trained.
-double model_flops(const olmosft::model::ModelConfig& m, int64_t B, int64_t T) {
-  std::vector<int32_t> zeros(size_t(T), 0), pos(size_t(T), 0);
-  std::vector<uint8_t> trained(size_t(T), 1);
-  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t);
-  const olmosft::model::Batch b = olmosft::train::batch_view(1, T, zeros, zeros, pos, zeros, trained);
-  return olmosft::train::FlopModel(m).count(b).total() * double(B);
 }
 
 struct Args {
@@ -190,7 +180,8 @@ void print(const Args& a, const olmosft::model::ModelConfig& m, const Compiled& 
             << " temp_bytes=" << s.temp_bytes << " generated_code_bytes=" << s.generated_code_bytes
             << " host_temp_bytes=" << s.host_temp_bytes << " peak_bytes=" << s.peak_bytes
             << " total_bytes=" << s.total_bytes() << " device_memory_bytes=" << c.device_memory
-            << " cost_flops=" << c.flops << " model_flops=" << model_flops(m, a.batch, a.seq) << "\n";
+            << " cost_flops=" << c.flops
+            << " model_flops=" << olmosft::train::one_document_rows_flops(m, a.batch, a.seq) << "\n";
   std::cout << "olmosft xla compile: " << m.model_type_name << " " << m.num_hidden_layers << " layers d "
             << m.hidden_size << " vocab " << m.vocab_size << ", "
             << (a.forward_only ? "forward" : "training step") << " B=" << a.batch << " T=" << a.seq

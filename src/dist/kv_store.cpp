@@ -116,6 +116,13 @@ struct KvServer::State {
     if (s != kAbsent) out += str_bytes(body);
     send_all(fd, out.data(), out.size());
   }
+  // KEY's value once it is put, waiting up to WAIT (0: a try-get); nullopt if not put in time or on stop.
+  std::optional<std::string> lookup(const std::string& key, std::chrono::milliseconds wait) {
+    std::unique_lock<std::mutex> l(m);
+    changed.wait_for(l, wait, [&] { return stop.load() || kv.count(key) > 0; });
+    const auto it = kv.find(key);
+    return it == kv.end() ? std::nullopt : std::optional<std::string>(it->second);
+  }
   void serve(int fd) {
     const Fd owned(fd);
     set_timeout(fd, std::chrono::milliseconds(10000));  // a request arrives at once after the connect
@@ -131,25 +138,11 @@ struct KvServer::State {
       changed.notify_all();
       return reply(fd, kValue, "");
     }
-    if (op == 'T') {
-      std::unique_lock<std::mutex> l(m);
-      const auto it = kv.find(key);
-      if (it == kv.end()) return l.unlock(), reply(fd, kAbsent, "");
-      const std::string v = it->second;
-      l.unlock();
-      return reply(fd, kValue, v);
-    }
+    if (op != 'G' && op != 'T') return reply(fd, kRefused, std::string("unknown request `") + op + "`");
     uint32_t ms = 0;
-    if (op != 'G' || !recv_u32(fd, ms))
-      return reply(fd, kRefused, std::string("unknown request `") + op + "`");
-    std::unique_lock<std::mutex> l(m);
-    const bool found = changed.wait_for(l, std::chrono::milliseconds(ms), [&] {
-      return stop.load() || kv.count(key) > 0;
-    }) && kv.count(key) > 0;
-    if (!found) return l.unlock(), reply(fd, kAbsent, "");
-    const std::string v = kv.at(key);
-    l.unlock();
-    reply(fd, kValue, v);
+    if (op == 'G' && !recv_u32(fd, ms)) return;
+    const std::optional<std::string> v = lookup(key, std::chrono::milliseconds(ms));
+    reply(fd, v ? kValue : kAbsent, v.value_or(""));
   }
   void accept_loop(const std::shared_ptr<State>& self) {
     while (!stop.load()) {
@@ -172,15 +165,15 @@ struct KvServer::State {
 
 KvServer::KvServer(int port, const std::string& bind) : s_(std::make_shared<State>()) {
   OLMO_CHECK(port >= 0 && port <= 65535, "kv store: port ", port, " is not in 0..65535");
-  s_->listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  OLMO_CHECK(s_->listen_fd >= 0, "kv store: socket: ", err_text());
-  const int one = 1;
-  ::setsockopt(s_->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(uint16_t(port));
   OLMO_CHECK(::inet_pton(AF_INET, bind.c_str(), &a.sin_addr) == 1, "kv store: bind address `", bind,
              "` is not an IPv4 address");
+  s_->listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  OLMO_CHECK(s_->listen_fd >= 0, "kv store: socket: ", err_text());
+  const int one = 1;
+  ::setsockopt(s_->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (::bind(s_->listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
       ::listen(s_->listen_fd, 256) != 0) {
     const std::string why = err_text();

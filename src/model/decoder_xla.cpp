@@ -110,7 +110,7 @@ void check_mesh(const ModelConfig& c, const XlaOptions& xo) {
 }  // namespace
 
 void check_moe_capacity_mesh(const ModelConfig& c, const XlaOptions& xo, double bf) {
-  if (bf <= 0 || xo.devices() <= 1 || c.n_routed_experts <= 0) return;
+  if (!unit::moe_emit::experts_over_mesh(&xo.mesh, bf) || c.n_routed_experts <= 0) return;
   unit::moe_emit::check_mesh_experts(xo.mesh, c.n_routed_experts, 0);
 }
 

@@ -153,6 +153,10 @@ Value buffers(HloBuilder& b, const Geometry& g, const Slots& s, const std::vecto
 }
 }  // namespace
 
+bool experts_over_mesh(const xla::Mesh* mesh, double bf) {
+  return bf > 0 && mesh != nullptr && mesh->devices() > 1;
+}
+
 void check_mesh_experts(const xla::Mesh& mesh, int64_t E, int64_t N) {
   OLMO_CHECK(mesh.data == 1, "moe.buffer_factor > 0 over mesh ", mesh.text(),
              ": experts over the mesh keep the micro-batch's one queue per expert, which data replicas "

@@ -37,6 +37,9 @@ struct MeshRouted {
   Value wts;    // f32 [N, E] the routing weights
   Value cap;    // f32 scalar: capacity()
 };
+// Whether a MoE layer's experts run over MESH (null: one device) with buffer factor BF: a capacity (BF > 0)
+// over several devices.
+bool experts_over_mesh(const xla::Mesh* mesh, double bf);
 // Refuses, naming the mesh, what expert parallelism does not split: data replicas, E not a multiple of the
 // devices, N tokens that do not split (N 0: not checked).
 void check_mesh_experts(const xla::Mesh& mesh, int64_t E, int64_t N);

@@ -218,7 +218,7 @@ TopK topk_mask(Emit& e, const Value& p, int64_t E, int64_t k) {
 
 // With a capacity over a mesh of several devices the experts split over the devices (moe_mesh_emit.h).
 bool experts_over_mesh(const Emit& e) {
-  return e.loss.moe_buffer_factor > 0 && e.mesh != nullptr && e.mesh->devices() > 1;
+  return moe_emit::experts_over_mesh(e.mesh, e.loss.moe_buffer_factor);
 }
 
 // Router softmax, top-k, routing weights and the layer's statistics (moe_forward's router half).
@@ -323,15 +323,19 @@ ExpertGrads dense_backward(Emit& e, const MoeUnit& u, const MoeUnit::Emitted& s,
   return {b.add(lg.dx, lu.dx), dw};
 }
 // With a capacity: the buffers again from z, the batched backward (moe_capacity_emit.h).
-ExpertGrads capacity_backward(Emit& e, const MoeUnit& u, const MoeUnit::Emitted& s,
-                              const moe_emit::Experts& we, const Value& dr) {
-  auto& b = e.b;
-  const moe_emit::ExpertsBackward g = moe_emit::experts_backward(
-      b, *s.disp, we, moe_emit::to_buffers(b, *s.disp, *s.z), {*s.a, *s.b}, dr, e.operands);
+// The stacks' gradients of G added to e (xla_params.h), its dz and dw returned.
+ExpertGrads expert_grads(Emit& e, const MoeUnit& u, const moe_emit::ExpertsBackward& g) {
   e.grad(u.eg[0], g.dg);
   e.grad(u.eu[0], g.du);
   e.grad(u.ed[0], g.dd);
   return {g.dz, g.dw};
+}
+ExpertGrads capacity_backward(Emit& e, const MoeUnit& u, const MoeUnit::Emitted& s,
+                              const moe_emit::Experts& we, const Value& dr) {
+  auto& b = e.b;
+  return expert_grads(e, u,
+                      moe_emit::experts_backward(b, *s.disp, we, moe_emit::to_buffers(b, *s.disp, *s.z),
+                                                 {*s.a, *s.b}, dr, e.operands));
 }
 
 // Over a mesh: the region's inputs (moe_mesh_emit.h).
@@ -340,11 +344,7 @@ moe_emit::MeshRouted mesh_routed(const Emit& e, const MoeUnit::Emitted& s) {
 }
 ExpertGrads mesh_backward(Emit& e, const MoeUnit& u, const MoeUnit::Emitted& s, const moe_emit::Experts& we,
                           const Value& dr) {
-  const moe_emit::ExpertsBackward g = moe_emit::mesh_backward(e.b, mesh_routed(e, s), we, *s.a, *s.b, dr);
-  e.grad(u.eg[0], g.dg);
-  e.grad(u.eu[0], g.du);
-  e.grad(u.ed[0], g.dd);
-  return {g.dz, g.dw};
+  return expert_grads(e, u, moe_emit::mesh_backward(e.b, mesh_routed(e, s), we, *s.a, *s.b, dr));
 }
 
 }  // namespace

@@ -213,24 +213,22 @@ std::string compiled_plan_loop_lines(const CompiledPlan& p) {
 std::string compiled_plan_process_lines(const CompiledPlan& p) {
   std::map<int64_t, int64_t> per_process;
   for (int64_t q : p.partition_process) ++per_process[q];
+  const int64_t per = per_process.empty() ? 0 : per_process.begin()->second;  // devices of the first host
   const xla::HloBuilder::DeviceGroups groups = xla::sequence_groups(p.mesh);
   int64_t across = 0;
   for (const auto& g : groups) {
-    std::set<int64_t> in;
-    for (int64_t d : g)
-      in.insert(d < int64_t(p.partition_process.size()) ? p.partition_process[size_t(d)] : -1);
+    std::set<int64_t> in;  // the mesh has the topology's devices (compile_plan checks): every d is in range
+    for (int64_t d : g) in.insert(p.partition_process[size_t(d)]);
     across += in.size() > 1;
   }
   std::ostringstream o;
-  o << "PLAN-PROCESSES processes=" << per_process.size()
-    << " devices_per_process=" << (per_process.empty() ? 0 : per_process.begin()->second)
+  o << "PLAN-PROCESSES processes=" << per_process.size() << " devices_per_process=" << per
     << " row_groups=" << groups.size() << " row_groups_across_processes=" << across << "\n";
   if (across > 0 && p.platform == "cuda")
     o << "PLAN-WARNING rows_across_processes groups=" << across << " of " << groups.size() << ": each row's "
       << p.mesh.seq_shards() << " pieces (mesh expert x context) span hosts, so the context-parallel and "
       << "expert gathers of every layer go over the network between hosts instead of NVLink (make expert x "
-      << "context divide the GPUs of a host, " << (per_process.empty() ? 0 : per_process.begin()->second)
-      << ")\n";
+      << "context divide the GPUs of a host, " << per << ")\n";
   return o.str();
 }
 

@@ -16,6 +16,7 @@
 #include "model/layers.h"
 #include "model/params.h"
 #include "model/unit_block.h"
+#include "train/batch.h"
 
 namespace fs = std::filesystem;
 
@@ -166,6 +167,14 @@ FlopModel::FlopModel(const model::ModelConfig& c, const FlopOptions& o) : o_(o) 
   dv_ = c.linear_value_head_dim;
   // 6N: N = active parameters less the input embedding (a lookup); the LM head matrix stays in N.
   n_params_ = static_cast<double>(model::count_params(c).active) - (c.tie_word_embeddings ? 0.0 : vd_);
+}
+
+double one_document_rows_flops(const model::ModelConfig& c, int64_t rows, int64_t T) {
+  std::vector<int32_t> zeros(size_t(T), 0), pos(size_t(T), 0);
+  std::vector<uint8_t> trained(size_t(T), 1);
+  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t);
+  const model::Batch b = batch_view(1, T, zeros, zeros, pos, zeros, trained);
+  return FlopModel(c).count(b).total() * double(rows);
 }
 
 FlopCount FlopModel::count(const model::Batch& b) const {

@@ -67,6 +67,10 @@ class FlopModel {
   int64_t window_ = 0, dk_ = 0, dv_ = 0;
 };
 
+// The training FLOPs (total()) of ROWS rows of T tokens, each row one document, every target trained: a
+// plan's step and `olmosft xla compile`'s model count.
+double one_document_rows_flops(const model::ModelConfig& c, int64_t rows, int64_t T);
+
 // (query, key) pairs visible in one document of n tokens: sum over t < n of min(t + 1, window), or of
 // t + 1 when window <= 0 (full causal).
 double attention_pairs(int64_t n, int64_t window);

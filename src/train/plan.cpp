@@ -19,7 +19,6 @@
 #include "model/model.h"
 #include "model/params.h"
 #include "model/unit_block.h"
-#include "train/batch.h"
 #include "train/flops.h"
 
 namespace olmosft::train {
@@ -264,13 +263,7 @@ void state_parts(const model::ModelConfig& m, const TrainConfig& cfg, const Plan
 }
 
 double step_flops(const model::ModelConfig& m, const Derived& d) {
-  const int64_t T = d.seq_len;
-  std::vector<int32_t> zeros(size_t(T), 0);
-  std::vector<int32_t> pos(size_t(T), 0);
-  std::vector<uint8_t> trained(size_t(T), 1);
-  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t);
-  const model::Batch b = batch_view(1, T, zeros, zeros, pos, zeros, trained);
-  return FlopModel(m).count(b).total() * double(d.global_batch);
+  return one_document_rows_flops(m, d.global_batch, d.seq_len);
 }
 
 // The CPU runtime's own resident memory (binary, libraries, OpenBLAS/OpenMP and MPI buffers, dataset
